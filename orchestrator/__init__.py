@@ -1,0 +1,1 @@
+"""Reads and validates jobs, submits their work to Celery, waits, writes outputs."""

@@ -1,0 +1,150 @@
+"""The ``evalq`` command. Heavy imports (Celery, metric libraries) are deferred so
+``--help`` and ``validate`` are instant. Errors travel as exceptions to ``main``,
+the one place that turns them into exit codes: 2 invalid job, 1 infrastructure."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from shared.errors import InfraError, JobError
+
+broker_option = click.option(
+    "--broker", envvar="EVALQ_BROKER_URL", default=None, metavar="URL",
+    help="Redis URL of a running cluster (env EVALQ_BROKER_URL). Without it, `run` starts "
+         "an embedded Redis and local workers.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """evalq: distributed evaluation of LLM applications."""
+
+
+@cli.command()
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory for results.json and log.jsonl [default: out/<job name>].")
+@broker_option
+@click.option("--chunk-size", type=click.IntRange(min=1), default=None, envvar="EVALQ_CHUNK_SIZE",
+              help="Items per task [default: per metric, 250 for cpu metrics].")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Embedded mode: processes per cpu worker [default: CPU count].")
+@click.option("--stall-timeout", type=float, default=900.0, show_default=True,
+              help="Give up (exit 1) when no item finishes for this many seconds.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def run(job_file: Path, out_dir: Path | None, broker: str | None, chunk_size: int | None,
+        concurrency: int | None, stall_timeout: float, quiet: bool) -> None:
+    """Validate JOB_FILE, run it, write results.json and log.jsonl."""
+    from orchestrator.runner import run_job
+    from shared.job import load_job
+
+    job = load_job(job_file)
+    out_dir = out_dir or Path("out") / job_file.stem
+    summary = run_job(job, out_dir, broker=broker, chunk_size=chunk_size, concurrency=concurrency,
+                      stall_timeout=stall_timeout, progress=not quiet)
+    errors = sum(m["n_errors"] for m in summary)
+    click.echo(f"wrote {out_dir / 'results.json'} and {out_dir / 'log.jsonl'}"
+               + (f" ({errors} item(s) failed; see 'error' in the log)" if errors else ""), err=True)
+
+
+@cli.command()
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+def validate(job_file: Path) -> None:
+    """Check JOB_FILE without running it."""
+    from shared.job import load_job
+
+    job = load_job(job_file)
+    metrics = ", ".join(f"{m.key} ({m.queue})" for m in job.metrics)
+    click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def metrics(as_json: bool) -> None:
+    """List metric ids, their parameters (types, defaults) and queue."""
+    import shared.metrics  # noqa: F401
+    from shared.registry import REGISTRY
+
+    rows = []
+    for spec in REGISTRY.all():
+        params = []
+        for name, field in spec.params.model_fields.items():
+            params.append({"name": name, "type": _type_name(field.annotation),
+                           "default": field.get_default(call_default_factory=True),
+                           "description": field.description or ""})
+        rows.append({"id": spec.id, "queue": spec.queue, "aggregation": spec.aggregation,
+                     "requires": list(spec.requires), "description": spec.description,
+                     "parameters": params})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['id']}  [queue: {row['queue']}; needs: {', '.join(row['requires'])}]")
+        click.echo(f"    {row['description']}")
+        for p in row["parameters"]:
+            click.echo(f"    - {p['name']}: {p['type']} = {json.dumps(p['default'])}  {p['description']}")
+        if not row["parameters"]:
+            click.echo("    (no parameters)")
+
+
+def _type_name(annotation) -> str:
+    text = getattr(annotation, "__name__", None) if not getattr(annotation, "__args__", None) else None
+    return text or str(annotation).replace("typing.", "")
+
+
+@cli.command()
+@click.option("--queues", "-Q", required=True,
+              help="Comma-separated queues to consume: cpu, gpu, judge.<region>.")
+@broker_option
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=None,
+              help="Processes (or threads) [default: CPU count for cpu, 1 for gpu].")
+@click.option("--pool", type=click.Choice(["prefork", "solo", "threads"]), default=None,
+              help="Celery pool [default: prefork for cpu, solo for gpu].")
+@click.option("--hostname", "-n", default=None, help="Worker node name (Celery's -n).")
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option("--no-control", is_flag=True,
+              help="Do not consume the control queue (job aggregation callbacks).")
+def worker(queues: str, broker: str | None, concurrency: int | None, pool: str | None,
+           hostname: str | None, loglevel: str, no_control: bool) -> None:
+    """Start a worker for some queues (wraps `celery worker`)."""
+    if not broker:
+        raise InfraError("evalq worker needs --broker or EVALQ_BROKER_URL")
+    from orchestrator.workerargs import worker_argv
+
+    os.environ["EVALQ_BROKER_URL"] = broker
+    from workers.app import app
+
+    argv = worker_argv([q.strip() for q in queues.split(",") if q.strip()], concurrency=concurrency,
+                       pool=pool, hostname=hostname, loglevel=loglevel, control=not no_control)
+    app.worker_main(argv)
+
+
+def main() -> None:
+    try:
+        code = cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except JobError as exc:
+        for line in exc.problems:
+            click.echo(f"error: {line}", err=True)
+        sys.exit(2)
+    except InfraError as exc:
+        click.echo(f"evalq: {exc}", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

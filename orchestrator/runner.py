@@ -1,0 +1,68 @@
+"""Run one validated job end to end, on a given cluster or an embedded one."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+from shared.errors import InfraError
+from shared.job import Job
+
+
+def run_job(job: Job, out_dir: Path, broker: str | None = None, chunk_size: int | None = None,
+            concurrency: int | None = None, stall_timeout: float | None = 900.0,
+            progress: bool = True) -> list[dict]:
+    from orchestrator import outputs, submit
+    from orchestrator.embedded import EmbeddedCluster
+
+    with contextlib.ExitStack() as stack:
+        if broker:
+            broker_url, check = broker, (lambda: None)
+        else:
+            cluster = stack.enter_context(EmbeddedCluster(job.queues, concurrency=concurrency))
+            broker_url, check = cluster.broker_url, cluster.check
+        r = submit.connect(broker_url)
+        if broker:
+            _warn_missing_workers(broker_url, job.queues)
+        job_id, callback_id = submit.submit(r, broker_url, job, chunk_size=chunk_size)
+        total = len(job.instances) * len(job.metrics)
+        bar = stack.enter_context(_progress(total, job_id, enabled=progress))
+        summary = submit.wait(r, job, job_id, callback_id, on_progress=bar, check=check,
+                              stall_timeout=stall_timeout)
+        bar(total)
+        outputs.write_outputs(r, job, job_id, summary, out_dir)
+        return summary
+
+
+@contextlib.contextmanager
+def _progress(total: int, job_id: str, enabled: bool):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="item", desc=f"job {job_id}", file=sys.stderr,
+               disable=not enabled or None, dynamic_ncols=True, smoothing=0.1)
+
+    def update(done: int) -> None:
+        if done > bar.n:
+            bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+def _warn_missing_workers(broker_url: str, queues: list[str]) -> None:
+    """In cluster mode, say so when no worker consumes a queue the job needs."""
+    from workers.app import configure
+
+    app = configure(broker_url)
+    try:
+        active = app.control.inspect(timeout=1.0).active_queues() or {}
+    except Exception as exc:  # inspection is advisory only
+        raise InfraError(f"cannot inspect workers on {broker_url}: {exc}") from None
+    consumed = {q["name"] for qs in active.values() for q in qs}
+    missing = [q for q in queues if q not in consumed]
+    if missing:
+        print(f"evalq: no worker is consuming {', '.join(missing)} yet; tasks wait on the queue "
+              f"(start one with: evalq worker --queues {','.join(missing)})", file=sys.stderr)

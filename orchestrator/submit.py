@@ -1,0 +1,152 @@
+"""Submit a validated job to the cluster and wait for its chord callback.
+
+The job's instances and spec go to Redis once; each task names a chunk of
+instance positions for one metric, so messages stay small whatever the
+instances hold (and Flower shows readable arguments).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import redis
+
+from shared import keys
+from shared.config import CONTROL_QUEUE, Settings
+from shared.errors import InfraError
+from shared.job import Job
+
+PUSH_BATCH = 5000
+
+
+@dataclass(frozen=True)
+class Chunk:
+    metric_key: str
+    queue: str
+    start: int
+    stop: int
+
+
+def plan(job: Job, chunk_size: int | None = None) -> list[Chunk]:
+    """Expand a job into per-metric chunks of consecutive instances."""
+    n = len(job.instances)
+    chunks = []
+    for m in job.metrics:
+        size = max(1, chunk_size or m.spec.chunk_size)
+        for start in range(0, n, size):
+            chunks.append(Chunk(m.key, m.queue, start, min(start + size, n)))
+    return chunks
+
+
+def job_spec(job: Job) -> dict:
+    return {
+        "source": job.source,
+        "n_instances": len(job.instances),
+        "metrics": {m.key: {"id": m.id, "parameters": m.params_json(), "queue": m.queue}
+                    for m in job.metrics},
+    }
+
+
+def connect(broker_url: str) -> redis.Redis:
+    r = redis.Redis.from_url(broker_url, socket_connect_timeout=5, socket_timeout=60)
+    try:
+        r.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise InfraError(f"cannot reach broker {_safe_url(broker_url)}: {exc}") from None
+    except redis.ResponseError as exc:
+        raise InfraError(f"broker {_safe_url(broker_url)} refused: {exc}") from None
+    return r
+
+
+def _safe_url(url: str) -> str:
+    # never print a password that may sit in the URL
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def store_job(r: redis.Redis, job: Job, job_id: str) -> None:
+    ttl = Settings.from_env().result_ttl
+    pipe = r.pipeline(transaction=False)
+    pipe.set(keys.spec(job_id), json.dumps(job_spec(job)), ex=ttl)
+    ikey = keys.instances(job_id)
+    for i in range(0, len(job.instances), PUSH_BATCH):
+        pipe.rpush(ikey, *(json.dumps(inst) for inst in job.instances[i:i + PUSH_BATCH]))
+        pipe.execute()
+    pipe.expire(ikey, ttl)
+    pipe.set(keys.status(job_id), "running", ex=ttl)
+    pipe.execute()
+
+
+def submit(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None = None) -> tuple[str, str]:
+    """Store the job and send its chord. Returns (job id, callback task id)."""
+    from celery import chord
+
+    from workers.app import configure
+    from workers.tasks import finalize, score_chunk
+
+    configure(broker_url)
+    job_id = uuid.uuid4().hex[:16]
+    store_job(r, job, job_id)
+    header = [
+        score_chunk.si(job_id, c.metric_key, c.start, c.stop).set(queue=c.queue)
+        for c in plan(job, chunk_size)
+    ]
+    callback = finalize.si(job_id).set(queue=CONTROL_QUEUE)
+    try:
+        result = chord(header)(callback)
+    except Exception as exc:  # broker went away mid-submit: leave nothing behind
+        delete_job(r, job, job_id)
+        raise InfraError(f"submitting job {job_id} failed: {exc}") from None
+    return job_id, result.id
+
+
+def delete_job(r: redis.Redis, job: Job, job_id: str) -> None:
+    try:
+        r.delete(*keys.all_job_keys(job_id, [m.key for m in job.metrics]))
+    except redis.RedisError:
+        pass
+
+
+def items_done(r: redis.Redis, job: Job, job_id: str) -> int:
+    pipe = r.pipeline(transaction=False)
+    for m in job.metrics:
+        pipe.hlen(keys.results(job_id, m.key))
+    return sum(pipe.execute())
+
+
+def wait(r: redis.Redis, job: Job, job_id: str, callback_id: str,
+         on_progress: Callable[[int], None], check: Callable[[], None],
+         poll: float = 0.25, stall_timeout: float | None = None) -> list[dict]:
+    """Poll until the callback has written the summary; return it.
+
+    ``check`` raises InfraError when the workers are gone (embedded mode);
+    ``stall_timeout`` bounds how long no item may finish before giving up.
+    """
+    from celery.result import AsyncResult
+
+    from workers.app import app
+
+    callback = AsyncResult(callback_id, app=app)
+    last_done, last_change = -1, time.monotonic()
+    while True:
+        done = items_done(r, job, job_id)
+        on_progress(done)
+        if r.get(keys.status(job_id)) == b"done":
+            return json.loads(r.get(keys.summary(job_id)))
+        if callback.state == "FAILURE":
+            raise InfraError(f"job {job_id}: aggregation failed: {callback.result!r}")
+        check()
+        now = time.monotonic()
+        if done != last_done:
+            last_done, last_change = done, now
+        elif stall_timeout and now - last_change > stall_timeout:
+            raise InfraError(f"job {job_id}: no progress for {stall_timeout:.0f} s "
+                             f"({done} items done); are workers consuming queues "
+                             f"{', '.join(job.queues)}?")
+        time.sleep(poll)

@@ -1,0 +1,26 @@
+"""Celery worker arguments per queue kind: the pool and prefetch that suit it."""
+
+from __future__ import annotations
+
+import os
+
+from shared.config import CONTROL_QUEUE
+
+
+def worker_argv(queues: list[str], concurrency: int | None = None, pool: str | None = None,
+                hostname: str | None = None, loglevel: str = "INFO", control: bool = True) -> list[str]:
+    kinds = {q.split(".", 1)[0] for q in queues}
+    if pool is None:
+        # gpu: one process holds the model and the device; cpu: one process per core.
+        pool = "solo" if "gpu" in kinds else "prefork"
+    if concurrency is None:
+        concurrency = 1 if pool == "solo" else (os.cpu_count() or 1)
+    consumed = list(queues) + ([CONTROL_QUEUE] if control and CONTROL_QUEUE not in queues else [])
+    argv = ["worker", "-Q", ",".join(consumed), "-P", pool, "-c", str(concurrency),
+            "-l", loglevel, "-E",
+            # mingle and gossip sync state between workers at start-up; evalq
+            # needs neither, and skipping them makes a worker ready in ~1 s.
+            "--without-mingle", "--without-gossip"]
+    if hostname:
+        argv += ["-n", hostname]
+    return argv

@@ -1,0 +1,31 @@
+"""The three kinds of failure evalq distinguishes.
+
+- ``JobError``: the user's input is wrong. Never retried; the CLI prints the
+  messages and exits 2.
+- ``InfraError``: something around the job failed (broker unreachable, workers
+  lost). The CLI prints one line and exits 1.
+- ``MetricError``: one item could not be scored. Recorded on that item as data;
+  the job goes on.
+"""
+
+from __future__ import annotations
+
+
+class EvalqError(Exception):
+    """Base class for errors the CLI reports without a traceback."""
+
+
+class JobError(EvalqError):
+    """Invalid job input. Carries every problem found, each naming its place."""
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class InfraError(EvalqError):
+    """Broker, worker or storage failure: a one-line reason."""
+
+
+class MetricError(Exception):
+    """A metric could not score one item (bad item content, not a bug in evalq)."""

@@ -1,0 +1,241 @@
+"""The job file: HarpIA-style ``instances`` and ``metrics``, loaded and validated whole.
+
+Validation collects every problem it finds, each naming its place (file, line
+and column for JSON syntax; instance id and field; metric and parameter), and
+raises one ``JobError``. Nothing is enqueued until a job validates.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+import shared.metrics  # noqa: F401  (registers the built-in metrics)
+from shared.errors import JobError
+from shared.registry import REGISTRY, MetricSpec, UnknownMetric
+
+MAX_PROBLEMS = 25
+JOB_KEYS = {"instances", "metrics"}
+METRIC_KEYS = {"id", "enable", "parameters", "name"}
+
+
+@dataclass(frozen=True)
+class MetricRun:
+    """One enabled metric of a job, with its parameters resolved (defaults filled in)."""
+
+    key: str  # unique within the job: the metric's ``name`` or its id
+    spec: MetricSpec
+    params: BaseModel
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def queue(self) -> str:
+        return self.spec.queue_name(self.params)
+
+    def params_json(self) -> dict[str, Any]:
+        return self.params.model_dump(mode="json")
+
+
+@dataclass
+class Job:
+    source: str
+    instances: list[dict[str, Any]]
+    metrics: list[MetricRun]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def queues(self) -> list[str]:
+        return sorted({m.queue for m in self.metrics})
+
+
+class _Problems:
+    def __init__(self, source: str):
+        self.source = source
+        self.items: list[str] = []
+        self.truncated = 0
+
+    def add(self, where: str, message: str) -> None:
+        if len(self.items) < MAX_PROBLEMS:
+            self.items.append(f"{self.source}: {where}: {message}")
+        else:
+            self.truncated += 1
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            if self.truncated:
+                self.items.append(f"{self.source}: ... and {self.truncated} more problems")
+            raise JobError(self.items)
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a JSON file; a syntax error names the file, line and column."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JobError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise JobError(f"{path}: is a directory, expected a JSON job file") from None
+    except UnicodeDecodeError as exc:
+        raise JobError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JobError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+
+
+def load_job(path: str | Path) -> Job:
+    return parse_job(read_json(path), source=str(path))
+
+
+def parse_job(raw: Any, source: str = "<job>") -> Job:
+    problems = _Problems(source)
+    if not isinstance(raw, dict):
+        problems.add("top level", f"expected an object with 'instances' and 'metrics', got {_kind(raw)}")
+        problems.raise_if_any()
+    for key in sorted(set(raw) - JOB_KEYS):
+        problems.add(key, f"unknown top-level field{_did_you_mean(key, JOB_KEYS)}")
+    metrics = _parse_metrics(raw.get("metrics"), problems)
+    instances = _check_instances(raw.get("instances"), metrics, problems)
+    problems.raise_if_any()
+    if not metrics:
+        raise JobError(f"{source}: metrics: no metric is enabled; nothing to run")
+    extra = {k: v for k, v in raw.items() if k not in JOB_KEYS}
+    return Job(source=source, instances=instances, metrics=metrics, extra=extra)
+
+
+def _parse_metrics(raw: Any, problems: _Problems) -> list[MetricRun]:
+    if raw is None:
+        problems.add("metrics", "missing; expected a list of {id, enable, parameters}")
+        return []
+    if not isinstance(raw, list):
+        problems.add("metrics", f"expected a list, got {_kind(raw)}")
+        return []
+    runs: list[MetricRun] = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(raw):
+        where = f"metrics[{i}]"
+        if not isinstance(entry, dict):
+            problems.add(where, f"expected an object, got {_kind(entry)}")
+            continue
+        metric_id = entry.get("id")
+        if isinstance(metric_id, str):
+            where = f"metrics[{i}] ({metric_id})"
+        for key in sorted(set(entry) - METRIC_KEYS):
+            problems.add(where, f"unknown field {key!r}{_did_you_mean(key, METRIC_KEYS)}")
+        if not isinstance(metric_id, str):
+            problems.add(where, "'id' is required and must be a string")
+            continue
+        enable = entry.get("enable", True)
+        if not isinstance(enable, bool):
+            problems.add(where, f"'enable' must be true or false, got {json.dumps(enable)}")
+            continue
+        try:
+            spec = REGISTRY.get(metric_id)
+        except UnknownMetric as exc:
+            problems.add(where, str(exc))
+            continue
+        params_raw = entry.get("parameters", {})
+        if params_raw is None:
+            params_raw = {}
+        if not isinstance(params_raw, dict):
+            problems.add(f"{where}.parameters", f"expected an object, got {_kind(params_raw)}")
+            continue
+        try:
+            params = spec.params.model_validate(params_raw)
+        except ValidationError as exc:
+            for message in _param_errors(exc, spec):
+                problems.add(f"{where}.parameters", message)
+            continue
+        if not enable:
+            continue
+        key = entry.get("name", metric_id)
+        if not isinstance(key, str) or not key:
+            problems.add(where, "'name' must be a non-empty string")
+            continue
+        if key in seen:
+            problems.add(where, f"metric {key!r} is already enabled at metrics[{seen[key]}]; "
+                         "give each a distinct 'name'")
+            continue
+        seen[key] = i
+        runs.append(MetricRun(key=key, spec=spec, params=params))
+    return runs
+
+
+def _param_errors(exc: ValidationError, spec: MetricSpec) -> list[str]:
+    allowed = list(spec.params.model_fields)
+    messages = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"])
+        if err["type"] == "extra_forbidden":
+            name = str(err["loc"][0])
+            listing = ", ".join(allowed) if allowed else "none"
+            messages.append(f"unknown parameter {name!r}{_did_you_mean(name, allowed)} "
+                            f"(parameters of {spec.id}: {listing})")
+        else:
+            got = json.dumps(err.get("input"), default=str)
+            messages.append(f"{loc}: {err['msg']} (got {got})")
+    return messages
+
+
+def _check_instances(raw: Any, metrics: list[MetricRun], problems: _Problems) -> list[dict]:
+    if raw is None:
+        problems.add("instances", "missing; expected a list of instances")
+        return []
+    if not isinstance(raw, list):
+        problems.add("instances", f"expected a list, got {_kind(raw)}")
+        return []
+    if not raw:
+        problems.add("instances", "empty; nothing to evaluate")
+        return []
+    required: dict[str, list[str]] = {}
+    for run in metrics:
+        for f in run.spec.requires:
+            required.setdefault(f, []).append(run.key)
+    seen: dict[str, int] = {}
+    for i, inst in enumerate(raw):
+        if not isinstance(inst, dict):
+            problems.add(f"instances[{i}]", f"expected an object, got {_kind(inst)}")
+            continue
+        iid = inst.get("id")
+        if isinstance(iid, bool) or not isinstance(iid, (str, int)) or iid == "":
+            problems.add(f"instances[{i}]", "'id' is required (a non-empty string or an integer)")
+            continue
+        where = f"instance {iid!r} (instances[{i}])"
+        sid = str(iid)
+        if sid in seen:
+            problems.add(where, f"duplicate id; first used at instances[{seen[sid]}]")
+        else:
+            seen[sid] = i
+        for name in ("input", "actual-output"):
+            if name in inst and not isinstance(inst[name], str):
+                problems.add(where, f"{name!r} must be a string, got {_kind(inst[name])}")
+        refs = inst.get("expected-output")
+        if refs is not None and not (isinstance(refs, list) and all(isinstance(r, str) for r in refs)):
+            problems.add(where, "'expected-output' must be a list of strings "
+                         f"(the acceptable references), got {_kind(refs)}")
+        for name, needed_by in required.items():
+            if name not in inst:
+                problems.add(where, f"missing {name!r}, required by {', '.join(needed_by)}")
+            elif name == "expected-output" and refs == []:
+                problems.add(where, f"'expected-output' is empty; {', '.join(needed_by)} "
+                             "needs at least one reference")
+    return raw
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            int: "a number", float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _did_you_mean(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -1,0 +1,47 @@
+"""Registry entries for every metric evalq ships. Importing this module is cheap:
+implementations are named by path and imported by workers on first use."""
+
+from __future__ import annotations
+
+from shared.params import BleuParams, NoParams, RougeParams
+from shared.registry import REGISTRY, MetricSpec
+
+REGISTRY.register(MetricSpec(
+    id="bleu",
+    params=BleuParams,
+    impl="workers.metrics.lexical:bleu",
+    queue="cpu",
+    requires=("actual-output", "expected-output"),
+    library="nltk",
+    description="Sentence BLEU (nltk sentence_bleu) against all references at once; "
+    "wordpunct tokens, case kept.",
+))
+
+REGISTRY.register(MetricSpec(
+    id="rouge",
+    params=RougeParams,
+    impl="workers.metrics.lexical:rouge",
+    queue="cpu",
+    requires=("actual-output", "expected-output"),
+    library="rouge-score",
+    description="ROUGE F-measure per type (precision and recall beside it), "
+    "best reference per type (rouge-score score_multi).",
+))
+
+REGISTRY.register(MetricSpec(
+    id="f1_score",
+    params=NoParams,
+    impl="workers.metrics.lexical:f1_score",
+    queue="cpu",
+    requires=("actual-output", "expected-output"),
+    description="Shared-token precision, recall and F1 after SQuAD normalisation; best reference.",
+))
+
+REGISTRY.register(MetricSpec(
+    id="exact_match",
+    params=NoParams,
+    impl="workers.metrics.lexical:exact_match",
+    queue="cpu",
+    requires=("actual-output", "expected-output"),
+    description="1 if the answer equals a reference after SQuAD normalisation, else 0.",
+))

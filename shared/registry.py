@@ -1,0 +1,97 @@
+"""The one registry of metrics, keyed by the id used in job files.
+
+A ``MetricSpec`` carries everything about a metric: its typed parameter model,
+where its pure implementation lives (a lazy ``"module:attr"`` path, so the CLI
+never imports NLTK or torch), which queue kind runs it, which instance fields it
+needs and how its per-item results aggregate. Adding a metric is one function,
+one parameter model, one entry in ``shared.metrics`` and one test file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel
+
+QueueKind = Literal["cpu", "gpu", "judge"]
+Aggregation = Literal["mean"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    id: str
+    params: type[BaseModel]
+    # "module:function". An item function is ``f(instance, params) -> result``;
+    # a batch function (``batch=True``) is ``f(instances, params) -> [result | Exception]``.
+    impl: str
+    queue: QueueKind
+    description: str
+    aggregation: Aggregation = "mean"
+    higher_is_better: bool = True
+    # instance fields that must be present (and non-empty for expected-output)
+    requires: tuple[str, ...] = ("actual-output",)
+    batch: bool = False
+    # default number of items one task carries
+    chunk_size: int = 250
+    # library whose version is recorded with every score (reproducibility)
+    library: str | None = None
+    _loaded: list = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def needs_references(self) -> bool:
+        return "expected-output" in self.requires
+
+    def load(self) -> Callable[..., Any]:
+        """Import the implementation on first use (workers only)."""
+        if not self._loaded:
+            module_name, _, attr = self.impl.partition(":")
+            self._loaded.append(getattr(importlib.import_module(module_name), attr))
+        return self._loaded[0]
+
+    def queue_name(self, params: BaseModel) -> str:
+        return self.queue
+
+
+class UnknownMetric(KeyError):
+    def __init__(self, metric_id: str, known: list[str]):
+        close = difflib.get_close_matches(metric_id, known, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        self.message = f"unknown metric {metric_id!r}{hint} Available: {', '.join(sorted(known))}"
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Registry:
+    """Thread-safe map from metric id to ``MetricSpec``; duplicate ids are refused."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, MetricSpec] = {}
+        self._lock = threading.Lock()
+
+    def register(self, spec: MetricSpec) -> MetricSpec:
+        with self._lock:
+            if spec.id in self._specs:
+                raise ValueError(f"metric {spec.id!r} is already registered")
+            self._specs[spec.id] = spec
+        return spec
+
+    def get(self, metric_id: str) -> MetricSpec:
+        try:
+            return self._specs[metric_id]
+        except KeyError:
+            raise UnknownMetric(metric_id, list(self._specs)) from None
+
+    def __contains__(self, metric_id: str) -> bool:
+        return metric_id in self._specs
+
+    def all(self) -> list[MetricSpec]:
+        return sorted(self._specs.values(), key=lambda s: s.id)
+
+
+REGISTRY = Registry()
