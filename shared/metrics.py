@@ -45,3 +45,17 @@ REGISTRY.register(MetricSpec(
     requires=("actual-output", "expected-output"),
     description="1 if the answer equals a reference after SQuAD normalisation, else 0.",
 ))
+
+
+def load_plugins() -> None:
+    """Import the modules named in ``EVALQ_PLUGINS`` (comma-separated); each
+    registers its own metrics. The orchestrator and every worker must see the
+    same value, so a cluster's workers are started with it too."""
+    import importlib
+    import os
+
+    for name in filter(None, (m.strip() for m in os.environ.get("EVALQ_PLUGINS", "").split(","))):
+        importlib.import_module(name)
+
+
+load_plugins()

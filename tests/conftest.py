@@ -1,0 +1,102 @@
+"""Fixtures for integration tests: a real Redis server and real Celery worker
+processes, started here (the embedded-mode code) unless EVALQ_TEST_REDIS_URL
+names a server to use. Never ``task_always_eager``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = "tests.plugins.faulty"
+
+os.environ.setdefault("EVALQ_PLUGINS", PLUGINS)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    explicit = os.environ.get("EVALQ_TEST_REDIS_URL")
+    if explicit:
+        yield explicit
+        return
+    from orchestrator.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
+def start_worker(broker_url: str, queues: str, logdir: Path, concurrency: int = 2,
+                 env: dict | None = None, name: str | None = None) -> subprocess.Popen:
+    name = name or f"w{uuid.uuid4().hex[:6]}"
+    log = open(logdir / f"{name}.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "worker", "--broker", broker_url, "--queues", queues,
+         "--concurrency", str(concurrency), "--hostname", f"{name}@%h", "--loglevel", "INFO"],
+        cwd=ROOT, env={**os.environ, "EVALQ_PLUGINS": PLUGINS, **(env or {})},
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = logdir / f"{name}.log"
+    return proc
+
+
+def wait_for_worker(broker_url: str, name_prefix: str, timeout: float = 30) -> None:
+    from workers.app import configure
+
+    app = configure(broker_url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        replies = app.control.ping(timeout=0.5) or []
+        if any(name.startswith(name_prefix) for reply in replies for name in reply):
+            return
+    raise TimeoutError(f"worker {name_prefix} did not answer a ping within {timeout}s")
+
+
+def stop_worker(proc: subprocess.Popen, sig=None) -> None:
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig or signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def cpu_worker(redis_url, tmp_path_factory):
+    """One prefork worker (2 processes) on the cpu and control queues."""
+    name = f"cpu{uuid.uuid4().hex[:6]}"
+    proc = start_worker(redis_url, "cpu", tmp_path_factory.mktemp("workers"), name=name)
+    wait_for_worker(redis_url, name)
+    yield proc
+    stop_worker(proc)
+
+
+def evalq(*args: str, env: dict | None = None, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
+    """Run the evalq CLI as a subprocess, as a user would."""
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def write_job(path: Path, instances: list[dict], metrics: list[dict]) -> Path:
+    path.write_text(json.dumps({"instances": instances, "metrics": metrics}))
+    return path
+
+
+def read_log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def read_results(out: Path) -> dict[str, dict]:
+    return {m.get("name", m["metric"]): m for m in json.loads((out / "results.json").read_text())}

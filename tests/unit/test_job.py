@@ -1,0 +1,136 @@
+"""Job validation: every problem names its place; nothing passes silently."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shared.errors import JobError
+from shared.job import load_job, parse_job
+
+GOOD_INSTANCE = {"id": "1", "input": "q", "actual-output": "a b", "expected-output": ["a b"]}
+
+
+def problems(raw) -> str:
+    with pytest.raises(JobError) as info:
+        parse_job(raw, source="job.json")
+    return "\n".join(info.value.problems)
+
+
+def test_valid_job_fills_defaults_and_skips_disabled():
+    job = parse_job({"instances": [GOOD_INSTANCE],
+                     "metrics": [{"id": "bleu", "enable": True, "parameters": {"weights": [1, 0]}},
+                                 {"id": "rouge", "enable": False}]})
+    assert [m.key for m in job.metrics] == ["bleu"]
+    assert job.metrics[0].params_json() == {"weights": [1.0, 0.0], "smoothing_function": "method0",
+                                            "auto_reweigh": False}
+    assert job.queues == ["cpu"]
+
+
+def test_extra_instance_fields_are_kept():
+    inst = {**GOOD_INSTANCE, "context": "ctx", "category": "geo", "messages": []}
+    job = parse_job({"instances": [inst], "metrics": [{"id": "f1_score"}]})
+    assert job.instances[0]["category"] == "geo"
+
+
+def test_invalid_json_names_line_and_column(tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text('{"instances": [\n  {"id": "1",}\n]}')
+    with pytest.raises(JobError) as info:
+        load_job(path)
+    assert info.value.problems[0].startswith(f"{path}:2:14: invalid JSON")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(JobError, match="no such file"):
+        load_job(tmp_path / "nope.json")
+
+
+def test_unknown_metric_suggests():
+    text = problems({"instances": [GOOD_INSTANCE], "metrics": [{"id": "bleue"}]})
+    assert "metrics[0] (bleue): unknown metric 'bleue'; did you mean 'bleu'?" in text
+
+
+def test_misspelt_parameter_names_it_and_suggests():
+    text = problems({"instances": [GOOD_INSTANCE],
+                     "metrics": [{"id": "bleu", "parameters": {"weigths": [1.0]}}]})
+    assert "metrics[0] (bleu).parameters: unknown parameter 'weigths'; did you mean 'weights'?" in text
+
+
+@pytest.mark.parametrize("params,fragment", [
+    ({"smoothing_function": "method9"}, "smoothing_function"),
+    ({"auto_reweigh": "yes"}, "auto_reweigh"),
+    ({"weights": []}, "weights"),
+    ({"weights": [-1.0]}, "weights"),
+    ({"weights": "0.25"}, "weights"),
+])
+def test_ill_typed_bleu_parameters(params, fragment):
+    text = problems({"instances": [GOOD_INSTANCE], "metrics": [{"id": "bleu", "parameters": params}]})
+    assert f"metrics[0] (bleu).parameters: {fragment}" in text
+
+
+def test_rouge_type_checked():
+    text = problems({"instances": [GOOD_INSTANCE],
+                     "metrics": [{"id": "rouge", "parameters": {"rouge_types": ["rougeX"]}}]})
+    assert "rouge_types.0" in text
+
+
+def test_disabled_metric_is_still_validated():
+    text = problems({"instances": [GOOD_INSTANCE],
+                     "metrics": [{"id": "f1_score"}, {"id": "bleu", "enable": False, "parameters": {"x": 1}}]})
+    assert "unknown parameter 'x'" in text
+
+
+def test_duplicate_instance_ids():
+    text = problems({"instances": [GOOD_INSTANCE, {**GOOD_INSTANCE}], "metrics": [{"id": "f1_score"}]})
+    assert "instance '1' (instances[1]): duplicate id; first used at instances[0]" in text
+
+
+def test_missing_field_a_metric_needs():
+    inst = {"id": "7", "actual-output": "a"}
+    text = problems({"instances": [inst], "metrics": [{"id": "bleu"}, {"id": "rouge"}]})
+    assert "instance '7' (instances[0]): missing 'expected-output', required by bleu, rouge" in text
+
+
+def test_empty_references():
+    inst = {**GOOD_INSTANCE, "expected-output": []}
+    text = problems({"instances": [inst], "metrics": [{"id": "exact_match"}]})
+    assert "'expected-output' is empty; exact_match needs at least one reference" in text
+
+
+def test_references_must_be_a_list():
+    inst = {**GOOD_INSTANCE, "expected-output": "a b"}
+    text = problems({"instances": [inst], "metrics": [{"id": "exact_match"}]})
+    assert "'expected-output' must be a list of strings" in text
+
+
+def test_misspelt_metric_field_and_top_level_field():
+    text = problems({"instances": [GOOD_INSTANCE], "metric": [],
+                     "metrics": [{"id": "bleu", "enabled": True}]})
+    assert "metric: unknown top-level field; did you mean 'metrics'?" in text
+    assert "metrics[0] (bleu): unknown field 'enabled'; did you mean 'enable'?" in text
+
+
+def test_same_metric_twice_needs_names():
+    text = problems({"instances": [GOOD_INSTANCE], "metrics": [{"id": "bleu"}, {"id": "bleu"}]})
+    assert "already enabled at metrics[0]" in text
+    job = parse_job({"instances": [GOOD_INSTANCE],
+                     "metrics": [{"id": "bleu"}, {"id": "bleu", "name": "bleu1", "parameters": {"weights": [1]}}]})
+    assert [m.key for m in job.metrics] == ["bleu", "bleu1"]
+
+
+def test_all_problems_reported_at_once():
+    raw = {"instances": [{"id": "1", "actual-output": 3}, {"id": "1", "actual-output": "x"}],
+           "metrics": [{"id": "f1_score"}, {"id": "nope"}]}
+    text = problems(raw)
+    assert text.count("\n") >= 3
+
+
+def test_no_enabled_metric():
+    with pytest.raises(JobError, match="no metric is enabled"):
+        parse_job({"instances": [GOOD_INSTANCE], "metrics": [{"id": "bleu", "enable": False}]})
+
+
+def test_top_level_must_be_object():
+    assert "expected an object" in problems(json.loads("[1, 2]"))
