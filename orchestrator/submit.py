@@ -43,12 +43,14 @@ def plan(job: Job, chunk_size: int | None = None) -> list[Chunk]:
 
 
 def job_spec(job: Job) -> dict:
-    return {
-        "source": job.source,
-        "n_instances": len(job.instances),
-        "metrics": {m.key: {"id": m.id, "parameters": m.params_json(), "queue": m.queue}
-                    for m in job.metrics},
-    }
+    metrics = {}
+    for m in job.metrics:
+        entry = {"id": m.id, "parameters": m.params_json(), "queue": m.queue}
+        prepare = m.spec.load_prepare()
+        if prepare is not None:
+            entry["prepared"] = prepare(job.instances, m.params)
+        metrics[m.key] = entry
+    return {"source": job.source, "n_instances": len(job.instances), "metrics": metrics}
 
 
 def connect(broker_url: str) -> redis.Redis:

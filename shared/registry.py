@@ -39,6 +39,11 @@ class MetricSpec:
     chunk_size: int = 250
     # library whose version is recorded with every score (reproducibility)
     library: str | None = None
+    # Optional "module:function" run once per job by the orchestrator before
+    # anything is enqueued: ``prepare(instances, params) -> JSON object`` (e.g.
+    # idf statistics over all references). Its result is stored with the job and
+    # passed to the implementation as a third argument.
+    prepare: str | None = None
     _loaded: list = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -48,12 +53,19 @@ class MetricSpec:
     def load(self) -> Callable[..., Any]:
         """Import the implementation on first use (workers only)."""
         if not self._loaded:
-            module_name, _, attr = self.impl.partition(":")
-            self._loaded.append(getattr(importlib.import_module(module_name), attr))
+            self._loaded.append(_import(self.impl))
         return self._loaded[0]
+
+    def load_prepare(self) -> Callable[..., Any] | None:
+        return _import(self.prepare) if self.prepare else None
 
     def queue_name(self, params: BaseModel) -> str:
         return self.queue
+
+
+def _import(path: str) -> Callable[..., Any]:
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 class UnknownMetric(KeyError):

@@ -43,25 +43,26 @@ def _job_spec(r: redis.Redis, job_id: str) -> dict:
 
 
 @lru_cache(maxsize=256)
-def _metric(r: redis.Redis, job_id: str, metric_key: str) -> tuple[MetricSpec, Any]:
+def _metric(r: redis.Redis, job_id: str, metric_key: str) -> tuple[MetricSpec, Any, Any]:
     entry = _job_spec(r, job_id)["metrics"][metric_key]
     spec = REGISTRY.get(entry["id"])
-    return spec, spec.params.model_validate(entry["parameters"])
+    return spec, spec.params.model_validate(entry["parameters"]), entry.get("prepared")
 
 
-def score_items(spec: MetricSpec, params: Any, instances: list[dict]) -> list[dict]:
+def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: Any = None) -> list[dict]:
     """Score instances; an exception becomes an ``error`` on that item only."""
-    fn = spec.load()  # imports (and first-use setup) stay out of the timing below
+    fn = spec.load()
+    extra = (prepared,) if spec.prepare else ()
     if spec.batch:
         try:
-            outcomes = fn(instances, params)
+            outcomes = fn(instances, params, *extra)
         except Exception as exc:  # the whole batch failed: record it on each item
             outcomes = [exc] * len(instances)
     else:
         outcomes = []
         for inst in instances:
             try:
-                outcomes.append(fn(inst, params))
+                outcomes.append(fn(inst, params, *extra))
             except Exception as exc:
                 outcomes.append(exc)
     records = []
@@ -78,11 +79,11 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict]) -> list[di
 
 
 def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: int) -> dict:
-    spec, params = _metric(r, job_id, metric_key)
-    spec.load()
+    spec, params, prepared = _metric(r, job_id, metric_key)
+    spec.load()  # imports stay out of the timing below
     instances = [json.loads(x) for x in r.lrange(keys.instances(job_id), start, stop - 1)]
     t0 = time.perf_counter()
-    records = score_items(spec, params, instances)
+    records = score_items(spec, params, instances, prepared)
     elapsed = time.perf_counter() - t0
     mapping = {str(start + i): json.dumps(rec) for i, rec in enumerate(records)}
     pipe = r.pipeline(transaction=True)
