@@ -28,7 +28,7 @@ def run_job(job: Job, out_dir: Path, broker: str | None = None, chunk_size: int 
         job_id, callback_id = submit.submit(r, broker_url, job, chunk_size=chunk_size)
         total = len(job.instances) * len(job.metrics)
         bar = stack.enter_context(_progress(total, job_id, enabled=progress))
-        summary = submit.wait(r, job, job_id, callback_id, on_progress=bar, check=check,
+        summary = submit.wait(r, broker_url, job, job_id, callback_id, on_progress=bar, check=check,
                               stall_timeout=stall_timeout)
         bar(total)
         outputs.write_outputs(r, job, job_id, summary, out_dir)
@@ -54,9 +54,9 @@ def _progress(total: int, job_id: str, enabled: bool):
 
 def _warn_missing_workers(broker_url: str, queues: list[str]) -> None:
     """In cluster mode, say so when no worker consumes a queue the job needs."""
-    from workers.app import configure
+    from workers.app import client_app
 
-    app = configure(broker_url)
+    app = client_app(broker_url)
     try:
         active = app.control.inspect(timeout=1.0).active_queues() or {}
     except Exception as exc:  # inspection is advisory only

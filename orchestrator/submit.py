@@ -89,23 +89,23 @@ def submit(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None = N
     """Store the job and send its chord. Returns (job id, callback task id)."""
     from celery import chord
 
-    from workers.app import configure
-    from workers.tasks import finalize, score_chunk
+    from workers.app import client_app
 
-    configure(broker_url)
+    app = client_app(broker_url)
     job_id = uuid.uuid4().hex[:16]
     store_job(r, job, job_id)
     header = [
-        score_chunk.si(job_id, c.metric_key, c.start, c.stop).set(queue=c.queue)
+        app.signature("evalq.score_chunk", args=(job_id, c.metric_key, c.start, c.stop),
+                      queue=c.queue, immutable=True)
         for c in plan(job, chunk_size)
     ]
-    callback = finalize.si(job_id).set(queue=CONTROL_QUEUE)
+    callback = app.signature("evalq.finalize", args=(job_id,), queue=CONTROL_QUEUE, immutable=True)
     try:
-        result = chord(header)(callback)
+        callback_id = chord(header, app=app)(callback).id
     except Exception as exc:  # broker went away mid-submit: leave nothing behind
         delete_job(r, job, job_id)
         raise InfraError(f"submitting job {job_id} failed: {exc}") from None
-    return job_id, result.id
+    return job_id, callback_id
 
 
 def delete_job(r: redis.Redis, job: Job, job_id: str) -> None:
@@ -122,7 +122,7 @@ def items_done(r: redis.Redis, job: Job, job_id: str) -> int:
     return sum(pipe.execute())
 
 
-def wait(r: redis.Redis, job: Job, job_id: str, callback_id: str,
+def wait(r: redis.Redis, broker_url: str, job: Job, job_id: str, callback_id: str,
          on_progress: Callable[[int], None], check: Callable[[], None],
          poll: float = 0.25, stall_timeout: float | None = None) -> list[dict]:
     """Poll until the callback has written the summary; return it.
@@ -130,19 +130,20 @@ def wait(r: redis.Redis, job: Job, job_id: str, callback_id: str,
     ``check`` raises InfraError when the workers are gone (embedded mode);
     ``stall_timeout`` bounds how long no item may finish before giving up.
     """
-    from celery.result import AsyncResult
+    from workers.app import client_app
 
-    from workers.app import app
-
-    callback = AsyncResult(callback_id, app=app)
+    # The backend's stored state, not an AsyncResult: that one subscribes to
+    # result pub/sub and complains at exit when the broker is already gone.
+    backend = client_app(broker_url).backend
     last_done, last_change = -1, time.monotonic()
     while True:
         done = items_done(r, job, job_id)
         on_progress(done)
         if r.get(keys.status(job_id)) == b"done":
             return json.loads(r.get(keys.summary(job_id)))
-        if callback.state == "FAILURE":
-            raise InfraError(f"job {job_id}: aggregation failed: {callback.result!r}")
+        meta = backend.get_task_meta(callback_id)
+        if meta.get("status") == "FAILURE":
+            raise InfraError(f"job {job_id}: aggregation failed: {meta.get('result')!r}")
         check()
         now = time.monotonic()
         if done != last_done:

@@ -49,9 +49,9 @@ def start_worker(broker_url: str, queues: str, logdir: Path, concurrency: int = 
 
 
 def wait_for_worker(broker_url: str, name_prefix: str, timeout: float = 30) -> None:
-    from workers.app import configure
+    from workers.app import client_app
 
-    app = configure(broker_url)
+    app = client_app(broker_url)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         replies = app.control.ping(timeout=0.5) or []

@@ -1,7 +1,7 @@
 """The Celery application. JSON only, late acks, redelivery on worker loss.
 
-The broker URL comes from ``EVALQ_BROKER_URL`` (workers) or ``configure()``
-(the orchestrator, before it sends anything). The result backend is the same
+Workers take the broker URL from ``EVALQ_BROKER_URL``; the orchestrator sends
+through ``client_app(url)``. The result backend is the same
 Redis: the chord's join state lives there, item results do not (see
 ``shared.keys``).
 """
@@ -9,12 +9,40 @@ Redis: the chord's join state lives there, item results do not (see
 from __future__ import annotations
 
 from celery import Celery
+from celery.backends.redis import RedisBackend
 
 from shared.config import CONTROL_QUEUE, Settings
 
 
+class SubmitOnlyRedisBackend(RedisBackend):
+    """Result backend of the orchestrator's client app.
+
+    The orchestrator polls job state in Redis and never joins on a task
+    result, so it does not subscribe to result pub/sub for every task it
+    sends (the stock backend does, and tears down noisily at exit).
+    """
+
+    def on_task_call(self, producer, task_id):
+        pass
+
+    def on_result_fulfilled(self, result):
+        pass  # nothing was subscribed, so nothing to cancel
+
+
+def _transport_options(settings: Settings) -> dict:
+    vt = settings.visibility_timeout
+    return {
+        "visibility_timeout": vt,
+        # kombu sweeps for messages of dead consumers every interval x
+        # throttle seconds (100 s by default); keep that well under the
+        # visibility timeout so a lost worker's tasks come back promptly.
+        "unacked_restore_interval": max(1, min(10, vt // 4)),
+        "unacked_restore_throttle": 1 if vt < 400 else 10,
+    }
+
+
 def _conf(settings: Settings, broker_url: str | None) -> dict:
-    transport = {"visibility_timeout": settings.visibility_timeout}
+    transport = _transport_options(settings)
     return dict(
         broker_url=broker_url,
         result_backend=broker_url,
@@ -52,8 +80,18 @@ def make_app(broker_url: str | None = None) -> Celery:
 
 app = make_app()
 
+_clients: dict[str, Celery] = {}
 
-def configure(broker_url: str) -> Celery:
-    """Point the module-level app at a broker (orchestrator side, before sending)."""
-    app.conf.update(broker_url=broker_url, result_backend=broker_url)
-    return app
+
+def client_app(broker_url: str) -> Celery:
+    """An app for sending to (and inspecting) one broker, cached per URL.
+
+    The orchestrator never reconfigures ``app``: Celery caches connection
+    pools on first use, so a reconfigured app would keep talking to the old
+    broker. Tasks are sent by name, so this app needs no task modules.
+    """
+    if broker_url not in _clients:
+        _clients[broker_url] = Celery("evalq", set_as_current=False)
+        _clients[broker_url].conf.update(_conf(Settings.from_env(), broker_url))
+        _clients[broker_url].conf.result_backend = f"workers.app:SubmitOnlyRedisBackend+{broker_url}"
+    return _clients[broker_url]

@@ -1,0 +1,139 @@
+"""`evalq` as a user runs it: subprocesses, exit codes, messages, cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+import redis
+
+from tests.conftest import ROOT, evalq, read_log, read_results, write_job
+
+pytestmark = pytest.mark.integration
+
+INSTANCE = {"id": "1", "input": "q", "actual-output": "the cat sat", "expected-output": ["the cat sat"]}
+
+
+def processes_with_marker(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("EVALQ_TEST_MARKER") == marker:
+                found.append(p)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def test_embedded_run_of_the_example(tmp_path):
+    marker = uuid.uuid4().hex
+    out = tmp_path / "out"
+    proc = evalq("run", "examples/translation.json", "--out", str(out), env={"EVALQ_TEST_MARKER": marker})
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads((ROOT / "examples/translation.json").read_text())
+    enabled = [m["id"] for m in job["metrics"] if m.get("enable", True)]
+    results = read_results(out)
+    assert list(results) == enabled
+    log = read_log(out)
+    pairs = [(line["instance_id"], line["metric"]) for line in log]
+    assert sorted(pairs) == sorted((i["id"], m) for i in job["instances"] for m in enabled)
+    time.sleep(0.5)
+    assert processes_with_marker(marker) == [], "embedded Redis or workers left running"
+
+
+def test_validate_command(tmp_path):
+    proc = evalq("validate", "examples/translation.json")
+    assert proc.returncode == 0
+    assert "valid: 6 instances" in proc.stdout
+
+
+@pytest.mark.parametrize("content,expected", [
+    ('{"instances": [\n{"id": 1,,}]}', "job.json:2:10: invalid JSON"),
+    (json.dumps({"instances": [INSTANCE], "metrics": [{"id": "blue"}]}),
+     "unknown metric 'blue'; did you mean 'bleu'?"),
+    (json.dumps({"instances": [INSTANCE], "metrics": [{"id": "rouge", "parameters": {"use_stemer": True}}]}),
+     "unknown parameter 'use_stemer'; did you mean 'use_stemmer'?"),
+    (json.dumps({"instances": [INSTANCE, INSTANCE], "metrics": [{"id": "bleu"}]}),
+     "instance '1' (instances[1]): duplicate id"),
+    (json.dumps({"instances": [{**INSTANCE, "expected-output": []}], "metrics": [{"id": "bleu"}]}),
+     "'expected-output' is empty"),
+])
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_bad_job_exits_2_with_the_place_and_enqueues_nothing(tmp_path, redis_url, command, content, expected):
+    path = tmp_path / "job.json"
+    path.write_text(content)
+    r = redis.Redis.from_url(redis_url)
+    before = set(r.scan_iter(match="evalq:*")) | set(r.keys("cpu"))
+    extra = ["--broker", redis_url] if command == "run" else []
+    proc = evalq(command, str(path), *extra)
+    assert proc.returncode == 2
+    assert expected in proc.stderr
+    assert str(path) in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert set(r.scan_iter(match="evalq:*")) | set(r.keys("cpu")) == before
+
+
+def test_broker_unreachable_exits_1_with_one_line(tmp_path):
+    job = write_job(tmp_path / "job.json", [INSTANCE], [{"id": "bleu"}])
+    proc = evalq("run", str(job), "--broker", "redis://127.0.0.1:1/0", timeout=60)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("evalq: cannot reach broker redis://127.0.0.1:1/0")
+
+
+def test_broker_from_environment(tmp_path, redis_url, cpu_worker):
+    job = write_job(tmp_path / "job.json", [INSTANCE], [{"id": "exact_match"}])
+    proc = evalq("run", str(job), "--out", str(tmp_path / "o"), env={"EVALQ_BROKER_URL": redis_url})
+    assert proc.returncode == 0, proc.stderr
+    assert read_results(tmp_path / "o")["exact_match"]["score"] == 1
+
+
+def test_metrics_lists_parameters():
+    proc = evalq("metrics", "--json")
+    rows = {row["id"]: row for row in json.loads(proc.stdout)}
+    assert {"bleu", "rouge", "f1_score", "exact_match"} <= set(rows)
+    bleu = {p["name"]: p for p in rows["bleu"]["parameters"]}
+    assert bleu["weights"]["default"] == [0.25, 0.25, 0.25, 0.25]
+    assert bleu["smoothing_function"]["default"] == "method0"
+    assert rows["bleu"]["queue"] == "cpu"
+    human = evalq("metrics").stdout
+    assert "auto_reweigh" in human and "use_stemmer" in human
+
+
+def test_help_is_fast_and_lists_commands():
+    t0 = time.monotonic()
+    proc = evalq("--help")
+    assert proc.returncode == 0
+    for command in ("run", "validate", "metrics", "worker"):
+        assert command in proc.stdout
+    assert time.monotonic() - t0 < 5
+
+
+def test_ctrl_c_stops_everything_it_started(tmp_path):
+    marker = uuid.uuid4().hex
+    instances = [{**INSTANCE, "id": str(i)} for i in range(200)]
+    job = write_job(tmp_path / "job.json", instances, [{"id": "slow_len", "parameters": {"seconds": 0.05}}])
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", str(job), "--out",
+                             str(tmp_path / "o"), "-q"], cwd=ROOT,
+                            env={**os.environ, "EVALQ_TEST_MARKER": marker},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    # wait until the workers are up (the marker is in their environment)
+    while time.monotonic() < deadline and len(processes_with_marker(marker)) < 4:
+        time.sleep(0.2)
+    time.sleep(2)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr
+    time.sleep(0.5)
+    assert processes_with_marker(marker) == []
+    assert not (tmp_path / "o" / "results.json").exists()

@@ -1,0 +1,93 @@
+"""The core pipeline against a real Redis and real Celery worker processes."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from nltk.tokenize import wordpunct_tokenize
+from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+from rouge_score.rouge_scorer import RougeScorer
+
+from orchestrator.runner import run_job
+from shared import keys
+from shared.job import parse_job
+from tests.conftest import read_log, read_results
+
+pytestmark = pytest.mark.integration
+
+WORDS = "the a cat dog sat ran on under mat sofa quickly slowly red blue house garden".split()
+
+
+def synthetic(n: int, seed: int = 1) -> list[dict]:
+    rng = random.Random(seed)
+
+    def sentence():
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) + "."
+
+    return [{"id": f"i{i}", "input": "q", "actual-output": sentence(),
+             "expected-output": [sentence() for _ in range(rng.randint(1, 3))]} for i in range(n)]
+
+
+def test_scores_equal_reference_libraries(redis_url, cpu_worker, tmp_path):
+    instances = synthetic(57)
+    job = parse_job({"instances": instances, "metrics": [
+        {"id": "bleu", "parameters": {"smoothing_function": "method1"}},
+        {"id": "rouge", "parameters": {"rouge_types": ["rouge1", "rougeL"], "use_stemmer": True}},
+        {"id": "f1_score"}, {"id": "exact_match", "enable": False}]})
+    summary = run_job(job, tmp_path, broker=redis_url, chunk_size=5, progress=False)
+
+    bleu_ref = [sentence_bleu([wordpunct_tokenize(r) for r in i["expected-output"]],
+                              wordpunct_tokenize(i["actual-output"]),
+                              smoothing_function=SmoothingFunction().method1) for i in instances]
+    scorer = RougeScorer(["rouge1", "rougeL"], use_stemmer=True)
+    rouge_ref = [max((scorer.score(r, i["actual-output"]) for r in i["expected-output"]),
+                     key=lambda s: s["rougeL"].fmeasure)["rougeL"].fmeasure for i in instances]
+
+    log = read_log(tmp_path)
+    assert len(log) == 3 * len(instances)
+    by_metric = {m: {line["instance_id"]: line for line in log if line["metric"] == m}
+                 for m in ("bleu", "rouge", "f1_score")}
+    for inst, b, rl in zip(instances, bleu_ref, rouge_ref):
+        assert by_metric["bleu"][inst["id"]]["result"] == pytest.approx(b, abs=1e-12)
+        assert by_metric["rouge"][inst["id"]]["result"]["rougeL"] == pytest.approx(rl, abs=1e-12)
+        assert by_metric["bleu"][inst["id"]]["parameters"]["smoothing_function"] == "method1"
+
+    results = read_results(tmp_path)
+    assert list(results) == ["bleu", "rouge", "f1_score"]  # job order; disabled metric absent
+    assert results["bleu"]["score"] == pytest.approx(sum(bleu_ref) / len(bleu_ref), abs=1e-12)
+    assert results["rouge"]["score"]["rougeL"] == pytest.approx(sum(rouge_ref) / len(rouge_ref), abs=1e-12)
+    assert results["bleu"]["parameters"] == {"weights": [0.25] * 4, "smoothing_function": "method1",
+                                             "auto_reweigh": False}
+    for m in results.values():
+        assert (m["n"], m["n_errors"]) == (len(instances), 0)
+        assert m["elapsed_time"] > 0
+    assert summary == json.loads((tmp_path / "results.json").read_text())
+
+
+def test_item_failure_is_recorded_and_job_goes_on(redis_url, cpu_worker, tmp_path):
+    instances = synthetic(10)
+    instances[3]["actual-output"] = "FAIL here"
+    instances[7]["actual-output"] = "and FAIL there"
+    job = parse_job({"instances": instances, "metrics": [{"id": "fail_on"}, {"id": "exact_match"}]})
+    run_job(job, tmp_path, broker=redis_url, chunk_size=4, progress=False)
+    log = read_log(tmp_path)
+    failed = {line["instance_id"]: line["error"] for line in log if "error" in line}
+    assert failed == {"i3": "ValueError: cannot score 'i3'", "i7": "ValueError: cannot score 'i7'"}
+    assert all("result" not in line for line in log if "error" in line)
+    results = read_results(tmp_path)
+    assert (results["fail_on"]["n"], results["fail_on"]["n_errors"]) == (8, 2)
+    assert results["fail_on"]["score"] == 1.0
+    assert results["exact_match"]["n_errors"] == 0
+
+
+def test_job_keys_expire(redis_url, cpu_worker, tmp_path):
+    import redis
+
+    job = parse_job({"instances": synthetic(3), "metrics": [{"id": "f1_score"}]})
+    run_job(job, tmp_path, broker=redis_url, progress=False)
+    r = redis.Redis.from_url(redis_url)
+    spec_keys = list(r.scan_iter(match=f"{keys.PREFIX}:*:spec"))
+    assert spec_keys and all(0 < r.ttl(k) <= 8 * 24 * 3600 for k in spec_keys)

@@ -1,0 +1,96 @@
+"""A worker SIGKILLed mid-job: every item still appears exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import psutil
+import pytest
+import redis
+
+from orchestrator.embedded import EmbeddedRedis
+from orchestrator.runner import run_job
+from shared import keys
+from shared.job import parse_job
+from tests.conftest import read_log, read_results, start_worker, stop_worker, wait_for_worker
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    server = EmbeddedRedis(tmp_path)
+    server.start()
+    yield server.url
+    server.stop()
+
+
+def _run_in_thread(job, out, url):
+    import threading
+
+    box = {}
+
+    def target():
+        try:
+            box["summary"] = run_job(job, out, broker=url, progress=False, stall_timeout=120)
+        except BaseException as exc:  # surfaced by the test
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, box
+
+
+def _wait_for_items(url: str, minimum: int, timeout: float = 60) -> None:
+    r = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = sum(r.hlen(k) for k in r.scan_iter(match=f"{keys.PREFIX}:*:res:*"))
+        if done >= minimum:
+            return
+        time.sleep(0.05)
+    raise TimeoutError("job made no progress")
+
+
+@pytest.mark.parametrize("victim", ["whole worker", "pool child"])
+def test_sigkill_mid_job_loses_and_duplicates_nothing(private_redis, tmp_path, victim):
+    env = {"EVALQ_VISIBILITY_TIMEOUT": "3"}  # redeliver a dead worker's messages quickly
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    names = [f"a{uuid.uuid4().hex[:4]}", f"b{uuid.uuid4().hex[:4]}"]
+    workers = [start_worker(private_redis, "cpu", logs, concurrency=2, env=env, name=n) for n in names]
+    try:
+        for n in names:
+            wait_for_worker(private_redis, n)
+        instances = [{"id": f"x{i}", "actual-output": "y" * (i % 7), "expected-output": ["y"]}
+                     for i in range(120)]
+        job = parse_job({"instances": instances, "metrics": [
+            {"id": "slow_len", "parameters": {"seconds": 0.03}}, {"id": "exact_match"}]})
+        thread, box = _run_in_thread(job, tmp_path / "out", private_redis)
+        _wait_for_items(private_redis, 20)
+        main = psutil.Process(workers[0].pid)
+        if victim == "whole worker":
+            os.killpg(workers[0].pid, signal.SIGKILL)
+        else:
+            busy = [c for c in main.children() if c.cpu_percent(interval=None) is not None]
+            assert busy, "prefork worker has no pool children"
+            for child in busy:
+                child.send_signal(signal.SIGKILL)
+        thread.join(150)
+        assert not thread.is_alive(), "job did not finish after the worker was killed"
+        assert "error" not in box, box.get("error")
+    finally:
+        for w in workers:
+            stop_worker(w, signal.SIGKILL)
+
+    log = read_log(tmp_path / "out")
+    pairs = [(line["instance_id"], line["metric"]) for line in log]
+    assert len(pairs) == len(set(pairs)) == 240
+    assert all("error" not in line for line in log)
+    slow = {line["instance_id"]: line["result"] for line in log if line["metric"] == "slow_len"}
+    assert slow == {inst["id"]: len(inst["actual-output"]) for inst in instances}
+    results = read_results(tmp_path / "out")
+    assert results["slow_len"]["n"] == 120 and results["exact_match"]["n"] == 120
