@@ -1,0 +1,117 @@
+"""Distributed vs in-process on the same data, measured in the same run.
+
+N synthetic instances x (bleu, rouge, f1_score): `evalq run` in embedded mode
+(private Redis, local workers, outputs written) against a single-process loop
+calling the same metric functions on the same instances. Prints both wall
+times, their ratio (goal <= 0.8 on a 2-core machine) and the orchestrator's
+peak RSS.
+
+    .venv/bin/python bench/bench_cpu.py [--n 100000] [--chunk-size 250]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+VOCAB = ("the a cat dog sat ran on under over mat sofa quickly slowly red blue green house garden "
+         "river city people model answer question found said made went small large old new first "
+         "last good bad time year day man woman child world life hand part place case week").split()
+
+METRICS = [
+    {"id": "bleu", "enable": True,
+     "parameters": {"weights": [0.25, 0.25, 0.25, 0.25], "smoothing_function": "method1", "auto_reweigh": False}},
+    {"id": "rouge", "enable": True, "parameters": {"rouge_types": ["rouge1", "rouge2", "rougeL"]}},
+    {"id": "f1_score", "enable": True, "parameters": {}},
+]
+
+
+def synthetic(n: int, seed: int = 7) -> list[dict]:
+    rng = random.Random(seed)
+
+    def sentence() -> str:
+        return " ".join(rng.choice(VOCAB) for _ in range(rng.randint(8, 25))) + "."
+
+    return [{"id": str(i), "input": "Translate: " + sentence(), "actual-output": sentence(),
+             "expected-output": [sentence() for _ in range(rng.randint(1, 3))]} for i in range(n)]
+
+
+def in_process(instances: list[dict]) -> float:
+    import shared.metrics  # noqa: F401
+    from shared.registry import REGISTRY
+
+    runs = []
+    for m in METRICS:
+        spec = REGISTRY.get(m["id"])
+        runs.append((spec.load(), spec.params.model_validate(m["parameters"])))
+    t0 = time.perf_counter()
+    for inst in instances:
+        for fn, params in runs:
+            fn(inst, params)
+    return time.perf_counter() - t0
+
+
+def distributed(job_path: Path, out: Path, chunk_size: int | None) -> tuple[float, int]:
+    cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(job_path), "--out", str(out), "-q"]
+    if chunk_size:
+        cmd += ["--chunk-size", str(chunk_size)]
+    peak = [0]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    ps = psutil.Process(proc.pid)
+
+    def sample() -> None:
+        while proc.poll() is None:
+            try:
+                peak[0] = max(peak[0], ps.memory_info().rss)
+            except psutil.NoSuchProcess:
+                return
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    rc = proc.wait()
+    elapsed = time.perf_counter() - t0
+    sampler.join()
+    if rc != 0:
+        raise SystemExit(f"evalq run failed with exit code {rc}")
+    return elapsed, peak[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--chunk-size", type=int, default=None)
+    args = parser.parse_args()
+
+    instances = synthetic(args.n)
+    with tempfile.TemporaryDirectory(prefix="evalq-bench-") as tmp:
+        job_path = Path(tmp) / "job.json"
+        job_path.write_text(json.dumps({"instances": instances, "metrics": METRICS}))
+        dist, peak_rss = distributed(job_path, Path(tmp) / "out", args.chunk_size)
+        lines = sum(1 for _ in open(Path(tmp) / "out" / "log.jsonl"))
+        assert lines == 3 * args.n, f"log has {lines} lines, expected {3 * args.n}"
+    local = in_process(instances)
+
+    print(f"machine: {os.cpu_count()} cores; N={args.n} instances x 3 metrics (bleu, rouge, f1_score)")
+    print(f"in-process loop (1 process)      : {local:8.2f} s  ({3 * args.n / local:,.0f} items/s)")
+    print(f"evalq run, embedded (end to end) : {dist:8.2f} s  ({3 * args.n / dist:,.0f} items/s)")
+    print(f"ratio distributed / in-process   : {dist / local:8.2f}  (goal <= 0.8)")
+    print(f"orchestrator peak RSS            : {peak_rss / 2**20:8.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
