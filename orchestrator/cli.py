@@ -124,6 +124,15 @@ def worker(queues: str, broker: str | None, concurrency: int | None, pool: str |
     app.worker_main(argv)
 
 
+def _register_judge_sim() -> None:
+    from orchestrator.judgesim import judge_sim_command
+
+    cli.add_command(judge_sim_command)
+
+
+_register_judge_sim()
+
+
 def main() -> None:
     try:
         code = cli.main(standalone_mode=False)
