@@ -24,6 +24,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_cpu.py
+	$(BIN)/python bench/bench_bertscore.py
 
 clean:
 	rm -rf $(VENV) out

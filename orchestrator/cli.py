@@ -102,7 +102,7 @@ def _type_name(annotation) -> str:
               help="Comma-separated queues to consume: cpu, gpu, judge.<region>.")
 @broker_option
 @click.option("--concurrency", "-c", type=click.IntRange(min=1), default=None,
-              help="Processes (or threads) [default: CPU count for cpu, 1 for gpu].")
+              help="Processes (or threads) [default: CPU count; the gpu solo pool always runs 1].")
 @click.option("--pool", type=click.Choice(["prefork", "solo", "threads"]), default=None,
               help="Celery pool [default: prefork for cpu, solo for gpu].")
 @click.option("--hostname", "-n", default=None, help="Worker node name (Celery's -n).")

@@ -13,8 +13,13 @@ def worker_argv(queues: list[str], concurrency: int | None = None, pool: str | N
     if pool is None:
         # gpu: one process holds the model and the device; cpu: one process per core.
         pool = "solo" if "gpu" in kinds else "prefork"
-    if concurrency is None:
-        concurrency = 1 if pool == "solo" else (os.cpu_count() or 1)
+    if pool == "solo":
+        # solo runs one task at a time whatever -c says, and Celery prefetches
+        # concurrency x multiplier messages: a higher -c would only make one
+        # gpu worker hoard chunks that another GPU could be scoring.
+        concurrency = 1
+    elif concurrency is None:
+        concurrency = os.cpu_count() or 1
     consumed = list(queues) + ([CONTROL_QUEUE] if control and CONTROL_QUEUE not in queues else [])
     argv = ["worker", "-Q", ",".join(consumed), "-P", pool, "-c", str(concurrency),
             "-l", loglevel, "-E",

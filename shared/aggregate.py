@@ -6,6 +6,8 @@ aggregates in flat memory.
 
 from __future__ import annotations
 
+import math
+from array import array
 from typing import Any
 
 Number = (int, float)
@@ -46,7 +48,81 @@ class MeanAggregator:
         return means
 
 
-AGGREGATORS = {"mean": MeanAggregator}
+class DistributionAggregator(MeanAggregator):
+    """The means, plus each number's distribution under ``"distribution"``.
+
+    A list of numbers (one per layer, say) is taken position by position. The
+    values are kept (8 bytes each) so quantiles are exact.
+    """
+
+    QUANTILES = {"p5": 0.05, "p25": 0.25, "median": 0.5, "p75": 0.75, "p95": 0.95}
+    BINS = 10
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._values: dict[str, list[array]] = {}
+        self._is_list: dict[str, bool] = {}
+
+    def add(self, record: dict[str, Any]) -> None:
+        super().add(record)
+        if record.get("error") is not None:
+            return
+        value = record["result"]
+        for key, v in (value.items() if isinstance(value, dict) else (("", value),)):
+            series = v if isinstance(v, list) else [v]
+            self._is_list[key] = isinstance(v, list)
+            columns = self._values.setdefault(key, [])
+            for i, x in enumerate(series):
+                if isinstance(x, Number) and not isinstance(x, bool):
+                    while len(columns) <= i:
+                        columns.append(array("d"))
+                    columns[i].append(x)
+
+    def score(self) -> dict[str, Any] | None:
+        if self.n == 0:
+            return None
+        means: dict[str, Any] = {}
+        spread: dict[str, Any] = {}
+        for key, columns in self._values.items():
+            stats = [_describe(sorted(c), self.QUANTILES, self.BINS) for c in columns]
+            avgs = [sum(c) / len(c) if c else None for c in columns]
+            if self._is_list[key]:
+                means[key], spread[key] = avgs, stats
+            elif columns:
+                means[key], spread[key] = avgs[0], stats[0]
+        if self._scalar:
+            return {"mean": means.get(""), "distribution": spread.get("")}
+        return {**means, "distribution": spread}
+
+
+def _describe(values: list[float], quantiles: dict[str, float], bins: int) -> dict[str, Any] | None:
+    """Standard deviation, min, quantiles (linear interpolation), max and a histogram
+    whose range is [min, max] widened to tenths."""
+    n = len(values)
+    if n == 0:
+        return None
+    mean = sum(values) / n
+    out: dict[str, Any] = {"std": math.sqrt(sum((v - mean) ** 2 for v in values) / n), "min": values[0]}
+    for name, q in quantiles.items():
+        pos = q * (n - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, n - 1)
+        out[name] = values[lo] + (values[hi] - values[lo]) * (pos - lo)
+    out["max"] = values[-1]
+    # rounded first: float32 scores of identical texts come out as 1.0000001
+    low = math.floor(round(values[0] * 10, 4)) / 10
+    high = math.ceil(round(values[-1] * 10, 4)) / 10
+    if high <= low:
+        high = low + 0.1
+    width = (high - low) / bins
+    counts = [0] * bins
+    for v in values:
+        counts[min(int((v - low) / width), bins - 1)] += 1
+    out["histogram"] = {"edges": [round(low + i * width, 6) for i in range(bins + 1)], "counts": counts}
+    return out
+
+
+AGGREGATORS = {"mean": MeanAggregator, "distribution": DistributionAggregator}
 
 
 def aggregator_for(kind: str):

@@ -3,7 +3,7 @@ implementations are named by path and imported by workers on first use."""
 
 from __future__ import annotations
 
-from shared.params import BleuParams, NoParams, RougeParams
+from shared.params import BertScoreParams, BleuParams, NoParams, RougeParams
 from shared.registry import REGISTRY, MetricSpec
 
 REGISTRY.register(MetricSpec(
@@ -44,6 +44,22 @@ REGISTRY.register(MetricSpec(
     queue="cpu",
     requires=("actual-output", "expected-output"),
     description="1 if the answer equals a reference after SQuAD normalisation, else 0.",
+))
+
+REGISTRY.register(MetricSpec(
+    id="bertscore",
+    params=BertScoreParams,
+    impl="workers.metrics.bertscore:bertscore",
+    queue="gpu",
+    batch=True,
+    # a multiple of every power-of-two batch_size up to 512: full batches
+    chunk_size=512,
+    prepare="workers.metrics.bertscore:prepare",
+    aggregation="distribution",
+    requires=("actual-output", "expected-output"),
+    library="bert-score",
+    description="BERTScore precision, recall and F1 (bert-score), best over the references; "
+    "mean and distribution over the items. Offline: bundled all-MiniLM-L6-v2 by default.",
 ))
 
 

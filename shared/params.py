@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 
 class Params(BaseModel):
@@ -76,3 +77,88 @@ class RougeParams(Params):
         if len(set(value)) != len(value):
             raise ValueError("lists a ROUGE type twice")
         return value
+
+
+class BertScoreParams(Params):
+    """bert-score's parameters, as Hugging Face evaluate's ``bertscore`` takes them.
+
+    Models load from local files only; the validators check, without importing
+    torch, that the model, its layer and any baseline exist on this machine
+    (see ``workers.metrics.bertscore``).
+    """
+
+    lang: str | None = Field(
+        default=None, description="language of the texts (e.g. 'en'); picks bert-score's model for it "
+        "when model_type is unset, and its shipped baseline when rescaling")
+    model_type: str | None = Field(
+        default=None, validate_default=True,
+        description="local model directory or hub id in the local Hugging Face cache; unset (and no "
+        "lang): the bundled offline sentence-transformers/all-MiniLM-L6-v2")
+    num_layers: int | None = Field(
+        default=None, ge=0, validate_default=True,
+        description="layer whose embeddings are compared; unset: bert-score's tuned layer for the "
+        "model (6 for the bundled model)")
+    verbose: bool = Field(default=False, description="print bert-score's progress in the worker log")
+    idf: bool = Field(default=False, description="weigh tokens by idf over all the job's references")
+    device: str | None = Field(
+        default=None, pattern=r"^(cpu|cuda(:\d+)?|mps)$",
+        description="cpu, cuda, cuda:N or mps; unset: cuda when the worker has it, else cpu")
+    batch_size: int = Field(default=64, ge=1, description="sentences per forward pass")
+    nthreads: int = Field(default=4, ge=0, description="accepted for compatibility with HF evaluate; "
+                          "evalq computes idf once per job in-process (a forked pool can deadlock)")
+    all_layers: bool = Field(default=False, description="return P/R/F1 of every layer (lists)")
+    baseline_path: str | None = Field(
+        default=None, description="baseline CSV (LAYER,P,R,F per layer) for rescale_with_baseline")
+    rescale_with_baseline: bool = Field(
+        default=False, description="rescale with the baseline bert-score ships for model and lang, "
+        "or with baseline_path")
+    use_fast_tokenizer: bool = Field(default=False, description="use the fast (Rust) tokenizer")
+
+    @field_validator("model_type")
+    @classmethod
+    def _model_exists(cls, value, info):
+        from workers.metrics import bertscore
+
+        _as_param_error(bertscore.resolve_model, value, info.data.get("lang"))
+        return value
+
+    @field_validator("num_layers")
+    @classmethod
+    def _layer_exists(cls, value, info):
+        if "model_type" in info.data and "lang" in info.data:
+            from workers.metrics import bertscore
+
+            name, path = bertscore.resolve_model(info.data["model_type"], info.data["lang"])
+            _as_param_error(bertscore.resolve_layers, name, path, value)
+        return value
+
+    @field_validator("baseline_path")
+    @classmethod
+    def _baseline_file_exists(cls, value):
+        import os
+
+        if value is not None and not os.path.isfile(os.path.expanduser(value)):
+            raise PydanticCustomError("bertscore", "no such file: {path}", {"path": value})
+        return value
+
+    @field_validator("rescale_with_baseline")
+    @classmethod
+    def _baseline_exists(cls, value, info):
+        data = info.data
+        if value and all(k in data for k in ("lang", "model_type", "num_layers", "all_layers",
+                                                  "baseline_path")):
+            from workers.metrics import bertscore
+
+            name, path = bertscore.resolve_model(data["model_type"], data["lang"])
+            layers = bertscore.resolve_layers(name, path, data["num_layers"])
+            _as_param_error(bertscore.resolve_baseline, name, path, data["lang"],
+                            data["baseline_path"], layers, data["all_layers"])
+        return value
+
+
+def _as_param_error(check, *args):
+    """Run a look-up; its ValueError becomes a validation error carrying just its message."""
+    try:
+        return check(*args)
+    except ValueError as exc:
+        raise PydanticCustomError("bertscore", "{reason}", {"reason": str(exc)}) from None

@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel
 
 QueueKind = Literal["cpu", "gpu", "judge"]
-Aggregation = Literal["mean"]
+Aggregation = Literal["mean", "distribution"]
 
 
 @dataclass(frozen=True)
