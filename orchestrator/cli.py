@@ -74,9 +74,11 @@ def metrics(as_json: bool) -> None:
     for spec in REGISTRY.all():
         params = []
         for name, field in spec.params.model_fields.items():
-            params.append({"name": name, "type": _type_name(field.annotation),
-                           "default": field.get_default(call_default_factory=True),
-                           "description": field.description or ""})
+            entry = {"name": name, "type": _type_name(field.annotation),
+                     "required": field.is_required(), "description": field.description or ""}
+            if not field.is_required():
+                entry["default"] = field.get_default(call_default_factory=True)
+            params.append(entry)
         rows.append({"id": spec.id, "queue": spec.queue, "aggregation": spec.aggregation,
                      "requires": list(spec.requires), "description": spec.description,
                      "parameters": params})
@@ -87,7 +89,8 @@ def metrics(as_json: bool) -> None:
         click.echo(f"{row['id']}  [queue: {row['queue']}; needs: {', '.join(row['requires'])}]")
         click.echo(f"    {row['description']}")
         for p in row["parameters"]:
-            click.echo(f"    - {p['name']}: {p['type']} = {json.dumps(p['default'])}  {p['description']}")
+            value = "(required)" if p["required"] else f"= {json.dumps(p['default'])}"
+            click.echo(f"    - {p['name']}: {p['type']} {value}  {p['description']}")
         if not row["parameters"]:
             click.echo("    (no parameters)")
 
