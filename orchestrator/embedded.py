@@ -64,17 +64,34 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:])
 
 
+def cache_dir() -> Path:
+    return Path(os.environ.get("EVALQ_CACHE_DIR") or Path.home() / ".cache" / "evalq")
+
+
 class EmbeddedRedis:
-    def __init__(self, workdir: Path):
+    """A private redis-server. With ``persist``, its data (the judge cache and
+    judge budgets; jobs delete their own keys) is loaded from and saved to
+    ``cache_dir()/embedded-redis.rdb`` so that a re-run is answered from the cache."""
+
+    def __init__(self, workdir: Path, persist: bool = False):
         self.workdir = workdir
+        self.persist = persist
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
         self.log = workdir / "redis.log"
 
     def start(self) -> None:
+        data_dir = self.workdir
+        if self.persist:
+            data_dir = cache_dir()
+            try:
+                data_dir.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                data_dir, self.persist = self.workdir, False
         cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-               "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
+               "--save", "", "--appendonly", "no", "--dir", str(data_dir),
+               "--dbfilename", "embedded-redis.rdb" if self.persist else "dump.rdb",
                "--logfile", str(self.log), "--daemonize", "no"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=_die_with_parent)
@@ -94,6 +111,18 @@ class EmbeddedRedis:
         raise InfraError("embedded redis-server did not answer within 10 s")
 
     def stop(self) -> None:
+        if self.persist and self.proc is not None and self.proc.poll() is None:
+            import redis
+
+            from shared import keys
+
+            with contextlib.suppress(redis.RedisError):
+                client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=30)
+                keep = tuple(p.encode() for p in keys.PERSISTENT_PREFIXES)
+                doomed = [k for k in client.scan_iter(count=1000) if not k.startswith(keep)]
+                for i in range(0, len(doomed), 1000):
+                    client.delete(*doomed[i:i + 1000])
+                client.save()
         _stop(self.proc, signal.SIGTERM, grace=5)
 
 
@@ -149,12 +178,12 @@ def _stop(proc: subprocess.Popen | None, sig: int, grace: float) -> None:
 class EmbeddedCluster:
     """Context manager: private Redis plus workers for the given queues."""
 
-    def __init__(self, queues: list[str], concurrency: int | None = None):
+    def __init__(self, queues: list[str], concurrency: int | None = None, persist: bool = True):
         self.queues = queues
         self.concurrency = concurrency
         self._tmp = tempfile.TemporaryDirectory(prefix="evalq-")
         self.workdir = Path(self._tmp.name)
-        self.redis = EmbeddedRedis(self.workdir)
+        self.redis = EmbeddedRedis(self.workdir, persist=persist)
         self.workers: list[LocalWorker] = []
 
     @property

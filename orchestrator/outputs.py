@@ -44,6 +44,8 @@ def log_lines(r: redis.Redis, job: Job, job_id: str):
                     line["result"] = record["result"]
                 if record.get("error") is not None:
                     line["error"] = record["error"]
+                if record.get("skipped") is not None:
+                    line["skipped"] = record["skipped"]
                 yield json.dumps(line, ensure_ascii=False)
 
 

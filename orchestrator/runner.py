@@ -32,6 +32,9 @@ def run_job(job: Job, out_dir: Path, broker: str | None = None, chunk_size: int 
                               stall_timeout=stall_timeout)
         bar(total)
         outputs.write_outputs(r, job, job_id, summary, out_dir)
+        if not broker:
+            # the private Redis keeps only what outlives a job (judge cache, budgets)
+            submit.delete_job(r, job, job_id)
         return summary
 
 

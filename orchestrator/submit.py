@@ -29,17 +29,41 @@ class Chunk:
     queue: str
     start: int
     stop: int
+    deployment: str | None = None  # judge metrics: the region whose queue it goes to
 
 
 def plan(job: Job, chunk_size: int | None = None) -> list[Chunk]:
-    """Expand a job into per-metric chunks of consecutive instances."""
+    """Expand a job into per-metric chunks of consecutive instances.
+
+    A judge metric's chunks are spread over its judge's deployments in
+    proportion to their TPM (smooth weighted round robin); at run time a
+    worker still moves calls to a deployment with spare budget.
+    """
     n = len(job.instances)
     chunks = []
+    rotations: dict[str, object] = {}  # one per judge, shared by all its metrics
     for m in job.metrics:
         size = max(1, chunk_size or m.spec.chunk_size)
+        regions = None
+        if m.judge is not None:
+            regions = rotations.setdefault(m.params.judge, _weighted_regions(m.judge))
         for start in range(0, n, size):
-            chunks.append(Chunk(m.key, m.queue, start, min(start + size, n)))
+            region = next(regions) if regions else None
+            queue = f"judge.{region}" if region else m.queue
+            chunks.append(Chunk(m.key, queue, start, min(start + size, n), region))
     return chunks
+
+
+def _weighted_regions(judge):
+    weights = {d.region: d.tpm for d in judge.deployments}
+    current = dict.fromkeys(weights, 0)
+    total = sum(weights.values())
+    while True:
+        for region, w in weights.items():
+            current[region] += w
+        best = max(current, key=current.get)
+        current[best] -= total
+        yield best
 
 
 def job_spec(job: Job) -> dict:
@@ -50,7 +74,11 @@ def job_spec(job: Job) -> dict:
         if prepare is not None:
             entry["prepared"] = prepare(job.instances, m.params)
         metrics[m.key] = entry
-    return {"source": job.source, "n_instances": len(job.instances), "metrics": metrics}
+    used = {m.params.judge for m in job.metrics if m.judge is not None}
+    return {"source": job.source, "n_instances": len(job.instances), "metrics": metrics,
+            # judge configurations name the key's environment variable, never the key
+            "judges": {name: job.judges[name].model_dump(mode="json") for name in sorted(used)},
+            "judging": job.judging.model_dump(mode="json")}
 
 
 def connect(broker_url: str) -> redis.Redis:
@@ -96,6 +124,7 @@ def submit(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None = N
     store_job(r, job, job_id)
     header = [
         app.signature("evalq.score_chunk", args=(job_id, c.metric_key, c.start, c.stop),
+                      kwargs={"deployment": c.deployment} if c.deployment else {},
                       queue=c.queue, immutable=True)
         for c in plan(job, chunk_size)
     ]

@@ -6,20 +6,23 @@ import os
 
 from shared.config import CONTROL_QUEUE
 
+JUDGE_THREADS = 16  # concurrent judge calls per worker process
+
 
 def worker_argv(queues: list[str], concurrency: int | None = None, pool: str | None = None,
                 hostname: str | None = None, loglevel: str = "INFO", control: bool = True) -> list[str]:
     kinds = {q.split(".", 1)[0] for q in queues}
     if pool is None:
-        # gpu: one process holds the model and the device; cpu: one process per core.
-        pool = "solo" if "gpu" in kinds else "prefork"
+        # gpu: one process holds the model and the device; cpu: one process per
+        # core; judge: threads, since a judge task mostly waits on HTTP.
+        pool = "solo" if "gpu" in kinds else "threads" if kinds == {"judge"} else "prefork"
     if pool == "solo":
         # solo runs one task at a time whatever -c says, and Celery prefetches
         # concurrency x multiplier messages: a higher -c would only make one
         # gpu worker hoard chunks that another GPU could be scoring.
         concurrency = 1
     elif concurrency is None:
-        concurrency = os.cpu_count() or 1
+        concurrency = JUDGE_THREADS if pool == "threads" else os.cpu_count() or 1
     consumed = list(queues) + ([CONTROL_QUEUE] if control and CONTROL_QUEUE not in queues else [])
     argv = ["worker", "-Q", ",".join(consumed), "-P", pool, "-c", str(concurrency),
             "-l", loglevel, "-E",

@@ -16,9 +16,11 @@ Number = (int, float)
 class MeanAggregator:
     """Mean of a number per item, or of each number for items that are objects."""
 
-    def __init__(self) -> None:
+    def __init__(self, params: dict | None = None) -> None:
+        self.params = params or {}
         self.n = 0
         self.n_errors = 0
+        self.n_skipped = 0
         self._sum: dict[str, float] = {}
         self._count: dict[str, int] = {}
         self._scalar = True
@@ -26,6 +28,9 @@ class MeanAggregator:
     def add(self, record: dict[str, Any]) -> None:
         if record.get("error") is not None:
             self.n_errors += 1
+            return
+        if record.get("skipped") is not None:
+            self.n_skipped += 1
             return
         value = record["result"]
         self.n += 1
@@ -58,14 +63,14 @@ class DistributionAggregator(MeanAggregator):
     QUANTILES = {"p5": 0.05, "p25": 0.25, "median": 0.5, "p75": 0.75, "p95": 0.95}
     BINS = 10
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, params: dict | None = None) -> None:
+        super().__init__(params)
         self._values: dict[str, list[array]] = {}
         self._is_list: dict[str, bool] = {}
 
     def add(self, record: dict[str, Any]) -> None:
         super().add(record)
-        if record.get("error") is not None:
+        if record.get("error") is not None or record.get("skipped") is not None:
             return
         value = record["result"]
         for key, v in (value.items() if isinstance(value, dict) else (("", value),)):
@@ -122,8 +127,35 @@ def _describe(values: list[float], quantiles: dict[str, float], bins: int) -> di
     return out
 
 
-AGGREGATORS = {"mean": MeanAggregator, "distribution": DistributionAggregator}
+class RatingAggregator(MeanAggregator):
+    """Integer ratings ``{"score": k, "reason": ...}``: the mean, the count of
+    each point of the scale and, with a ``threshold`` parameter, the pass rate
+    (share of rated items scoring at least the threshold)."""
+
+    def __init__(self, params: dict | None = None) -> None:
+        super().__init__(params)
+        lo, hi = self.params.get("scale_min", 1), self.params.get("scale_max", 5)
+        self.counts = {k: 0 for k in range(lo, hi + 1)}
+
+    def add(self, record: dict[str, Any]) -> None:
+        super().add(record)
+        if "result" in record and record.get("error") is None:
+            score = record["result"]["score"]
+            self.counts[score] = self.counts.get(score, 0) + 1
+
+    def score(self) -> dict[str, Any] | None:
+        if self.n == 0:
+            return None
+        out: dict[str, Any] = {"mean": sum(k * c for k, c in self.counts.items()) / self.n,
+                               "distribution": {str(k): c for k, c in sorted(self.counts.items())}}
+        threshold = self.params.get("threshold")
+        if threshold is not None:
+            out["pass_rate"] = sum(c for k, c in self.counts.items() if k >= threshold) / self.n
+        return out
 
 
-def aggregator_for(kind: str):
-    return AGGREGATORS[kind]()
+AGGREGATORS = {"mean": MeanAggregator, "distribution": DistributionAggregator, "rating": RatingAggregator}
+
+
+def aggregator_for(kind: str, params: dict | None = None):
+    return AGGREGATORS[kind](params)

@@ -29,3 +29,18 @@ class InfraError(EvalqError):
 
 class MetricError(Exception):
     """A metric could not score one item (bad item content, not a bug in evalq)."""
+
+
+class Deferred(Exception):
+    """Work cannot proceed now (a judge budget is spent for a while): the task
+    re-schedules itself after ``wait`` seconds, on ``queue`` when given."""
+
+    def __init__(self, wait: float, queue: str | None = None, reason: str = ""):
+        self.wait = wait
+        self.queue = queue
+        super().__init__(reason or f"deferred {wait:.1f} s")
+
+
+class Skipped(Exception):
+    """An item deliberately not run (e.g. the job's token cap was reached):
+    recorded as skipped, not as an error and not lost."""

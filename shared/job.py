@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ from pydantic import BaseModel, ValidationError
 
 import shared.metrics  # noqa: F401  (registers the built-in metrics)
 from shared.errors import JobError
+from shared.judges import JudgeConfig, JudgingOptions
 from shared.registry import REGISTRY, MetricSpec, UnknownMetric
 
 MAX_PROBLEMS = 25
-JOB_KEYS = {"instances", "metrics"}
+JOB_KEYS = {"instances", "metrics", "judges", "judging"}
 METRIC_KEYS = {"id", "enable", "parameters", "name"}
 
 
@@ -31,14 +33,22 @@ class MetricRun:
     key: str  # unique within the job: the metric's ``name`` or its id
     spec: MetricSpec
     params: BaseModel
+    judge: JudgeConfig | None = None  # judge metrics: the judge its parameters name
 
     @property
     def id(self) -> str:
         return self.spec.id
 
     @property
+    def queues(self) -> list[str]:
+        """Queues this metric's tasks go to: one per judge deployment for judge metrics."""
+        if self.judge is not None:
+            return [f"judge.{d.region}" for d in self.judge.deployments]
+        return [self.spec.queue]
+
+    @property
     def queue(self) -> str:
-        return self.spec.queue_name(self.params)
+        return self.queues[0]
 
     def params_json(self) -> dict[str, Any]:
         return self.params.model_dump(mode="json")
@@ -49,11 +59,12 @@ class Job:
     source: str
     instances: list[dict[str, Any]]
     metrics: list[MetricRun]
-    extra: dict[str, Any] = field(default_factory=dict)
+    judges: dict[str, JudgeConfig] = field(default_factory=dict)
+    judging: JudgingOptions = field(default_factory=JudgingOptions)
 
     @property
     def queues(self) -> list[str]:
-        return sorted({m.queue for m in self.metrics})
+        return sorted({q for m in self.metrics for q in m.queues})
 
 
 class _Problems:
@@ -103,13 +114,72 @@ def parse_job(raw: Any, source: str = "<job>") -> Job:
         problems.raise_if_any()
     for key in sorted(set(raw) - JOB_KEYS):
         problems.add(key, f"unknown top-level field{_did_you_mean(key, JOB_KEYS)}")
+    judges = _parse_judges(raw.get("judges"), problems)
+    judging = _parse_model(JudgingOptions, raw.get("judging", {}), "judging", problems) or JudgingOptions()
     metrics = _parse_metrics(raw.get("metrics"), problems)
+    metrics = _resolve_judges(metrics, judges, problems)
     instances = _check_instances(raw.get("instances"), metrics, problems)
     problems.raise_if_any()
     if not metrics:
         raise JobError(f"{source}: metrics: no metric is enabled; nothing to run")
-    extra = {k: v for k, v in raw.items() if k not in JOB_KEYS}
-    return Job(source=source, instances=instances, metrics=metrics, extra=extra)
+    return Job(source=source, instances=instances, metrics=metrics, judges=judges, judging=judging)
+
+
+def _parse_model(model: type[BaseModel], raw: Any, where: str, problems: _Problems):
+    if not isinstance(raw, dict):
+        problems.add(where, f"expected an object, got {_kind(raw)}")
+        return None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                name = str(err["loc"][-1])
+                hint = _did_you_mean(name, model.model_fields)
+                problems.add(f"{where}.{loc}" if loc else where, f"unknown field{hint}")
+            else:
+                msg = err["msg"].removeprefix("Value error, ")
+                problems.add(f"{where}.{loc}" if loc else where, msg)
+        return None
+
+
+def _parse_judges(raw: Any, problems: _Problems) -> dict[str, JudgeConfig]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.add("judges", f"expected an object of named judges, got {_kind(raw)}")
+        return {}
+    judges = {}
+    for name, cfg in raw.items():
+        judge = _parse_model(JudgeConfig, cfg, f"judges.{name}", problems)
+        if judge is not None:
+            judges[name] = judge
+    return judges
+
+
+def _resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
+                    problems: _Problems) -> list[MetricRun]:
+    """Attach each judge metric's judge; a judge in use must have its key variable set."""
+    resolved = []
+    checked_env = set()
+    for run in runs:
+        name = getattr(run.params, "judge", None)
+        if run.spec.queue != "judge" or name is None:
+            resolved.append(run)
+            continue
+        judge = judges.get(name)
+        if judge is None:
+            known = ", ".join(sorted(judges)) or "none defined"
+            problems.add(f"metric {run.key}.parameters.judge",
+                         f"no judge named {name!r}{_did_you_mean(name, judges)} (judges: {known})")
+            continue
+        if name not in checked_env and not os.environ.get(judge.api_key_env):
+            problems.add(f"judges.{name}.api_key_env",
+                         f"environment variable {judge.api_key_env} is not set (the API key is read from it)")
+        checked_env.add(name)
+        resolved.append(MetricRun(key=run.key, spec=run.spec, params=run.params, judge=judge))
+    return resolved
 
 
 def _parse_metrics(raw: Any, problems: _Problems) -> list[MetricRun]:

@@ -9,8 +9,14 @@ several of them):
     evalq:{J}:res:{M}        HASH    instance index -> JSON item record, for metric key M
     evalq:{J}:time:{M}       HASH    chunk start -> seconds spent scoring that chunk
     evalq:{J}:summary        STRING  JSON list of aggregated metric results (results.json)
-    evalq:{J}:finalized      STRING  set once by the callback that wrote the summary
     evalq:{J}:status         STRING  running | done | failed
+
+Judge keys shared across jobs (see ``workers.judge.budget`` for the budget's):
+
+    evalq:budget:{D}:<part>  budget state of deployment D (tokens, requests, pause, bias, failures)
+    evalq:judgecache:<sha>   STRING cached judge reply for one canonical request
+    evalq:{J}:acct:{M}       HASH   judge accounting of metric M: calls, cache_hits, tokens, 429s
+    evalq:{J}:tokens         STRING tokens the job reserved (checked against its token cap)
 
 Item records are written with HSET on a field derived from the instance's
 position, so a redelivered task overwrites instead of adding: nothing is
@@ -46,16 +52,33 @@ def summary(job_id: str) -> str:
     return f"{job_prefix(job_id)}:summary"
 
 
-def finalized(job_id: str) -> str:
-    return f"{job_prefix(job_id)}:finalized"
-
-
 def status(job_id: str) -> str:
     return f"{job_prefix(job_id)}:status"
 
 
+# What outlives a job (and an embedded Redis, which saves only these).
+PERSISTENT_PREFIXES = (f"{PREFIX}:judgecache:", f"{PREFIX}:budget:")
+
+
+def budget(dep_id: str, part: str) -> str:
+    return f"{PREFIX}:budget:{{{dep_id}}}:{part}"
+
+
+def judge_cache(digest: str) -> str:
+    return f"{PREFIX}:judgecache:{digest}"
+
+
+def accounting(job_id: str, metric_key: str) -> str:
+    return f"{job_prefix(job_id)}:acct:{metric_key}"
+
+
+def job_tokens(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:tokens"
+
+
 def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
-    keys = [spec(job_id), instances(job_id), summary(job_id), finalized(job_id), status(job_id)]
+    keys = [spec(job_id), instances(job_id), summary(job_id), status(job_id),
+            job_tokens(job_id)]
     for m in metric_keys:
-        keys += [results(job_id, m), timings(job_id, m)]
+        keys += [results(job_id, m), timings(job_id, m), accounting(job_id, m)]
     return keys

@@ -3,6 +3,7 @@ implementations are named by path and imported by workers on first use."""
 
 from __future__ import annotations
 
+from shared.judges import JudgeParams, RubricParams
 from shared.params import BertScoreParams, BleuParams, NoParams, RougeParams
 from shared.registry import REGISTRY, MetricSpec
 
@@ -60,6 +61,32 @@ REGISTRY.register(MetricSpec(
     library="bert-score",
     description="BERTScore precision, recall and F1 (bert-score), best over the references; "
     "mean and distribution over the items. Offline: bundled all-MiniLM-L6-v2 by default.",
+))
+
+# LLM-as-judge quality metrics (Azure AI Studio's set): integers 1 to 5 with
+# the judge's one-line reason. Queue "judge": each task goes to judge.<region>
+# of one of its judge's deployments. Few items per task: a call takes ~1 s.
+_JUDGE_METRICS = [
+    ("groundedness", ("actual-output", "context"),
+     "Is every claim of the answer supported by the context? 1-5."),
+    ("relevance", ("input", "actual-output"),
+     "Does the answer address the question (with context, ground truth or the conversation when "
+     "present)? 1-5."),
+    ("coherence", ("input", "actual-output"), "Do the answer's sentences fit together naturally? 1-5."),
+    ("fluency", ("actual-output",), "Is the answer well written and grammatical? 1-5."),
+    ("similarity", ("input", "actual-output", "expected-output"),
+     "Is the answer equivalent to the ground truth? 1-5, best over references."),
+    ("retrieval", ("input", "context"), "Are the retrieved documents (context) useful for the question? 1-5."),
+]
+for _id, _needs, _description in _JUDGE_METRICS:
+    REGISTRY.register(MetricSpec(
+        id=_id, params=JudgeParams, impl=f"workers.metrics.quality:{_id}", queue="judge",
+        requires=_needs, aggregation="rating", chunk_size=4, description=_description))
+
+REGISTRY.register(MetricSpec(
+    id="rubric", params=RubricParams, impl="workers.metrics.quality:rubric", queue="judge",
+    requires=("actual-output",), aggregation="rating", chunk_size=4,
+    description="Your criteria on your low-precision scale, with optional few-shot examples per score.",
 ))
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel
 
 QueueKind = Literal["cpu", "gpu", "judge"]
-Aggregation = Literal["mean", "distribution"]
+Aggregation = Literal["mean", "distribution", "rating"]
 
 
 @dataclass(frozen=True)

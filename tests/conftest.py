@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -19,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = "tests.plugins.faulty"
 
 os.environ.setdefault("EVALQ_PLUGINS", PLUGINS)
+# embedded runs keep their judge cache here, not in the user's ~/.cache
+os.environ.setdefault("EVALQ_CACHE_DIR", tempfile.mkdtemp(prefix="evalq-test-cache-"))
 
 
 @pytest.fixture(scope="session")

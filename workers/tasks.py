@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 import redis
 
+from shared.errors import Deferred
 from workers import runner
 from workers.app import app
+
+log = logging.getLogger("evalq.worker")
+# A countdown is held by the worker that reserved the message; past the
+# visibility timeout Redis would hand it to a second worker. Long waits are
+# therefore taken in steps well below it.
+MAX_COUNTDOWN = 60.0
 
 
 @app.task(
@@ -15,8 +24,19 @@ from workers.app import app
     retry_backoff=True,
     max_retries=5,
 )
-def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int) -> dict:
-    return runner.run_chunk(runner.redis_client(self.app), job_id, metric_key, start, stop)
+def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
+                deployment: str | None = None) -> dict:
+    try:
+        return runner.run_chunk(runner.redis_client(self.app), job_id, metric_key, start, stop, deployment)
+    except Deferred as exc:
+        vt = self.app.conf.broker_transport_options.get("visibility_timeout", 3600)
+        countdown = max(0.05, min(exc.wait, MAX_COUNTDOWN, vt / 4))
+        region = exc.queue.split(".", 1)[1] if exc.queue else deployment
+        log.info("job %s %s[%d:%d] deferred %.1f s: %s", job_id, metric_key, start, stop, countdown, exc)
+        # Same task id, same chord membership; never counted against max_retries.
+        raise self.retry(args=(job_id, metric_key, start, stop), kwargs={"deployment": region},
+                         queue=exc.queue or self.request.delivery_info.get("routing_key"),
+                         countdown=countdown, max_retries=self.request.retries + 1)
 
 
 @app.task(

@@ -134,3 +134,22 @@ def test_no_enabled_metric():
 
 def test_top_level_must_be_object():
     assert "expected an object" in problems(json.loads("[1, 2]"))
+
+
+def test_judge_chunks_spread_over_deployments_by_tpm(monkeypatch):
+    from collections import Counter
+
+    from orchestrator.submit import plan
+
+    monkeypatch.setenv("EVALQ_UNIT_KEY", "k")
+    judges = {"j": {"provider": "openai", "model": "m", "api_key_env": "EVALQ_UNIT_KEY", "deployments": [
+        {"region": "big", "tpm": 60000, "rpm": 10}, {"region": "small", "tpm": 20000, "rpm": 10}]}}
+    instances = [{**GOOD_INSTANCE, "id": str(i)} for i in range(8)]
+    metrics = [{"id": m, "parameters": {"judge": "j"}} for m in ("coherence", "fluency", "relevance")]
+    job = parse_job({"instances": instances, "judges": judges, "metrics": metrics + [{"id": "bleu"}]})
+    chunks = plan(job, chunk_size=2)
+    judged = Counter(c.queue for c in chunks if c.metric_key != "bleu")
+    assert judged == {"judge.big": 9, "judge.small": 3}
+    assert all(c.deployment == c.queue.split(".", 1)[1] for c in chunks if c.deployment)
+    assert {c.queue for c in chunks if c.metric_key == "bleu"} == {"cpu"}
+    assert job.queues == ["cpu", "judge.big", "judge.small"]

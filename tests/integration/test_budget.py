@@ -1,0 +1,106 @@
+"""The cluster-wide budget: the Lua script on a real Redis, and two real
+worker processes sharing one deployment's TPM against judge-sim."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+import redis
+
+from orchestrator.judgesim import JudgeSim, Region
+from orchestrator.runner import run_job
+from shared.job import parse_job
+from tests.conftest import read_log, read_results, start_worker, stop_worker, wait_for_worker
+from workers.judge.budget import BUCKET, MARGIN, Budget
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def r(redis_url):
+    return redis.Redis.from_url(redis_url)
+
+
+def test_reserve_until_the_token_budget_is_spent(r):
+    b = Budget(r, uuid.uuid4().hex, tpm=1000, rpm=100, window=3)
+    assert b.reserve(600).admitted
+    assert b.reserve(400).admitted
+    res = b.reserve(1)
+    assert not res.admitted
+    # the first reservations leave the window after window + one bucket + margin
+    assert 3 < res.wait <= 3 + BUCKET + MARGIN + 0.1
+    time.sleep(res.wait + 0.05)
+    assert b.reserve(1000).admitted
+
+
+def test_request_budget(r):
+    b = Budget(r, uuid.uuid4().hex, tpm=10**6, rpm=3, window=60)
+    assert all(b.reserve(1).admitted for _ in range(3))
+    assert not b.reserve(1).admitted
+
+
+def test_request_larger_than_tpm_is_impossible(r):
+    res = Budget(r, uuid.uuid4().hex, tpm=100, rpm=10).reserve(101)
+    assert res.impossible and not res.admitted
+
+
+def test_pause_holds_every_client_of_the_deployment(r):
+    dep = uuid.uuid4().hex
+    Budget(r, dep, tpm=1000, rpm=10).pause(1.0)
+    other = Budget(r, dep, tpm=1000, rpm=10)  # as another worker would see it
+    res = other.reserve(1)
+    assert not res.admitted and 0.8 < res.wait <= 1.0
+    time.sleep(1.05)
+    assert other.reserve(1).admitted
+
+
+def test_estimator_bias_follows_server_counts(r):
+    b = Budget(r, uuid.uuid4().hex, tpm=1000, rpm=10)
+    assert b.admission_tokens(100, 50) == 110 + 50  # prior: 10% above the estimate
+    for _ in range(20):
+        b.observe(100, 130)
+    assert b.bias() == pytest.approx(1.3)
+    assert b.admission_tokens(100, 50) == 130 + 50
+
+
+def test_two_workers_share_one_budget_without_429s(redis_url, tmp_path):
+    window, tpm = 4, 2400
+    key_env = "EVALQ_BUDGET_TEST_KEY"
+    os.environ[key_env] = "k"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with JudgeSim([Region("tight", tpm=tpm, rpm=1000)], window_seconds=window, latency=0.02) as sim:
+        names = [f"ja{uuid.uuid4().hex[:4]}", f"jb{uuid.uuid4().hex[:4]}"]
+        workers = [start_worker(redis_url, "judge.tight", logs, concurrency=6, name=n) for n in names]
+        try:
+            for n in names:
+                wait_for_worker(redis_url, n)
+            filler = "The answer restates the question and adds a little detail. " * 6
+            instances = [{"id": str(i), "input": f"Question {i}?", "actual-output": f"{filler} {uuid.uuid4().hex}"}
+                         for i in range(24)]
+            job = parse_job({
+                "instances": instances, "judging": {"cache": False},
+                "judges": {"sim": {"provider": "openai", "model": "m", "api_key_env": key_env, "max_tokens": 100,
+                                   "deployments": [{"region": "tight", "base_url": sim.base_url("tight"),
+                                                    "tpm": tpm, "rpm": 1000, "window_seconds": window}]}},
+                "metrics": [{"id": "fluency", "parameters": {"judge": "sim"}}]})
+            t0 = time.monotonic()
+            run_job(job, tmp_path / "out", broker=redis_url, progress=False, stall_timeout=120, chunk_size=2)
+            elapsed = time.monotonic() - t0
+        finally:
+            for w in workers:
+                stop_worker(w)
+        stats = sim.stats("tight")
+    log = read_log(tmp_path / "out")
+    assert all("result" in line for line in log), [line for line in log if "result" not in line][:2]
+    assert stats["rate_limited"] == 0
+    assert stats["ok"] == 24
+    # demand was well above the budget: the run had to span several windows
+    assert stats["admitted_tokens"] > 3 * tpm and elapsed > 2 * window
+    assert read_results(tmp_path / "out")["fluency"]["judge"]["rate_limited"] == 0
+    for name in names:  # both processes took part, so the budget really was shared
+        assert "evalq.score_chunk" in (logs / f"{name}.log").read_text() and \
+            "succeeded" in (logs / f"{name}.log").read_text(), name

@@ -1,0 +1,180 @@
+"""Cluster-wide TPM/RPM budgets per deployment, held in Redis.
+
+Check-and-reserve is one Lua script, so any number of workers on any number of
+machines never over-commit a deployment. Time is Redis server time (``TIME``),
+so workers' clocks do not matter. Usage is kept in half-second buckets and the
+window slides bucket by bucket, as providers' per-minute limits do.
+
+Keys (``D`` is ``shared.judges.deployment_id``), built by ``shared.keys``:
+
+    evalq:budget:{D}:tok     HASH   half-second bucket -> tokens reserved in it
+    evalq:budget:{D}:req     HASH   half-second bucket -> requests reserved in it
+    evalq:budget:{D}:pause   STRING server time (float s) before which nothing is sent (429 Retry-After)
+    evalq:budget:{D}:bias    HASH   server_tokens, estimated_tokens (estimator correction)
+    evalq:budget:{D}:fail    STRING consecutive failures (expires); a deployment above the
+                                    threshold is drained to the judge's other deployments
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import redis
+
+from shared import keys
+
+# Returns {admitted (1/0/-1), wait_seconds (string), used_tokens, used_requests}.
+# -1: the request alone exceeds the deployment's TPM and can never be admitted.
+RESERVE_LUA = """
+local tok_key, req_key, pause_key = KEYS[1], KEYS[2], KEYS[3]
+local tokens = tonumber(ARGV[1])
+local tpm = tonumber(ARGV[2])
+local rpm = tonumber(ARGV[3])
+local window = tonumber(ARGV[4])
+local bucket = tonumber(ARGV[6])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local sec = math.floor(now / bucket)
+if tokens > tpm then
+  return {-1, '0', 0, 0}
+end
+local paused = tonumber(redis.call('GET', pause_key) or '0')
+if paused > now then
+  return {0, tostring(paused - now), 0, 0}
+end
+-- Bucket s holds reservations made during [s, s + 1) * bucket; the provider's
+-- sliding window still counts them until (s + 1) * bucket + window, plus the
+-- request's travel time (margin). Dropping a bucket earlier would admit
+-- calls the provider then rejects with 429.
+local margin = tonumber(ARGV[5])
+local function expiry(s) return (s + 1) * bucket + window + margin end
+local function usage(key)
+  local flat = redis.call('HGETALL', key)
+  local used, buckets = 0, {}
+  for i = 1, #flat, 2 do
+    local s, v = tonumber(flat[i]), tonumber(flat[i + 1])
+    if expiry(s) <= now then
+      redis.call('HDEL', key, flat[i])
+    else
+      used = used + v
+      buckets[#buckets + 1] = {s, v}
+    end
+  end
+  table.sort(buckets, function(a, b) return a[1] < b[1] end)
+  return used, buckets
+end
+local used_tok, tok_buckets = usage(tok_key)
+local used_req, req_buckets = usage(req_key)
+if used_tok + tokens <= tpm and used_req + 1 <= rpm then
+  redis.call('HINCRBY', tok_key, sec, tokens)
+  redis.call('HINCRBY', req_key, sec, 1)
+  redis.call('EXPIRE', tok_key, window * 2 + 2)
+  redis.call('EXPIRE', req_key, window * 2 + 2)
+  return {1, '0', used_tok + tokens, used_req + 1}
+end
+-- When will enough of the window have slid out?
+local function wait_for(buckets, used, need, limit)
+  if used + need <= limit then return 0 end
+  local freed = 0
+  for _, b in ipairs(buckets) do
+    freed = freed + b[2]
+    if used - freed + need <= limit then
+      return expiry(b[1]) - now
+    end
+  end
+  return window
+end
+local w = math.max(wait_for(tok_buckets, used_tok, tokens, tpm), wait_for(req_buckets, used_req, 1, rpm))
+return {0, tostring(math.max(w, 0.01)), used_tok, used_req}
+"""
+
+PAUSE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local until_ts = now + tonumber(ARGV[1])
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if until_ts > current then
+  redis.call('SET', KEYS[1], tostring(until_ts), 'EX', math.ceil(tonumber(ARGV[1])) + 1)
+end
+return tostring(until_ts)
+"""
+
+BUCKET = 0.5        # seconds per usage bucket
+MARGIN = 0.25       # seconds a request may take to reach the provider
+FAIL_THRESHOLD = 5  # consecutive failures before a deployment is drained
+FAIL_MEMORY = 60    # seconds a failure streak is remembered
+BIAS_DECAY = 0.98   # weight of history in the estimator's bias
+BIAS_PRIOR = 1.1    # until a server count is seen, reserve 10% above the estimate
+
+
+@dataclass(frozen=True)
+class Reservation:
+    admitted: bool
+    wait: float          # seconds until it could be admitted (0 when admitted)
+    impossible: bool = False
+
+
+class Budget:
+    """One deployment's budget. Scripts are registered once per process."""
+
+    _scripts: dict[int, tuple] = {}
+
+    def __init__(self, r: redis.Redis, dep_id: str, tpm: int, rpm: int, window: int = 60,
+                 safety: float = 1.0):
+        self.r = r
+        self.dep_id = dep_id
+        self.tpm = max(1, int(tpm * safety))
+        self.rpm = max(1, int(rpm * safety))
+        self.window = window
+        if id(r) not in self._scripts:
+            self._scripts[id(r)] = (r.register_script(RESERVE_LUA), r.register_script(PAUSE_LUA))
+        self._reserve, self._pause = self._scripts[id(r)]
+
+    def reserve(self, tokens: int) -> Reservation:
+        admitted, wait, _, _ = self._reserve(
+            keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
+                  keys.budget(self.dep_id, "pause")],
+            args=[int(tokens), self.tpm, self.rpm, self.window, MARGIN, BUCKET])
+        if admitted == -1:
+            return Reservation(False, 0.0, impossible=True)
+        return Reservation(bool(admitted == 1), float(wait))
+
+    def pause(self, seconds: float) -> None:
+        """Hold every worker off this deployment (a 429 with Retry-After)."""
+        self._pause(keys=[keys.budget(self.dep_id, "pause")], args=[max(0.0, float(seconds))])
+
+    # -- estimator bias ---------------------------------------------------------
+    def bias(self) -> float:
+        raw = self.r.hmget(keys.budget(self.dep_id, "bias"), ["server", "estimate"])
+        server, estimate = (float(x) if x else 0.0 for x in raw)
+        if server <= 0 or estimate <= 0:
+            return BIAS_PRIOR
+        return min(3.0, max(0.33, server / estimate))
+
+    def observe(self, estimated_prompt: int, server_prompt: int) -> None:
+        """Fold one response's reported prompt tokens into the estimator's bias."""
+        if estimated_prompt <= 0 or server_prompt <= 0:
+            return
+        key = keys.budget(self.dep_id, "bias")
+        raw = self.r.hmget(key, ["server", "estimate"])
+        server, estimate = (float(x) if x else 0.0 for x in raw)
+        self.r.hset(key, mapping={"server": server * BIAS_DECAY + server_prompt,
+                                  "estimate": estimate * BIAS_DECAY + estimated_prompt})
+
+    def admission_tokens(self, estimated_prompt: int, max_tokens: int) -> int:
+        return int(math.ceil(round(estimated_prompt * self.bias(), 6))) + max_tokens
+
+    # -- health -------------------------------------------------------------------
+    def failed(self) -> None:
+        key = keys.budget(self.dep_id, "fail")
+        pipe = self.r.pipeline()
+        pipe.incr(key)
+        pipe.expire(key, FAIL_MEMORY)
+        pipe.execute()
+
+    def succeeded(self) -> None:
+        self.r.delete(keys.budget(self.dep_id, "fail"))
+
+    def healthy(self) -> bool:
+        return int(self.r.get(keys.budget(self.dep_id, "fail")) or 0) < FAIL_THRESHOLD

@@ -1,0 +1,265 @@
+"""``JudgeClient.complete``: one chat completion, the way a cluster should make it.
+
+Order of business for every request:
+1. the Redis cache (identical model + messages + parameters -> no call at all);
+2. the job's token cap (reached -> ``Skipped``);
+3. a budget reservation on the preferred deployment, else on the judge's
+   other healthy deployments with spare budget (short waits are slept, long
+   ones raise ``Deferred`` so the task re-schedules instead of holding a thread);
+4. the HTTP call through the ``openai`` SDK with its own retries off; 429 with
+   Retry-After pauses the deployment for every worker; 408/409/5xx, timeouts
+   and connection errors retry with backoff (tenacity), bounded by the judge's
+   ``max_retries``; exhausted retries raise ``JudgeError`` (an item error).
+Every call, cache hit and 429 is counted per (job, metric).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+import redis
+from tenacity import Retrying, retry_if_exception, stop_after_attempt
+
+from shared import keys
+from shared.errors import Deferred, MetricError, Skipped
+from shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id
+from workers.judge.budget import Budget
+from workers.judge.tokens import estimate_prompt_tokens
+
+log = logging.getLogger("evalq.judge")
+
+SLEEP_MAX = 2.0      # budget waits up to this are slept in the worker
+RETRY_SLEEP_MAX = 5.0  # a Retry-After up to this is slept; longer ones re-schedule
+SAFETY = 0.99        # reserve at most this share of a deployment's TPM/RPM
+
+
+class JudgeError(MetricError):
+    """The judge could not produce a reply for this item."""
+
+
+@dataclass
+class Reply:
+    content: str | None
+    tool_arguments: str | None
+    usage: dict = field(default_factory=dict)
+    cached: bool = False
+
+    def text(self) -> str:
+        return self.tool_arguments if self.tool_arguments is not None else (self.content or "")
+
+
+class _RateLimited(Exception):
+    def __init__(self, retry_after: float):
+        self.retry_after = retry_after
+
+
+_sdk_clients: dict[tuple, Any] = {}
+_sdk_lock = threading.Lock()
+
+
+def _sdk(judge: JudgeConfig, d: Deployment):
+    """One SDK client per (deployment, key) and process; its own retries off."""
+    api_key = os.environ.get(judge.api_key_env)
+    if not api_key:
+        raise JudgeError(f"environment variable {judge.api_key_env} is not set on this worker")
+    cache_key = (judge.provider, d.endpoint, d.base_url, judge.api_version, api_key, judge.timeout)
+    with _sdk_lock:
+        if cache_key not in _sdk_clients:
+            if judge.provider == "azure":
+                client = openai.AzureOpenAI(azure_endpoint=d.endpoint, api_version=judge.api_version,
+                                            api_key=api_key, max_retries=0, timeout=judge.timeout)
+            else:
+                client = openai.OpenAI(base_url=d.base_url, api_key=api_key, max_retries=0,
+                                       timeout=judge.timeout)
+            _sdk_clients[cache_key] = client
+        return _sdk_clients[cache_key]
+
+
+def _retry_after(exc: openai.APIStatusError) -> float:
+    headers = exc.response.headers if exc.response is not None else {}
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value:
+            try:
+                return max(0.0, float(value) / scale)
+            except ValueError:
+                pass
+    return 1.0
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, _RateLimited)):
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in (408, 409) or exc.status_code >= 500
+    return False
+
+
+class JudgeClient:
+    """Judge calls for one (job, metric) with one judge configuration."""
+
+    def __init__(self, r: redis.Redis, job_id: str, metric_key: str, name: str, judge: JudgeConfig,
+                 options: JudgingOptions, preferred: str | None = None):
+        self.r = r
+        self.job_id = job_id
+        self.metric_key = metric_key
+        self.name = name
+        self.judge = judge
+        self.options = options
+        self.deployments = list(judge.deployments)
+        if preferred:  # the deployment whose queue this task came from goes first
+            self.deployments.sort(key=lambda d: d.region != preferred)
+        self._last_failed: str | None = None  # a retry prefers another deployment
+        self.budgets = {d.region: Budget(r, deployment_id(judge, d), d.tpm, d.rpm, d.window_seconds,
+                                         safety=SAFETY) for d in self.deployments}
+
+    # -- public -----------------------------------------------------------------
+    def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating") -> Reply:
+        request = self._request(messages, schema, schema_name)
+        digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+        if self.options.cache:
+            hit = self.r.get(keys.judge_cache(digest))
+            if hit is not None:
+                self._count(cache_hits=1)
+                data = json.loads(hit)
+                return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True)
+        extra = json.dumps({k: v for k, v in request.items() if k in ("response_format", "tools")})
+        estimate = estimate_prompt_tokens(messages, extra)
+        reply = self._call_with_retries(request, estimate)
+        if self.options.cache:
+            self.r.set(keys.judge_cache(digest), json.dumps(
+                {"content": reply.content, "tool_arguments": reply.tool_arguments, "usage": reply.usage}),
+                ex=self.options.cache_ttl)
+        return reply
+
+    # -- internals --------------------------------------------------------------
+    def _request(self, messages: list[dict], schema: dict | None, schema_name: str) -> dict:
+        request: dict[str, Any] = {"model": self.judge.model, "messages": messages,
+                                   "temperature": self.judge.temperature, "max_tokens": self.judge.max_tokens}
+        if schema is not None and self.judge.output == "json_schema":
+            request["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": schema_name, "schema": schema, "strict": True}}
+        elif schema is not None and self.judge.output == "tools":
+            request["tools"] = [{"type": "function", "function": {
+                "name": schema_name, "description": "Submit the evaluation.", "parameters": schema}}]
+            request["tool_choice"] = {"type": "function", "function": {"name": schema_name}}
+        return request
+
+    def _call_with_retries(self, request: dict, estimate: int) -> Reply:
+        retrying = Retrying(stop=stop_after_attempt(self.judge.max_retries + 1),
+                            retry=retry_if_exception(_retryable), wait=self._backoff, reraise=True)
+        try:
+            return retrying(self._attempt, request, estimate)
+        except _RateLimited as exc:
+            raise JudgeError(f"rate limited (429) on every attempt; last Retry-After {exc.retry_after:.1f} s") from None
+        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            raise JudgeError(f"{type(exc).__name__} after {self.judge.max_retries + 1} attempts: {exc}") from None
+        except openai.APIStatusError as exc:
+            raise JudgeError(f"HTTP {exc.status_code} from the judge: {_short(exc.message)}") from None
+
+    @staticmethod
+    def _backoff(retry_state) -> float:
+        exc = retry_state.outcome.exception()
+        if isinstance(exc, _RateLimited):
+            return exc.retry_after  # the deployment is paused for everyone; this wait is short
+        return min(8.0, 0.5 * 2 ** (retry_state.attempt_number - 1)) * (0.5 + random.random())
+
+    def _attempt(self, request: dict, estimate: int) -> Reply:
+        deployment, budget, reserved = self._admit(estimate)
+        body = dict(request)
+        if self.judge.provider == "azure":
+            body["model"] = deployment.deployment
+        try:
+            response = _sdk(self.judge, deployment).chat.completions.create(**body)
+        except openai.RateLimitError as exc:
+            wait = _retry_after(exc)
+            budget.pause(wait)
+            self._count(rate_limited=1)
+            if wait > RETRY_SLEEP_MAX:
+                raise Deferred(wait, reason=f"429 from {deployment.region}; Retry-After {wait:.1f} s") from None
+            raise _RateLimited(wait) from None
+        except (openai.APITimeoutError, openai.APIConnectionError, openai.InternalServerError):
+            self._failed(deployment, budget)
+            raise
+        except openai.APIStatusError as exc:
+            if exc.status_code in (408, 409) or exc.status_code >= 500:
+                self._failed(deployment, budget)
+            raise
+        self._last_failed = None
+        budget.succeeded()
+        usage = response.usage.model_dump() if response.usage else {}
+        if usage.get("prompt_tokens"):
+            budget.observe(estimate, usage["prompt_tokens"])
+        self._count(calls=1, prompt_tokens=usage.get("prompt_tokens", 0),
+                    completion_tokens=usage.get("completion_tokens", 0), reserved_tokens=reserved)
+        choice = response.choices[0].message
+        tool_args = None
+        if choice.tool_calls:
+            tool_args = choice.tool_calls[0].function.arguments
+        return Reply(choice.content, tool_args, usage)
+
+    def _admit(self, estimate: int) -> tuple[Deployment, Budget, int]:
+        """Reserve budget somewhere, sleeping through short waits."""
+        deadline = time.monotonic() + SLEEP_MAX * 4
+        while True:
+            healthy = [d for d in self.deployments if self.budgets[d.region].healthy()] or self.deployments
+            healthy.sort(key=lambda d: d.region == self._last_failed)
+            best_wait, best = float("inf"), healthy[0]
+            for d in healthy:
+                budget = self.budgets[d.region]
+                tokens = budget.admission_tokens(estimate, self.judge.max_tokens)
+                self._check_cap(tokens)
+                res = budget.reserve(tokens)
+                if res.admitted:
+                    return d, budget, tokens
+                self._release_cap(tokens)
+                if res.impossible:
+                    continue
+                if res.wait < best_wait:
+                    best_wait, best = res.wait, d
+            if best_wait == float("inf"):
+                raise JudgeError(f"a request of ~{estimate} prompt + {self.judge.max_tokens} completion "
+                                 f"tokens exceeds the TPM of every deployment of judge {self.name!r}")
+            if best_wait > SLEEP_MAX or time.monotonic() + best_wait > deadline:
+                raise Deferred(best_wait, queue=f"judge.{best.region}",
+                               reason=f"budget of judge {self.name!r} spent for {best_wait:.1f} s")
+            time.sleep(best_wait)
+
+    def _failed(self, deployment: Deployment, budget: Budget) -> None:
+        budget.failed()
+        self._last_failed = deployment.region
+        self._count(failed_calls=1)
+
+    def _check_cap(self, tokens: int) -> None:
+        cap = self.options.token_cap
+        if cap is None:
+            return
+        total = self.r.incrby(keys.job_tokens(self.job_id), tokens)
+        if total > cap:
+            self.r.decrby(keys.job_tokens(self.job_id), tokens)
+            raise Skipped(f"job token cap of {cap} reached")
+
+    def _release_cap(self, tokens: int) -> None:
+        if self.options.token_cap is not None:
+            self.r.decrby(keys.job_tokens(self.job_id), tokens)
+
+    def _count(self, **fields: int) -> None:
+        key = keys.accounting(self.job_id, self.metric_key)
+        pipe = self.r.pipeline(transaction=False)
+        for name, value in fields.items():
+            if value:
+                pipe.hincrby(key, name, int(value))
+        pipe.execute()
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

