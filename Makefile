@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/evalq run examples/translation.json --out out/translation
-	@echo "results: out/translation/results.json  log: out/translation/log.jsonl"
+	$(BIN)/python examples/run_rag_demo.py
+	@echo "results: out/translation/ and out/rag_qa/ (results.json, log.jsonl)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

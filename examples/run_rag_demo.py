@@ -1,0 +1,41 @@
+"""`make demo`, second half: examples/rag_qa.json against judge-sim.
+
+Starts two simulated regions on the ports the example names, runs the job in
+embedded mode, and stops the simulator. judge-sim's scores are deterministic
+stand-ins, not judgements of quality.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.judgesim import JudgeSim, Region  # noqa: E402
+
+
+def main() -> int:
+    regions = [Region("swedencentral", tpm=60000, rpm=600, port=18431),
+               Region("eastus2", tpm=20000, rpm=200, port=18432)]
+    try:
+        sim = JudgeSim(regions, latency=0.05, jitter=0.02, seed=1).start()
+    except OSError as exc:
+        print(f"demo: cannot start judge-sim on ports 18431-18432: {exc}", file=sys.stderr)
+        return 1
+    try:
+        env = {**os.environ, "EVALQ_DEMO_JUDGE_KEY": "demo-key-for-judge-sim"}
+        cmd = [sys.executable, "-m", "orchestrator.cli", "run", "examples/rag_qa.json", "--out", "out/rag_qa"]
+        rc = subprocess.call(cmd, cwd=ROOT, env=env)
+        for name, stats in sim.stats().items():
+            print(f"judge-sim {name}: {stats['ok']} calls, {stats['rate_limited']} rate-limited", file=sys.stderr)
+        return rc
+    finally:
+        sim.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
