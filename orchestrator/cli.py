@@ -27,8 +27,9 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Output directory for results.json and log.jsonl [default: out/<job name>].")
+@click.option("--out", default=None, metavar="DIR|s3://BUCKET/PREFIX/",
+              help="Where results.json, log.jsonl and run.json go [default: the job's output.uri, "
+                   "else out/<job name>].")
 @broker_option
 @click.option("--chunk-size", type=click.IntRange(min=1), default=None, envvar="EVALQ_CHUNK_SIZE",
               help="Items per task [default: per metric, 250 for cpu metrics].")
@@ -37,30 +38,61 @@ def cli() -> None:
 @click.option("--stall-timeout", type=float, default=900.0, show_default=True,
               help="Give up (exit 1) when no item finishes for this many seconds.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def run(job_file: Path, out_dir: Path | None, broker: str | None, chunk_size: int | None,
+def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | None,
         concurrency: int | None, stall_timeout: float, quiet: bool) -> None:
-    """Validate JOB_FILE, run it, write results.json and log.jsonl."""
+    """Validate JOB_FILE, run it, write results.json, log.jsonl and run.json."""
     from orchestrator.runner import run_job
     from shared.job import load_job
 
     job = load_job(job_file)
-    out_dir = out_dir or Path("out") / job_file.stem
-    summary = run_job(job, out_dir, broker=broker, chunk_size=chunk_size, concurrency=concurrency,
+    dest = _destination(job, out, job_file)
+    if not quiet:
+        _describe(job, job_file)
+    summary = run_job(job, dest, broker=broker, chunk_size=chunk_size, concurrency=concurrency,
                       stall_timeout=stall_timeout, progress=not quiet)
     errors = sum(m["n_errors"] for m in summary)
-    click.echo(f"wrote {out_dir / 'results.json'} and {out_dir / 'log.jsonl'}"
+    click.echo(f"wrote {dest.path('results.json')}, log.jsonl and run.json"
                + (f" ({errors} item(s) failed; see 'error' in the log)" if errors else ""), err=True)
+
+
+def _destination(job, out: str | None, job_file: Path):
+    from shared.storage import Destination
+
+    if out is None and job.output is not None:
+        return Destination(job.output.uri, job.output.endpoint_url)
+    endpoint = (job.output.endpoint_url if job.output else None) or \
+        (job.dataset.endpoint_url if job.dataset else None)
+    return Destination(out or str(Path("out") / job_file.stem), endpoint)
+
+
+def _describe(job, job_file: Path, err: bool = True) -> None:
+    """What validation found, beyond 'valid': where instances came from, what is skipped."""
+    if job.dataset is not None:
+        click.echo(f"{job_file}: dataset {job.dataset.uri} ({job.dataset.format}; {job.mapping})", err=err)
+    if job.bad_records.count:
+        shown = job.bad_records.shown[0]
+        click.echo(f"{job_file}: skipped {job.bad_records.count} bad record(s) (on_bad_record: skip), "
+                   f"e.g. {shown['where']}: {'; '.join(shown['errors'])}", err=err)
+    if job.n_to_generate:
+        click.echo(f"{job_file}: the model generates {job.n_to_generate} missing output(s) first", err=err)
+    if job.categories:
+        shown = ", ".join(job.categories[:10]) + (", ..." if len(job.categories) > 10 else "")
+        click.echo(f"{job_file}: {len(job.categories)} categories: {shown}", err=err)
 
 
 @cli.command()
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
 def validate(job_file: Path) -> None:
-    """Check JOB_FILE without running it."""
+    """Check JOB_FILE (and its dataset) without running it."""
+    from orchestrator.submit import plan
     from shared.job import load_job
 
     job = load_job(job_file)
+    _describe(job, job_file, err=False)
     metrics = ", ".join(f"{m.key} ({m.queue})" for m in job.metrics)
-    click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}")
+    tasks = len(plan(job, runs=job.runs))
+    click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}; "
+               f"{tasks} tasks on {', '.join(job.queues)}")
 
 
 @cli.command()

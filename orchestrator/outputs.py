@@ -1,55 +1,84 @@
-"""results.json and log.jsonl, written by the orchestrator from Redis."""
+"""The outputs of a run, written by the orchestrator from Redis to a local
+directory or an S3 prefix:
+
+- ``results.json``: HarpIA's list, one aggregate per metric;
+- ``log.jsonl``: one line per (instance, metric), after one line per
+  generated output (``"metric": "generate"``) when the model under test ran;
+- ``run.json``: what ran: job id, source, dataset and how it was read, bad
+  records skipped, the generation stage's summary, times and versions.
+"""
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
+from datetime import datetime, timezone
+from typing import Iterator
 
 import redis
 
 from shared import keys
 from shared.job import Job
+from shared.model import GENERATE
+from shared.storage import Destination
 
 LOG_BATCH = 2000
 
 
-def write_outputs(r: redis.Redis, job: Job, job_id: str, summary: list[dict], out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out_dir / "results.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    tmp = out_dir / "log.jsonl.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+def write_outputs(r: redis.Redis, job: Job, job_id: str, summary: list[dict], run: dict,
+                  dest: Destination) -> None:
+    with dest.open_text("results.json") as f:
+        f.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    with dest.open_text("log.jsonl") as f:
         for line in log_lines(r, job, job_id):
             f.write(line)
             f.write("\n")
-    os.replace(tmp, out_dir / "log.jsonl")
+    with dest.open_text("run.json") as f:
+        f.write(json.dumps(run, indent=2, ensure_ascii=False) + "\n")
 
 
-def log_lines(r: redis.Redis, job: Job, job_id: str):
-    """One JSON line per (metric, instance), metric by metric in job order."""
+def run_info(job: Job, job_id: str, generation: dict | None, started: datetime, wall: float) -> dict:
+    from importlib.metadata import version
+
+    info: dict = {"job_id": job_id, "source": job.source, "evalq_version": version("evalq"),
+                  "started_at": started.isoformat(timespec="seconds"),
+                  "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "wall_time": round(wall, 3), "n_instances": len(job.instances),
+                  "metrics": [m.key for m in job.metrics]}
+    if job.categories:
+        info["categories"] = job.categories
+    if job.dataset is not None:
+        info["dataset"] = {"uri": job.dataset.uri, "format": job.dataset.format, "read_as": job.mapping,
+                           "bad_records_skipped": job.bad_records.count}
+        if job.bad_records.shown:
+            info["dataset"]["bad_records"] = job.bad_records.shown
+    if generation is not None:
+        info["generation"] = generation
+    return info
+
+
+def log_lines(r: redis.Redis, job: Job, job_id: str) -> Iterator[str]:
+    """Generated outputs first, then one JSON line per (metric, instance), metric
+    by metric in job order, instances in job order."""
     n = len(job.instances)
-    for m in job.metrics:
+    for m in job.runs:
         head = {"metric": m.id}
         if m.key != m.id:
             head["name"] = m.key
         head["parameters"] = m.params_json()
         rkey = keys.results(job_id, m.key)
         for start in range(0, n, LOG_BATCH):
-            fields = [str(i) for i in range(start, min(start + LOG_BATCH, n))]
-            for i, raw in zip(range(start, start + len(fields)), r.hmget(rkey, fields)):
-                record = json.loads(raw) if raw is not None else {
-                    "instance_id": job.instances[i]["id"], "error": "no result recorded"}
+            stop = min(start + LOG_BATCH, n)
+            records = [json.loads(raw) if raw is not None else None
+                       for raw in r.hmget(rkey, [str(p) for p in range(start, stop)])]
+            if None in records:  # rare: look the instances up once per batch
+                instances = [json.loads(raw) for raw in r.lrange(keys.instances(job_id), start, stop - 1)]
+            for i, record in enumerate(records):
+                if record is None:
+                    if m.key == GENERATE and "actual-output" in instances[i]:
+                        continue  # the record had its own output: nothing was generated
+                    record = {"instance_id": instances[i]["id"], "error": "no result recorded"}
                 line = {"instance_id": record["instance_id"], **head}
-                if "result" in record:
-                    line["result"] = record["result"]
-                if record.get("error") is not None:
-                    line["error"] = record["error"]
-                if record.get("skipped") is not None:
-                    line["skipped"] = record["skipped"]
+                for field in ("category", "result", "error", "skipped"):
+                    if record.get(field) is not None:
+                        line[field] = record[field]
                 yield json.dumps(line, ensure_ascii=False)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from pathlib import Path
+import time
+from datetime import datetime, timezone
 
-from shared.errors import InfraError
+from shared.errors import EvalqError, InfraError
 from shared.job import Job
+from shared.storage import Destination
 
 
-def run_job(job: Job, out_dir: Path, broker: str | None = None, chunk_size: int | None = None,
+def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_size: int | None = None,
             concurrency: int | None = None, stall_timeout: float | None = 900.0,
             progress: bool = True) -> list[dict]:
     from orchestrator import outputs, submit
     from orchestrator.embedded import EmbeddedCluster
 
+    dest = out if isinstance(out, Destination) else Destination(str(out))
+    dest.check()  # an unwritable destination is found before any work is done
+    started, t0 = datetime.now(timezone.utc), time.monotonic()
     with contextlib.ExitStack() as stack:
         if broker:
             broker_url, check = broker, (lambda: None)
@@ -25,24 +30,32 @@ def run_job(job: Job, out_dir: Path, broker: str | None = None, chunk_size: int 
         r = submit.connect(broker_url)
         if broker:
             _warn_missing_workers(broker_url, job.queues)
-        job_id, callback_id = submit.submit(r, broker_url, job, chunk_size=chunk_size)
-        total = len(job.instances) * len(job.metrics)
-        bar = stack.enter_context(_progress(total, job_id, enabled=progress))
-        summary = submit.wait(r, broker_url, job, job_id, callback_id, on_progress=bar, check=check,
-                              stall_timeout=stall_timeout)
+        total = job.n_to_generate + len(job.instances) * len(job.metrics)
+        bar = stack.enter_context(_progress(total, enabled=progress))
+        job_id = submit.run_stages(r, broker_url, job, chunk_size, on_progress=bar, check=check,
+                                   stall_timeout=stall_timeout)
         bar(total)
-        outputs.write_outputs(r, job, job_id, summary, out_dir)
-        if not broker:
-            # the private Redis keeps only what outlives a job (judge cache, budgets)
-            submit.delete_job(r, job, job_id)
+        summary, generation = submit.summaries(r, job_id)
+        run_info = outputs.run_info(job, job_id, generation, started, time.monotonic() - t0)
+        try:
+            outputs.write_outputs(r, job, job_id, summary, run_info, dest)
+        except EvalqError as exc:
+            # the work is done: never lose it to an unwritable destination
+            fallback = Destination(f"out/{job_id}")
+            outputs.write_outputs(r, job, job_id, summary, run_info, fallback)
+            raise InfraError(f"writing to {dest} failed ({exc}); the outputs are in {fallback} instead") from None
+        finally:
+            if not broker:
+                # the private Redis keeps only what outlives a job (judge cache, budgets)
+                submit.delete_job(r, job, job_id)
         return summary
 
 
 @contextlib.contextmanager
-def _progress(total: int, job_id: str, enabled: bool):
+def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
-    bar = tqdm(total=total, unit="item", desc=f"job {job_id}", file=sys.stderr,
+    bar = tqdm(total=total, unit="item", desc="evalq", file=sys.stderr,
                disable=not enabled or None, dynamic_ncols=True, smoothing=0.1)
 
     def update(done: int) -> None:

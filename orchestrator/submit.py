@@ -11,14 +11,16 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import redis
 
 from shared import keys
 from shared.config import CONTROL_QUEUE, Settings
 from shared.errors import InfraError
-from shared.job import Job
+from shared.instances import json_lines
+from shared.job import Job, MetricRun
+from shared.model import GENERATE
 
 PUSH_BATCH = 5000
 
@@ -32,24 +34,24 @@ class Chunk:
     deployment: str | None = None  # judge metrics: the region whose queue it goes to
 
 
-def plan(job: Job, chunk_size: int | None = None) -> list[Chunk]:
-    """Expand a job into per-metric chunks of consecutive instances.
+def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None = None) -> list[Chunk]:
+    """Expand runs (by default the job's metrics) into chunks of consecutive instances.
 
-    A judge metric's chunks are spread over its judge's deployments in
-    proportion to their TPM (smooth weighted round robin); at run time a
-    worker still moves calls to a deployment with spare budget.
+    A judge metric's chunks (and the generation stage's) are spread over its
+    deployments in proportion to their TPM (smooth weighted round robin); at
+    run time a worker still moves calls to a deployment with spare budget.
     """
     n = len(job.instances)
     chunks = []
     rotations: dict[str, object] = {}  # one per judge, shared by all its metrics
-    for m in job.metrics:
+    for m in job.metrics if runs is None else runs:
         size = max(1, chunk_size or m.spec.chunk_size)
         regions = None
         if m.judge is not None:
-            regions = rotations.setdefault(m.params.judge, _weighted_regions(m.judge))
+            regions = rotations.setdefault(getattr(m.params, "judge", m.key), _weighted_regions(m.judge))
         for start in range(0, n, size):
             region = next(regions) if regions else None
-            queue = f"judge.{region}" if region else m.queue
+            queue = f"{m.spec.queue}.{region}" if region else m.queue
             chunks.append(Chunk(m.key, queue, start, min(start + size, n), region))
     return chunks
 
@@ -75,10 +77,15 @@ def job_spec(job: Job) -> dict:
             entry["prepared"] = prepare(job.instances, m.params)
         metrics[m.key] = entry
     used = {m.params.judge for m in job.metrics if m.judge is not None}
-    return {"source": job.source, "n_instances": len(job.instances), "metrics": metrics,
-            # judge configurations name the key's environment variable, never the key
+    spec = {"source": job.source, "n_instances": len(job.instances), "metrics": metrics,
+            # judge and model configurations name the key's environment variable, never the key
             "judges": {name: job.judges[name].model_dump(mode="json") for name in sorted(used)},
-            "judging": job.judging.model_dump(mode="json")}
+            "judging": job.judging.model_dump(mode="json"), "categories": job.categories}
+    generation = job.generation
+    if generation is not None:
+        spec[GENERATE] = {"id": GENERATE, "parameters": generation.params_json(), "n_items": job.n_to_generate}
+        spec["model"] = job.model.model_dump(mode="json")
+    return spec
 
 
 def connect(broker_url: str) -> redis.Redis:
@@ -100,61 +107,77 @@ def _safe_url(url: str) -> str:
     return url
 
 
-def store_job(r: redis.Redis, job: Job, job_id: str) -> None:
+def store_job(r: redis.Redis, job: Job) -> str:
+    """Put the job's spec and instances in Redis; returns the new job id."""
+    job_id = uuid.uuid4().hex[:16]
     ttl = Settings.from_env().result_ttl
-    pipe = r.pipeline(transaction=False)
-    pipe.set(keys.spec(job_id), json.dumps(job_spec(job)), ex=ttl)
-    ikey = keys.instances(job_id)
-    for i in range(0, len(job.instances), PUSH_BATCH):
-        pipe.rpush(ikey, *(json.dumps(inst) for inst in job.instances[i:i + PUSH_BATCH]))
+    try:
+        pipe = r.pipeline(transaction=False)
+        pipe.set(keys.spec(job_id), json.dumps(job_spec(job)), ex=ttl)
+        ikey = keys.instances(job_id)
+        for batch in _batches(json_lines(job.instances), PUSH_BATCH):
+            pipe.rpush(ikey, *batch)
+            pipe.execute()
+        pipe.expire(ikey, ttl)
+        pipe.set(keys.status(job_id), "running", ex=ttl)
         pipe.execute()
-    pipe.expire(ikey, ttl)
-    pipe.set(keys.status(job_id), "running", ex=ttl)
-    pipe.execute()
+    except redis.RedisError as exc:
+        delete_job(r, job, job_id)
+        raise InfraError(f"storing job {job_id} failed: {exc}") from None
+    return job_id
 
 
-def submit(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None = None) -> tuple[str, str]:
-    """Store the job and send its chord. Returns (job id, callback task id)."""
+def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def send(r: redis.Redis, broker_url: str, job: Job, job_id: str, runs: list[MetricRun], callback: str,
+         chunk_size: int | None = None) -> str:
+    """Send one stage's chord (``runs`` chunked, then ``callback``); returns the callback's id."""
     from celery import chord
 
     from workers.app import client_app
 
     app = client_app(broker_url)
-    job_id = uuid.uuid4().hex[:16]
-    store_job(r, job, job_id)
     header = [
         app.signature("evalq.score_chunk", args=(job_id, c.metric_key, c.start, c.stop),
                       kwargs={"deployment": c.deployment} if c.deployment else {},
                       queue=c.queue, immutable=True)
-        for c in plan(job, chunk_size)
+        for c in plan(job, chunk_size, runs)
     ]
-    callback = app.signature("evalq.finalize", args=(job_id,), queue=CONTROL_QUEUE, immutable=True)
+    signature = app.signature(callback, args=(job_id,), queue=CONTROL_QUEUE, immutable=True)
     try:
-        callback_id = chord(header, app=app)(callback).id
+        return chord(header, app=app)(signature).id
     except Exception as exc:  # broker went away mid-submit: leave nothing behind
         delete_job(r, job, job_id)
         raise InfraError(f"submitting job {job_id} failed: {exc}") from None
-    return job_id, callback_id
 
 
 def delete_job(r: redis.Redis, job: Job, job_id: str) -> None:
     try:
-        r.delete(*keys.all_job_keys(job_id, [m.key for m in job.metrics]))
+        r.delete(*keys.all_job_keys(job_id, [m.key for m in job.runs]))
     except redis.RedisError:
         pass
 
 
 def items_done(r: redis.Redis, job: Job, job_id: str) -> int:
     pipe = r.pipeline(transaction=False)
-    for m in job.metrics:
+    for m in job.runs:
         pipe.hlen(keys.results(job_id, m.key))
     return sum(pipe.execute())
 
 
-def wait(r: redis.Redis, broker_url: str, job: Job, job_id: str, callback_id: str,
+def wait(r: redis.Redis, broker_url: str, job: Job, job_id: str, callback_id: str, until: str,
          on_progress: Callable[[int], None], check: Callable[[], None],
-         poll: float = 0.25, stall_timeout: float | None = None) -> list[dict]:
-    """Poll until the callback has written the summary; return it.
+         poll: float = 0.25, stall_timeout: float | None = None) -> None:
+    """Poll until the job's status reaches ``until`` (set by the stage's callback).
 
     ``check`` raises InfraError when the workers are gone (embedded mode);
     ``stall_timeout`` bounds how long no item may finish before giving up.
@@ -168,8 +191,8 @@ def wait(r: redis.Redis, broker_url: str, job: Job, job_id: str, callback_id: st
     while True:
         done = items_done(r, job, job_id)
         on_progress(done)
-        if r.get(keys.status(job_id)) == b"done":
-            return json.loads(r.get(keys.summary(job_id)))
+        if r.get(keys.status(job_id)) == until.encode():
+            return
         meta = backend.get_task_meta(callback_id)
         if meta.get("status") == "FAILURE":
             raise InfraError(f"job {job_id}: aggregation failed: {meta.get('result')!r}")
@@ -182,3 +205,23 @@ def wait(r: redis.Redis, broker_url: str, job: Job, job_id: str, callback_id: st
                              f"({done} items done); are workers consuming queues "
                              f"{', '.join(job.queues)}?")
         time.sleep(poll)
+
+
+def run_stages(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None,
+               on_progress: Callable[[int], None], check: Callable[[], None],
+               stall_timeout: float | None) -> str:
+    """Store the job, generate missing outputs (when the job has a model), then
+    score every metric. Returns the job id once the summary is in Redis."""
+    job_id = store_job(r, job)
+    stages = [([job.generation], "evalq.generated", "generated")] if job.generation else []
+    stages.append((job.metrics, "evalq.finalize", "done"))
+    for runs, callback, until in stages:
+        callback_id = send(r, broker_url, job, job_id, runs, callback, chunk_size)
+        wait(r, broker_url, job, job_id, callback_id, until, on_progress, check, stall_timeout=stall_timeout)
+    return job_id
+
+
+def summaries(r: redis.Redis, job_id: str) -> tuple[list[dict], dict | None]:
+    """(results.json content, the generation stage's summary or None)."""
+    stage = r.get(keys.stage_summary(job_id, GENERATE))
+    return json.loads(r.get(keys.summary(job_id))), (json.loads(stage) if stage else None)

@@ -14,8 +14,8 @@ def worker_argv(queues: list[str], concurrency: int | None = None, pool: str | N
     kinds = {q.split(".", 1)[0] for q in queues}
     if pool is None:
         # gpu: one process holds the model and the device; cpu: one process per
-        # core; judge: threads, since a judge task mostly waits on HTTP.
-        pool = "solo" if "gpu" in kinds else "threads" if kinds == {"judge"} else "prefork"
+        # core; judge and generate: threads, since their tasks mostly wait on HTTP.
+        pool = "solo" if "gpu" in kinds else "threads" if kinds <= {"judge", "generate"} else "prefork"
     if pool == "solo":
         # solo runs one task at a time whatever -c says, and Celery prefetches
         # concurrency x multiplier messages: a higher -c would only make one

@@ -33,14 +33,21 @@ class MetricError(Exception):
 
 class Deferred(Exception):
     """Work cannot proceed now (a judge budget is spent for a while): the task
-    re-schedules itself after ``wait`` seconds, on ``queue`` when given."""
+    re-schedules itself after ``wait`` seconds, on the queue of deployment
+    ``region`` when given (the region with the shortest wait)."""
 
-    def __init__(self, wait: float, queue: str | None = None, reason: str = ""):
+    def __init__(self, wait: float, region: str | None = None, reason: str = ""):
         self.wait = wait
-        self.queue = queue
+        self.region = region
         super().__init__(reason or f"deferred {wait:.1f} s")
 
 
 class Skipped(Exception):
     """An item deliberately not run (e.g. the job's token cap was reached):
     recorded as skipped, not as an error and not lost."""
+
+
+def kind(value: object) -> str:
+    """A JSON value's type in words, for messages: 'an object', 'a list', ..."""
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)

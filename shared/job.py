@@ -17,12 +17,16 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 import shared.metrics  # noqa: F401  (registers the built-in metrics)
-from shared.errors import JobError
+from shared.dataset import DatasetSpec, OutputSpec
+from shared.errors import JobError, kind as _kind
+from shared.instances import BadRecords, InstanceChecker, load_dataset, report_duplicates
 from shared.judges import JudgeConfig, JudgingOptions
+from shared.model import (GENERATE_SPEC, RUNNER_QUEUE, EndpointModel, GenerateParams, PythonModel,
+                          check_runner_importable)
 from shared.registry import REGISTRY, MetricSpec, UnknownMetric
 
 MAX_PROBLEMS = 25
-JOB_KEYS = {"instances", "metrics", "judges", "judging"}
+JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging"}
 METRIC_KEYS = {"id", "enable", "parameters", "name"}
 
 
@@ -33,7 +37,7 @@ class MetricRun:
     key: str  # unique within the job: the metric's ``name`` or its id
     spec: MetricSpec
     params: BaseModel
-    judge: JudgeConfig | None = None  # judge metrics: the judge its parameters name
+    judge: Any = None  # judge metrics: the judge its parameters name (generation: the model)
 
     @property
     def id(self) -> str:
@@ -41,9 +45,11 @@ class MetricRun:
 
     @property
     def queues(self) -> list[str]:
-        """Queues this metric's tasks go to: one per judge deployment for judge metrics."""
+        """Queues this run's tasks go to: one per deployment for judge (and generate) runs."""
         if self.judge is not None:
-            return [f"judge.{d.region}" for d in self.judge.deployments]
+            return [f"{self.spec.queue}.{d.region}" for d in self.judge.deployments]
+        if self.spec.queue == "generate":
+            return [RUNNER_QUEUE]
         return [self.spec.queue]
 
     @property
@@ -57,14 +63,37 @@ class MetricRun:
 @dataclass
 class Job:
     source: str
-    instances: list[dict[str, Any]]
+    # a list (inline instances) or a SpooledInstances (a dataset): len() and iteration
+    instances: Any
     metrics: list[MetricRun]
     judges: dict[str, JudgeConfig] = field(default_factory=dict)
     judging: JudgingOptions = field(default_factory=JudgingOptions)
+    model: EndpointModel | PythonModel | None = None
+    n_to_generate: int = 0      # instances whose actual-output the model generates
+    dataset: DatasetSpec | None = None
+    mapping: str = ""           # how dataset records were read (preset or data_config)
+    bad_records: BadRecords = field(default_factory=BadRecords)
+    output: OutputSpec | None = None
+    categories: list[str] = field(default_factory=list)
+
+    @property
+    def generation(self) -> MetricRun | None:
+        """The generation stage as a run of the reserved ``generate`` item function."""
+        if self.model is None or not self.n_to_generate:
+            return None
+        name = self.model.runner if isinstance(self.model, PythonModel) else self.model.model
+        params = GenerateParams(prompt_template=self.model.prompt_template, system=self.model.system, model=name)
+        return MetricRun(key=GENERATE_SPEC.id, spec=GENERATE_SPEC, params=params,
+                         judge=self.model if isinstance(self.model, EndpointModel) else None)
+
+    @property
+    def runs(self) -> list[MetricRun]:
+        """Everything that gets tasks: the generation stage (if any) and the metrics."""
+        return ([self.generation] if self.generation else []) + self.metrics
 
     @property
     def queues(self) -> list[str]:
-        return sorted({q for m in self.metrics for q in m.queues})
+        return sorted({q for m in self.runs for q in m.queues})
 
 
 class _Problems:
@@ -116,13 +145,70 @@ def parse_job(raw: Any, source: str = "<job>") -> Job:
         problems.add(key, f"unknown top-level field{_did_you_mean(key, JOB_KEYS)}")
     judges = _parse_judges(raw.get("judges"), problems)
     judging = _parse_model(JudgingOptions, raw.get("judging", {}), "judging", problems) or JudgingOptions()
+    model = _parse_model_section(raw.get("model"), problems)
+    output = _parse_model(OutputSpec, raw["output"], "output", problems) if "output" in raw else None
     metrics = _parse_metrics(raw.get("metrics"), problems)
     metrics = _resolve_judges(metrics, judges, problems)
-    instances = _check_instances(raw.get("instances"), metrics, problems)
+    if isinstance(model, EndpointModel):
+        _check_key_env(model.api_key_env, "model.api_key_env", problems)
+    elif isinstance(model, PythonModel):
+        try:
+            check_runner_importable(model)
+        except ValueError as exc:
+            problems.add("model.runner", str(exc))
+    job = Job(source=source, instances=[], metrics=metrics, judges=judges, judging=judging, model=model,
+              output=output)
+    _load_instances(raw, job, problems)
     problems.raise_if_any()
     if not metrics:
         raise JobError(f"{source}: metrics: no metric is enabled; nothing to run")
-    return Job(source=source, instances=instances, metrics=metrics, judges=judges, judging=judging)
+    return job
+
+
+def _parse_model_section(raw: Any, problems: _Problems) -> EndpointModel | PythonModel | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        problems.add("model", f"expected an object, got {_kind(raw)}")
+        return None
+    return _parse_model(PythonModel if "runner" in raw else EndpointModel, raw, "model", problems)
+
+
+def _required_fields(metrics: list[MetricRun]) -> dict[str, list[str]]:
+    required: dict[str, list[str]] = {}
+    for run in metrics:
+        for f in run.spec.requires:
+            required.setdefault(f, []).append(run.key)
+    return required
+
+
+def _load_instances(raw: dict, job: Job, problems: _Problems) -> None:
+    """Inline instances or a dataset (exactly one), each checked as it is read."""
+    has_inline, has_dataset = "instances" in raw, "dataset" in raw
+    if has_inline == has_dataset:
+        problems.add("instances" if has_inline else "top level",
+                     "give either 'instances' or 'dataset', not both" if has_inline
+                     else "missing 'instances' (a list) or 'dataset' (a file to read them from)")
+        return
+    checker = InstanceChecker(_required_fields(job.metrics), generating=job.model is not None)
+    if has_inline:
+        job.instances = _check_instances(raw["instances"], checker, problems)
+        places = ((f"instance {i.get('id')!r} (instances[{n}])", f"instances[{n}]")
+                  for n, i in enumerate(job.instances) if isinstance(i, dict))
+    else:
+        dataset = _parse_model(DatasetSpec, raw["dataset"], "dataset", problems)
+        if dataset is None or problems.items:  # a typo elsewhere is not worth reading a big file for
+            return
+        loaded = load_dataset(dataset, checker, problems.add, MAX_PROBLEMS)
+        job.dataset, job.instances, job.mapping, job.bad_records = dataset, loaded.instances, loaded.mapping, loaded.bad
+        label = "line {}" if dataset.format == "jsonl" else "[{}]"
+        offset = 0 if dataset.format == "jsonl" else 1
+        places = ((f"{dataset.uri} {label.format(n - offset)}", label.format(n - offset)) for n in loaded.lines)
+    suspects = checker.duplicate_ids()
+    if suspects:
+        report_duplicates(job.instances, places, suspects, problems.add)
+    job.n_to_generate = checker.n_to_generate
+    job.categories = sorted(checker.categories)
 
 
 def _parse_model(model: type[BaseModel], raw: Any, where: str, problems: _Problems):
@@ -174,12 +260,16 @@ def _resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
             problems.add(f"metric {run.key}.parameters.judge",
                          f"no judge named {name!r}{_did_you_mean(name, judges)} (judges: {known})")
             continue
-        if name not in checked_env and not os.environ.get(judge.api_key_env):
-            problems.add(f"judges.{name}.api_key_env",
-                         f"environment variable {judge.api_key_env} is not set (the API key is read from it)")
+        if name not in checked_env:
+            _check_key_env(judge.api_key_env, f"judges.{name}.api_key_env", problems)
         checked_env.add(name)
         resolved.append(MetricRun(key=run.key, spec=run.spec, params=run.params, judge=judge))
     return resolved
+
+
+def _check_key_env(variable: str, where: str, problems: _Problems) -> None:
+    if not os.environ.get(variable):
+        problems.add(where, f"environment variable {variable} is not set (the API key is read from it)")
 
 
 def _parse_metrics(raw: Any, problems: _Problems) -> list[MetricRun]:
@@ -256,21 +346,13 @@ def _param_errors(exc: ValidationError, spec: MetricSpec) -> list[str]:
     return messages
 
 
-def _check_instances(raw: Any, metrics: list[MetricRun], problems: _Problems) -> list[dict]:
-    if raw is None:
-        problems.add("instances", "missing; expected a list of instances")
-        return []
+def _check_instances(raw: Any, checker: InstanceChecker, problems: _Problems) -> list[dict]:
     if not isinstance(raw, list):
         problems.add("instances", f"expected a list, got {_kind(raw)}")
         return []
     if not raw:
         problems.add("instances", "empty; nothing to evaluate")
         return []
-    required: dict[str, list[str]] = {}
-    for run in metrics:
-        for f in run.spec.requires:
-            required.setdefault(f, []).append(run.key)
-    seen: dict[str, int] = {}
     for i, inst in enumerate(raw):
         if not isinstance(inst, dict):
             problems.add(f"instances[{i}]", f"expected an object, got {_kind(inst)}")
@@ -279,31 +361,9 @@ def _check_instances(raw: Any, metrics: list[MetricRun], problems: _Problems) ->
         if isinstance(iid, bool) or not isinstance(iid, (str, int)) or iid == "":
             problems.add(f"instances[{i}]", "'id' is required (a non-empty string or an integer)")
             continue
-        where = f"instance {iid!r} (instances[{i}])"
-        sid = str(iid)
-        if sid in seen:
-            problems.add(where, f"duplicate id; first used at instances[{seen[sid]}]")
-        else:
-            seen[sid] = i
-        for name in ("input", "actual-output"):
-            if name in inst and not isinstance(inst[name], str):
-                problems.add(where, f"{name!r} must be a string, got {_kind(inst[name])}")
-        refs = inst.get("expected-output")
-        if refs is not None and not (isinstance(refs, list) and all(isinstance(r, str) for r in refs)):
-            problems.add(where, "'expected-output' must be a list of strings "
-                         f"(the acceptable references), got {_kind(refs)}")
-        for name, needed_by in required.items():
-            if name not in inst:
-                problems.add(where, f"missing {name!r}, required by {', '.join(needed_by)}")
-            elif name == "expected-output" and refs == []:
-                problems.add(where, f"'expected-output' is empty; {', '.join(needed_by)} "
-                             "needs at least one reference")
+        for message in checker.check(inst):
+            problems.add(f"instance {iid!r} (instances[{i}])", message)
     return raw
-
-
-def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-            int: "a number", float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def _did_you_mean(name: str, choices) -> str:

@@ -41,7 +41,9 @@ class Deployment(_Model):
         return value
 
 
-class JudgeConfig(_Model):
+class EndpointConfig(_Model):
+    """A chat model behind one or more budgeted deployments (a judge, or the model under test)."""
+
     provider: Literal["openai", "azure"]
     model: str
     api_key_env: str = Field(description="environment variable holding the API key")
@@ -50,12 +52,10 @@ class JudgeConfig(_Model):
     temperature: float = Field(default=0.1, ge=0, le=2)
     timeout: float = Field(default=60.0, gt=0, description="seconds per HTTP call")
     max_retries: int = Field(default=4, ge=0, description="retries after 429, 408, 5xx, timeouts")
-    output: Literal["json_schema", "tools", "text"] = Field(
-        default="json_schema", description="how the judge is asked for structured output")
     deployments: list[Deployment] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _provider_fields(self) -> "JudgeConfig":
+    def _provider_fields(self) -> "EndpointConfig":
         for i, d in enumerate(self.deployments):
             if self.provider == "azure" and not (d.endpoint and d.deployment):
                 raise ValueError(f"deployments[{i}] ({d.region}): azure needs 'endpoint' and 'deployment'")
@@ -70,7 +70,12 @@ class JudgeConfig(_Model):
         return self
 
 
-def deployment_id(judge: JudgeConfig, d: Deployment) -> str:
+class JudgeConfig(EndpointConfig):
+    output: Literal["json_schema", "tools", "text"] = Field(
+        default="json_schema", description="how the judge is asked for structured output")
+
+
+def deployment_id(judge: EndpointConfig, d: Deployment) -> str:
     """Stable identity of a deployment's quota, shared by every job that uses it."""
     url = d.endpoint or d.base_url or "https://api.openai.com/v1"
     raw = f"{judge.provider}|{url.rstrip('/')}|{d.deployment or judge.model}"

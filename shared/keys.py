@@ -9,7 +9,11 @@ several of them):
     evalq:{J}:res:{M}        HASH    instance index -> JSON item record, for metric key M
     evalq:{J}:time:{M}       HASH    chunk start -> seconds spent scoring that chunk
     evalq:{J}:summary        STRING  JSON list of aggregated metric results (results.json)
-    evalq:{J}:status         STRING  running | done | failed
+    evalq:{J}:stage:{S}      STRING  JSON summary of a stage that is not a metric (S = generate)
+    evalq:{J}:status         STRING  running | generated | done
+
+The generation stage's item records (the model's outputs) live in
+``evalq:{J}:res:generate`` like a metric's; ``generate`` is a reserved metric id.
 
 Judge keys shared across jobs (see ``workers.judge.budget`` for the budget's):
 
@@ -52,6 +56,10 @@ def summary(job_id: str) -> str:
     return f"{job_prefix(job_id)}:summary"
 
 
+def stage_summary(job_id: str, stage: str) -> str:
+    return f"{job_prefix(job_id)}:stage:{stage}"
+
+
 def status(job_id: str) -> str:
     return f"{job_prefix(job_id)}:status"
 
@@ -77,8 +85,9 @@ def job_tokens(job_id: str) -> str:
 
 
 def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
+    """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage."""
     keys = [spec(job_id), instances(job_id), summary(job_id), status(job_id),
-            job_tokens(job_id)]
+            job_tokens(job_id), stage_summary(job_id, "generate")]
     for m in metric_keys:
         keys += [results(job_id, m), timings(job_id, m), accounting(job_id, m)]
     return keys

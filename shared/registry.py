@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel
 
-QueueKind = Literal["cpu", "gpu", "judge"]
+QueueKind = Literal["cpu", "gpu", "judge", "generate"]
 Aggregation = Literal["mean", "distribution", "rating"]
 
 
@@ -45,6 +45,11 @@ class MetricSpec:
     # passed to the implementation as a third argument.
     prepare: str | None = None
     _loaded: list = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def calls_endpoint(self) -> bool:
+        """Items cost a model call: a re-run skips items already recorded."""
+        return self.queue in ("judge", "generate")
 
     @property
     def needs_references(self) -> bool:
@@ -79,6 +84,10 @@ class UnknownMetric(KeyError):
         return self.message
 
 
+# Names the log and the job spec use for stages that are not metrics.
+RESERVED = {"generate"}
+
+
 class Registry:
     """Thread-safe map from metric id to ``MetricSpec``; duplicate ids are refused."""
 
@@ -88,6 +97,8 @@ class Registry:
 
     def register(self, spec: MetricSpec) -> MetricSpec:
         with self._lock:
+            if spec.id in RESERVED:
+                raise ValueError(f"metric id {spec.id!r} is reserved")
             if spec.id in self._specs:
                 raise ValueError(f"metric {spec.id!r} is already registered")
             self._specs[spec.id] = spec

@@ -1,6 +1,8 @@
-"""What a task does around a pure metric function: read the chunk's instances
-from Redis, score each item (a failure is recorded on that item), write item
-records idempotently, and aggregate when the job's last chunk is done."""
+"""What a task does around a pure item function: read the chunk's instances
+from Redis, score each item (a failure is recorded on that item), and write
+item records idempotently. The same path runs metrics and the generation
+stage (the model under test answering prompts); aggregation is in
+``workers.finalize``."""
 
 from __future__ import annotations
 
@@ -16,11 +18,15 @@ import redis
 
 import shared.metrics  # noqa: F401  (registers the built-in metrics)
 from shared import keys
-from shared.aggregate import aggregator_for
-from shared.errors import Deferred, Skipped
+from shared.errors import Deferred, MetricError, Skipped
+from shared.model import GENERATE, GENERATE_SPEC
 from shared.registry import REGISTRY, MetricSpec
 
 log = logging.getLogger("evalq.worker")
+
+# An instance the generation stage could not answer carries, under this key,
+# the outcome its metrics record instead of a score.
+NOT_GENERATED = "__not_generated__"
 
 _clients: dict[tuple[int, str], redis.Redis] = {}
 
@@ -35,7 +41,7 @@ def redis_client(celery_app) -> redis.Redis:
 
 
 @lru_cache(maxsize=64)
-def _job_spec(r: redis.Redis, job_id: str) -> dict:
+def job_spec(r: redis.Redis, job_id: str) -> dict:
     # A job's spec never changes once submitted, so it is cached per process.
     raw = r.get(keys.spec(job_id))
     if raw is None:
@@ -45,24 +51,46 @@ def _job_spec(r: redis.Redis, job_id: str) -> dict:
 
 @lru_cache(maxsize=256)
 def _metric(r: redis.Redis, job_id: str, metric_key: str) -> tuple[MetricSpec, Any, Any]:
-    entry = _job_spec(r, job_id)["metrics"][metric_key]
-    spec = REGISTRY.get(entry["id"])
+    if metric_key == GENERATE:
+        entry, spec = job_spec(r, job_id)["generate"], GENERATE_SPEC
+    else:
+        entry = job_spec(r, job_id)["metrics"][metric_key]
+        spec = REGISTRY.get(entry["id"])
     return spec, spec.params.model_validate(entry["parameters"]), entry.get("prepared")
 
 
 @lru_cache(maxsize=256)
-def _judge_config(r: redis.Redis, job_id: str, name: str):
+def _endpoint_config(r: redis.Redis, job_id: str, name: str):
+    """A judge's configuration, or the model under test's (``generate``)."""
     from shared.judges import JudgeConfig, JudgingOptions
+    from shared.model import parse_model_config
 
-    spec = _job_spec(r, job_id)
-    return JudgeConfig.model_validate(spec["judges"][name]), JudgingOptions.model_validate(spec["judging"])
+    spec = job_spec(r, job_id)
+    options = JudgingOptions.model_validate(spec["judging"])
+    if name == GENERATE:
+        model = parse_model_config(spec["model"])
+        # the token cap bounds judge spend; generation follows the model's own cache setting
+        return model, options.model_copy(update={"cache": getattr(model, "cache", False), "token_cap": None})
+    return JudgeConfig.model_validate(spec["judges"][name]), options
 
 
-def judge_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, deployment: str | None):
+def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, deployment: str | None):
+    """What a judge metric or the generation stage calls: a JudgeClient, or a ModelRunner."""
+    from shared.model import PythonModel
     from workers.judge.client import JudgeClient
 
-    judge, options = _judge_config(r, job_id, params.judge)
-    return JudgeClient(r, job_id, metric_key, params.judge, judge, options, preferred=deployment)
+    name = GENERATE if metric_key == GENERATE else params.judge
+    config, options = _endpoint_config(r, job_id, name)
+    if isinstance(config, PythonModel):
+        from workers.generate import python_runner
+
+        return python_runner(config)
+    client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment)
+    if metric_key == GENERATE:
+        from workers.generate import EndpointRunner
+
+        return EndpointRunner(client, config.system)
+    return client
 
 
 def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: Any = None,
@@ -72,25 +100,29 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
     Metrics with a ``prepare`` hook get its result, judge metrics a judge
     client, as further arguments. ``Deferred`` propagates (the task
     re-schedules) carrying the records made so far in ``partial``;
-    ``Skipped`` marks the item as not run.
+    ``Skipped`` marks the item as not run. An instance marked
+    ``NOT_GENERATED`` is recorded with that outcome and not scored.
     """
     fn = spec.load()
-    extra = ((prepared,) if spec.prepare else ()) + ((judge,) if spec.queue == "judge" else ())
+    extra = ((prepared,) if spec.prepare else ()) + ((judge,) if spec.calls_endpoint else ())
+    outcomes: list = [inst.pop(NOT_GENERATED, None) for inst in instances]
+    ready = [i for i, outcome in enumerate(outcomes) if outcome is None]
     if spec.batch:
         try:
-            outcomes = fn(instances, params, *extra)
+            results = fn([instances[i] for i in ready], params, *extra) if ready else []
         except Exception as exc:  # the whole batch failed: record it on each item
-            outcomes = [exc] * len(instances)
+            results = [exc] * len(ready)
+        for i, result in zip(ready, results):
+            outcomes[i] = result
     else:
-        outcomes = []
-        for inst in instances:
+        for i in ready:
             try:
-                outcomes.append(fn(inst, params, *extra))
+                outcomes[i] = fn(instances[i], params, *extra)
             except Deferred as exc:
-                exc.partial = _records(spec, instances[:len(outcomes)], outcomes)
+                exc.partial = _records(spec, instances[:i], outcomes[:i])
                 raise
             except Exception as exc:
-                outcomes.append(exc)
+                outcomes[i] = exc
     return _records(spec, instances, outcomes)
 
 
@@ -98,6 +130,8 @@ def _records(spec: MetricSpec, instances: list[dict], outcomes: list) -> list[di
     records = []
     for inst, outcome in zip(instances, outcomes):
         record: dict[str, Any] = {"instance_id": inst["id"]}
+        if isinstance(inst.get("category"), str):
+            record["category"] = inst["category"]
         if isinstance(outcome, Skipped):
             record["skipped"] = str(outcome)
         elif isinstance(outcome, Exception):
@@ -115,13 +149,18 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     spec, params, prepared = _metric(r, job_id, metric_key)
     spec.load()  # imports stay out of the timing below
     positions = list(range(start, stop))
-    if spec.queue == "judge":
-        # A re-scheduled or redelivered judge chunk does not pay twice for
-        # items already recorded.
+    if spec.calls_endpoint:
+        # A re-scheduled or redelivered chunk does not pay twice for items
+        # already recorded.
         done = r.hmget(keys.results(job_id, metric_key), [str(p) for p in positions])
         positions = [p for p, rec in zip(positions, done) if rec is None]
     instances = _instances(r, job_id, positions)
-    judge = judge_client(r, job_id, metric_key, params, deployment) if spec.queue == "judge" else None
+    if metric_key == GENERATE:  # only instances without an output are generated
+        kept = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
+        positions, instances = [p for p, _ in kept], [inst for _, inst in kept]
+    elif GENERATE in job_spec(r, job_id):
+        _with_generated(r, job_id, positions, instances)
+    judge = endpoint_client(r, job_id, metric_key, params, deployment) if spec.calls_endpoint else None
     t0 = time.perf_counter()
     try:
         records = score_items(spec, params, instances, prepared, judge)
@@ -131,7 +170,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     _write(r, job_id, metric_key, start, positions, records, time.perf_counter() - t0)
     # Deterministic return value: the chord join stores it, and a redelivered
     # run must produce the very same entry.
-    return {"metric": metric_key, "start": start, "n": len(records)}
+    return {"metric": metric_key, "start": start, "n": stop - start}
 
 
 def _instances(r: redis.Redis, job_id: str, positions: list[int]) -> list[dict]:
@@ -140,6 +179,22 @@ def _instances(r: redis.Redis, job_id: str, positions: list[int]) -> list[dict]:
     lo, hi = positions[0], positions[-1]
     raw = r.lrange(keys.instances(job_id), lo, hi)
     return [json.loads(raw[p - lo]) for p in positions]
+
+
+def _with_generated(r: redis.Redis, job_id: str, positions: list[int], instances: list[dict]) -> None:
+    """Give instances without an output the one the generation stage recorded."""
+    wanted = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
+    if not wanted:
+        return
+    raw = r.hmget(keys.results(job_id, GENERATE), [str(p) for p, _ in wanted])
+    for (_, inst), rec in zip(wanted, raw):
+        record = json.loads(rec) if rec is not None else {"error": "no output was recorded"}
+        if "result" in record:
+            inst["actual-output"] = record["result"]["output"]
+        elif record.get("skipped") is not None:
+            inst[NOT_GENERATED] = Skipped(f"not generated: {record['skipped']}")
+        else:
+            inst[NOT_GENERATED] = MetricError(f"the model under test gave no output: {record.get('error')}")
 
 
 def _write(r: redis.Redis, job_id: str, metric_key: str, start: int, positions: list[int],
@@ -151,51 +206,3 @@ def _write(r: redis.Redis, job_id: str, metric_key: str, start: int, positions: 
                   mapping={str(p): json.dumps(rec) for p, rec in zip(positions, records)})
     pipe.hincrbyfloat(keys.timings(job_id, metric_key), str(start), elapsed)
     pipe.execute()
-
-
-ACCOUNTING_FIELDS = ("calls", "cache_hits", "prompt_tokens", "completion_tokens", "reserved_tokens",
-                     "rate_limited", "failed_calls")
-
-
-def finalize(r: redis.Redis, job_id: str) -> dict:
-    """Aggregate every metric of the job into the results.json content.
-
-    Idempotent: it only reads item records and overwrites the summary, so a
-    second run (a redelivered callback) writes the same thing.
-    """
-    spec = _job_spec(r, job_id)
-    total = spec["n_instances"]
-    summary = []
-    for metric_key, entry in spec["metrics"].items():
-        metric = REGISTRY.get(entry["id"])
-        agg = aggregator_for(metric.aggregation, entry["parameters"])
-        seen = 0
-        for _, raw in r.hscan_iter(keys.results(job_id, metric_key), count=5000):
-            agg.add(json.loads(raw))
-            seen += 1
-        elapsed = sum(float(v) for v in r.hvals(keys.timings(job_id, metric_key)))
-        out = {
-            "metric": entry["id"],
-            "parameters": entry["parameters"],
-            "score": agg.score(),
-            "elapsed_time": round(elapsed, 6),
-            "n": agg.n,
-            "n_errors": agg.n_errors,
-        }
-        if agg.n_skipped:
-            out["n_skipped"] = agg.n_skipped
-        if metric.queue == "judge":
-            acct = r.hgetall(keys.accounting(job_id, metric_key))
-            out["judge"] = {f: int(acct.get(f.encode(), 0)) for f in ACCOUNTING_FIELDS}
-        if metric_key != entry["id"]:
-            out["name"] = metric_key
-        if seen < total:
-            out["n_missing"] = total - seen
-            log.error("job %s metric %s: %d of %d items have no record", job_id, metric_key,
-                      total - seen, total)
-        summary.append(out)
-    pipe = r.pipeline(transaction=True)
-    pipe.set(keys.summary(job_id), json.dumps(summary))
-    pipe.set(keys.status(job_id), "done")
-    pipe.execute()
-    return {"job": job_id, "status": "done"}

@@ -7,6 +7,8 @@ import logging
 import redis
 
 from shared.errors import Deferred
+from shared.model import GENERATE
+from workers import finalize as aggregation
 from workers import runner
 from workers.app import app
 
@@ -31,11 +33,12 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
     except Deferred as exc:
         vt = self.app.conf.broker_transport_options.get("visibility_timeout", 3600)
         countdown = max(0.05, min(exc.wait, MAX_COUNTDOWN, vt / 4))
-        region = exc.queue.split(".", 1)[1] if exc.queue else deployment
+        region = exc.region or deployment
+        kind = "generate" if metric_key == GENERATE else "judge"
         log.info("job %s %s[%d:%d] deferred %.1f s: %s", job_id, metric_key, start, stop, countdown, exc)
         # Same task id, same chord membership; never counted against max_retries.
         raise self.retry(args=(job_id, metric_key, start, stop), kwargs={"deployment": region},
-                         queue=exc.queue or self.request.delivery_info.get("routing_key"),
+                         queue=f"{kind}.{region}" if region else self.request.delivery_info.get("routing_key"),
                          countdown=countdown, max_retries=self.request.retries + 1)
 
 
@@ -47,4 +50,15 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
     max_retries=5,
 )
 def finalize(self, job_id: str) -> dict:
-    return runner.finalize(runner.redis_client(self.app), job_id)
+    return aggregation.finalize(runner.redis_client(self.app), job_id)
+
+
+@app.task(
+    name="evalq.generated",
+    bind=True,
+    autoretry_for=(redis.ConnectionError, redis.TimeoutError),
+    retry_backoff=True,
+    max_retries=5,
+)
+def generated(self, job_id: str) -> dict:
+    return aggregation.generated(runner.redis_client(self.app), job_id)

@@ -230,7 +230,7 @@ class JudgeClient:
                 raise JudgeError(f"a request of ~{estimate} prompt + {self.judge.max_tokens} completion "
                                  f"tokens exceeds the TPM of every deployment of judge {self.name!r}")
             if best_wait > SLEEP_MAX or time.monotonic() + best_wait > deadline:
-                raise Deferred(best_wait, queue=f"judge.{best.region}",
+                raise Deferred(best_wait, region=best.region,
                                reason=f"budget of judge {self.name!r} spent for {best_wait:.1f} s")
             time.sleep(best_wait)
 

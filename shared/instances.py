@@ -1,0 +1,237 @@
+"""A job's instances: inline in the job file, or read from a dataset, checked
+one at a time against what the job's metrics need.
+
+Datasets are streamed: each record is mapped (``shared.dataset``), checked and
+appended to a spool file of instance JSON lines, so validating a million-line
+file holds one record at a time plus 16 bytes per instance (id hash and line
+number, for the duplicate-id check). Nothing reaches Redis until the whole job
+has validated.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+from shared.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
+from shared.errors import JobError, kind as _kind
+from shared.storage import open_binary, read_lines
+
+MAX_BAD_SHOWN = 20  # bad records quoted in run.json when they are skipped
+
+
+class SpooledInstances:
+    """Instances as JSON lines in a temporary file: ``len`` and repeatable iteration."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.NamedTemporaryFile("w+b", prefix="evalq-instances-", suffix=".jsonl")
+        self._n = 0
+
+    def append(self, instance: dict) -> None:
+        self._file.write(json.dumps(instance, ensure_ascii=False).encode("utf-8") + b"\n")
+        self._n += 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    def json_lines(self) -> Iterator[str]:
+        self._file.flush()
+        with open(self._file.name, encoding="utf-8") as f:
+            for line in f:
+                yield line.rstrip("\n")
+
+    def __iter__(self) -> Iterator[dict]:
+        return (json.loads(line) for line in self.json_lines())
+
+
+def json_lines(instances: Iterable[dict]) -> Iterator[str]:
+    """Each instance as one JSON string, without re-encoding a spool."""
+    if isinstance(instances, SpooledInstances):
+        return instances.json_lines()
+    return (json.dumps(inst, ensure_ascii=False) for inst in instances)
+
+
+@dataclass
+class BadRecords:
+    """Records left out under ``on_bad_record: skip``."""
+
+    count: int = 0
+    shown: list[dict] = field(default_factory=list)
+
+    def add(self, where: str, messages: list[str]) -> None:
+        self.count += 1
+        if len(self.shown) < MAX_BAD_SHOWN:
+            self.shown.append({"where": where, "errors": messages})
+
+
+class InstanceChecker:
+    """Checks instances one by one against the fields the job's metrics need.
+
+    ``missing(field)`` words a missing field for the source at hand: an inline
+    instance lacks ``'expected-output'``, a dataset record's
+    ``target_output_location 'ground_truth'`` was not found.
+    """
+
+    def __init__(self, required: dict[str, list[str]], generating: bool,
+                 missing: Callable[[str], str] = lambda f: f"missing {f!r}"):
+        self.required = required
+        self.generating = generating
+        self.missing = missing
+        self.n_to_generate = 0
+        self.categories: set[str] = set()
+        self._hashes = array("q")
+
+    def check(self, inst: dict) -> list[str]:
+        problems = []
+        for name in ("input", "actual-output"):
+            if name in inst and not isinstance(inst[name], str):
+                problems.append(f"{name!r} must be a string, got {_kind(inst[name])}")
+        refs = inst.get("expected-output")
+        if refs is not None and not (isinstance(refs, list) and all(isinstance(r, str) for r in refs)):
+            problems.append("'expected-output' must be a list of strings (the acceptable references), "
+                            f"got {_kind(refs)}")
+        category = inst.get("category")
+        if category is not None and not isinstance(category, str):
+            problems.append(f"'category' must be a string, got {_kind(category)}")
+        generate = self.generating and "actual-output" not in inst
+        for name, needed_by in self.required.items():
+            if name == "actual-output" and generate:
+                continue
+            if name not in inst:
+                hint = " (or give the job a 'model' to generate it)" if name == "actual-output" else ""
+                problems.append(f"{self.missing(name)}, required by {', '.join(needed_by)}{hint}")
+            elif name == "expected-output" and refs == []:
+                problems.append(f"'expected-output' is empty; {', '.join(needed_by)} needs at least one reference")
+        if generate and "input" not in inst:
+            problems.append(f"{self.missing('input')}, required to generate the missing actual-output")
+        if not problems:
+            self.n_to_generate += generate
+            if isinstance(category, str):
+                self.categories.add(category)
+            self._hashes.append(hash(str(inst["id"])))
+        return problems
+
+    def duplicate_ids(self) -> set[str] | None:
+        """Hashes of ids seen twice or more (None when there are none)."""
+        import numpy as np
+
+        hashes = np.frombuffer(self._hashes, dtype=np.int64)
+        if len(hashes) < 2:
+            return None
+        ordered = np.sort(hashes)
+        dup = ordered[1:][ordered[1:] == ordered[:-1]]
+        return set(dup.tolist()) or None
+
+
+def report_duplicates(instances: Iterable[dict], places: Iterable[tuple[str, str]], suspects: set,
+                      add: Callable[[str, str], None]) -> None:
+    """Second pass, only when the hash check found suspects: name each repeat.
+    ``places`` gives, per instance (dicts only), its full and its short place."""
+    first: dict[str, str] = {}
+    for inst, (where, short) in zip((i for i in instances if isinstance(i, dict)), places):
+        sid = str(inst.get("id"))
+        if hash(sid) not in suspects:
+            continue
+        if sid in first:
+            add(where, f"duplicate id; first used at {first[sid]}")
+        else:
+            first[sid] = short
+
+
+@dataclass
+class LoadedDataset:
+    instances: SpooledInstances
+    lines: array            # source line (or array position) of each instance
+    bad: BadRecords
+    mapping: str            # what the records were read as, for messages and run.json
+    checker: InstanceChecker
+
+
+def load_dataset(spec: DatasetSpec, checker: InstanceChecker, add_problem: Callable[[str, str], None],
+                 max_problems: int) -> LoadedDataset:
+    """Stream the dataset through the mapper and checker into a spool."""
+    uri = spec.uri
+    records = _records(spec)
+    mapper: RecordMapper | None = None
+    spool, lines, bad = SpooledInstances(), array("q"), BadRecords()
+    n_problems = 0
+    for number, where, record in records:
+        if isinstance(record, RecordError):
+            problems = [str(record)]
+        else:
+            if mapper is None:  # from the first readable record
+                mapper = _mapper(spec, record, where)
+                checker.missing = lambda f, m=mapper: f"{m.origin(f)} not found"
+            try:
+                inst = mapper.map(record, default_id=str(number))
+                problems = checker.check(inst)
+            except RecordError as exc:
+                problems = [str(exc)]
+        if not problems:
+            spool.append(inst)
+            lines.append(number)
+        elif spec.on_bad_record == "skip":
+            bad.add(where, problems)
+        else:
+            for p in problems:
+                add_problem(where, p)
+            n_problems += len(problems)
+            if n_problems >= max_problems:
+                add_problem(uri, "stopped reading after this many problems")
+                break
+        if spec.limit is not None and len(spool) + bad.count >= spec.limit:
+            break
+    if not len(spool) and not n_problems:
+        add_problem(uri, "no valid records; nothing to evaluate" if bad.count else "no records; nothing to evaluate")
+    return LoadedDataset(spool, lines, bad, mapper.describe() if mapper else "", checker)
+
+
+def _mapper(spec: DatasetSpec, first: Any, where: str) -> RecordMapper:
+    if spec.data_config is not None:
+        return RecordMapper(spec.data_config)
+    if spec.format == "harpia":
+        return RecordMapper(DataConfig(preset="harpia"))
+    preset = detect_preset(first)
+    if preset is None:
+        fields = ", ".join(sorted(first)[:12]) if isinstance(first, dict) else _kind(first)
+        raise JobError(f"{where}: cannot tell what the records hold (fields: {fields}); give "
+                       "dataset.data_config, e.g. {\"model_input_location\": \"question\", "
+                       "\"target_output_location\": \"answer\"}, or a preset: azure_qa, "
+                       "azure_conversation, harpia")
+    return RecordMapper(DataConfig(preset=preset))
+
+
+def _records(spec: DatasetSpec) -> Iterator[tuple[int, str, Any]]:
+    """(number, place, record or RecordError) in file order."""
+    uri = spec.uri
+    if spec.format == "jsonl":
+        for number, text in read_lines(uri, spec.endpoint_url):
+            if not text.strip():
+                continue
+            try:
+                yield number, f"{uri} line {number}", json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield number, f"{uri} line {number}", RecordError(f"invalid JSON at column {exc.colno}: {exc.msg}")
+        return
+    with open_binary(uri, spec.endpoint_url) as stream:
+        data = stream.read()
+    try:
+        doc = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f"{uri}:{exc.lineno}:{exc.colno}" if isinstance(exc, json.JSONDecodeError) else uri
+        raise JobError(f"{where}: invalid JSON: {getattr(exc, 'msg', exc)}") from None
+    if spec.format == "harpia":
+        if not isinstance(doc, dict) or not isinstance(doc.get("instances"), list):
+            raise JobError(f"{uri}: format harpia expects an object with an 'instances' list")
+        items, label = doc["instances"], "instances"
+    else:
+        if not isinstance(doc, list):
+            raise JobError(f"{uri}: format json expects an array of records, got {_kind(doc)}")
+        items, label = doc, ""
+    for i, record in enumerate(items):
+        yield i + 1, f"{uri} {label}[{i}]", record
+
+

@@ -1,0 +1,185 @@
+"""Reading datasets and writing outputs, on local paths or ``s3://`` URIs.
+
+S3 goes through boto3's standard credential chain (environment, shared config,
+instance or pod role); ``endpoint_url`` points at MinIO or another S3-compatible
+store. boto3 is imported only when an ``s3://`` URI is used. Gzip is detected
+by its magic bytes, so ``.jsonl.gz`` (or a gzipped file of any name) reads
+transparently. Every failure becomes a message naming the URI: a missing object
+or bucket and refused credentials are ``JobError`` (the job names something it
+cannot read), an unreachable endpoint is ``InfraError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator
+
+from shared.errors import InfraError, JobError
+
+GZIP_MAGIC = b"\x1f\x8b"
+READ_BUFFER = 1 << 20
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if not bucket:
+        raise JobError(f"{uri}: expected s3://bucket/key")
+    return bucket, key
+
+
+def s3_client(endpoint_url: str | None = None):
+    import boto3
+    from botocore.config import Config
+
+    config = Config(connect_timeout=10, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"})
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+
+
+@contextlib.contextmanager
+def s3_errors(uri: str, not_found: str = "no such object") -> Iterator[None]:
+    """Turn botocore's exceptions into one line naming the URI (a bare 404
+    means ``not_found``: HEAD requests carry no error code)."""
+    from botocore.exceptions import (BotoCoreError, ClientError, EndpointConnectionError,
+                                     NoCredentialsError)
+
+    try:
+        yield
+    except ClientError as exc:
+        err = exc.response.get("Error", {})
+        code, status = str(err.get("Code", "")), exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        reason = {
+            "NoSuchKey": "no such object", "404": not_found, "NoSuchBucket": "no such bucket",
+            "AccessDenied": "access denied", "403": "access denied",
+            "InvalidAccessKeyId": "access denied: the access key id is not known to the store",
+            "SignatureDoesNotMatch": "access denied: the secret key does not match the access key id",
+            "ExpiredToken": "access denied: the credentials have expired",
+        }.get(code)
+        if reason is None and status in (401, 403):
+            reason = f"access denied ({code})"
+        if reason is not None:
+            raise JobError(f"{uri}: {reason}") from None
+        raise InfraError(f"{uri}: S3 error {code or status}: {err.get('Message', exc)}") from None
+    except NoCredentialsError:
+        raise JobError(f"{uri}: no AWS credentials found (environment, ~/.aws or an instance role)") from None
+    except EndpointConnectionError as exc:
+        raise InfraError(f"{uri}: cannot reach the S3 endpoint: {exc}") from None
+    except BotoCoreError as exc:
+        raise InfraError(f"{uri}: {exc}") from None
+
+
+class _BodyReader(io.RawIOBase):
+    """A raw stream over boto3's StreamingBody, so io and gzip can buffer it."""
+
+    def __init__(self, body, uri: str):
+        self.body = body
+        self.uri = uri
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        with s3_errors(self.uri):
+            data = self.body.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.body.close()
+        super().close()
+
+
+def open_binary(uri: str, endpoint_url: str | None = None) -> IO[bytes]:
+    """A buffered binary stream of the (decompressed) content at ``uri``."""
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        if not key:
+            raise JobError(f"{uri}: expected s3://bucket/key, not a bucket")
+        with s3_errors(uri):
+            body = s3_client(endpoint_url).get_object(Bucket=bucket, Key=key)["Body"]
+        raw: IO[bytes] = io.BufferedReader(_BodyReader(body, uri), READ_BUFFER)
+    else:
+        path = Path(uri).expanduser()
+        try:
+            raw = open(path, "rb", buffering=READ_BUFFER)
+        except FileNotFoundError:
+            raise JobError(f"{uri}: no such file") from None
+        except IsADirectoryError:
+            raise JobError(f"{uri}: is a directory, expected a file") from None
+        except PermissionError:
+            raise JobError(f"{uri}: permission denied") from None
+    if raw.peek(2)[:2] == GZIP_MAGIC:
+        return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), READ_BUFFER)  # type: ignore[arg-type]
+    return raw
+
+
+def read_lines(uri: str, endpoint_url: str | None = None) -> Iterator[tuple[int, str]]:
+    """(line number, text) for every line, streamed: flat memory for any size."""
+    with open_binary(uri, endpoint_url) as stream:
+        number = 0
+        while True:
+            try:
+                raw = stream.readline()
+            except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
+                raise JobError(f"{uri} line {number + 1}: cannot read: {exc}") from None
+            if not raw:
+                return
+            number += 1
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise JobError(f"{uri} line {number}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+class Destination:
+    """Where results go: a local directory or an ``s3://bucket/prefix/``."""
+
+    def __init__(self, uri: str, endpoint_url: str | None = None):
+        self.uri = uri
+        self.endpoint_url = endpoint_url
+        self.s3 = is_s3(uri)
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def path(self, name: str) -> str:
+        return f"{self.uri.rstrip('/')}/{name}" if self.s3 else str(Path(self.uri) / name)
+
+    def check(self) -> None:
+        """Fail early, before the job runs, when the destination cannot be written."""
+        if not self.s3:
+            path = Path(self.uri)
+            if path.exists() and not path.is_dir():
+                raise JobError(f"{self.uri}: exists and is not a directory")
+            return
+        bucket, _ = split_s3(self.uri)
+        with s3_errors(f"s3://{bucket}", not_found="no such bucket"):
+            s3_client(self.endpoint_url).head_bucket(Bucket=bucket)
+
+    @contextlib.contextmanager
+    def open_text(self, name: str) -> Iterator[IO[str]]:
+        """A text file to write; it appears at its destination whole or not at all."""
+        if not self.s3:
+            Path(self.uri).mkdir(parents=True, exist_ok=True)
+            final = Path(self.uri) / name
+            tmp = final.with_name(final.name + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                yield f
+            os.replace(tmp, final)
+            return
+        with tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix="-" + name) as f:
+            yield f
+            f.flush()
+            bucket, prefix = split_s3(self.uri)
+            key = f"{prefix.rstrip('/')}/{name}" if prefix.strip("/") else name
+            with s3_errors(self.path(name)):
+                s3_client(self.endpoint_url).upload_file(f.name, bucket, key)

@@ -1,0 +1,16 @@
+"""A test ModelRunner (fmeval's interface), loaded by name from a job's
+``model.runner``: it answers with the prompt's last word, upper-cased, and a
+log probability of minus the prompt's length."""
+
+from __future__ import annotations
+
+
+class LastWordRunner:
+    def __init__(self, suffix: str = ""):
+        self.suffix = suffix
+
+    def predict(self, prompt: str) -> tuple[str | None, float | None]:
+        words = prompt.split()
+        if words and words[-1] == "NOTHING":
+            return None, None
+        return (words[-1].upper() + self.suffix if words else ""), -float(len(prompt))

@@ -1,0 +1,72 @@
+"""The generation stage: the model under test answers an instance's prompt.
+
+``generate`` is a pure item function like any metric: it renders the prompt
+and asks the ``ModelRunner`` passed in. A runner is either a Python class named
+in the job (built once per worker process) or ``EndpointRunner``, which sends
+the prompt as a chat completion through the judges' ``JudgeClient`` (budget,
+cache, retries and accounting included).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import threading
+from typing import Any
+
+from shared.errors import MetricError
+from shared.model import GenerateParams, ModelRunner, PythonModel, render_prompt
+
+
+def generate(instance: dict, params: GenerateParams, runner: ModelRunner) -> dict:
+    output, log_probability = runner.predict(render_prompt(params.prompt_template, instance))
+    if output is None:
+        raise MetricError("the model returned no output")
+    return {"output": output, "log_probability": log_probability}
+
+
+class EndpointRunner:
+    """``predict`` as one chat completion (system message first when given)."""
+
+    def __init__(self, client, system: str | None):
+        self.client = client
+        self.system = system
+
+    def predict(self, prompt: str) -> tuple[str | None, float | None]:
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + \
+            [{"role": "user", "content": prompt}]
+        return self.client.complete(messages).content, None
+
+
+class _Serialized:
+    """A user's runner called from a threads pool: one call at a time, since a
+    model object is rarely thread-safe."""
+
+    def __init__(self, runner: Any):
+        self.runner = runner
+        self.lock = threading.Lock()
+
+    def predict(self, prompt: str) -> tuple[str | None, float | None]:
+        with self.lock:
+            result = self.runner.predict(prompt)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise MetricError(f"{type(self.runner).__name__}.predict must return (output, log_probability), "
+                              f"got {type(result).__name__}")
+        return result
+
+
+_runners: dict[str, _Serialized] = {}
+_runners_lock = threading.Lock()
+
+
+def python_runner(model: PythonModel) -> _Serialized:
+    """The job's runner class, built once per process and configuration."""
+    key = json.dumps([model.runner, model.parameters], sort_keys=True)
+    with _runners_lock:
+        if key not in _runners:
+            module_name, _, attr = model.runner.partition(":")
+            cls = importlib.import_module(module_name)
+            for part in attr.split("."):
+                cls = getattr(cls, part)
+            _runners[key] = _Serialized(cls(**model.parameters))
+        return _runners[key]
