@@ -24,6 +24,9 @@ from shared.registry import REGISTRY, MetricSpec
 
 log = logging.getLogger("evalq.worker")
 
+# Raised by a judge client's Redis calls mid-item: not the item's fault.
+REDIS_BLIPS = (redis.ConnectionError, redis.TimeoutError)
+
 # An instance the generation stage could not answer carries, under this key,
 # the outcome its metrics record instead of a score.
 NOT_GENERATED = "__not_generated__"
@@ -99,7 +102,8 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
 
     Metrics with a ``prepare`` hook get its result, judge metrics a judge
     client, as further arguments. ``Deferred`` propagates (the task
-    re-schedules) carrying the records made so far in ``partial``;
+    re-schedules) carrying the records made so far in ``partial``, and so
+    does a Redis connection error (a judge client's budget call, say);
     ``Skipped`` marks the item as not run. An instance marked
     ``NOT_GENERATED`` is recorded with that outcome and not scored.
     """
@@ -121,6 +125,8 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
             except Deferred as exc:
                 exc.partial = _records(spec, instances[:i], outcomes[:i])
                 raise
+            except REDIS_BLIPS:
+                raise  # the broker, not the item: the task is retried
             except Exception as exc:
                 outcomes[i] = exc
     return _records(spec, instances, outcomes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import redis
@@ -18,16 +19,18 @@ log = logging.getLogger("evalq.worker")
 # therefore taken in steps well below it.
 MAX_COUNTDOWN = 60.0
 
+MAX_BLIPS = 5  # Redis errors a task rides out (retried with backoff) before it fails
 
-@app.task(
-    name="evalq.score_chunk",
-    bind=True,
-    autoretry_for=(redis.ConnectionError, redis.TimeoutError),
-    retry_backoff=True,
-    max_retries=5,
-)
+# The callbacks ride out a Redis blip the same way.
+redis_task = functools.partial(app.task, bind=True, autoretry_for=(redis.ConnectionError, redis.TimeoutError),
+                               retry_backoff=True, max_retries=MAX_BLIPS)
+
+
+@app.task(name="evalq.score_chunk", bind=True)
 def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
-                deployment: str | None = None) -> dict:
+                deployment: str | None = None, blips: int = 0) -> dict:
+    # Retries are counted by hand: a judge chunk may be deferred any number of
+    # times, and those must not use up the retries a Redis blip is allowed.
     try:
         return runner.run_chunk(runner.redis_client(self.app), job_id, metric_key, start, stop, deployment)
     except Deferred as exc:
@@ -36,29 +39,23 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         region = exc.region or deployment
         kind = "generate" if metric_key == GENERATE else "judge"
         log.info("job %s %s[%d:%d] deferred %.1f s: %s", job_id, metric_key, start, stop, countdown, exc)
-        # Same task id, same chord membership; never counted against max_retries.
-        raise self.retry(args=(job_id, metric_key, start, stop), kwargs={"deployment": region},
+        # Same task id, same chord membership.
+        raise self.retry(args=(job_id, metric_key, start, stop), kwargs={"deployment": region, "blips": blips},
                          queue=f"{kind}.{region}" if region else self.request.delivery_info.get("routing_key"),
                          countdown=countdown, max_retries=self.request.retries + 1)
+    except runner.REDIS_BLIPS as exc:
+        if blips >= MAX_BLIPS:
+            raise
+        raise self.retry(exc=exc, args=(job_id, metric_key, start, stop),
+                         kwargs={"deployment": deployment, "blips": blips + 1},
+                         countdown=min(60, 2 ** blips), max_retries=self.request.retries + 1)
 
 
-@app.task(
-    name="evalq.finalize",
-    bind=True,
-    autoretry_for=(redis.ConnectionError, redis.TimeoutError),
-    retry_backoff=True,
-    max_retries=5,
-)
+@redis_task(name="evalq.finalize")
 def finalize(self, job_id: str) -> dict:
     return aggregation.finalize(runner.redis_client(self.app), job_id)
 
 
-@app.task(
-    name="evalq.generated",
-    bind=True,
-    autoretry_for=(redis.ConnectionError, redis.TimeoutError),
-    retry_backoff=True,
-    max_retries=5,
-)
+@redis_task(name="evalq.generated")
 def generated(self, job_id: str) -> dict:
     return aggregation.generated(runner.redis_client(self.app), job_id)

@@ -91,3 +91,15 @@ def test_job_keys_expire(redis_url, cpu_worker, tmp_path):
     r = redis.Redis.from_url(redis_url)
     spec_keys = list(r.scan_iter(match=f"{keys.PREFIX}:*:spec"))
     assert spec_keys and all(0 < r.ttl(k) <= 8 * 24 * 3600 for k in spec_keys)
+
+
+def test_redis_blips_after_many_deferrals_are_still_retried(redis_url, cpu_worker, tmp_path):
+    # A judge chunk may be deferred any number of times (budget spent); that
+    # must not use up the retries a Redis error is allowed.
+    counter = tmp_path / "calls"
+    job = parse_job({"instances": [{"id": "1", "actual-output": "a"}], "metrics": [
+        {"id": "stubborn", "parameters": {"counter": str(counter), "defers": 7, "blips": 2}}]})
+    run_job(job, tmp_path / "out", broker=redis_url, progress=False, stall_timeout=60)
+    assert read_log(tmp_path / "out") == [{"instance_id": "1", "metric": "stubborn",
+                                           "parameters": {"counter": str(counter), "defers": 7, "blips": 2},
+                                           "result": 10}]

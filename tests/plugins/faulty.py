@@ -4,11 +4,15 @@ They exercise the real plugin path; what they compute is deliberately trivial:
 - ``fail_on``: raises for instances whose actual-output contains "FAIL".
 - ``slow_len``: sleeps, then returns the answer's length (mid-job kills land
   while tasks are running).
+- ``stubborn``: asks to be deferred ``defers`` times, then hits ``blips``
+  Redis errors, then scores the number of calls (counted in a file: the worker's
+  processes share nothing else).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from pydantic import Field
 
@@ -18,6 +22,27 @@ from shared.registry import REGISTRY, MetricSpec
 
 class SlowParams(Params):
     seconds: float = Field(default=0.05)
+
+
+class StubbornParams(Params):
+    counter: str
+    defers: int = 0
+    blips: int = 0
+
+
+def stubborn(instance: dict, params: StubbornParams) -> int:
+    import redis
+
+    from shared.errors import Deferred
+
+    path = Path(params.counter)
+    calls = int(path.read_text() or 0) + 1 if path.exists() else 1
+    path.write_text(str(calls))
+    if calls <= params.defers:
+        raise Deferred(0.05, reason="test deferral")
+    if calls <= params.defers + params.blips:
+        raise redis.ConnectionError("test blip")
+    return calls
 
 
 def fail_on(instance: dict, params) -> float:
@@ -36,5 +61,7 @@ if "fail_on" not in REGISTRY:
 
     REGISTRY.register(MetricSpec(id="fail_on", params=NoParams, impl="tests.plugins.faulty:fail_on",
                                  queue="cpu", description="test: fails on 'FAIL'"))
+    REGISTRY.register(MetricSpec(id="stubborn", params=StubbornParams, impl="tests.plugins.faulty:stubborn",
+                                 queue="cpu", chunk_size=1, description="test: deferred, then Redis blips"))
     REGISTRY.register(MetricSpec(id="slow_len", params=SlowParams, impl="tests.plugins.faulty:slow_len",
                                  queue="cpu", chunk_size=2, description="test: slow length"))
