@@ -2,13 +2,13 @@
 
 Check-and-reserve is one Lua script, so any number of workers on any number of
 machines never over-commit a deployment. Time is Redis server time (``TIME``),
-so workers' clocks do not matter. Usage is kept in half-second buckets and the
+so workers' clocks do not matter. Usage is kept in tenth-of-a-second buckets and the
 window slides bucket by bucket, as providers' per-minute limits do.
 
 Keys (``D`` is ``shared.judges.deployment_id``), built by ``shared.keys``:
 
-    evalq:budget:{D}:tok     HASH   half-second bucket -> tokens reserved in it
-    evalq:budget:{D}:req     HASH   half-second bucket -> requests reserved in it
+    evalq:budget:{D}:tok     HASH   bucket (0.1 s) -> tokens reserved in it
+    evalq:budget:{D}:req     HASH   bucket (0.1 s) -> requests reserved in it
     evalq:budget:{D}:pause   STRING server time (float s) before which nothing is sent (429 Retry-After)
     evalq:budget:{D}:bias    HASH   server_tokens, estimated_tokens (estimator correction)
     evalq:budget:{D}:fail    STRING consecutive failures (expires); a deployment above the
@@ -100,7 +100,7 @@ end
 return tostring(until_ts)
 """
 
-BUCKET = 0.5        # seconds per usage bucket
+BUCKET = 0.1        # seconds per usage bucket: the slack a reservation may hold past its window
 MARGIN = 0.25       # seconds a request may take to reach the provider
 FAIL_THRESHOLD = 5  # consecutive failures before a deployment is drained
 FAIL_MEMORY = 60    # seconds a failure streak is remembered
