@@ -204,6 +204,13 @@ def _mapper(spec: DatasetSpec, first: Any, where: str) -> RecordMapper:
     return RecordMapper(DataConfig(preset=preset))
 
 
+def record_place(spec: DatasetSpec, number: int, short: bool = False) -> str:
+    """How messages name a record: ``line 7`` of JSON Lines, ``[6]`` of an array,
+    ``instances[6]`` of a HarpIA file; prefixed by the URI unless ``short``."""
+    place = {"jsonl": f"line {number}", "json": f"[{number - 1}]"}.get(spec.format, f"instances[{number - 1}]")
+    return place if short else f"{spec.uri} {place}"
+
+
 def _records(spec: DatasetSpec) -> Iterator[tuple[int, str, Any]]:
     """(number, place, record or RecordError) in file order."""
     uri = spec.uri
@@ -212,9 +219,9 @@ def _records(spec: DatasetSpec) -> Iterator[tuple[int, str, Any]]:
             if not text.strip():
                 continue
             try:
-                yield number, f"{uri} line {number}", json.loads(text)
+                yield number, record_place(spec, number), json.loads(text)
             except json.JSONDecodeError as exc:
-                yield number, f"{uri} line {number}", RecordError(f"invalid JSON at column {exc.colno}: {exc.msg}")
+                yield number, record_place(spec, number), RecordError(f"invalid JSON at column {exc.colno}: {exc.msg}")
         return
     with open_binary(uri, spec.endpoint_url) as stream:
         data = stream.read()
@@ -226,12 +233,12 @@ def _records(spec: DatasetSpec) -> Iterator[tuple[int, str, Any]]:
     if spec.format == "harpia":
         if not isinstance(doc, dict) or not isinstance(doc.get("instances"), list):
             raise JobError(f"{uri}: format harpia expects an object with an 'instances' list")
-        items, label = doc["instances"], "instances"
+        items = doc["instances"]
     else:
         if not isinstance(doc, list):
             raise JobError(f"{uri}: format json expects an array of records, got {_kind(doc)}")
-        items, label = doc, ""
+        items = doc
     for i, record in enumerate(items):
-        yield i + 1, f"{uri} {label}[{i}]", record
+        yield i + 1, record_place(spec, i + 1), record
 
 

@@ -19,8 +19,9 @@ from pydantic import BaseModel, ValidationError
 import shared.metrics  # noqa: F401  (registers the built-in metrics)
 from shared.dataset import DatasetSpec, OutputSpec
 from shared.errors import JobError, kind as _kind
-from shared.instances import BadRecords, InstanceChecker, load_dataset, report_duplicates
+from shared.instances import BadRecords, InstanceChecker, load_dataset, record_place, report_duplicates
 from shared.judges import JudgeConfig, JudgingOptions
+from shared.storage import is_s3
 from shared.model import (GENERATE_SPEC, RUNNER_QUEUE, EndpointModel, GenerateParams, PythonModel,
                           check_runner_importable)
 from shared.registry import REGISTRY, MetricSpec, UnknownMetric
@@ -199,11 +200,10 @@ def _load_instances(raw: dict, job: Job, problems: _Problems) -> None:
         dataset = _parse_model(DatasetSpec, raw["dataset"], "dataset", problems)
         if dataset is None or problems.items:  # a typo elsewhere is not worth reading a big file for
             return
+        dataset = _relative_to_job(dataset, job.source)
         loaded = load_dataset(dataset, checker, problems.add, MAX_PROBLEMS)
         job.dataset, job.instances, job.mapping, job.bad_records = dataset, loaded.instances, loaded.mapping, loaded.bad
-        label = "line {}" if dataset.format == "jsonl" else "[{}]"
-        offset = 0 if dataset.format == "jsonl" else 1
-        places = ((f"{dataset.uri} {label.format(n - offset)}", label.format(n - offset)) for n in loaded.lines)
+        places = ((record_place(dataset, n), record_place(dataset, n, short=True)) for n in loaded.lines)
     suspects = checker.duplicate_ids()
     if suspects:
         report_duplicates(job.instances, places, suspects, problems.add)
@@ -344,6 +344,14 @@ def _param_errors(exc: ValidationError, spec: MetricSpec) -> list[str]:
             got = json.dumps(err.get("input"), default=str)
             messages.append(f"{loc}: {err['msg']} (got {got})")
     return messages
+
+
+def _relative_to_job(dataset: DatasetSpec, source: str) -> DatasetSpec:
+    """A relative local dataset path is read from the job file's folder."""
+    job_file = Path(source)
+    if is_s3(dataset.uri) or Path(dataset.uri).expanduser().is_absolute() or not job_file.is_file():
+        return dataset
+    return dataset.model_copy(update={"uri": str(job_file.parent / dataset.uri)})
 
 
 def _check_instances(raw: Any, checker: InstanceChecker, problems: _Problems) -> list[dict]:

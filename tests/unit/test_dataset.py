@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -242,3 +243,23 @@ def test_location_lookups_agree_with_jmespath(expression):
     record = {"question": "q", "meta": {"category": "c", "x": 3}, "actual-output": "o", "list": [1],
               "answers": ["a", "b"], "messages": [{"role": "user", "content": "hi"}]}
     assert _getter(expression)(record) == jmespath.search(expression, record)
+
+
+def test_relative_dataset_path_is_read_from_the_job_files_folder(tmp_path, monkeypatch):
+    from shared.job import load_job
+
+    folder = tmp_path / "jobs"
+    (folder / "data").mkdir(parents=True)
+    write_jsonl(folder / "data" / "qa.jsonl", [{"question": "q", "answer": "a", "ground_truth": "a"}])
+    (folder / "job.json").write_text(json.dumps(job_with({"uri": "data/qa.jsonl"})))
+    monkeypatch.chdir(tmp_path)
+    job = load_job("jobs/job.json")
+    assert Path(job.dataset.uri).resolve() == folder / "data" / "qa.jsonl" and len(job.instances) == 1
+
+
+def test_duplicates_in_a_harpia_file_name_positions(tmp_path):
+    inst = {"id": "1", "input": "i", "actual-output": "o", "expected-output": ["o"]}
+    harpia = tmp_path / "h.json"
+    harpia.write_text(json.dumps({"instances": [inst, {**inst, "id": "2"}, inst]}))
+    assert f"{harpia} instances[2]: duplicate id; first used at instances[0]" in problems(
+        job_with({"uri": str(harpia), "format": "harpia"}))
