@@ -832,6 +832,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
         self._responded = True
+        self._leave()  # before the reply goes out: a client's next /stats must not see this one in flight
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -912,6 +913,7 @@ class _Handler(BaseHTTPRequestHandler):
         state = self.server.state
         state.enter()
         self._responded = False
+        self._in_flight = True
         try:
             self._chat(body, azure.group(1) if azure else None, parse_qs(split.query))
         except _Drop:
@@ -926,7 +928,12 @@ class _Handler(BaseHTTPRequestHandler):
                 with contextlib.suppress(OSError):
                     self._error(500, "judge-sim internal error (see its stderr)", "server_error")
         finally:
-            state.leave()
+            self._leave()
+
+    def _leave(self) -> None:
+        if getattr(self, "_in_flight", False):
+            self._in_flight = False
+            self.server.state.leave()
 
     def _chat(self, raw: bytes, deployment: str | None, query: dict) -> None:
         sim, state = self.server.sim, self.server.state
