@@ -7,6 +7,7 @@ stand-ins, not judgements of quality.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,6 +33,12 @@ def main() -> int:
         rc = subprocess.call(cmd, cwd=ROOT, env=env)
         for name, stats in sim.stats().items():
             print(f"judge-sim {name}: {stats['ok']} calls, {stats['rate_limited']} rate-limited", file=sys.stderr)
+        if rc == 0:
+            results = json.loads((ROOT / "out/rag_qa/results.json").read_text())
+            hits = sum(m.get("judge", {}).get("cache_hits", 0) for m in results)
+            if hits:
+                print(f"{hits} judge requests were answered from the cache of an earlier run "
+                      "(~/.cache/evalq, or EVALQ_CACHE_DIR)", file=sys.stderr)
         return rc
     finally:
         sim.stop()

@@ -147,7 +147,6 @@ class LoadedDataset:
     lines: array            # source line (or array position) of each instance
     bad: BadRecords
     mapping: str            # what the records were read as, for messages and run.json
-    checker: InstanceChecker
 
 
 def load_dataset(spec: DatasetSpec, checker: InstanceChecker, add_problem: Callable[[str, str], None],
@@ -179,14 +178,14 @@ def load_dataset(spec: DatasetSpec, checker: InstanceChecker, add_problem: Calla
             for p in problems:
                 add_problem(where, p)
             n_problems += len(problems)
-            if n_problems >= max_problems:
-                add_problem(uri, "stopped reading after this many problems")
+            if n_problems >= max_problems - 1:  # the stop is the last problem shown
+                add_problem(where, "stopped reading here: fix the problems above first")
                 break
         if spec.limit is not None and len(spool) + bad.count >= spec.limit:
             break
     if not len(spool) and not n_problems:
         add_problem(uri, "no valid records; nothing to evaluate" if bad.count else "no records; nothing to evaluate")
-    return LoadedDataset(spool, lines, bad, mapper.describe() if mapper else "", checker)
+    return LoadedDataset(spool, lines, bad, mapper.describe() if mapper else "")
 
 
 def _mapper(spec: DatasetSpec, first: Any, where: str) -> RecordMapper:

@@ -23,7 +23,7 @@ from shared.instances import BadRecords, InstanceChecker, load_dataset, record_p
 from shared.judges import JudgeConfig, JudgingOptions
 from shared.storage import is_s3
 from shared.model import (GENERATE_SPEC, RUNNER_QUEUE, EndpointModel, GenerateParams, PythonModel,
-                          check_runner_importable)
+                          runner_class)
 from shared.registry import REGISTRY, MetricSpec, UnknownMetric
 
 MAX_PROBLEMS = 25
@@ -154,7 +154,7 @@ def parse_job(raw: Any, source: str = "<job>") -> Job:
         _check_key_env(model.api_key_env, "model.api_key_env", problems)
     elif isinstance(model, PythonModel):
         try:
-            check_runner_importable(model)
+            runner_class(model)
         except ValueError as exc:
             problems.add("model.runner", str(exc))
     job = Job(source=source, instances=[], metrics=metrics, judges=judges, judging=judging, model=model,

@@ -72,8 +72,9 @@ def parse_model_config(raw: dict) -> EndpointModel | PythonModel:
     return (PythonModel if "runner" in raw else EndpointModel).model_validate(raw)
 
 
-def check_runner_importable(model: PythonModel) -> None:
-    """Validation: the runner class exists (it is built only on the workers)."""
+def runner_class(model: PythonModel) -> type:
+    """The ``module:Class`` a job names; ValueError saying why when it cannot be
+    had. The orchestrator checks it at validation, workers build it."""
     import importlib
 
     module_name, _, attr = model.runner.partition(":")
@@ -85,6 +86,7 @@ def check_runner_importable(model: PythonModel) -> None:
         raise ValueError(f"cannot import {model.runner!r}: {type(exc).__name__}: {exc}") from None
     if not callable(getattr(obj, "predict", None)):
         raise ValueError(f"{model.runner!r} has no predict(prompt) method")
+    return obj
 
 
 class GenerateParams(Params):

@@ -9,13 +9,12 @@ cache, retries and accounting included).
 
 from __future__ import annotations
 
-import importlib
 import json
 import threading
 from typing import Any
 
 from shared.errors import MetricError
-from shared.model import GenerateParams, ModelRunner, PythonModel, render_prompt
+from shared.model import GenerateParams, ModelRunner, PythonModel, render_prompt, runner_class
 
 
 def generate(instance: dict, params: GenerateParams, runner: ModelRunner) -> dict:
@@ -64,9 +63,16 @@ def python_runner(model: PythonModel) -> _Serialized:
     key = json.dumps([model.runner, model.parameters], sort_keys=True)
     with _runners_lock:
         if key not in _runners:
-            module_name, _, attr = model.runner.partition(":")
-            cls = importlib.import_module(module_name)
-            for part in attr.split("."):
-                cls = getattr(cls, part)
-            _runners[key] = _Serialized(cls(**model.parameters))
+            try:
+                _runners[key] = _Serialized(runner_class(model)(**model.parameters))
+            except Exception as exc:  # every item records why; the next chunk tries again
+                return _Unbuildable(f"building {model.runner} failed: {type(exc).__name__}: {exc}")
         return _runners[key]
+
+
+class _Unbuildable:
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def predict(self, prompt: str) -> tuple[str | None, float | None]:
+        raise MetricError(self.reason)

@@ -247,6 +247,21 @@ def test_python_model_runner(tmp_path):
     assert (results["n"], results["n_errors"]) == (2, 1)
 
 
+def test_a_runner_that_cannot_be_built_fails_its_items_not_the_job(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(jsonl([{"id": "a", "input": "echo apple", "expected-output": ["APPLE"]}]))
+    job = write_job(tmp_path, {"dataset": {"uri": str(data)},
+                               "model": {"runner": "tests.plugins.echo_runner:LastWordRunner",
+                                         "parameters": {"suffix": "FAIL"}},
+                               "metrics": [{"id": "exact_match"}]})
+    proc = evalq("run", str(job), "--out", str(tmp_path / "out"), "-q")
+    assert proc.returncode == 0, proc.stderr
+    generated, scored = read_log(tmp_path / "out")
+    assert "building tests.plugins.echo_runner:LastWordRunner failed: ValueError: this runner refuses" in \
+        generated["error"]
+    assert "the model under test gave no output" in scored["error"]
+
+
 def test_planning_a_million_lines_keeps_memory_flat(tmp_path):
     import psutil
 

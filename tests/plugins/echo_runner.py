@@ -7,6 +7,8 @@ from __future__ import annotations
 
 class LastWordRunner:
     def __init__(self, suffix: str = ""):
+        if suffix == "FAIL":
+            raise ValueError("this runner refuses suffix FAIL")
         self.suffix = suffix
 
     def predict(self, prompt: str) -> tuple[str | None, float | None]:

@@ -263,3 +263,11 @@ def test_duplicates_in_a_harpia_file_name_positions(tmp_path):
     harpia.write_text(json.dumps({"instances": [inst, {**inst, "id": "2"}, inst]}))
     assert f"{harpia} instances[2]: duplicate id; first used at instances[0]" in problems(
         job_with({"uri": str(harpia), "format": "harpia"}))
+
+
+def test_reading_stops_after_too_many_bad_records(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a", "ground_truth": "a"}] +
+                       ['{"broken"'] * 100)
+    text = problems(job_with({"uri": str(path)}))
+    assert f"{path} line 25: stopped reading here: fix the problems above first" in text
+    assert "more problems" not in text and f"{path} line 26" not in text
