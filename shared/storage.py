@@ -160,6 +160,12 @@ class Destination:
             path = Path(self.uri)
             if path.exists() and not path.is_dir():
                 raise JobError(f"{self.uri}: exists and is not a directory")
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise JobError(f"{self.uri}: cannot create the output directory: {exc.strerror}") from None
+            if not os.access(path, os.W_OK):
+                raise JobError(f"{self.uri}: the output directory is not writable")
             return
         bucket, _ = split_s3(self.uri)
         with s3_errors(f"s3://{bucket}", not_found="no such bucket"):
@@ -169,12 +175,15 @@ class Destination:
     def open_text(self, name: str) -> Iterator[IO[str]]:
         """A text file to write; it appears at its destination whole or not at all."""
         if not self.s3:
-            Path(self.uri).mkdir(parents=True, exist_ok=True)
             final = Path(self.uri) / name
             tmp = final.with_name(final.name + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                yield f
-            os.replace(tmp, final)
+            try:
+                Path(self.uri).mkdir(parents=True, exist_ok=True)
+                with open(tmp, "w", encoding="utf-8") as f:
+                    yield f
+                os.replace(tmp, final)
+            except OSError as exc:
+                raise InfraError(f"{final}: cannot write: {exc.strerror or exc}") from None
             return
         with tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix="-" + name) as f:
             yield f

@@ -36,6 +36,22 @@ def test_reserve_until_the_token_budget_is_spent(r):
     assert b.reserve(1000).admitted
 
 
+def test_a_settled_call_counts_from_its_reply(r):
+    # A call that took a second to come back may have reached the provider
+    # late: it is counted from the reply, not from the reservation.
+    b = Budget(r, uuid.uuid4().hex, tpm=1000, rpm=100, window=2)
+    t0 = time.monotonic()
+    booked = b.reserve(1000)
+    assert booked.admitted
+    time.sleep(1.0)
+    b.settle(booked)
+    time.sleep(max(0.0, t0 + 2 + BUCKET + MARGIN + 0.2 - time.monotonic()))
+    late = b.reserve(1)  # past the reservation's own window: only the settle keeps it out
+    assert not late.admitted and 0.3 < late.wait <= 1.0 + BUCKET + MARGIN
+    time.sleep(late.wait + 0.05)
+    assert b.reserve(1000).admitted
+
+
 def test_request_budget(r):
     b = Budget(r, uuid.uuid4().hex, tpm=10**6, rpm=3, window=60)
     assert all(b.reserve(1).admitted for _ in range(3))

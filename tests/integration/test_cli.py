@@ -143,3 +143,12 @@ def test_ctrl_c_stops_everything_it_started(tmp_path):
     time.sleep(0.5)
     assert processes_with_marker(marker) == []
     assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_output_that_cannot_be_a_directory_exits_2_before_running(tmp_path):
+    job = write_job(tmp_path / "job.json", [INSTANCE], [{"id": "bleu"}])
+    taken = tmp_path / "taken"
+    taken.write_text("a file, not a directory")
+    proc = evalq("run", str(job), "--out", str(taken), "--broker", "redis://127.0.0.1:1/0", timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{taken}: exists and is not a directory" in proc.stderr

@@ -24,7 +24,7 @@ import redis
 
 from shared import keys
 
-# Returns {admitted (1/0/-1), wait_seconds (string), used_tokens, used_requests}.
+# Returns {admitted (1/0/-1), wait_seconds (string), used_tokens, used_requests, bucket}.
 # -1: the request alone exceeds the deployment's TPM and can never be admitted.
 RESERVE_LUA = """
 local tok_key, req_key, pause_key = KEYS[1], KEYS[2], KEYS[3]
@@ -37,11 +37,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local sec = math.floor(now / bucket)
 if tokens > tpm then
-  return {-1, '0', 0, 0}
+  return {-1, '0', 0, 0, sec}
 end
 local paused = tonumber(redis.call('GET', pause_key) or '0')
 if paused > now then
-  return {0, tostring(paused - now), 0, 0}
+  return {0, tostring(paused - now), 0, 0, sec}
 end
 -- Bucket s holds reservations made during [s, s + 1) * bucket; the provider's
 -- sliding window still counts them until (s + 1) * bucket + window, plus the
@@ -71,7 +71,7 @@ if used_tok + tokens <= tpm and used_req + 1 <= rpm then
   redis.call('HINCRBY', req_key, sec, 1)
   redis.call('EXPIRE', tok_key, window * 2 + 2)
   redis.call('EXPIRE', req_key, window * 2 + 2)
-  return {1, '0', used_tok + tokens, used_req + 1}
+  return {1, '0', used_tok + tokens, used_req + 1, sec}
 end
 -- When will enough of the window have slid out?
 local function wait_for(buckets, used, need, limit)
@@ -86,7 +86,38 @@ local function wait_for(buckets, used, need, limit)
   return window
 end
 local w = math.max(wait_for(tok_buckets, used_tok, tokens, tpm), wait_for(req_buckets, used_req, 1, rpm))
-return {0, tostring(math.max(w, 0.01)), used_tok, used_req}
+return {0, tostring(math.max(w, 0.01)), used_tok, used_req, sec}
+"""
+
+# Moves an admitted call's tokens and request from the bucket it was reserved
+# in to the bucket of now (its reply has come back). The provider counts a call
+# from when it arrived, which can be later than the reservation (a slow
+# connection, a busy worker); counting it from the reply's return, later still,
+# means evalq's window never lets a call go before the provider's does.
+SETTLE_LUA = """
+local tok_key, req_key = KEYS[1], KEYS[2]
+local old = tonumber(ARGV[1])
+local tokens = tonumber(ARGV[2])
+local window = tonumber(ARGV[3])
+local bucket = tonumber(ARGV[4])
+local t = redis.call('TIME')
+local sec = math.floor((tonumber(t[1]) + tonumber(t[2]) / 1e6) / bucket)
+if sec <= old then
+  return 0
+end
+local function move(key, amount)
+  local have = tonumber(redis.call('HGET', key, old) or '0')
+  if have > amount then
+    redis.call('HINCRBY', key, old, -amount)
+  elseif have > 0 then
+    redis.call('HDEL', key, old)
+  end
+  redis.call('HINCRBY', key, sec, amount)
+  redis.call('EXPIRE', key, window * 2 + 2)
+end
+move(tok_key, tokens)
+move(req_key, 1)
+return 1
 """
 
 PAUSE_LUA = """
@@ -113,6 +144,8 @@ class Reservation:
     admitted: bool
     wait: float          # seconds until it could be admitted (0 when admitted)
     impossible: bool = False
+    bucket: int = 0      # where an admitted call's tokens were booked (see settle)
+    tokens: int = 0
 
 
 class Budget:
@@ -128,17 +161,23 @@ class Budget:
         self.rpm = max(1, int(rpm * safety))
         self.window = window
         if id(r) not in self._scripts:
-            self._scripts[id(r)] = (r.register_script(RESERVE_LUA), r.register_script(PAUSE_LUA))
-        self._reserve, self._pause = self._scripts[id(r)]
+            self._scripts[id(r)] = (r.register_script(RESERVE_LUA), r.register_script(PAUSE_LUA),
+                                    r.register_script(SETTLE_LUA))
+        self._reserve, self._pause, self._settle = self._scripts[id(r)]
 
     def reserve(self, tokens: int) -> Reservation:
-        admitted, wait, _, _ = self._reserve(
+        admitted, wait, _, _, bucket = self._reserve(
             keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
                   keys.budget(self.dep_id, "pause")],
             args=[int(tokens), self.tpm, self.rpm, self.window, MARGIN, BUCKET])
         if admitted == -1:
             return Reservation(False, 0.0, impossible=True)
-        return Reservation(bool(admitted == 1), float(wait))
+        return Reservation(bool(admitted == 1), float(wait), bucket=int(bucket), tokens=int(tokens))
+
+    def settle(self, reservation: Reservation) -> None:
+        """The call's reply is back: count it from now (see SETTLE_LUA)."""
+        self._settle(keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req")],
+                     args=[reservation.bucket, reservation.tokens, self.window, BUCKET])
 
     def pause(self, seconds: float) -> None:
         """Hold every worker off this deployment (a 429 with Retry-After)."""

@@ -32,7 +32,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt
 from shared import keys
 from shared.errors import Deferred, MetricError, Skipped
 from shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id
-from workers.judge.budget import Budget
+from workers.judge.budget import Budget, Reservation
 from workers.judge.tokens import estimate_prompt_tokens
 
 log = logging.getLogger("evalq.judge")
@@ -174,12 +174,16 @@ class JudgeClient:
         return min(8.0, 0.5 * 2 ** (retry_state.attempt_number - 1)) * (0.5 + random.random())
 
     def _attempt(self, request: dict, estimate: int) -> Reply:
-        deployment, budget, reserved = self._admit(estimate)
+        deployment, budget, reservation = self._admit(estimate)
+        reserved = reservation.tokens
         body = dict(request)
         if self.judge.provider == "azure":
             body["model"] = deployment.deployment
         try:
-            response = _sdk(self.judge, deployment).chat.completions.create(**body)
+            try:
+                response = _sdk(self.judge, deployment).chat.completions.create(**body)
+            finally:  # the reply (or error) is back: the budget counts the call from now
+                budget.settle(reservation)
         except openai.RateLimitError as exc:
             wait = _retry_after(exc)
             budget.pause(wait)
@@ -207,7 +211,7 @@ class JudgeClient:
             tool_args = choice.tool_calls[0].function.arguments
         return Reply(choice.content, tool_args, usage)
 
-    def _admit(self, estimate: int) -> tuple[Deployment, Budget, int]:
+    def _admit(self, estimate: int) -> tuple[Deployment, Budget, Reservation]:
         """Reserve budget somewhere, sleeping through short waits."""
         deadline = time.monotonic() + SLEEP_MAX * 4
         while True:
@@ -220,7 +224,7 @@ class JudgeClient:
                 self._check_cap(tokens)
                 res = budget.reserve(tokens)
                 if res.admitted:
-                    return d, budget, tokens
+                    return d, budget, res
                 self._release_cap(tokens)
                 if res.impossible:
                     continue
