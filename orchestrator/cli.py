@@ -84,15 +84,17 @@ def _describe(job, job_file: Path, err: bool = True) -> None:
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
 def validate(job_file: Path) -> None:
     """Check JOB_FILE (and its dataset) without running it."""
+    from collections import Counter
+
     from orchestrator.submit import plan
     from shared.job import load_job
 
     job = load_job(job_file)
     _describe(job, job_file, err=False)
-    metrics = ", ".join(f"{m.key} ({m.queue})" for m in job.metrics)
-    tasks = len(plan(job, runs=job.runs))
-    click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}; "
-               f"{tasks} tasks on {', '.join(job.queues)}")
+    metrics = ", ".join(f"{m.key} ({m.spec.queue})" for m in job.metrics)
+    per_queue = Counter(chunk.queue for chunk in plan(job, runs=job.runs))
+    tasks = ", ".join(f"{n} on {q}" for q, n in sorted(per_queue.items()))
+    click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}; tasks: {tasks}")
 
 
 @cli.command()

@@ -18,6 +18,7 @@ log = logging.getLogger("evalq.worker")
 # visibility timeout Redis would hand it to a second worker. Long waits are
 # therefore taken in steps well below it.
 MAX_COUNTDOWN = 60.0
+EARLY = 1.0  # seconds a deferred task comes back before its wait is over
 
 MAX_BLIPS = 5  # Redis errors a task rides out (retried with backoff) before it fails
 
@@ -35,7 +36,9 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         return runner.run_chunk(runner.redis_client(self.app), job_id, metric_key, start, stop, deployment)
     except Deferred as exc:
         vt = self.app.conf.broker_transport_options.get("visibility_timeout", 3600)
-        countdown = max(0.05, min(exc.wait, MAX_COUNTDOWN, vt / 4))
+        # Back a little early: the last stretch is slept in the worker, which
+        # wakes on time, where a Celery countdown can run late.
+        countdown = max(0.05, min(exc.wait - EARLY, MAX_COUNTDOWN, vt / 4))
         region = exc.region or deployment
         kind = "generate" if metric_key == GENERATE else "judge"
         log.info("job %s %s[%d:%d] deferred %.1f s: %s", job_id, metric_key, start, stop, countdown, exc)

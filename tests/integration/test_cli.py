@@ -51,7 +51,7 @@ def test_embedded_run_of_the_example(tmp_path):
 def test_validate_command(tmp_path):
     proc = evalq("validate", "examples/translation.json")
     assert proc.returncode == 0
-    assert "valid: 6 instances" in proc.stdout
+    assert "valid: 6 instances" in proc.stdout and "tasks: 4 on cpu" in proc.stdout
 
 
 @pytest.mark.parametrize("content,expected", [
