@@ -32,6 +32,9 @@ class Deployment(_Model):
     # Length of the budget window. 60 s is what providers enforce; shorter
     # windows exist for simulations (evalq judge-sim --window).
     window_seconds: int = Field(default=60, gt=0)
+    burst_seconds: float | None = Field(
+        default=None, ge=0, description="calls are paced evenly at the TPM/RPM rate; this many seconds' "
+        "worth may go at once (default: a sixth of the window; the window's length turns pacing off)")
 
     @field_validator("region")
     @classmethod

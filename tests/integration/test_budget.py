@@ -25,7 +25,7 @@ def r(redis_url):
 
 
 def test_reserve_until_the_token_budget_is_spent(r):
-    b = Budget(r, uuid.uuid4().hex, tpm=1000, rpm=100, window=3)
+    b = Budget(r, uuid.uuid4().hex, tpm=1000, rpm=100, window=3, burst=3)  # no pacing: the window alone
     assert b.reserve(600).admitted
     assert b.reserve(400).admitted
     res = b.reserve(1)
@@ -39,7 +39,7 @@ def test_reserve_until_the_token_budget_is_spent(r):
 def test_a_settled_call_counts_from_its_reply(r):
     # A call that took a second to come back may have reached the provider
     # late: it is counted from the reply, not from the reservation.
-    b = Budget(r, uuid.uuid4().hex, tpm=1000, rpm=100, window=2)
+    b = Budget(r, uuid.uuid4().hex, tpm=1000, rpm=100, window=2, burst=2)
     t0 = time.monotonic()
     booked = b.reserve(1000)
     assert booked.admitted
@@ -53,9 +53,20 @@ def test_a_settled_call_counts_from_its_reply(r):
 
 
 def test_request_budget(r):
-    b = Budget(r, uuid.uuid4().hex, tpm=10**6, rpm=3, window=60)
+    b = Budget(r, uuid.uuid4().hex, tpm=10**6, rpm=3, window=60, burst=60)
     assert all(b.reserve(1).admitted for _ in range(3))
     assert not b.reserve(1).admitted
+
+
+def test_calls_are_paced_at_the_tpm_rate_with_a_burst(r):
+    # 600 tokens a minute is 10 a second; a burst of 2 s worth may go at once
+    b = Budget(r, uuid.uuid4().hex, tpm=600, rpm=1000, window=60, burst=2)
+    assert b.reserve(10).admitted and b.reserve(10).admitted and b.reserve(10).admitted
+    held = b.reserve(10)  # three calls are 3 s of backlog: more than the burst
+    assert not held.admitted and 0.8 < held.wait <= 1.0
+    time.sleep(held.wait + 0.02)
+    assert b.reserve(10).admitted
+    assert not b.reserve(10).admitted  # and again one call a second
 
 
 def test_request_larger_than_tpm_is_impossible(r):

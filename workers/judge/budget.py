@@ -2,14 +2,23 @@
 
 Check-and-reserve is one Lua script, so any number of workers on any number of
 machines never over-commit a deployment. Time is Redis server time (``TIME``),
-so workers' clocks do not matter. Usage is kept in tenth-of-a-second buckets and the
-window slides bucket by bucket, as providers' per-minute limits do.
+so workers' clocks do not matter. Two limits hold together:
+
+- the provider's: usage over a sliding window (a minute), kept in
+  tenth-of-a-second buckets;
+- pacing: calls are spaced evenly at the TPM/RPM rate (GCRA), with bursts of
+  up to ``burst`` seconds' worth (a sixth of the window by default, as Azure
+  OpenAI checks its limits over 10 s slices). Without it the whole window's
+  budget goes in a burst each time it frees, which Azure answers with 429s
+  and which only a worker pool as fast as the burst can keep full.
 
 Keys (``D`` is ``shared.judges.deployment_id``), built by ``shared.keys``:
 
     evalq:budget:{D}:tok     HASH   bucket (0.1 s) -> tokens reserved in it
     evalq:budget:{D}:req     HASH   bucket (0.1 s) -> requests reserved in it
     evalq:budget:{D}:pause   STRING server time (float s) before which nothing is sent (429 Retry-After)
+    evalq:budget:{D}:pace    STRING server time (float s) the admitted calls reach when spaced at the
+                                    TPM/RPM rate (GCRA's theoretical arrival time)
     evalq:budget:{D}:bias    HASH   server_tokens, estimated_tokens (estimator correction)
     evalq:budget:{D}:fail    STRING consecutive failures (expires); a deployment above the
                                     threshold is drained to the judge's other deployments
@@ -27,12 +36,13 @@ from shared import keys
 # Returns {admitted (1/0/-1), wait_seconds (string), used_tokens, used_requests, bucket}.
 # -1: the request alone exceeds the deployment's TPM and can never be admitted.
 RESERVE_LUA = """
-local tok_key, req_key, pause_key = KEYS[1], KEYS[2], KEYS[3]
+local tok_key, req_key, pause_key, pace_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local tokens = tonumber(ARGV[1])
 local tpm = tonumber(ARGV[2])
 local rpm = tonumber(ARGV[3])
 local window = tonumber(ARGV[4])
 local bucket = tonumber(ARGV[6])
+local burst = tonumber(ARGV[7])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local sec = math.floor(now / bucket)
@@ -66,11 +76,18 @@ local function usage(key)
 end
 local used_tok, tok_buckets = usage(tok_key)
 local used_req, req_buckets = usage(req_key)
-if used_tok + tokens <= tpm and used_req + 1 <= rpm then
+-- Pacing (GCRA): calls are spaced at the TPM/RPM rate. tat is when the calls
+-- admitted so far would have been sent at that rate; a call goes when that
+-- backlog is at most 'burst' seconds, and pushes tat on by its own cost.
+local tat = math.max(tonumber(redis.call('GET', pace_key) or '0'), now)
+local pace_wait = tat - burst - now
+if pace_wait <= 0 and used_tok + tokens <= tpm and used_req + 1 <= rpm then
   redis.call('HINCRBY', tok_key, sec, tokens)
   redis.call('HINCRBY', req_key, sec, 1)
   redis.call('EXPIRE', tok_key, window * 2 + 2)
   redis.call('EXPIRE', req_key, window * 2 + 2)
+  local cost = math.max(tokens * window / tpm, window / rpm)
+  redis.call('SET', pace_key, tostring(tat + cost), 'EX', math.ceil(window * 2 + burst + cost))
   return {1, '0', used_tok + tokens, used_req + 1, sec}
 end
 -- When will enough of the window have slid out?
@@ -85,7 +102,8 @@ local function wait_for(buckets, used, need, limit)
   end
   return window
 end
-local w = math.max(wait_for(tok_buckets, used_tok, tokens, tpm), wait_for(req_buckets, used_req, 1, rpm))
+local w = math.max(wait_for(tok_buckets, used_tok, tokens, tpm), wait_for(req_buckets, used_req, 1, rpm),
+                  pace_wait)
 return {0, tostring(math.max(w, 0.01)), used_tok, used_req, sec}
 """
 
@@ -154,12 +172,14 @@ class Budget:
     _scripts: dict[int, tuple] = {}
 
     def __init__(self, r: redis.Redis, dep_id: str, tpm: int, rpm: int, window: int = 60,
-                 safety: float = 1.0):
+                 safety: float = 1.0, burst: float | None = None):
         self.r = r
         self.dep_id = dep_id
         self.tpm = max(1, int(tpm * safety))
         self.rpm = max(1, int(rpm * safety))
         self.window = window
+        # seconds' worth of calls that may go at once; a whole window turns pacing off
+        self.burst = window / 6 if burst is None else burst
         if id(r) not in self._scripts:
             self._scripts[id(r)] = (r.register_script(RESERVE_LUA), r.register_script(PAUSE_LUA),
                                     r.register_script(SETTLE_LUA))
@@ -168,8 +188,8 @@ class Budget:
     def reserve(self, tokens: int) -> Reservation:
         admitted, wait, _, _, bucket = self._reserve(
             keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
-                  keys.budget(self.dep_id, "pause")],
-            args=[int(tokens), self.tpm, self.rpm, self.window, MARGIN, BUCKET])
+                  keys.budget(self.dep_id, "pause"), keys.budget(self.dep_id, "pace")],
+            args=[int(tokens), self.tpm, self.rpm, self.window, MARGIN, BUCKET, self.burst])
         if admitted == -1:
             return Reservation(False, 0.0, impossible=True)
         return Reservation(bool(admitted == 1), float(wait), bucket=int(bucket), tokens=int(tokens))

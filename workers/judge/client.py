@@ -120,7 +120,7 @@ class JudgeClient:
             self.deployments.sort(key=lambda d: d.region != preferred)
         self._last_failed: str | None = None  # a retry prefers another deployment
         self.budgets = {d.region: Budget(r, deployment_id(judge, d), d.tpm, d.rpm, d.window_seconds,
-                                         safety=SAFETY) for d in self.deployments}
+                                         safety=SAFETY, burst=d.burst_seconds) for d in self.deployments}
 
     # -- public -----------------------------------------------------------------
     def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating") -> Reply:
