@@ -6,7 +6,7 @@ calling the same metric functions on the same instances. Prints both wall
 times, their ratio (goal <= 0.8 on a 2-core machine) and the orchestrator's
 peak RSS.
 
-    .venv/bin/python bench/bench_cpu.py [--n 100000] [--chunk-size 250]
+    .venv/bin/python bench/bench_cpu.py [--n 100000] [--chunk-size 250] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,22 +96,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--chunk-size", type=int, default=None)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="alternating runs of each; medians are compared (a shared VM is noisy)")
     args = parser.parse_args()
 
     instances = synthetic(args.n)
+    locals_, dists, peaks = [], [], []
     with tempfile.TemporaryDirectory(prefix="evalq-bench-") as tmp:
         job_path = Path(tmp) / "job.json"
         job_path.write_text(json.dumps({"instances": instances, "metrics": METRICS}))
-        dist, peak_rss = distributed(job_path, Path(tmp) / "out", args.chunk_size)
-        lines = sum(1 for _ in open(Path(tmp) / "out" / "log.jsonl"))
-        assert lines == 3 * args.n, f"log has {lines} lines, expected {3 * args.n}"
-    local = in_process(instances)
+        for i in range(args.repeat):
+            out = Path(tmp) / f"out{i}"
+            dist, peak_rss = distributed(job_path, out, args.chunk_size)
+            lines = sum(1 for _ in open(out / "log.jsonl"))
+            assert lines == 3 * args.n, f"log has {lines} lines, expected {3 * args.n}"
+            dists.append(dist)
+            peaks.append(peak_rss)
+            locals_.append(in_process(instances))
+    local, dist = statistics.median(locals_), statistics.median(dists)
 
-    print(f"machine: {os.cpu_count()} cores; N={args.n} instances x 3 metrics (bleu, rouge, f1_score)")
-    print(f"in-process loop (1 process)      : {local:8.2f} s  ({3 * args.n / local:,.0f} items/s)")
-    print(f"evalq run, embedded (end to end) : {dist:8.2f} s  ({3 * args.n / dist:,.0f} items/s)")
+    print(f"machine: {os.cpu_count()} cores; N={args.n} instances x 3 metrics (bleu, rouge, f1_score); "
+          f"medians of {args.repeat} alternating runs")
+    print(f"in-process loop (1 process)      : {local:8.2f} s  ({3 * args.n / local:,.0f} items/s)  "
+          f"runs: {', '.join(f'{t:.1f}' for t in locals_)}")
+    print(f"evalq run, embedded (end to end) : {dist:8.2f} s  ({3 * args.n / dist:,.0f} items/s)  "
+          f"runs: {', '.join(f'{t:.1f}' for t in dists)}")
     print(f"ratio distributed / in-process   : {dist / local:8.2f}  (goal <= 0.8)")
-    print(f"orchestrator peak RSS            : {peak_rss / 2**20:8.1f} MiB")
+    print(f"orchestrator peak RSS            : {max(peaks) / 2**20:8.1f} MiB")
 
 
 if __name__ == "__main__":

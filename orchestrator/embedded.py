@@ -154,9 +154,10 @@ class LocalWorker:
                              f"{self.proc.returncode}: {_tail(self.log) or 'no output'}")
 
     def stop(self) -> None:
-        # SIGQUIT is Celery's cold shutdown: the job is over or abandoned, so
-        # nothing is worth waiting for; unacked messages die with the private Redis.
-        _stop(self.proc, signal.SIGQUIT, grace=10)
+        # The job is over or abandoned and everything it wrote is in Redis: no
+        # shutdown is worth waiting for (even Celery's cold one takes a second
+        # or two); unacked messages die with the private Redis.
+        _stop(self.proc, signal.SIGKILL, grace=5)
 
 
 def _stop(proc: subprocess.Popen | None, sig: int, grace: float) -> None:

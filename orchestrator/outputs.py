@@ -65,20 +65,29 @@ def log_lines(r: redis.Redis, job: Job, job_id: str) -> Iterator[str]:
         if m.key != m.id:
             head["name"] = m.key
         head["parameters"] = m.params_json()
+        head_json = json.dumps(head, ensure_ascii=False)[1:-1]
         rkey = keys.results(job_id, m.key)
         for start in range(0, n, LOG_BATCH):
             stop = min(start + LOG_BATCH, n)
-            records = [json.loads(raw) if raw is not None else None
-                       for raw in r.hmget(rkey, [str(p) for p in range(start, stop)])]
+            records = r.hmget(rkey, [str(p) for p in range(start, stop)])
             if None in records:  # rare: look the instances up once per batch
                 instances = [json.loads(raw) for raw in r.lrange(keys.instances(job_id), start, stop - 1)]
-            for i, record in enumerate(records):
-                if record is None:
-                    if m.key == GENERATE and "actual-output" in instances[i]:
-                        continue  # the record had its own output: nothing was generated
-                    record = {"instance_id": instances[i]["id"], "error": "no result recorded"}
-                line = {"instance_id": record["instance_id"], **head}
-                for field in ("category", "result", "error", "skipped"):
-                    if record.get(field) is not None:
-                        line[field] = record[field]
-                yield json.dumps(line, ensure_ascii=False)
+            for i, raw in enumerate(records):
+                if raw is not None:
+                    yield _with_head(raw.decode("utf-8"), head_json)
+                elif m.key != GENERATE or "actual-output" not in instances[i]:
+                    # (a record with its own output had nothing generated)
+                    yield json.dumps({"instance_id": instances[i]["id"], **head, "error": "no result recorded"},
+                                     ensure_ascii=False)
+
+
+_ID = '{"instance_id": '
+_decoder = json.JSONDecoder()
+
+
+def _with_head(record: str, head_json: str) -> str:
+    """The log line of a stored item record: the metric's head spliced in after
+    the instance id, so a million results are not decoded and encoded again
+    (workers write records as ``{"instance_id": ..., <the rest>}``)."""
+    _, end = _decoder.raw_decode(record, len(_ID))
+    return f"{record[:end]}, {head_json}{record[end:]}"

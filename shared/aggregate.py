@@ -1,20 +1,25 @@
 """Aggregation of per-item results, chosen by the registry entry's ``aggregation``.
 
 Streaming: an aggregator sees one item at a time, so a million-item metric
-aggregates in flat memory.
+aggregates in flat memory. Mergeable aggregators (mean, rating) also work in
+parts: each chunk's worker aggregates its own items (``chunk_part``) and the
+job's callback merges one small part per chunk (``merge_parts``) instead of
+reading every item again.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
-from typing import Any
+from typing import Any, Iterable
 
 Number = (int, float)
 
 
 class MeanAggregator:
     """Mean of a number per item, or of each number for items that are objects."""
+
+    mergeable = True
 
     def __init__(self, params: dict | None = None) -> None:
         self.params = params or {}
@@ -44,6 +49,19 @@ class MeanAggregator:
                 self._sum[key] = self._sum.get(key, 0.0) + v
                 self._count[key] = self._count.get(key, 0) + 1
 
+    def state(self) -> dict[str, Any]:
+        return {"n": self.n, "n_errors": self.n_errors, "n_skipped": self.n_skipped, "sum": self._sum,
+                "count": self._count, "scalar": self._scalar}
+
+    def merge(self, state: dict[str, Any]) -> None:
+        self.n += state["n"]
+        self.n_errors += state["n_errors"]
+        self.n_skipped += state["n_skipped"]
+        for key, value in state["sum"].items():
+            self._sum[key] = self._sum.get(key, 0.0) + value
+            self._count[key] = self._count.get(key, 0) + state["count"][key]
+        self._scalar = self._scalar and state["scalar"]
+
     def score(self) -> float | dict[str, float] | None:
         if self.n == 0:
             return None
@@ -60,6 +78,7 @@ class DistributionAggregator(MeanAggregator):
     values are kept (8 bytes each) so quantiles are exact.
     """
 
+    mergeable = False  # quantiles need every value: the callback reads the items
     QUANTILES = {"p5": 0.05, "p25": 0.25, "median": 0.5, "p75": 0.75, "p95": 0.95}
     BINS = 10
 
@@ -143,6 +162,14 @@ class RatingAggregator(MeanAggregator):
             score = record["result"]["score"]
             self.counts[score] = self.counts.get(score, 0) + 1
 
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "counts": {str(k): c for k, c in self.counts.items() if c}}
+
+    def merge(self, state: dict[str, Any]) -> None:
+        super().merge(state)
+        for k, c in state["counts"].items():
+            self.counts[int(k)] = self.counts.get(int(k), 0) + c
+
     def score(self) -> dict[str, Any] | None:
         if self.n == 0:
             return None
@@ -159,3 +186,29 @@ AGGREGATORS = {"mean": MeanAggregator, "distribution": DistributionAggregator, "
 
 def aggregator_for(kind: str, params: dict | None = None):
     return AGGREGATORS[kind](params)
+
+
+def chunk_part(kind: str, params: dict, records: list[dict]) -> dict | None:
+    """One chunk's items aggregated, overall and per category (None when the
+    aggregation cannot be merged)."""
+    if not AGGREGATORS[kind].mergeable:
+        return None
+    overall, by_category = aggregator_for(kind, params), {}
+    for record in records:
+        overall.add(record)
+        category = record.get("category")
+        if category is not None:
+            by_category.setdefault(category, aggregator_for(kind, params)).add(record)
+    return {"n_items": len(records), "all": overall.state(),
+            "categories": {c: agg.state() for c, agg in by_category.items()}}
+
+
+def merge_parts(kind: str, params: dict, parts: Iterable[dict]):
+    """(overall aggregator, {category: aggregator}, items covered) from chunk parts."""
+    overall, by_category, covered = aggregator_for(kind, params), {}, 0
+    for part in parts:
+        covered += part["n_items"]
+        overall.merge(part["all"])
+        for category, state in part["categories"].items():
+            by_category.setdefault(category, aggregator_for(kind, params)).merge(state)
+    return overall, by_category, covered

@@ -8,6 +8,7 @@ several of them):
     evalq:{J}:instances      LIST    one JSON instance per element, in job order
     evalq:{J}:res:{M}        HASH    instance index -> JSON item record, for metric key M
     evalq:{J}:time:{M}       HASH    chunk start -> seconds spent scoring that chunk
+    evalq:{J}:part:{M}       HASH    chunk start -> JSON aggregate of the chunk's items (mergeable kinds)
     evalq:{J}:summary        STRING  JSON list of aggregated metric results (results.json)
     evalq:{J}:stage:{S}      STRING  JSON summary of a stage that is not a metric (S = generate)
     evalq:{J}:status         STRING  running | generated | done
@@ -22,9 +23,9 @@ Judge keys shared across jobs (see ``workers.judge.budget`` for the budget's):
     evalq:{J}:acct:{M}       HASH   judge accounting of metric M: calls, cache_hits, tokens, 429s
     evalq:{J}:tokens         STRING tokens the job reserved (checked against its token cap)
 
-Item records are written with HSET on a field derived from the instance's
-position, so a redelivered task overwrites instead of adding: nothing is
-counted twice.
+Item records (and chunk parts) are written with HSET on a field derived from
+the instance's (chunk's) position, so a redelivered task overwrites instead of
+adding: nothing is counted twice.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def instances(job_id: str) -> str:
 
 def results(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:res:{metric_key}"
+
+
+def parts(job_id: str, metric_key: str) -> str:
+    return f"{job_prefix(job_id)}:part:{metric_key}"
 
 
 def timings(job_id: str, metric_key: str) -> str:
@@ -89,5 +94,5 @@ def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
     keys = [spec(job_id), instances(job_id), summary(job_id), status(job_id),
             job_tokens(job_id), stage_summary(job_id, "generate")]
     for m in metric_keys:
-        keys += [results(job_id, m), timings(job_id, m), accounting(job_id, m)]
+        keys += [results(job_id, m), timings(job_id, m), parts(job_id, m), accounting(job_id, m)]
     return keys

@@ -14,7 +14,7 @@ import logging
 import redis
 
 from shared import keys
-from shared.aggregate import aggregator_for
+from shared.aggregate import AGGREGATORS, aggregator_for, merge_parts
 from shared.model import GENERATE, GENERATE_SPEC
 from shared.registry import REGISTRY, MetricSpec
 from workers.runner import job_spec
@@ -26,22 +26,27 @@ ACCOUNTING_FIELDS = ("calls", "cache_hits", "prompt_tokens", "completion_tokens"
 
 
 def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: MetricSpec, total: int) -> dict:
-    """One metric's (or the generation stage's) aggregate over its item records."""
-    overall = aggregator_for(metric.aggregation, entry["parameters"])
-    by_category: dict[str, object] = {}
-    seen = 0
-    for _, raw in r.hscan_iter(keys.results(job_id, key), count=5000):
-        record = json.loads(raw)
-        overall.add(record)
-        category = record.get("category")
-        if category is not None:
-            if category not in by_category:
-                by_category[category] = aggregator_for(metric.aggregation, entry["parameters"])
-            by_category[category].add(record)
-        seen += 1
+    """One metric's (or the generation stage's) aggregate: merged from its
+    chunks' parts when every item is covered by one, else over the item records."""
+    params = entry["parameters"]
+    overall, by_category, seen = None, {}, 0
+    if AGGREGATORS[metric.aggregation].mergeable:
+        parts = (json.loads(raw) for raw in r.hvals(keys.parts(job_id, key)))
+        overall, by_category, seen = merge_parts(metric.aggregation, params, parts)
+        if seen < total:  # a chunk without its part (never expected): read the items instead
+            overall = None
+    if overall is None:
+        overall, by_category, seen = aggregator_for(metric.aggregation, params), {}, 0
+        for _, raw in r.hscan_iter(keys.results(job_id, key), count=5000):
+            record = json.loads(raw)
+            overall.add(record)
+            category = record.get("category")
+            if category is not None:
+                by_category.setdefault(category, aggregator_for(metric.aggregation, params)).add(record)
+            seen += 1
     elapsed = sum(float(v) for v in r.hvals(keys.timings(job_id, key)))
     counts = _counts(overall)
-    out = {"metric": entry["id"], "parameters": entry["parameters"], "score": counts.pop("score"),
+    out = {"metric": entry["id"], "parameters": params, "score": counts.pop("score"),
            "elapsed_time": round(elapsed, 6), **counts}
     if by_category:
         out["categories"] = {c: _counts(by_category[c]) for c in sorted(by_category)}

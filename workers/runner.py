@@ -18,6 +18,7 @@ import redis
 
 import shared.metrics  # noqa: F401  (registers the built-in metrics)
 from shared import keys
+from shared.aggregate import chunk_part
 from shared.errors import Deferred, MetricError, Skipped
 from shared.model import GENERATE, GENERATE_SPEC
 from shared.registry import REGISTRY, MetricSpec
@@ -135,6 +136,7 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
 def _records(spec: MetricSpec, instances: list[dict], outcomes: list) -> list[dict]:
     records = []
     for inst, outcome in zip(instances, outcomes):
+        # instance_id first: the orchestrator splices log lines after it (orchestrator.outputs)
         record: dict[str, Any] = {"instance_id": inst["id"]}
         if isinstance(inst.get("category"), str):
             record["category"] = inst["category"]
@@ -173,7 +175,10 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     except Deferred as exc:
         _write(r, job_id, metric_key, start, positions, exc.partial, time.perf_counter() - t0)
         raise
-    _write(r, job_id, metric_key, start, positions, records, time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    part = chunk_part(spec.aggregation, params.model_dump(mode="json"),
+                      _chunk_records(r, job_id, metric_key, start, stop, dict(zip(positions, records))))
+    _write(r, job_id, metric_key, start, positions, records, elapsed, part)
     # Deterministic return value: the chord join stores it, and a redelivered
     # run must produce the very same entry.
     return {"metric": metric_key, "start": start, "n": stop - start}
@@ -203,12 +208,28 @@ def _with_generated(r: redis.Redis, job_id: str, positions: list[int], instances
             inst[NOT_GENERATED] = MetricError(f"the model under test gave no output: {record.get('error')}")
 
 
+def _chunk_records(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: int,
+                   new: dict[int, dict]) -> list[dict]:
+    """Every record of the chunk: those just made, and those an earlier
+    (deferred or redelivered) run of it left in Redis. Positions with nothing
+    to record (the generation stage's, for instances that had an output) are
+    left out."""
+    earlier = [p for p in range(start, stop) if p not in new]
+    if earlier:
+        for p, raw in zip(earlier, r.hmget(keys.results(job_id, metric_key), [str(p) for p in earlier])):
+            if raw is not None:
+                new[p] = json.loads(raw)
+    return [new[p] for p in sorted(new)]
+
+
 def _write(r: redis.Redis, job_id: str, metric_key: str, start: int, positions: list[int],
-           records: list[dict], elapsed: float) -> None:
+           records: list[dict], elapsed: float, part: dict | None = None) -> None:
     pipe = r.pipeline(transaction=True)
     if records:
         # HSET by instance position: a redelivered chunk overwrites, it never adds.
         pipe.hset(keys.results(job_id, metric_key),
-                  mapping={str(p): json.dumps(rec) for p, rec in zip(positions, records)})
+                  mapping={str(p): json.dumps(rec, ensure_ascii=False) for p, rec in zip(positions, records)})
+    if part is not None:  # likewise by chunk
+        pipe.hset(keys.parts(job_id, metric_key), str(start), json.dumps(part))
     pipe.hincrbyfloat(keys.timings(job_id, metric_key), str(start), elapsed)
     pipe.execute()

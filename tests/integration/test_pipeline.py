@@ -103,3 +103,40 @@ def test_redis_blips_after_many_deferrals_are_still_retried(redis_url, cpu_worke
     assert read_log(tmp_path / "out") == [{"instance_id": "1", "metric": "stubborn",
                                            "parameters": {"counter": str(counter), "defers": 7, "blips": 2},
                                            "result": 10}]
+
+
+def test_summary_from_chunk_parts_equals_summary_from_items(redis_url, cpu_worker, tmp_path):
+    import redis
+
+    from workers.finalize import finalize
+    from workers.runner import job_spec
+
+    instances = [{**inst, "category": "xy"[i % 2]} for i, inst in enumerate(synthetic(23, seed=4))]
+    instances[5]["actual-output"] = "FAIL here"
+    job = parse_job({"instances": instances, "metrics": [
+        {"id": "rouge"}, {"id": "f1_score"}, {"id": "fail_on"}]})
+    run_job(job, tmp_path, broker=redis_url, chunk_size=4, progress=False)
+    from_parts = read_results(tmp_path)
+    r = redis.Redis.from_url(redis_url)
+    part_keys = [k for k in r.scan_iter(match="evalq:*:part:*")]
+    job_id = {k.decode().split("{")[1].split("}")[0] for k in part_keys
+              if json.loads(r.get(keys.spec(k.decode().split("{")[1].split("}")[0])) or "{}").get("n_instances") == 23}
+    assert len(job_id) == 1
+    job_id = job_id.pop()
+    assert r.hlen(keys.parts(job_id, "rouge")) == 6  # one per chunk of 4
+    r.delete(*[keys.parts(job_id, m) for m in ("rouge", "f1_score", "fail_on")])
+    job_spec.cache_clear()
+    finalize(r, job_id)
+    from_items = {m.get("name", m["metric"]): m for m in json.loads(r.get(keys.summary(job_id)))}
+    for name in ("rouge", "f1_score", "fail_on"):  # the same but for the order floats were summed in
+        assert _close({k: v for k, v in from_parts[name].items() if k != "elapsed_time"},
+                      {k: v for k, v in from_items[name].items() if k != "elapsed_time"})
+    assert from_parts["fail_on"]["n_errors"] == 1 and set(from_parts["rouge"]["categories"]) == {"x", "y"}
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, float) or isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-12, abs=1e-12)
+    return a == b
