@@ -8,6 +8,7 @@ instances hold (and Flower shows readable arguments).
 from __future__ import annotations
 
 import json
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from shared.job import Job, MetricRun
 from shared.model import GENERATE
 
 PUSH_BATCH = 5000
+CALLBACK_GRACE = 10.0  # seconds all items may be recorded before the callback is sent directly
 
 
 @dataclass(frozen=True)
@@ -176,18 +178,27 @@ def items_done(r: redis.Redis, job: Job, job_id: str) -> int:
 
 def wait(r: redis.Redis, broker_url: str, job: Job, job_id: str, callback_id: str, until: str,
          on_progress: Callable[[int], None], check: Callable[[], None],
-         poll: float = 0.25, stall_timeout: float | None = None) -> None:
+         poll: float = 0.25, stall_timeout: float | None = None,
+         callback: str | None = None, expected: int | None = None) -> None:
     """Poll until the job's status reaches ``until`` (set by the stage's callback).
 
     ``check`` raises InfraError when the workers are gone (embedded mode);
     ``stall_timeout`` bounds how long no item may finish before giving up.
+    When all ``expected`` items are recorded and the chord's callback still has
+    not run after a grace period, ``callback`` is sent directly: a worker
+    killed between storing a task's result and counting it in the chord
+    (Celery logs "succeeded before the worker was lost") leaves the chord one
+    part short for ever. The callbacks are idempotent, so a late chord
+    callback as well does no harm.
     """
     from workers.app import client_app
 
     # The backend's stored state, not an AsyncResult: that one subscribes to
     # result pub/sub and complains at exit when the broker is already gone.
-    backend = client_app(broker_url).backend
+    app = client_app(broker_url)
+    backend = app.backend
     last_done, last_change = -1, time.monotonic()
+    complete_since, nudged = None, False
     while True:
         done = items_done(r, job, job_id)
         on_progress(done)
@@ -198,6 +209,13 @@ def wait(r: redis.Redis, broker_url: str, job: Job, job_id: str, callback_id: st
             raise InfraError(f"job {job_id}: aggregation failed: {meta.get('result')!r}")
         check()
         now = time.monotonic()
+        if expected is not None and done >= expected:
+            complete_since = complete_since or now
+            if callback and not nudged and now - complete_since > CALLBACK_GRACE:
+                print(f"evalq: job {job_id}: every item is recorded but the chord callback has not run "
+                      f"(a worker was lost at the wrong moment); running {callback} directly", file=sys.stderr)
+                app.send_task(callback, args=(job_id,), queue=CONTROL_QUEUE)
+                nudged = True
         if done != last_done:
             last_done, last_change = done, now
         elif stall_timeout and now - last_change > stall_timeout:
@@ -213,11 +231,13 @@ def run_stages(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None
     """Store the job, generate missing outputs (when the job has a model), then
     score every metric. Returns the job id once the summary is in Redis."""
     job_id = store_job(r, job)
-    stages = [([job.generation], "evalq.generated", "generated")] if job.generation else []
-    stages.append((job.metrics, "evalq.finalize", "done"))
-    for runs, callback, until in stages:
+    stages = [([job.generation], "evalq.generated", "generated", job.n_to_generate)] if job.generation else []
+    stages.append((job.metrics, "evalq.finalize", "done",
+                   job.n_to_generate + len(job.instances) * len(job.metrics)))
+    for runs, callback, until, expected in stages:
         callback_id = send(r, broker_url, job, job_id, runs, callback, chunk_size)
-        wait(r, broker_url, job, job_id, callback_id, until, on_progress, check, stall_timeout=stall_timeout)
+        wait(r, broker_url, job, job_id, callback_id, until, on_progress, check, stall_timeout=stall_timeout,
+             callback=callback, expected=expected)
     return job_id
 
 

@@ -94,3 +94,27 @@ def test_sigkill_mid_job_loses_and_duplicates_nothing(private_redis, tmp_path, v
     assert slow == {inst["id"]: len(inst["actual-output"]) for inst in instances}
     results = read_results(tmp_path / "out")
     assert results["slow_len"]["n"] == 120 and results["exact_match"]["n"] == 120
+
+
+def test_a_chord_left_one_part_short_is_finalized_anyway(redis_url, cpu_worker, tmp_path, monkeypatch):
+    # A pool child killed between storing a task's result and counting it in
+    # the chord leaves the chord short for ever (Celery: "succeeded before the
+    # worker was lost"). Here the chunks run without a chord at all, so no
+    # callback can come; the orchestrator must see every item recorded and
+    # aggregate anyway.
+    from orchestrator import submit
+    from workers.app import client_app
+
+    monkeypatch.setattr(submit, "CALLBACK_GRACE", 1.0)
+    instances = [{"id": f"x{i}", "actual-output": "y" * (i % 3), "expected-output": ["y"]} for i in range(9)]
+    job = parse_job({"instances": instances, "metrics": [{"id": "exact_match"}]})
+    r = redis.Redis.from_url(redis_url)
+    job_id = submit.store_job(r, job)
+    app = client_app(redis_url)
+    for chunk in submit.plan(job, chunk_size=4):
+        app.send_task("evalq.score_chunk", args=(job_id, chunk.metric_key, chunk.start, chunk.stop),
+                      queue=chunk.queue)
+    submit.wait(r, redis_url, job, job_id, "no-such-callback", "done", on_progress=lambda n: None,
+                check=lambda: None, stall_timeout=60, callback="evalq.finalize", expected=9)
+    summary, _ = submit.summaries(r, job_id)
+    assert summary[0]["n"] == 9 and summary[0]["score"] == pytest.approx(3 / 9)
