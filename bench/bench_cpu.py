@@ -51,8 +51,8 @@ def synthetic(n: int, seed: int = 7) -> list[dict]:
 
 
 def in_process(instances: list[dict]) -> float:
-    import shared.metrics  # noqa: F401
-    from shared.registry import REGISTRY
+    import evalq.shared.metrics  # noqa: F401
+    from evalq.shared.registry import REGISTRY
 
     runs = []
     for m in METRICS:
@@ -66,7 +66,7 @@ def in_process(instances: list[dict]) -> float:
 
 
 def distributed(job_path: Path, out: Path, chunk_size: int | None) -> tuple[float, int]:
-    cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(job_path), "--out", str(out), "-q"]
+    cmd = [sys.executable, "-m", "evalq.orchestrator.cli", "run", str(job_path), "--out", str(out), "-q"]
     if chunk_size:
         cmd += ["--chunk-size", str(chunk_size)]
     peak = [0]

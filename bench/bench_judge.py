@@ -24,10 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.embedded import EmbeddedRedis  # noqa: E402
-from orchestrator.judgesim import JudgeSim, Region  # noqa: E402
-from orchestrator.runner import run_job  # noqa: E402
-from shared.job import parse_job  # noqa: E402
+from evalq.orchestrator.embedded import EmbeddedRedis  # noqa: E402
+from evalq.sim import JudgeSim, Region  # noqa: E402
+from evalq.orchestrator.runner import run_job  # noqa: E402
+from evalq.shared.job import parse_job  # noqa: E402
 
 # tpm, rpm: enough for ~200 and ~100 calls per window, as real deployments
 # hold hundreds (a window that holds a dozen calls wastes most of the last one)
@@ -38,7 +38,7 @@ KEY_ENV = "EVALQ_BENCH_JUDGE_KEY"
 def start_worker(url: str, logdir: Path, name: str) -> subprocess.Popen:
     queues = ",".join(f"judge.{r}" for r in REGIONS)
     log = open(logdir / f"{name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "worker", "--broker", url, "--queues",
+    return subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "worker", "--broker", url, "--queues",
                              queues, "--concurrency", "8", "-n", f"{name}@%h", "-l", "WARNING"],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.judgesim import JudgeSim, Region  # noqa: E402
+from evalq.sim import JudgeSim, Region  # noqa: E402
 
 
 def main() -> int:
@@ -29,7 +29,7 @@ def main() -> int:
         return 1
     try:
         env = {**os.environ, "EVALQ_DEMO_JUDGE_KEY": "demo-key-for-judge-sim"}
-        cmd = [sys.executable, "-m", "orchestrator.cli", "run", "examples/rag_qa.json", "--out", "out/rag_qa"]
+        cmd = [sys.executable, "-m", "evalq.orchestrator.cli", "run", "examples/rag_qa.json", "--out", "out/rag_qa"]
         rc = subprocess.call(cmd, cwd=ROOT, env=env)
         for name, stats in sim.stats().items():
             print(f"judge-sim {name}: {stats['ok']} calls, {stats['rate_limited']} rate-limited", file=sys.stderr)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from shared.errors import InfraError, JobError
+from evalq.shared.errors import InfraError, JobError
 
 broker_option = click.option(
     "--broker", envvar="EVALQ_BROKER_URL", default=None, metavar="URL",
@@ -41,8 +41,8 @@ def cli() -> None:
 def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | None,
         concurrency: int | None, stall_timeout: float, quiet: bool) -> None:
     """Validate JOB_FILE, run it, write results.json, log.jsonl and run.json."""
-    from orchestrator.runner import run_job
-    from shared.job import load_job
+    from evalq.orchestrator.runner import run_job
+    from evalq.shared.job import load_job
 
     job = load_job(job_file)
     dest = _destination(job, out, job_file)
@@ -56,7 +56,7 @@ def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | N
 
 
 def _destination(job, out: str | None, job_file: Path):
-    from shared.storage import Destination
+    from evalq.shared.storage import Destination
 
     if out is None and job.output is not None:
         return Destination(job.output.uri, job.output.endpoint_url)
@@ -86,8 +86,8 @@ def validate(job_file: Path) -> None:
     """Check JOB_FILE (and its dataset) without running it."""
     from collections import Counter
 
-    from orchestrator.submit import plan
-    from shared.job import load_job
+    from evalq.orchestrator.submit import plan
+    from evalq.shared.job import load_job
 
     job = load_job(job_file)
     _describe(job, job_file, err=False)
@@ -101,8 +101,8 @@ def validate(job_file: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def metrics(as_json: bool) -> None:
     """List metric ids, their parameters (types, defaults) and queue."""
-    import shared.metrics  # noqa: F401
-    from shared.registry import REGISTRY
+    import evalq.shared.metrics  # noqa: F401
+    from evalq.shared.registry import REGISTRY
 
     rows = []
     for spec in REGISTRY.all():
@@ -151,10 +151,10 @@ def worker(queues: str, broker: str | None, concurrency: int | None, pool: str |
     """Start a worker for some queues (wraps `celery worker`)."""
     if not broker:
         raise InfraError("evalq worker needs --broker or EVALQ_BROKER_URL")
-    from orchestrator.workerargs import worker_argv
+    from evalq.orchestrator.workerargs import worker_argv
 
     os.environ["EVALQ_BROKER_URL"] = broker
-    from workers.app import app
+    from evalq.workers.app import app
 
     argv = worker_argv([q.strip() for q in queues.split(",") if q.strip()], concurrency=concurrency,
                        pool=pool, hostname=hostname, loglevel=loglevel, control=not no_control)
@@ -162,7 +162,7 @@ def worker(queues: str, broker: str | None, concurrency: int | None, pool: str |
 
 
 def _register_judge_sim() -> None:
-    from orchestrator.judgesim import judge_sim_command
+    from evalq.sim import judge_sim_command
 
     cli.add_command(judge_sim_command)
 

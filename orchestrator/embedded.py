@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shared.errors import InfraError
+from evalq.shared.errors import InfraError
 
 PR_SET_PDEATHSIG = 1
 
@@ -114,7 +114,7 @@ class EmbeddedRedis:
         if self.persist and self.proc is not None and self.proc.poll() is None:
             import redis
 
-            from shared import keys
+            from evalq.shared import keys
 
             with contextlib.suppress(redis.RedisError):
                 client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=30)
@@ -139,7 +139,7 @@ class LocalWorker:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "orchestrator.cli", "worker", "--broker", self.broker_url,
+        cmd = [sys.executable, "-m", "evalq.orchestrator.cli", "worker", "--broker", self.broker_url,
                "--queues", ",".join(self.queues), "--hostname", f"{self.name}@%h",
                "--loglevel", "WARNING"]
         if self.concurrency:

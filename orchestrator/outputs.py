@@ -16,10 +16,10 @@ from typing import Iterator
 
 import redis
 
-from shared import keys
-from shared.job import Job
-from shared.model import GENERATE
-from shared.storage import Destination
+from evalq.shared import keys
+from evalq.shared.job import Job
+from evalq.shared.model import GENERATE
+from evalq.shared.storage import Destination
 
 LOG_BATCH = 2000
 

@@ -7,16 +7,16 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from shared.errors import EvalqError, InfraError
-from shared.job import Job
-from shared.storage import Destination
+from evalq.shared.errors import EvalqError, InfraError
+from evalq.shared.job import Job
+from evalq.shared.storage import Destination
 
 
 def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_size: int | None = None,
             concurrency: int | None = None, stall_timeout: float | None = 900.0,
             progress: bool = True) -> list[dict]:
-    from orchestrator import outputs, submit
-    from orchestrator.embedded import EmbeddedCluster
+    from evalq.orchestrator import outputs, submit
+    from evalq.orchestrator.embedded import EmbeddedCluster
 
     dest = out if isinstance(out, Destination) else Destination(str(out))
     dest.check()  # an unwritable destination is found before any work is done
@@ -70,7 +70,7 @@ def _progress(total: int, enabled: bool):
 
 def _warn_missing_workers(broker_url: str, queues: list[str]) -> None:
     """In cluster mode, say so when no worker consumes a queue the job needs."""
-    from workers.app import client_app
+    from evalq.workers.app import client_app
 
     app = client_app(broker_url)
     try:

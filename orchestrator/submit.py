@@ -16,12 +16,12 @@ from typing import Callable, Iterable, Iterator
 
 import redis
 
-from shared import keys
-from shared.config import CONTROL_QUEUE, Settings
-from shared.errors import InfraError
-from shared.instances import json_lines
-from shared.job import Job, MetricRun
-from shared.model import GENERATE
+from evalq.shared import keys
+from evalq.shared.config import CONTROL_QUEUE, Settings
+from evalq.shared.errors import InfraError
+from evalq.shared.instances import json_lines
+from evalq.shared.job import Job, MetricRun
+from evalq.shared.model import GENERATE
 
 PUSH_BATCH = 5000
 CALLBACK_GRACE = 10.0  # seconds all items may be recorded before the callback is sent directly
@@ -145,7 +145,7 @@ def send(r: redis.Redis, broker_url: str, job: Job, job_id: str, runs: list[Metr
     """Send one stage's chord (``runs`` chunked, then ``callback``); returns the callback's id."""
     from celery import chord
 
-    from workers.app import client_app
+    from evalq.workers.app import client_app
 
     app = client_app(broker_url)
     header = [
@@ -191,7 +191,7 @@ def wait(r: redis.Redis, broker_url: str, job: Job, job_id: str, callback_id: st
     part short for ever. The callbacks are idempotent, so a late chord
     callback as well does no harm.
     """
-    from workers.app import client_app
+    from evalq.workers.app import client_app
 
     # The backend's stored state, not an AsyncResult: that one subscribes to
     # result pub/sub and complains at exit when the broker is already gone.

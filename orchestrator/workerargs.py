@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from shared.config import CONTROL_QUEUE
+from evalq.shared.config import CONTROL_QUEUE
 
 JUDGE_THREADS = 16  # concurrent judge calls per worker process
 

@@ -8,7 +8,7 @@ the value under ``<name>``. Built-in presets cover the shapes Azure AI Studio
 documents (single-turn QA and conversations) and HarpIA's own instances.
 
 Mapping is a pure function with no I/O; reading local or S3 files lives in
-``shared.storage`` and the streaming validation in ``shared.job``.
+``evalq.shared.storage`` and the streaming validation in ``evalq.shared.job``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from shared.errors import kind as _kind
+from evalq.shared.errors import kind as _kind
 
 # data_config location -> instance field
 STANDARD_LOCATIONS = {

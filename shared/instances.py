@@ -1,7 +1,7 @@
 """A job's instances: inline in the job file, or read from a dataset, checked
 one at a time against what the job's metrics need.
 
-Datasets are streamed: each record is mapped (``shared.dataset``), checked and
+Datasets are streamed: each record is mapped (``evalq.shared.dataset``), checked and
 appended to a spool file of instance JSON lines, so validating a million-line
 file holds one record at a time plus 16 bytes per instance (id hash and line
 number, for the duplicate-id check). Nothing reaches Redis until the whole job
@@ -16,9 +16,9 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from shared.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
-from shared.errors import JobError, kind as _kind
-from shared.storage import open_binary, read_lines
+from evalq.shared.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
+from evalq.shared.errors import JobError, kind as _kind
+from evalq.shared.storage import open_binary, read_lines
 
 MAX_BAD_SHOWN = 20  # bad records quoted in run.json when they are skipped
 

@@ -16,15 +16,15 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-import shared.metrics  # noqa: F401  (registers the built-in metrics)
-from shared.dataset import DatasetSpec, OutputSpec
-from shared.errors import JobError, kind as _kind
-from shared.instances import BadRecords, InstanceChecker, load_dataset, record_place, report_duplicates
-from shared.judges import JudgeConfig, JudgingOptions
-from shared.storage import is_s3
-from shared.model import (GENERATE_SPEC, RUNNER_QUEUE, EndpointModel, GenerateParams, PythonModel,
+import evalq.shared.metrics  # noqa: F401  (registers the built-in metrics)
+from evalq.shared.dataset import DatasetSpec, OutputSpec
+from evalq.shared.errors import JobError, kind as _kind
+from evalq.shared.instances import BadRecords, InstanceChecker, load_dataset, record_place, report_duplicates
+from evalq.shared.judges import JudgeConfig, JudgingOptions
+from evalq.shared.storage import is_s3
+from evalq.shared.model import (GENERATE_SPEC, RUNNER_QUEUE, EndpointModel, GenerateParams, PythonModel,
                           runner_class)
-from shared.registry import REGISTRY, MetricSpec, UnknownMetric
+from evalq.shared.registry import REGISTRY, MetricSpec, UnknownMetric
 
 MAX_PROBLEMS = 25
 JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging"}

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from shared.params import Params
+from evalq.shared.params import Params
 
 _REGION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

@@ -16,7 +16,7 @@ several of them):
 The generation stage's item records (the model's outputs) live in
 ``evalq:{J}:res:generate`` like a metric's; ``generate`` is a reserved metric id.
 
-Judge keys shared across jobs (see ``workers.judge.budget`` for the budget's):
+Judge keys shared across jobs (see ``evalq.workers.judge.budget`` for the budget's):
 
     evalq:budget:{D}:<part>  budget state of deployment D (tokens, requests, pause, bias, failures)
     evalq:judgecache:<sha>   STRING cached judge reply for one canonical request

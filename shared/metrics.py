@@ -3,14 +3,14 @@ implementations are named by path and imported by workers on first use."""
 
 from __future__ import annotations
 
-from shared.judges import JudgeParams, RubricParams
-from shared.params import BertScoreParams, BleuParams, NoParams, RougeParams
-from shared.registry import REGISTRY, MetricSpec
+from evalq.shared.judges import JudgeParams, RubricParams
+from evalq.shared.params import BertScoreParams, BleuParams, NoParams, RougeParams
+from evalq.shared.registry import REGISTRY, MetricSpec
 
 REGISTRY.register(MetricSpec(
     id="bleu",
     params=BleuParams,
-    impl="workers.metrics.lexical:bleu",
+    impl="evalq.workers.metrics.lexical:bleu",
     queue="cpu",
     requires=("actual-output", "expected-output"),
     library="nltk",
@@ -21,7 +21,7 @@ REGISTRY.register(MetricSpec(
 REGISTRY.register(MetricSpec(
     id="rouge",
     params=RougeParams,
-    impl="workers.metrics.lexical:rouge",
+    impl="evalq.workers.metrics.lexical:rouge",
     queue="cpu",
     requires=("actual-output", "expected-output"),
     library="rouge-score",
@@ -32,7 +32,7 @@ REGISTRY.register(MetricSpec(
 REGISTRY.register(MetricSpec(
     id="f1_score",
     params=NoParams,
-    impl="workers.metrics.lexical:f1_score",
+    impl="evalq.workers.metrics.lexical:f1_score",
     queue="cpu",
     requires=("actual-output", "expected-output"),
     description="Shared-token precision, recall and F1 after SQuAD normalisation; best reference.",
@@ -41,7 +41,7 @@ REGISTRY.register(MetricSpec(
 REGISTRY.register(MetricSpec(
     id="exact_match",
     params=NoParams,
-    impl="workers.metrics.lexical:exact_match",
+    impl="evalq.workers.metrics.lexical:exact_match",
     queue="cpu",
     requires=("actual-output", "expected-output"),
     description="1 if the answer equals a reference after SQuAD normalisation, else 0.",
@@ -50,12 +50,12 @@ REGISTRY.register(MetricSpec(
 REGISTRY.register(MetricSpec(
     id="bertscore",
     params=BertScoreParams,
-    impl="workers.metrics.bertscore:bertscore",
+    impl="evalq.workers.metrics.bertscore:bertscore",
     queue="gpu",
     batch=True,
     # a multiple of every power-of-two batch_size up to 512: full batches
     chunk_size=512,
-    prepare="workers.metrics.bertscore:prepare",
+    prepare="evalq.workers.metrics.bertscore:prepare",
     aggregation="distribution",
     requires=("actual-output", "expected-output"),
     library="bert-score",
@@ -80,11 +80,11 @@ _JUDGE_METRICS = [
 ]
 for _id, _needs, _description in _JUDGE_METRICS:
     REGISTRY.register(MetricSpec(
-        id=_id, params=JudgeParams, impl=f"workers.metrics.quality:{_id}", queue="judge",
+        id=_id, params=JudgeParams, impl=f"evalq.workers.metrics.quality:{_id}", queue="judge",
         requires=_needs, aggregation="rating", chunk_size=4, description=_description))
 
 REGISTRY.register(MetricSpec(
-    id="rubric", params=RubricParams, impl="workers.metrics.quality:rubric", queue="judge",
+    id="rubric", params=RubricParams, impl="evalq.workers.metrics.quality:rubric", queue="judge",
     requires=("actual-output",), aggregation="rating", chunk_size=4,
     description="Your criteria on your low-precision scale, with optional few-shot examples per score.",
 ))

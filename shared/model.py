@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from pydantic import Field, field_validator
 
-from shared.judges import EndpointConfig, _Model
-from shared.params import Params
-from shared.registry import MetricSpec
+from evalq.shared.judges import EndpointConfig, _Model
+from evalq.shared.params import Params
+from evalq.shared.registry import MetricSpec
 
 # The stage's key in the job spec and in Redis (a reserved metric id).
 GENERATE = "generate"
@@ -106,6 +106,6 @@ def render_prompt(template: str, instance: dict) -> str:
 
 
 GENERATE_SPEC = MetricSpec(
-    id=GENERATE, params=GenerateParams, impl="workers.generate:generate", queue="generate",
+    id=GENERATE, params=GenerateParams, impl="evalq.workers.generate:generate", queue="generate",
     description="the model under test answers instances that have no actual-output",
     requires=("input",), chunk_size=4)

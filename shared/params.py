@@ -84,7 +84,7 @@ class BertScoreParams(Params):
 
     Models load from local files only; the validators check, without importing
     torch, that the model, its layer and any baseline exist on this machine
-    (see ``workers.metrics.bertscore``).
+    (see ``evalq.shared.bertscore``).
     """
 
     lang: str | None = Field(
@@ -117,7 +117,7 @@ class BertScoreParams(Params):
     @field_validator("model_type")
     @classmethod
     def _model_exists(cls, value, info):
-        from workers.metrics import bertscore
+        from evalq.shared import bertscore
 
         _as_param_error(bertscore.resolve_model, value, info.data.get("lang"))
         return value
@@ -126,7 +126,7 @@ class BertScoreParams(Params):
     @classmethod
     def _layer_exists(cls, value, info):
         if "model_type" in info.data and "lang" in info.data:
-            from workers.metrics import bertscore
+            from evalq.shared import bertscore
 
             name, path = bertscore.resolve_model(info.data["model_type"], info.data["lang"])
             _as_param_error(bertscore.resolve_layers, name, path, value)
@@ -147,7 +147,7 @@ class BertScoreParams(Params):
         data = info.data
         if value and all(k in data for k in ("lang", "model_type", "num_layers", "all_layers",
                                                   "baseline_path")):
-            from workers.metrics import bertscore
+            from evalq.shared import bertscore
 
             name, path = bertscore.resolve_model(data["model_type"], data["lang"])
             layers = bertscore.resolve_layers(name, path, data["num_layers"])

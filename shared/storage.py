@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
-from shared.errors import InfraError, JobError
+from evalq.shared.errors import InfraError, JobError
 
 GZIP_MAGIC = b"\x1f\x8b"
 READ_BUFFER = 1 << 20

@@ -3,7 +3,7 @@
 Workers take the broker URL from ``EVALQ_BROKER_URL``; the orchestrator sends
 through ``client_app(url)``. The result backend is the same
 Redis: the chord's join state lives there, item results do not (see
-``shared.keys``).
+``evalq.shared.keys``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from celery import Celery
 from celery.backends.redis import RedisBackend
 
-from shared.config import CONTROL_QUEUE, Settings
+from evalq.shared.config import CONTROL_QUEUE, Settings
 
 
 class SubmitOnlyRedisBackend(RedisBackend):
@@ -73,7 +73,7 @@ def _conf(settings: Settings, broker_url: str | None) -> dict:
 
 def make_app(broker_url: str | None = None) -> Celery:
     settings = Settings.from_env()
-    celery_app = Celery("evalq", include=["workers.tasks"])
+    celery_app = Celery("evalq", include=["evalq.workers.tasks"])
     celery_app.conf.update(_conf(settings, broker_url or settings.broker_url))
     return celery_app
 
@@ -93,5 +93,5 @@ def client_app(broker_url: str) -> Celery:
     if broker_url not in _clients:
         _clients[broker_url] = Celery("evalq", set_as_current=False)
         _clients[broker_url].conf.update(_conf(Settings.from_env(), broker_url))
-        _clients[broker_url].conf.result_backend = f"workers.app:SubmitOnlyRedisBackend+{broker_url}"
+        _clients[broker_url].conf.result_backend = f"evalq.workers.app:SubmitOnlyRedisBackend+{broker_url}"
     return _clients[broker_url]

@@ -13,11 +13,11 @@ import logging
 
 import redis
 
-from shared import keys
-from shared.aggregate import AGGREGATORS, aggregator_for, merge_parts
-from shared.model import GENERATE, GENERATE_SPEC
-from shared.registry import REGISTRY, MetricSpec
-from workers.runner import job_spec
+from evalq.shared import keys
+from evalq.shared.aggregate import AGGREGATORS, aggregator_for, merge_parts
+from evalq.shared.model import GENERATE, GENERATE_SPEC
+from evalq.shared.registry import REGISTRY, MetricSpec
+from evalq.workers.runner import job_spec
 
 log = logging.getLogger("evalq.worker")
 

@@ -13,8 +13,8 @@ import json
 import threading
 from typing import Any
 
-from shared.errors import MetricError
-from shared.model import GenerateParams, ModelRunner, PythonModel, render_prompt, runner_class
+from evalq.shared.errors import MetricError
+from evalq.shared.model import GenerateParams, ModelRunner, PythonModel, render_prompt, runner_class
 
 
 def generate(instance: dict, params: GenerateParams, runner: ModelRunner) -> dict:

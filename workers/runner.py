@@ -2,7 +2,7 @@
 from Redis, score each item (a failure is recorded on that item), and write
 item records idempotently. The same path runs metrics and the generation
 stage (the model under test answering prompts); aggregation is in
-``workers.finalize``."""
+``evalq.workers.finalize``."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from typing import Any
 
 import redis
 
-import shared.metrics  # noqa: F401  (registers the built-in metrics)
-from shared import keys
-from shared.aggregate import chunk_part
-from shared.errors import Deferred, MetricError, Skipped
-from shared.model import GENERATE, GENERATE_SPEC
-from shared.registry import REGISTRY, MetricSpec
+import evalq.shared.metrics  # noqa: F401  (registers the built-in metrics)
+from evalq.shared import keys
+from evalq.shared.aggregate import chunk_part
+from evalq.shared.errors import Deferred, MetricError, Skipped
+from evalq.shared.model import GENERATE, GENERATE_SPEC
+from evalq.shared.registry import REGISTRY, MetricSpec
 
 log = logging.getLogger("evalq.worker")
 
@@ -66,8 +66,8 @@ def _metric(r: redis.Redis, job_id: str, metric_key: str) -> tuple[MetricSpec, A
 @lru_cache(maxsize=256)
 def _endpoint_config(r: redis.Redis, job_id: str, name: str):
     """A judge's configuration, or the model under test's (``generate``)."""
-    from shared.judges import JudgeConfig, JudgingOptions
-    from shared.model import parse_model_config
+    from evalq.shared.judges import JudgeConfig, JudgingOptions
+    from evalq.shared.model import parse_model_config
 
     spec = job_spec(r, job_id)
     options = JudgingOptions.model_validate(spec["judging"])
@@ -80,18 +80,18 @@ def _endpoint_config(r: redis.Redis, job_id: str, name: str):
 
 def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, deployment: str | None):
     """What a judge metric or the generation stage calls: a JudgeClient, or a ModelRunner."""
-    from shared.model import PythonModel
-    from workers.judge.client import JudgeClient
+    from evalq.shared.model import PythonModel
+    from evalq.workers.judge.client import JudgeClient
 
     name = GENERATE if metric_key == GENERATE else params.judge
     config, options = _endpoint_config(r, job_id, name)
     if isinstance(config, PythonModel):
-        from workers.generate import python_runner
+        from evalq.workers.generate import python_runner
 
         return python_runner(config)
     client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment)
     if metric_key == GENERATE:
-        from workers.generate import EndpointRunner
+        from evalq.workers.generate import EndpointRunner
 
         return EndpointRunner(client, config.system)
     return client

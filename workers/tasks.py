@@ -7,11 +7,11 @@ import logging
 
 import redis
 
-from shared.errors import Deferred
-from shared.model import GENERATE
-from workers import finalize as aggregation
-from workers import runner
-from workers.app import app
+from evalq.shared.errors import Deferred
+from evalq.shared.model import GENERATE
+from evalq.workers import finalize as aggregation
+from evalq.workers import runner
+from evalq.workers.app import app
 
 log = logging.getLogger("evalq.worker")
 # A countdown is held by the worker that reserved the message; past the

@@ -45,7 +45,7 @@ def test_embedded_run_mixes_cpu_and_gpu_metrics(tmp_path):
 
     from bert_score import BERTScorer
 
-    from workers.metrics.bertscore import BUNDLED_NUM_LAYERS, bundled_model_dir
+    from evalq.shared.bertscore import BUNDLED_NUM_LAYERS, bundled_model_dir
 
     cands = [i["actual-output"] for i in INSTANCES]
     refs = [i["expected-output"] for i in INSTANCES]
@@ -96,7 +96,7 @@ def test_invalid_bertscore_parameters_exit_2(tmp_path, command, params, fragment
 
 
 def test_gpu_worker_is_solo_and_prefetches_one(redis_url, tmp_path):
-    from workers.app import client_app
+    from evalq.workers.app import client_app
 
     name = f"gpu{uuid.uuid4().hex[:6]}"
     proc = start_worker(redis_url, "gpu", tmp_path, concurrency=4, name=name)

@@ -10,11 +10,11 @@ import uuid
 import pytest
 import redis
 
-from orchestrator.judgesim import JudgeSim, Region
-from orchestrator.runner import run_job
-from shared.job import parse_job
+from evalq.sim import JudgeSim, Region
+from evalq.orchestrator.runner import run_job
+from evalq.shared.job import parse_job
 from tests.conftest import read_log, read_results, start_worker, stop_worker, wait_for_worker
-from workers.judge.budget import BUCKET, MARGIN, Budget
+from evalq.workers.judge.budget import BUCKET, MARGIN, Budget
 
 pytestmark = pytest.mark.integration
 

@@ -126,7 +126,7 @@ def test_ctrl_c_stops_everything_it_started(tmp_path):
     marker = uuid.uuid4().hex
     instances = [{**INSTANCE, "id": str(i)} for i in range(200)]
     job = write_job(tmp_path / "job.json", instances, [{"id": "slow_len", "parameters": {"seconds": 0.05}}])
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "run", str(job), "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "run", str(job), "--out",
                              str(tmp_path / "o"), "-q"], cwd=ROOT,
                             env={**os.environ, "EVALQ_TEST_MARKER": marker},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

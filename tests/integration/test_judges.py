@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from orchestrator.judgesim import Faults, JudgeSim, Region
-from orchestrator.runner import run_job
-from shared.job import parse_job
+from evalq.sim import Faults, JudgeSim, Region
+from evalq.orchestrator.runner import run_job
+from evalq.shared.job import parse_job
 from tests.conftest import evalq, read_log, read_results, start_worker, stop_worker, wait_for_worker
 
 pytestmark = pytest.mark.integration
@@ -217,8 +217,8 @@ def test_judge_name_and_config_are_checked(sim, tmp_path):
 
 
 def test_a_failing_deployment_is_drained_to_the_others(sim, judge_worker, redis_url, tmp_path):
-    from orchestrator.embedded import free_port
-    from workers.judge.budget import FAIL_THRESHOLD
+    from evalq.orchestrator.embedded import free_port
+    from evalq.workers.judge.budget import FAIL_THRESHOLD
 
     cfg = judges(sim, regions=("lab",))["sim"]
     dead = {"region": "eu", "base_url": f"http://127.0.0.1:{free_port()}/v1", "tpm": 10_000_000,

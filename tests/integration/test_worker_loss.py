@@ -11,10 +11,10 @@ import psutil
 import pytest
 import redis
 
-from orchestrator.embedded import EmbeddedRedis
-from orchestrator.runner import run_job
-from shared import keys
-from shared.job import parse_job
+from evalq.orchestrator.embedded import EmbeddedRedis
+from evalq.orchestrator.runner import run_job
+from evalq.shared import keys
+from evalq.shared.job import parse_job
 from tests.conftest import read_log, read_results, start_worker, stop_worker, wait_for_worker
 
 pytestmark = pytest.mark.integration
@@ -102,8 +102,8 @@ def test_a_chord_left_one_part_short_is_finalized_anyway(redis_url, cpu_worker, 
     # worker was lost"). Here the chunks run without a chord at all, so no
     # callback can come; the orchestrator must see every item recorded and
     # aggregate anyway.
-    from orchestrator import submit
-    from workers.app import client_app
+    from evalq.orchestrator import submit
+    from evalq.workers.app import client_app
 
     monkeypatch.setattr(submit, "CALLBACK_GRACE", 1.0)
     instances = [{"id": f"x{i}", "actual-output": "y" * (i % 3), "expected-output": ["y"]} for i in range(9)]

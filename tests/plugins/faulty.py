@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from shared.params import Params
-from shared.registry import REGISTRY, MetricSpec
+from evalq.shared.params import Params
+from evalq.shared.registry import REGISTRY, MetricSpec
 
 
 class SlowParams(Params):
@@ -33,7 +33,7 @@ class StubbornParams(Params):
 def stubborn(instance: dict, params: StubbornParams) -> int:
     import redis
 
-    from shared.errors import Deferred
+    from evalq.shared.errors import Deferred
 
     path = Path(params.counter)
     calls = int(path.read_text() or 0) + 1 if path.exists() else 1
@@ -57,7 +57,7 @@ def slow_len(instance: dict, params: SlowParams) -> int:
 
 
 if "fail_on" not in REGISTRY:
-    from shared.params import NoParams
+    from evalq.shared.params import NoParams
 
     REGISTRY.register(MetricSpec(id="fail_on", params=NoParams, impl="tests.plugins.faulty:fail_on",
                                  queue="cpu", description="test: fails on 'FAIL'"))

@@ -9,20 +9,21 @@ import sys
 
 import pytest
 
-import shared.metrics  # noqa: F401
-from shared.aggregate import DistributionAggregator, MeanAggregator, aggregator_for
-from shared.errors import JobError
-from shared.job import parse_job
-from shared.params import BertScoreParams
-from shared.registry import REGISTRY
+import evalq.shared.metrics  # noqa: F401
+from evalq.shared.aggregate import DistributionAggregator, MeanAggregator, aggregator_for
+from evalq.shared.errors import JobError
+from evalq.shared.job import parse_job
+from evalq.shared.params import BertScoreParams
+from evalq.shared.registry import REGISTRY
 from tests.conftest import ROOT
-from workers.metrics import bertscore as bs
-from workers.runner import score_items
+from evalq.shared import bertscore as models
+from evalq.workers.metrics import bertscore as bs
+from evalq.workers.runner import score_items
 
 bert_score = pytest.importorskip("bert_score")
 
-MODEL_DIR = bs.bundled_model_dir()
-LAYERS = bs.BUNDLED_NUM_LAYERS
+MODEL_DIR = models.bundled_model_dir()
+LAYERS = models.BUNDLED_NUM_LAYERS
 TOL = 1e-4
 
 INSTANCES = [
@@ -170,7 +171,7 @@ def test_rescale_with_baseline_file(reference_scorer, tmp_path):
     baseline = tmp_path / "baseline.tsv"
     rows = ["LAYER,P,R,F"] + [f"{i},{0.3 + i / 50},{0.31 + i / 50},{0.305 + i / 50}" for i in range(LAYERS + 1)]
     baseline.write_text("\n".join(rows) + "\n")
-    ours = run(INSTANCES, model_type=bs.BUNDLED_MODEL, lang="en", rescale_with_baseline=True,
+    ours = run(INSTANCES, model_type=models.BUNDLED_MODEL, lang="en", rescale_with_baseline=True,
                baseline_path=str(baseline))
     scorer = reference_scorer(lang="en", rescale_with_baseline=True, baseline_path=str(baseline))
     assert_close(ours, *scorer.score(cands(INSTANCES), refs(INSTANCES)))
@@ -274,7 +275,7 @@ def test_lang_picks_bert_scores_model_which_must_be_cached():
     ({"device": "gpu"}, "device"),
     ({"idf": "yes"}, "idf"),
     ({"rescale_with_baseline": True}, "rescale_with_baseline: rescaling needs lang"),
-    ({"rescale_with_baseline": True, "model_type": bs.BUNDLED_MODEL, "lang": "en"},
+    ({"rescale_with_baseline": True, "model_type": models.BUNDLED_MODEL, "lang": "en"},
      "rescale_with_baseline: bert-score ships no baseline for model "
      "'sentence-transformers/all-MiniLM-L6-v2' and lang 'en' (the bundled offline model has none); "
      "give baseline_path"),
@@ -304,16 +305,16 @@ def test_hub_id_in_the_local_cache(tmp_path, monkeypatch):
     # not in bert-score's layer table: num_layers is required
     assert "num_layers: required for model 'someone/minilm-copy'" in problems({"model_type": "someone/minilm-copy"})
     params = BertScoreParams(model_type="someone/minilm-copy", num_layers=LAYERS)
-    assert bs.resolve(params).path == str(snapshot)
+    assert models.resolve(params).path == str(snapshot)
     assert flat(run(INSTANCES[:2], model_type="someone/minilm-copy", num_layers=LAYERS)) == pytest.approx(
         flat(run(INSTANCES[:2])), abs=TOL)
 
 
-def test_validation_does_not_import_torch():
-    code = ("import sys; from shared.job import parse_job; "
+def test_validation_imports_neither_torch_nor_the_workers():
+    code = ("import sys; from evalq.shared.job import parse_job; "
             f"parse_job({{'instances': {INSTANCES!r}, 'metrics': [{{'id': 'bertscore', "
             "'parameters': {'idf': True, 'num_layers': 5}}]}); "
-            "print(sorted(m for m in ('torch', 'transformers', 'bert_score') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'transformers', 'bert_score', 'evalq.workers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -329,7 +330,7 @@ def test_registry_entry():
 
 
 def test_gpu_worker_is_one_solo_process_with_prefetch_one():
-    from orchestrator.workerargs import worker_argv
+    from evalq.orchestrator.workerargs import worker_argv
 
     for concurrency in (None, 4):
         argv = worker_argv(["gpu"], concurrency=concurrency)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
-from shared.errors import JobError
-from shared.job import parse_job
-from shared.model import render_prompt
+from evalq.shared.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
+from evalq.shared.errors import JobError
+from evalq.shared.job import parse_job
+from evalq.shared.model import render_prompt
 
 CONVERSATION = {"id": "c1", "messages": [
     {"role": "user", "content": "How do I check my order?"},
@@ -238,7 +238,7 @@ def test_render_prompt():
 def test_location_lookups_agree_with_jmespath(expression):
     import jmespath
 
-    from shared.dataset import _getter
+    from evalq.shared.dataset import _getter
 
     record = {"question": "q", "meta": {"category": "c", "x": 3}, "actual-output": "o", "list": [1],
               "answers": ["a", "b"], "messages": [{"role": "user", "content": "hi"}]}
@@ -246,7 +246,7 @@ def test_location_lookups_agree_with_jmespath(expression):
 
 
 def test_relative_dataset_path_is_read_from_the_job_files_folder(tmp_path, monkeypatch):
-    from shared.job import load_job
+    from evalq.shared.job import load_job
 
     folder = tmp_path / "jobs"
     (folder / "data").mkdir(parents=True)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from shared.errors import JobError
-from shared.job import load_job, parse_job
+from evalq.shared.errors import JobError
+from evalq.shared.job import load_job, parse_job
 
 GOOD_INSTANCE = {"id": "1", "input": "q", "actual-output": "a b", "expected-output": ["a b"]}
 
@@ -139,7 +139,7 @@ def test_top_level_must_be_object():
 def test_judge_chunks_spread_over_deployments_by_tpm(monkeypatch):
     from collections import Counter
 
-    from orchestrator.submit import plan
+    from evalq.orchestrator.submit import plan
 
     monkeypatch.setenv("EVALQ_UNIT_KEY", "k")
     judges = {"j": {"provider": "openai", "model": "m", "api_key_env": "EVALQ_UNIT_KEY", "deployments": [

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from shared.errors import MetricError
-from shared.judges import JudgeParams, RubricParams
-from workers.metrics import quality
-from workers.metrics.quality import parse_rating
+from evalq.shared.errors import MetricError
+from evalq.shared.judges import JudgeParams, RubricParams
+from evalq.workers.metrics import quality
+from evalq.workers.metrics.quality import parse_rating
 
 
 @pytest.mark.parametrize("text,expected", [

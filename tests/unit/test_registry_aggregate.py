@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-import shared.metrics  # noqa: F401
-from shared.aggregate import MeanAggregator
-from shared.params import NoParams
-from shared.registry import REGISTRY, MetricSpec, Registry, UnknownMetric
+import evalq.shared.metrics  # noqa: F401
+from evalq.shared.aggregate import MeanAggregator
+from evalq.shared.params import NoParams
+from evalq.shared.registry import REGISTRY, MetricSpec, Registry, UnknownMetric
 
 
 def test_lookup_miss_suggests_and_lists():
@@ -27,7 +27,7 @@ def test_duplicate_registration_refused():
 
 def test_every_builtin_metric_loads_lazily():
     for spec in REGISTRY.all():
-        if spec.impl.startswith("workers."):
+        if spec.impl.startswith("evalq.workers."):
             assert callable(spec.load())
 
 
@@ -61,7 +61,7 @@ def test_no_items_scores_none():
      [{"score": s, "reason": "r"} for s in (0, 3, 2, 2, 1, 3, 3)]),
 ])
 def test_chunk_parts_merge_to_the_streaming_aggregate(kind, params, results):
-    from shared.aggregate import aggregator_for, chunk_part, merge_parts
+    from evalq.shared.aggregate import aggregator_for, chunk_part, merge_parts
 
     records = []
     for i, result in enumerate(results):
@@ -86,6 +86,6 @@ def test_chunk_parts_merge_to_the_streaming_aggregate(kind, params, results):
 
 
 def test_distribution_is_not_merged_from_parts():
-    from shared.aggregate import chunk_part
+    from evalq.shared.aggregate import chunk_part
 
     assert chunk_part("distribution", {}, [{"instance_id": "1", "result": 0.5}]) is None

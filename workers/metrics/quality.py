@@ -13,8 +13,8 @@ import json
 import re
 from typing import Any, Protocol
 
-from shared.errors import MetricError
-from shared.judges import JudgeParams, RubricParams
+from evalq.shared.errors import MetricError
+from evalq.shared.judges import JudgeParams, RubricParams
 
 
 class Judge(Protocol):

@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel, Field
 
-from orchestrator.judgesim import Faults, JudgeSim, Region, judge_sim_command, main
+from evalq.sim import Faults, JudgeSim, Region, judge_sim_command, main
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAIN = re.compile(r"\AReason: (?P<reason>[^\n\d]+)\nScore: (?P<score>-?\d+)\Z")
@@ -529,7 +529,7 @@ def test_stop_is_prompt_even_with_a_hanging_request():
 
 def test_cli_prints_one_line_per_region_and_stops_on_sigterm():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.judgesim", "--region", "lab:1000:5", "--region", "eu:0:0",
+        [sys.executable, "-m", "evalq.sim", "--region", "lab:1000:5", "--region", "eu:0:0",
          "--window", "5", "--latency", "0.01"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)})

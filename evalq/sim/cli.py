@@ -1,0 +1,104 @@
+"""``evalq judge-sim`` and ``python -m evalq.sim``: serve simulated regions until stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from typing import Any, Sequence
+
+import click
+
+from evalq.sim.faults import Faults
+from evalq.sim.regions import Region, parse_region
+from evalq.sim.server import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, JudgeSim
+
+
+def _region_param(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[Region]:
+    try:
+        regions = [parse_region(v) for v in values]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return regions
+
+
+@click.command("judge-sim", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--region", "regions", multiple=True, default=("lab:20000:120",), show_default=True,
+              callback=_region_param, metavar="NAME:TPM:RPM[:PORT]",
+              help="A simulated region (repeatable); 0 disables a limit; no PORT: a free one.")
+@click.option("--latency", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Base latency per request, seconds.")
+@click.option("--jitter", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Extra uniform random latency in [0, JITTER) seconds (seeded).")
+@click.option("--fail-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Probability of a 500.")
+@click.option("--timeout-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Probability of a timeout (hang --timeout-seconds).")
+@click.option("--malformed-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Probability of a reply with no valid score.")
+@click.option("--timeout-seconds", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="How long a timeout fault hangs.")
+@click.option("--timeout-action", type=click.Choice(["drop", "late"]), default="drop",
+              show_default=True, help="After hanging: close the connection, or answer late.")
+@click.option("--window", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Sliding rate-limit window, seconds.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for faults and jitter.")
+@click.option("--model", "models", multiple=True, default=(DEFAULT_MODEL,), show_default=True,
+              help="Model name listed by /v1/models (repeatable; any model is accepted).")
+@click.option("--max-tokens-default", type=click.IntRange(min=1), default=DEFAULT_MAX_TOKENS,
+              show_default=True, help="max_tokens assumed at admission when a request has none.")
+@click.option("--api-key", envvar="EVALQ_JUDGE_SIM_API_KEY", default=None, metavar="KEY",
+              help="Accept only this key (env EVALQ_JUDGE_SIM_API_KEY); default: any key.")
+@click.option("-v", "--verbose", is_flag=True, help="Log one line per request to stderr.")
+def judge_sim_command(regions: list[Region], latency: float, jitter: float, fail_rate: float,
+                      timeout_rate: float, malformed_rate: float, timeout_seconds: float,
+                      timeout_action: str, window: float, seed: int, models: tuple[str, ...],
+                      max_tokens_default: int, api_key: str | None, verbose: bool) -> None:
+    """Serve simulated OpenAI / Azure OpenAI chat endpoints on loopback, one port per
+    region, until SIGINT or SIGTERM. Prints `NAME BASE_URL` per region."""
+    try:
+        faults = Faults(error500=fail_rate, timeout=timeout_rate, malformed=malformed_rate,
+                        timeout_seconds=timeout_seconds, timeout_action=timeout_action)
+        sim = JudgeSim(regions, latency=latency, jitter=jitter, fault_rates=faults,
+                       window_seconds=window, seed=seed, api_key=api_key, models=models,
+                       default_max_tokens=max_tokens_default, log=sys.stderr if verbose else None)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        sim.start()
+    except OSError as exc:
+        raise click.ClickException(f"cannot bind: {exc}") from None
+    done = threading.Event()
+    previous: dict[int, Any] = {}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread: rely on Ctrl-C
+                previous[signum] = signal.signal(signum, lambda *_: done.set())
+        for region in sim.regions:
+            click.echo(f"{region.name} {sim.base_url(region.name)}")
+        sys.stdout.flush()
+        click.echo(f"judge-sim: {len(sim.regions)} region(s), window {window:g} s; "
+                   "SIGINT/SIGTERM to stop", err=True)
+        while not done.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        sim.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m evalq.sim [options]``; returns the exit code."""
+    try:
+        judge_sim_command.main(args=list(argv) if argv is not None else None,
+                               prog_name="evalq judge-sim", standalone_mode=False)
+    except click.exceptions.Abort:
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    return 0
+

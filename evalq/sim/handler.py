@@ -1,0 +1,354 @@
+"""HTTP request handling: one threading server per region; routes, keys,
+admission, faults, latency and the chat-completions reply."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import math
+import re
+import socket
+import socketserver
+import sys
+import threading
+import time
+import traceback
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from evalq.sim.faults import INJECTED_RETRY_AFTER_S, parse_markers
+from evalq.sim.regions import RegionState
+from evalq.sim.replies import BadRequest, build_choice
+from evalq.sim.tokens import count_prompt_tokens
+
+if TYPE_CHECKING:
+    from evalq.sim.server import JudgeSim
+
+HOST = "127.0.0.1"
+
+
+_AZURE_PATH = re.compile(r"^/openai/deployments/([^/]+)/chat/completions$")
+
+
+class RegionServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+    allow_reuse_address = True
+
+    def __init__(self, sim: JudgeSim, state: RegionState) -> None:
+        self.sim, self.state = sim, state
+        self.conns: set[socket.socket] = set()
+        self.handler_threads: set[threading.Thread] = set()
+        self.conn_lock = threading.Lock()
+        super().__init__((HOST, state.region.port), Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind would call socket.getfqdn(): a DNS lookup, needless here
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = HOST, self.server_address[1]
+
+    def process_request_thread(self, request, client_address):  # noqa: ANN001
+        me = threading.current_thread()
+        with self.conn_lock:
+            self.conns.add(request)
+            self.handler_threads.add(me)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.conn_lock:
+                self.conns.discard(request)
+                self.handler_threads.discard(me)
+
+    def handle_error(self, request, client_address) -> None:  # noqa: ANN001
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):  # a client went away, or stop() closed the socket
+            return
+        super().handle_error(request, client_address)
+
+    def close_connections(self) -> None:
+        with self.conn_lock:
+            conns = list(self.conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def join_handlers(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.conn_lock:
+            threads = list(self.handler_threads)
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+class _Drop(Exception):
+    """Close the connection without answering."""
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "judge-sim"
+    sys_version = ""
+    timeout = 120  # idle keep-alive connections are closed after this
+    disable_nagle_algorithm = True  # else headers then body cost a 40 ms delayed-ACK stall
+    server: RegionServer
+
+    # -- plumbing
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # never the default (it would write to stderr); see _log
+
+    def _log(self, status: int | str) -> None:
+        stream = self.server.sim.log
+        if stream is None:
+            return
+        path = urlsplit(self.path).path  # no query string, no headers: never a key
+        with contextlib.suppress(Exception):
+            stream.write(f"judge-sim {self.server.state.region.name} {self.command} {path} {status}\n")
+            stream.flush()
+
+    def _send_json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        self._responded = True
+        self._leave()  # before the reply goes out: a client's next /stats must not see this one in flight
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("x-request-id", uuid.uuid4().hex)
+        self.send_header("x-judge-sim-region", self.server.state.region.name)
+        for key, val in (headers or {}).items():
+            self.send_header(key, val)
+        self.end_headers()
+        self.wfile.write(data)
+        self._log(status)
+
+    def _error(self, status: int, message: str, etype: str, code: str | None = None,
+               param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        self._send_json(status, {"error": {"message": message, "type": etype, "param": param,
+                                           "code": code}}, headers)
+
+    def _read_body(self) -> bytes | None:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            self.close_connection = True
+            return None
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self.close_connection = True
+            return None
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0 and self.server.sim._stopping.wait(seconds):
+            raise _Drop()
+
+    def _presented_key(self) -> str | None:
+        auth = self.headers.get("Authorization", "")
+        if auth[:7].lower() == "bearer " and auth[7:].strip():
+            return auth[7:].strip()
+        key = self.headers.get("api-key", "").strip()
+        return key or None
+
+    def _authorized(self) -> bool:
+        key = self._presented_key()
+        expected = self.server.sim.api_key
+        if key is None:
+            return False
+        return expected is None or hmac.compare_digest(key.encode(), expected.encode())
+
+    def _unauthorized(self) -> None:
+        self._error(401, "Incorrect API key provided (judge-sim).", "invalid_request_error",
+                    "invalid_api_key")
+
+    # -- routes
+    def do_GET(self) -> None:  # noqa: N802
+        path = urlsplit(self.path).path.rstrip("/")
+        if path == "/stats":
+            self._send_json(200, self.server.sim.stats(self.server.state.region.name))
+        elif path in ("/v1/models", "/openai/models", "/openai/v1/models"):
+            if not self._authorized():
+                return self._unauthorized()
+            self._send_json(200, {"object": "list", "data": [
+                {"id": m, "object": "model", "created": 0, "owned_by": "judge-sim"}
+                for m in self.server.sim.models]})
+        else:
+            self._error(404, f"Unknown path {path!r}", "invalid_request_error", "not_found")
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self._read_body()
+        split = urlsplit(self.path)
+        path = split.path.rstrip("/")
+        if body is None:
+            return self._error(400, "a Content-Length body is required", "invalid_request_error")
+        if path == "/stats/reset":
+            flag = parse_qs(split.query).get("limits", ["0"])[-1].lower()
+            self.server.sim.reset_stats(self.server.state.region.name,
+                                        clear_limits=flag in ("1", "true", "yes"))
+            return self._send_json(200, self.server.sim.stats(self.server.state.region.name))
+        azure = _AZURE_PATH.match(path)
+        if azure is None and path not in ("/v1/chat/completions", "/openai/v1/chat/completions"):
+            return self._error(404, f"Unknown path {path!r}", "invalid_request_error", "not_found")
+        state = self.server.state
+        state.enter()
+        self._responded = False
+        self._in_flight = True
+        try:
+            self._chat(body, azure.group(1) if azure else None, parse_qs(split.query))
+        except _Drop:
+            self.close_connection = True
+            self._log("dropped")
+        except OSError:
+            self.close_connection = True
+        except Exception:  # a judge-sim bug: say so rather than hang up
+            self.close_connection = True
+            traceback.print_exc()
+            if not self._responded:
+                with contextlib.suppress(OSError):
+                    self._error(500, "judge-sim internal error (see its stderr)", "server_error")
+        finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        if getattr(self, "_in_flight", False):
+            self._in_flight = False
+            self.server.state.leave()
+
+    def _chat(self, raw: bytes, deployment: str | None, query: dict) -> None:
+        sim, state = self.server.sim, self.server.state
+        if not self._authorized():
+            state.add(unauthorized=1)
+            return self._unauthorized()
+
+        def bad(message: str, param: str | None = None, code: str | None = None) -> None:
+            state.add(bad_request=1)
+            self._error(400, message, "invalid_request_error", code, param)
+
+        if deployment is not None and not query.get("api-version"):
+            return bad("Missing required query parameter 'api-version'.", "api-version")
+        try:
+            body = json.loads(raw or b"null")
+        except (ValueError, UnicodeDecodeError):
+            return bad("We could not parse the JSON body of your request.")
+        if not isinstance(body, dict):
+            return bad("The request body must be a JSON object.")
+        model = deployment or body.get("model")
+        if not isinstance(model, str) or not model:
+            return bad("you must provide a model parameter", "model")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            return bad("'messages' must be a non-empty array of objects with a 'role'.", "messages")
+        if body.get("stream"):
+            return bad("judge-sim does not support stream=true.", "stream")
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                       or max_tokens < 1):
+            return bad("max_tokens must be a positive integer.", "max_tokens")
+        n = body.get("n", 1)
+        if n is None:
+            n = 1
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128:
+            return bad("n must be an integer between 1 and 128.", "n")
+
+        markers = parse_markers(messages)
+        try:  # a pure function of the request: invalid requests are refused before admission
+            reply = build_choice(body, model, messages, markers, False, max_tokens)
+        except BadRequest as exc:
+            return bad(str(exc), exc.param, exc.code)
+        # "-once" faults fire the first time the sim sees this exact request
+        req_key = hashlib.sha256(json.dumps({**body, "model": model}, sort_keys=True,
+                                            ensure_ascii=False).encode("utf-8")).hexdigest()
+
+        def fires(kind: str) -> bool:
+            return kind in markers.faults and (
+                not markers.faults[kind] or sim._first_time(f"{kind}:{req_key}"))
+
+        if fires("429"):
+            state.add(rate_limited=1, rate_limited_injected=1)
+            return self._error(
+                429, f"Rate limit reached (judge-sim injected). Please retry after "
+                     f"{INJECTED_RETRY_AFTER_S} second.", "requests", "rate_limit_exceeded",
+                headers={"Retry-After": str(INJECTED_RETRY_AFTER_S),
+                         "retry-after-ms": str(INJECTED_RETRY_AFTER_S * 1000)})
+
+        prompt_tokens = count_prompt_tokens(messages)
+        cost = prompt_tokens + (max_tokens or sim.default_max_tokens) * n
+        adm = state.admit(cost)
+        if not adm.admitted:
+            state.add(rate_limited=1)
+            region = state.region
+            headers = {"Retry-After": str(max(1, math.ceil(adm.wait))),
+                       "retry-after-ms": str(max(1, math.ceil(adm.wait * 1000)))}
+            if adm.too_large:
+                headers["x-should-retry"] = "false"
+                msg = (f"Request too large for region {region.name}: limit {region.tpm} tokens per "
+                       f"{sim.window_seconds:g} s, requested {cost}.")
+            elif adm.kind == "requests":
+                msg = (f"Rate limit reached for requests in region {region.name}: limit {region.rpm} "
+                       f"per {sim.window_seconds:g} s. Please retry after {headers['Retry-After']} "
+                       f"seconds.")
+            else:
+                msg = (f"Rate limit reached for tokens in region {region.name}: limit {region.tpm} "
+                       f"per {sim.window_seconds:g} s, requested {cost}. Please retry after "
+                       f"{headers['Retry-After']} seconds.")
+            return self._error(429, msg, adm.kind, "rate_limit_exceeded", headers=headers)
+
+        faults = sim.faults
+        fault = None
+        for kind in ("500", "timeout", "malformed"):
+            if fires(kind):
+                fault = kind
+                break
+        if fault is None:
+            u = adm.fault_draw
+            if u < faults.error500:
+                fault = "500"
+            elif u < faults.error500 + faults.timeout:
+                fault = "timeout"
+            elif u < faults.error500 + faults.timeout + faults.malformed:
+                fault = "malformed"
+        delay = sim.latency + sim.jitter * adm.jitter_draw + markers.delay
+
+        if fault == "500":
+            state.add(error500=1)
+            self._sleep(delay)
+            return self._error(500, "The server had an error while processing your request. "
+                                    "Sorry about that! (judge-sim injected)", "server_error")
+        if fault == "malformed":
+            reply = build_choice(body, model, messages, markers, True, max_tokens)
+        if fault == "timeout":
+            state.add(timeout=1)
+            self._sleep(faults.timeout_seconds)
+            if faults.timeout_action == "drop":
+                raise _Drop()
+        else:
+            self._sleep(delay)
+            state.add(**({"malformed": 1} if fault == "malformed" else {"ok": 1}))
+        message, finish, per_choice = reply
+        choices = [(i, message, finish) for i in range(n)]
+        completion_tokens = per_choice * n
+        state.add(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        headers = {}
+        region = state.region
+        if adm.remaining_requests is not None:
+            headers["x-ratelimit-limit-requests"] = str(region.rpm)
+            headers["x-ratelimit-remaining-requests"] = str(adm.remaining_requests)
+        if adm.remaining_tokens is not None:
+            headers["x-ratelimit-limit-tokens"] = str(region.tpm)
+            headers["x-ratelimit-remaining-tokens"] = str(adm.remaining_tokens)
+        self._send_json(200, {
+            "id": "chatcmpl-sim" + uuid.uuid4().hex[:20],
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": "judge-sim",
+            "choices": [{"index": i, "message": m, "finish_reason": f, "logprobs": None}
+                        for i, m, f in choices],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }, headers)
+
+
+# ---------------------------------------------------------------- public API

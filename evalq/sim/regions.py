@@ -1,0 +1,155 @@
+"""Simulated regions: each with its own port and RPM/TPM budgets over a sliding
+window, its seeded random draws and its counters."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Region:
+    """A simulated region: its own port, RPM and TPM budgets. ``port=0`` picks a free
+    port; a limit of 0 or None disables that limit."""
+
+    name: str
+    tpm: int | None = None
+    rpm: int | None = None
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError("region name must be a non-empty string")
+        for label, value in (("tpm", self.tpm), ("rpm", self.rpm)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"region {self.name}: {label} must be a non-negative integer")
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"region {self.name}: bad port {self.port!r}")
+
+
+def parse_region(spec: str) -> Region:
+    """``NAME:TPM:RPM[:PORT]`` -> Region (0 disables a limit; no port: a free one)."""
+    parts = spec.split(":")
+    if len(parts) not in (3, 4) or not parts[0]:
+        raise ValueError(f"region {spec!r}: expected NAME:TPM:RPM[:PORT]")
+    try:
+        nums = [int(p) for p in parts[1:]]
+    except ValueError:
+        raise ValueError(f"region {spec!r}: expected NAME:TPM:RPM[:PORT] with integer TPM, RPM, PORT") from None
+    return Region(parts[0], tpm=nums[0], rpm=nums[1], port=nums[2] if len(nums) == 3 else 0)
+
+
+_COUNTERS = ("requests", "ok", "rate_limited", "rate_limited_injected", "unauthorized",
+             "bad_request", "error500", "timeout", "malformed", "prompt_tokens",
+             "completion_tokens", "admitted_requests", "admitted_tokens",
+             "peak_window_requests", "peak_window_tokens", "peak_in_flight")
+
+
+@dataclass
+class _Admission:
+    admitted: bool
+    kind: str = ""            # "requests" | "tokens" when refused
+    wait: float = 0.0         # seconds until it would fit
+    too_large: bool = False
+    remaining_requests: int | None = None
+    remaining_tokens: int | None = None
+    fault_draw: float = 0.0
+    jitter_draw: float = 0.0
+
+
+class RegionState:
+    def __init__(self, region: Region, window: float, seed: int) -> None:
+        self.region = region
+        self.window = window
+        self.lock = threading.Lock()
+        self.rng = random.Random(f"{seed}:{region.name}")
+        self.entries: deque[tuple[float, int]] = deque()  # (admitted at, cost)
+        self.window_tokens = 0
+        self.in_flight = 0
+        self.counts = dict.fromkeys(_COUNTERS, 0)
+
+    def _prune(self, now: float) -> None:
+        while self.entries and self.entries[0][0] <= now - self.window:
+            _, cost = self.entries.popleft()
+            self.window_tokens -= cost
+
+    def admit(self, cost: int) -> _Admission:
+        rpm, tpm = self.region.rpm or None, self.region.tpm or None
+        with self.lock:
+            now = time.monotonic()
+            self._prune(now)
+            if tpm is not None and cost > tpm:
+                return _Admission(False, "tokens", self.window, too_large=True)
+            n, tokens = len(self.entries), self.window_tokens
+            fits_r = rpm is None or n + 1 <= rpm
+            fits_t = tpm is None or tokens + cost <= tpm
+            if not (fits_r and fits_t):
+                kind = "requests" if not fits_r else "tokens"
+                wait = self.window
+                for at, c in self.entries:  # oldest first: when has enough expired?
+                    n, tokens = n - 1, tokens - c
+                    if (rpm is None or n + 1 <= rpm) and (tpm is None or tokens + cost <= tpm):
+                        wait = at + self.window - now
+                        break
+                return _Admission(False, kind, max(wait, 0.001))
+            self.entries.append((now, cost))
+            self.window_tokens += cost
+            c = self.counts
+            c["admitted_requests"] += 1
+            c["admitted_tokens"] += cost
+            c["peak_window_requests"] = max(c["peak_window_requests"], len(self.entries))
+            c["peak_window_tokens"] = max(c["peak_window_tokens"], self.window_tokens)
+            return _Admission(
+                True,
+                remaining_requests=None if rpm is None else rpm - len(self.entries),
+                remaining_tokens=None if tpm is None else tpm - self.window_tokens,
+                fault_draw=self.rng.random(), jitter_draw=self.rng.random())
+
+    def add(self, **deltas: int) -> None:
+        with self.lock:
+            for key, delta in deltas.items():
+                self.counts[key] += delta
+
+    def enter(self) -> None:
+        with self.lock:
+            self.counts["requests"] += 1
+            self.in_flight += 1
+            self.counts["peak_in_flight"] = max(self.counts["peak_in_flight"], self.in_flight)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+    def snapshot(self, port: int) -> dict:
+        with self.lock:
+            self._prune(time.monotonic())
+            c = dict(self.counts)
+            errors = {"error500": c.pop("error500"), "timeout": c.pop("timeout"),
+                      "malformed": c.pop("malformed")}
+            errors["total"] = sum(errors.values())
+            return {
+                "region": self.region.name, "port": port, "tpm": self.region.tpm or None,
+                "rpm": self.region.rpm or None, "window_seconds": self.window,
+                **{k: c[k] for k in ("requests", "ok", "rate_limited", "rate_limited_injected")},
+                "errors": errors,
+                **{k: c[k] for k in ("unauthorized", "bad_request", "prompt_tokens",
+                                     "completion_tokens", "admitted_requests", "admitted_tokens")},
+                "window_requests": len(self.entries), "window_tokens": self.window_tokens,
+                "peak_window_requests": c["peak_window_requests"],
+                "peak_window_tokens": c["peak_window_tokens"],
+                "in_flight": self.in_flight, "peak_in_flight": c["peak_in_flight"],
+            }
+
+    def reset(self, clear_limits: bool) -> None:
+        with self.lock:
+            self.counts = dict.fromkeys(_COUNTERS, 0)
+            self.counts["peak_in_flight"] = self.in_flight
+            if clear_limits:
+                self.entries.clear()
+                self.window_tokens = 0
+            else:
+                self.counts["peak_window_requests"] = len(self.entries)
+                self.counts["peak_window_tokens"] = self.window_tokens

@@ -1,0 +1,142 @@
+"""JudgeSim: the simulator as a whole, one HTTP server per region on loopback."""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence, TextIO
+
+from evalq.sim.faults import Faults
+from evalq.sim.handler import HOST, RegionServer
+from evalq.sim.regions import Region, RegionState
+
+DEFAULT_MODEL = "judge-sim"
+DEFAULT_MAX_TOKENS = 256
+
+
+class JudgeSim:
+    """Simulated LLM regions on loopback. ``start()`` (or ``with``) binds one port per
+    region; ``stop()`` shuts everything down, waking any request still sleeping."""
+
+    def __init__(self, regions: Sequence[Region] | None = None, *, latency: float = 0.0,
+                 jitter: float = 0.0, fault_rates: Faults | None = None,
+                 window_seconds: float = 60.0, seed: int = 0, api_key: str | None = None,
+                 models: Sequence[str] = (DEFAULT_MODEL,),
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, log: TextIO | None = None) -> None:
+        regions = list(regions) if regions else [Region("local")]
+        names = [r.name for r in regions]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate region names: {names}")
+        if latency < 0 or jitter < 0:
+            raise ValueError("latency and jitter must be >= 0")
+        if window_seconds <= 0:
+            raise ValueError("window_seconds must be > 0")
+        if default_max_tokens < 1:
+            raise ValueError("default_max_tokens must be >= 1")
+        self.regions = regions
+        self.latency, self.jitter = float(latency), float(jitter)
+        self.faults = fault_rates or Faults()
+        self.window_seconds = float(window_seconds)
+        self.seed = seed
+        self.api_key = api_key or None
+        self.models = list(models) or [DEFAULT_MODEL]
+        self.default_max_tokens = default_max_tokens
+        self.log = log
+        self._states = {r.name: RegionState(r, self.window_seconds, seed) for r in regions}
+        self._servers: dict[str, RegionServer] = {}
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._seen: set[str] = set()
+        self._seen_lock = threading.Lock()
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"JudgeSim(regions={[r.name for r in self.regions]}, running={self.running})"
+
+    @property
+    def running(self) -> bool:
+        return bool(self._servers) and not self._stopping.is_set()
+
+    def start(self) -> JudgeSim:
+        if self._servers:
+            raise RuntimeError("judge-sim already started")
+        self._stopping.clear()
+        try:
+            for region in self.regions:
+                self._servers[region.name] = RegionServer(self, self._states[region.name])
+        except OSError:
+            for server in self._servers.values():
+                server.server_close()
+            self._servers.clear()
+            raise
+        for name, server in self._servers.items():
+            t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                                 name=f"judge-sim-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if not self._servers:
+            return
+        self._stopping.set()
+        servers = list(self._servers.values())
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+            server.close_connections()
+        for server in servers:
+            server.join_handlers(timeout)
+        for t in self._threads:
+            t.join(timeout)
+        self._servers.clear()
+        self._threads.clear()
+
+    def __enter__(self) -> JudgeSim:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _server(self, region: str) -> RegionServer:
+        if region not in self._states:
+            raise KeyError(f"unknown region {region!r}; have {list(self._states)}")
+        if region not in self._servers:
+            raise RuntimeError("judge-sim is not running")
+        return self._servers[region]
+
+    def port(self, region: str) -> int:
+        return self._server(region).server_address[1]
+
+    def azure_endpoint(self, region: str) -> str:
+        """For ``openai.AzureOpenAI(azure_endpoint=...)``: ``http://127.0.0.1:PORT``."""
+        return f"http://{HOST}:{self.port(region)}"
+
+    def base_url(self, region: str) -> str:
+        """For ``openai.OpenAI(base_url=...)``: ``http://127.0.0.1:PORT/v1``."""
+        return self.azure_endpoint(region) + "/v1"
+
+    def stats(self, region: str | None = None) -> dict:
+        """One region's counters, or ``{name: counters}`` for all."""
+        def one(name: str) -> dict:
+            server = self._servers.get(name)
+            return self._states[name].snapshot(server.server_address[1] if server else 0)
+        if region is not None:
+            if region not in self._states:
+                raise KeyError(f"unknown region {region!r}")
+            return one(region)
+        return {name: one(name) for name in self._states}
+
+    def reset_stats(self, region: str | None = None, *, clear_limits: bool = False) -> None:
+        """Zero the counters (and peaks) of one region or all. ``clear_limits`` also
+        empties the rate-limit windows and forgets which ``-once`` requests were seen."""
+        for name in ([region] if region is not None else list(self._states)):
+            self._states[name].reset(clear_limits)
+        if clear_limits:
+            with self._seen_lock:
+                self._seen.clear()
+
+    def _first_time(self, key: str) -> bool:
+        with self._seen_lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            return True
