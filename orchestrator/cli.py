@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -91,7 +90,9 @@ def validate(job_file: Path) -> None:
 
     job = load_job(job_file)
     _describe(job, job_file, err=False)
-    metrics = ", ".join(f"{m.key} ({m.spec.queue})" for m in job.metrics)
+    repeated = {m.id for m in job.metrics if sum(o.id == m.id for o in job.metrics) > 1}
+    metrics = ", ".join(f"{m.label} (metrics[{m.position}], {m.spec.queue})" if m.id in repeated
+                        else f"{m.label} ({m.spec.queue})" for m in job.metrics)
     per_queue = Counter(chunk.queue for chunk in plan(job, runs=job.runs))
     tasks = ", ".join(f"{n} on {q}" for q, n in sorted(per_queue.items()))
     click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}; tasks: {tasks}")

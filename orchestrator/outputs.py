@@ -1,8 +1,8 @@
 """The outputs of a run, written by the orchestrator from Redis to a local
 directory or an S3 prefix:
 
-- ``results.json``: HarpIA's list, one aggregate per metric;
-- ``log.jsonl``: one line per (instance, metric), after one line per
+- ``results.json``: HarpIA's list, one aggregate per enabled metric entry;
+- ``log.jsonl``: one line per (instance, metric entry), after one line per
   generated output (``"metric": "generate"``) when the model under test ran;
 - ``run.json``: what ran: job id, source, dataset and how it was read, bad
   records skipped, the generation stage's summary, times and versions.
@@ -43,7 +43,7 @@ def run_info(job: Job, job_id: str, generation: dict | None, started: datetime, 
                   "started_at": started.isoformat(timespec="seconds"),
                   "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "wall_time": round(wall, 3), "n_instances": len(job.instances),
-                  "metrics": [m.key for m in job.metrics]}
+                  "metrics": [m.head() for m in job.metrics]}
     if job.categories:
         info["categories"] = job.categories
     if job.dataset is not None:
@@ -61,10 +61,7 @@ def log_lines(r: redis.Redis, job: Job, job_id: str) -> Iterator[str]:
     by metric in job order, instances in job order."""
     n = len(job.instances)
     for m in job.runs:
-        head = {"metric": m.id}
-        if m.key != m.id:
-            head["name"] = m.key
-        head["parameters"] = m.params_json()
+        head = m.head()
         head_json = json.dumps(head, ensure_ascii=False)[1:-1]
         rkey = keys.results(job_id, m.key)
         for start in range(0, n, LOG_BATCH):

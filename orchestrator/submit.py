@@ -74,6 +74,8 @@ def job_spec(job: Job) -> dict:
     metrics = {}
     for m in job.metrics:
         entry = {"id": m.id, "parameters": m.params_json(), "queue": m.queue}
+        if m.name is not None:
+            entry["name"] = m.name
         prepare = m.spec.load_prepare()
         if prepare is not None:
             entry["prepared"] = prepare(job.instances, m.params)

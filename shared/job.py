@@ -7,6 +7,7 @@ raises one ``JobError``. Nothing is enqueued until a job validates.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -33,16 +34,41 @@ METRIC_KEYS = {"id", "enable", "parameters", "name"}
 
 @dataclass(frozen=True)
 class MetricRun:
-    """One enabled metric of a job, with its parameters resolved (defaults filled in)."""
+    """One enabled metric entry of a job, with its parameters resolved (defaults filled in).
 
-    key: str  # unique within the job: the metric's ``name`` or its id
+    A job may list one metric several times with different parameters (as HarpIA
+    allows); ``key`` tells the entries apart inside evalq (Redis keys, task
+    arguments) and is derived from the entry's position, never asked of users.
+    """
+
+    key: str  # unique within the job: ``<id>@<position>`` (``generate`` for that stage)
     spec: MetricSpec
     params: BaseModel
     judge: Any = None  # judge metrics: the judge its parameters name (generation: the model)
+    name: str | None = None  # the entry's optional ``name``, as the job gave it
+    position: int | None = None  # index in the job's ``metrics`` list
 
     @property
     def id(self) -> str:
         return self.spec.id
+
+    @property
+    def label(self) -> str:
+        """How messages name the entry: its ``name``, else its id."""
+        return self.name or self.spec.id
+
+    @property
+    def where(self) -> str:
+        """The entry's place in the job file, as validation errors give it."""
+        return f"metrics[{self.position}] ({self.spec.id})" if self.position is not None else self.spec.id
+
+    def head(self) -> dict[str, Any]:
+        """What outputs say about the entry: ``metric``, ``name`` (if given), ``parameters``."""
+        head: dict[str, Any] = {"metric": self.spec.id}
+        if self.name is not None:
+            head["name"] = self.name
+        head["parameters"] = self.params_json()
+        return head
 
     @property
     def queues(self) -> list[str]:
@@ -179,7 +205,9 @@ def _required_fields(metrics: list[MetricRun]) -> dict[str, list[str]]:
     required: dict[str, list[str]] = {}
     for run in metrics:
         for f in run.spec.requires:
-            required.setdefault(f, []).append(run.key)
+            users = required.setdefault(f, [])
+            if run.label not in users:  # a metric listed twice is named once
+                users.append(run.label)
     return required
 
 
@@ -257,13 +285,13 @@ def _resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
         judge = judges.get(name)
         if judge is None:
             known = ", ".join(sorted(judges)) or "none defined"
-            problems.add(f"metric {run.key}.parameters.judge",
+            problems.add(f"{run.where}.parameters.judge",
                          f"no judge named {name!r}{_did_you_mean(name, judges)} (judges: {known})")
             continue
         if name not in checked_env:
             _check_key_env(judge.api_key_env, f"judges.{name}.api_key_env", problems)
         checked_env.add(name)
-        resolved.append(MetricRun(key=run.key, spec=run.spec, params=run.params, judge=judge))
+        resolved.append(dataclasses.replace(run, judge=judge))
     return resolved
 
 
@@ -280,7 +308,8 @@ def _parse_metrics(raw: Any, problems: _Problems) -> list[MetricRun]:
         problems.add("metrics", f"expected a list, got {_kind(raw)}")
         return []
     runs: list[MetricRun] = []
-    seen: dict[str, int] = {}
+    names: dict[str, int] = {}  # name -> position of the enabled entry that has it
+    computed: dict[tuple[str, str], int] = {}  # (id, resolved parameters) -> position
     for i, entry in enumerate(raw):
         where = f"metrics[{i}]"
         if not isinstance(entry, dict):
@@ -315,18 +344,27 @@ def _parse_metrics(raw: Any, problems: _Problems) -> list[MetricRun]:
             for message in _param_errors(exc, spec):
                 problems.add(f"{where}.parameters", message)
             continue
-        if not enable:
+        name = entry.get("name")
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            problems.add(where, f"'name' must be a non-empty string, got {json.dumps(name)}")
             continue
-        key = entry.get("name", metric_id)
-        if not isinstance(key, str) or not key:
-            problems.add(where, "'name' must be a non-empty string")
+        if not enable:  # validated, not run
             continue
-        if key in seen:
-            problems.add(where, f"metric {key!r} is already enabled at metrics[{seen[key]}]; "
-                         "give each a distinct 'name'")
+        if name is not None:
+            if name in names:
+                problems.add(where, f"name {name!r} is already used by metrics[{names[name]}]; "
+                             "names must be distinct (or leave them out)")
+                continue
+            names[name] = i
+        # the same metric may be listed again with other parameters; with the same
+        # (defaults filled in) it would compute the same thing twice
+        same = (metric_id, json.dumps(params.model_dump(mode="json"), sort_keys=True))
+        if same in computed:
+            problems.add(where, f"same metric and parameters as metrics[{computed[same]}] (defaults filled "
+                         "in): it would compute the same thing twice; change the parameters or remove one")
             continue
-        seen[key] = i
-        runs.append(MetricRun(key=key, spec=spec, params=params))
+        computed[same] = i
+        runs.append(MetricRun(key=f"{metric_id}@{i}", spec=spec, params=params, name=name, position=i))
     return runs
 
 

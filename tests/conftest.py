@@ -102,4 +102,8 @@ def read_log(out: Path) -> list[dict]:
 
 
 def read_results(out: Path) -> dict[str, dict]:
-    return {m.get("name", m["metric"]): m for m in json.loads((out / "results.json").read_text())}
+    """results.json by name or metric id (for jobs that list each metric once, or name the repeats)."""
+    results = json.loads((out / "results.json").read_text())
+    by_key = {m.get("name", m["metric"]): m for m in results}
+    assert len(by_key) == len(results), "a metric is listed twice: read results.json as a list"
+    return by_key

@@ -46,15 +46,15 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
             seen += 1
     elapsed = sum(float(v) for v in r.hvals(keys.timings(job_id, key)))
     counts = _counts(overall)
-    out = {"metric": entry["id"], "parameters": params, "score": counts.pop("score"),
-           "elapsed_time": round(elapsed, 6), **counts}
+    out = {"metric": entry["id"]}
+    if entry.get("name") is not None:
+        out["name"] = entry["name"]
+    out.update({"parameters": params, "score": counts.pop("score"), "elapsed_time": round(elapsed, 6), **counts})
     if by_category:
         out["categories"] = {c: _counts(by_category[c]) for c in sorted(by_category)}
     if metric.calls_endpoint:
         acct = r.hgetall(keys.accounting(job_id, key))
         out["judge"] = {f: int(acct.get(f.encode(), 0)) for f in ACCOUNTING_FIELDS}
-    if key != entry["id"]:
-        out["name"] = key
     if seen < total:
         out["n_missing"] = total - seen
         log.error("job %s %s: %d of %d items have no record", job_id, key, total - seen, total)

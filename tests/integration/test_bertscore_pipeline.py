@@ -49,7 +49,7 @@ def test_embedded_run_mixes_cpu_and_gpu_metrics(tmp_path):
 
     cands = [i["actual-output"] for i in INSTANCES]
     refs = [i["expected-output"] for i in INSTANCES]
-    kw = dict(model_type=bundled_model_dir(), num_layers=BUNDLED_NUM_LAYERS, device="cpu")
+    kw = dict(model_type=bundled_model_dir(), num_layers=BUNDLED_NUM_LAYERS, device="cpu", nthreads=0)
     scorer = BERTScorer(**kw)
     cands_ok = [c for c in cands if c]
     refs_ok = [r for c, r in zip(cands, refs) if c]

@@ -39,11 +39,14 @@ def test_embedded_run_of_the_example(tmp_path):
     assert proc.returncode == 0, proc.stderr
     job = json.loads((ROOT / "examples/translation.json").read_text())
     enabled = [m["id"] for m in job["metrics"] if m.get("enable", True)]
-    results = read_results(out)
-    assert list(results) == enabled
+    assert enabled.count("bleu") == 2  # HarpIA-style repeat, no names
+    results = json.loads((out / "results.json").read_text())
+    assert [m["metric"] for m in results] == enabled
     log = read_log(out)
-    pairs = [(line["instance_id"], line["metric"]) for line in log]
-    assert sorted(pairs) == sorted((i["id"], m) for i in job["instances"] for m in enabled)
+    pairs = [(line["instance_id"], line["metric"], json.dumps(line["parameters"])) for line in log]
+    assert sorted(pairs) == sorted((i["id"], m["metric"], json.dumps(m["parameters"]))
+                                   for i in job["instances"] for m in results)
+    assert len(set(pairs)) == len(pairs)
     time.sleep(0.5)
     assert processes_with_marker(marker) == [], "embedded Redis or workers left running"
 
@@ -51,7 +54,7 @@ def test_embedded_run_of_the_example(tmp_path):
 def test_validate_command(tmp_path):
     proc = evalq("validate", "examples/translation.json")
     assert proc.returncode == 0
-    assert "valid: 6 instances" in proc.stdout and "tasks: 4 on cpu" in proc.stdout
+    assert "valid: 6 instances" in proc.stdout and "tasks: 5 on cpu" in proc.stdout
 
 
 @pytest.mark.parametrize("content,expected", [

@@ -123,8 +123,8 @@ def test_summary_from_chunk_parts_equals_summary_from_items(redis_url, cpu_worke
               if json.loads(r.get(keys.spec(k.decode().split("{")[1].split("}")[0])) or "{}").get("n_instances") == 23}
     assert len(job_id) == 1
     job_id = job_id.pop()
-    assert r.hlen(keys.parts(job_id, "rouge")) == 6  # one per chunk of 4
-    r.delete(*[keys.parts(job_id, m) for m in ("rouge", "f1_score", "fail_on")])
+    assert r.hlen(keys.parts(job_id, "rouge@0")) == 6  # one per chunk of 4
+    r.delete(*[keys.parts(job_id, m) for m in ("rouge@0", "f1_score@1", "fail_on@2")])
     job_spec.cache_clear()
     finalize(r, job_id)
     from_items = {m.get("name", m["metric"]): m for m in json.loads(r.get(keys.summary(job_id)))}

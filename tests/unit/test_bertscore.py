@@ -61,8 +61,9 @@ def reference_scorer():
     def get(**kw):
         key = json.dumps(kw, sort_keys=True, default=str)
         if key not in made:
+            # nthreads=0: idf without a forked pool (a fork after torch started its threads can hang)
             made[key] = bert_score.BERTScorer(model_type=MODEL_DIR, num_layers=LAYERS, device="cpu",
-                                              **kw)
+                                              nthreads=0, **kw)
         return made[key]
 
     return get

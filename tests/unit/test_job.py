@@ -22,7 +22,7 @@ def test_valid_job_fills_defaults_and_skips_disabled():
     job = parse_job({"instances": [GOOD_INSTANCE],
                      "metrics": [{"id": "bleu", "enable": True, "parameters": {"weights": [1, 0]}},
                                  {"id": "rouge", "enable": False}]})
-    assert [m.key for m in job.metrics] == ["bleu"]
+    assert [(m.id, m.position, m.name) for m in job.metrics] == [("bleu", 0, None)]
     assert job.metrics[0].params_json() == {"weights": [1.0, 0.0], "smoothing_function": "method0",
                                             "auto_reweigh": False}
     assert job.queues == ["cpu"]
@@ -112,12 +112,49 @@ def test_misspelt_metric_field_and_top_level_field():
     assert "metrics[0] (bleu): unknown field 'enabled'; did you mean 'enable'?" in text
 
 
-def test_same_metric_twice_needs_names():
-    text = problems({"instances": [GOOD_INSTANCE], "metrics": [{"id": "bleu"}, {"id": "bleu"}]})
-    assert "already enabled at metrics[0]" in text
-    job = parse_job({"instances": [GOOD_INSTANCE],
-                     "metrics": [{"id": "bleu"}, {"id": "bleu", "name": "bleu1", "parameters": {"weights": [1]}}]})
-    assert [m.key for m in job.metrics] == ["bleu", "bleu1"]
+def test_same_metric_listed_again_with_other_parameters_needs_no_name():
+    job = parse_job({"instances": [GOOD_INSTANCE], "metrics": [
+        {"id": "bleu"}, {"id": "rouge"}, {"id": "bleu", "parameters": {"weights": [0.5, 0.5]}},
+        {"id": "bleu", "enable": False, "parameters": {"weights": [1]}},
+        {"id": "bleu", "name": "bleu1", "parameters": {"weights": [1]}}]})
+    assert [(m.id, m.position, m.name) for m in job.metrics] == [
+        ("bleu", 0, None), ("rouge", 1, None), ("bleu", 2, None), ("bleu", 4, "bleu1")]
+    assert len({m.key for m in job.metrics}) == 4  # internal keys differ, whatever the job says
+    assert [m.head()["parameters"]["weights"] for m in job.metrics if m.id == "bleu"] == [
+        [0.25] * 4, [0.5, 0.5], [1.0]]
+    assert "name" not in job.metrics[0].head() and job.metrics[3].head()["name"] == "bleu1"
+
+
+def test_same_metric_with_the_same_resolved_parameters_is_an_error():
+    # defaults filled in: {} and the default weights spelt out are the same computation
+    text = problems({"instances": [GOOD_INSTANCE], "metrics": [
+        {"id": "bleu"}, {"id": "rouge", "parameters": {"use_stemmer": True}},
+        {"id": "bleu", "parameters": {"weights": [0.25, 0.25, 0.25, 0.25], "smoothing_function": "method0"}},
+        {"id": "rouge", "name": "stemmed", "parameters": {"use_stemmer": True}}]})
+    assert ("job.json: metrics[2] (bleu): same metric and parameters as metrics[0] (defaults filled in)"
+            in text)
+    assert "job.json: metrics[3] (rouge): same metric and parameters as metrics[1]" in text
+    # a disabled repeat is validated, not compared
+    parse_job({"instances": [GOOD_INSTANCE], "metrics": [{"id": "bleu"}, {"id": "bleu", "enable": False}]})
+    assert "metrics[1] (bleu).parameters: unknown parameter 'weight'" in problems(
+        {"instances": [GOOD_INSTANCE], "metrics": [{"id": "bleu"}, {"id": "bleu", "enable": False,
+                                                                   "parameters": {"weight": [1]}}]})
+
+
+def test_names_are_optional_but_distinct_and_non_empty():
+    text = problems({"instances": [GOOD_INSTANCE], "metrics": [
+        {"id": "bleu", "name": "x"}, {"id": "rouge", "name": "x"}, {"id": "f1_score", "name": ""},
+        {"id": "exact_match", "name": 3, "enable": False}]})
+    assert "metrics[1] (rouge): name 'x' is already used by metrics[0]" in text
+    assert "metrics[2] (f1_score): 'name' must be a non-empty string, got \"\"" in text
+    assert "metrics[3] (exact_match): 'name' must be a non-empty string, got 3" in text
+
+
+def test_missing_field_names_a_repeated_metric_once():
+    inst = {k: v for k, v in GOOD_INSTANCE.items() if k != "expected-output"}
+    text = problems({"instances": [inst], "metrics": [{"id": "bleu"}, {"id": "bleu", "parameters": {"weights": [1]}},
+                                                      {"id": "rouge"}]})
+    assert "missing 'expected-output', required by bleu, rouge" in text
 
 
 def test_all_problems_reported_at_once():
@@ -148,8 +185,8 @@ def test_judge_chunks_spread_over_deployments_by_tpm(monkeypatch):
     metrics = [{"id": m, "parameters": {"judge": "j"}} for m in ("coherence", "fluency", "relevance")]
     job = parse_job({"instances": instances, "judges": judges, "metrics": metrics + [{"id": "bleu"}]})
     chunks = plan(job, chunk_size=2)
-    judged = Counter(c.queue for c in chunks if c.metric_key != "bleu")
+    judged = Counter(c.queue for c in chunks if not c.metric_key.startswith("bleu@"))
     assert judged == {"judge.big": 9, "judge.small": 3}
     assert all(c.deployment == c.queue.split(".", 1)[1] for c in chunks if c.deployment)
-    assert {c.queue for c in chunks if c.metric_key == "bleu"} == {"cpu"}
+    assert {c.queue for c in chunks if c.metric_key == "bleu@3"} == {"cpu"}
     assert job.queues == ["cpu", "judge.big", "judge.small"]
