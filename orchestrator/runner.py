@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
-import time
-from datetime import datetime, timezone
 
-from evalq.shared.errors import EvalqError, InfraError
+from evalq.shared.errors import InfraError
 from evalq.shared.job import Job
 from evalq.shared.storage import Destination
 
@@ -15,12 +14,16 @@ from evalq.shared.storage import Destination
 def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_size: int | None = None,
             concurrency: int | None = None, stall_timeout: float | None = 900.0,
             progress: bool = True) -> list[dict]:
-    from evalq.orchestrator import outputs, submit
+    """Submit the job and wait for it; the cluster's final callback writes the outputs.
+
+    Killing this process does not stop a job on a given broker: it finishes
+    and its files still appear (``evalq status``/``wait`` follow it).
+    """
+    from evalq.orchestrator import submit
     from evalq.orchestrator.embedded import EmbeddedCluster
 
     dest = out if isinstance(out, Destination) else Destination(str(out))
     dest.check()  # an unwritable destination is found before any work is done
-    started, t0 = datetime.now(timezone.utc), time.monotonic()
     with contextlib.ExitStack() as stack:
         if broker:
             broker_url, check = broker, (lambda: None)
@@ -32,23 +35,28 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
             _warn_missing_workers(broker_url, job.queues)
         total = job.n_to_generate + len(job.instances) * len(job.metrics)
         bar = stack.enter_context(_progress(total, enabled=progress))
-        job_id = submit.run_stages(r, broker_url, job, chunk_size, on_progress=bar, check=check,
-                                   stall_timeout=stall_timeout)
-        bar(total)
-        summary, generation = submit.summaries(r, job_id)
-        run_info = outputs.run_info(job, job_id, generation, started, time.monotonic() - t0)
+        job_id = submit.submit(r, broker_url, job, chunk_size, out=dest)
         try:
-            outputs.write_outputs(r, job, job_id, summary, run_info, dest)
-        except EvalqError as exc:
-            # the work is done: never lose it to an unwritable destination
-            fallback = Destination(f"out/{job_id}")
-            outputs.write_outputs(r, job, job_id, summary, run_info, fallback)
-            raise InfraError(f"writing to {dest} failed ({exc}); the outputs are in {fallback} instead") from None
+            status = submit.wait(r, broker_url, job_id, on_progress=bar, check=check,
+                                 stall_timeout=stall_timeout)
+            bar(total)
+            return finished(r, job_id, status)
         finally:
             if not broker:
                 # the private Redis keeps only what outlives a job (judge cache, budgets)
-                submit.delete_job(r, job, job_id)
-        return summary
+                submit.delete_job(r, job_id, [m.key for m in job.runs])
+
+
+def finished(r, job_id: str, status: str) -> list[dict]:
+    """The results of a job that ended; InfraError when it failed or was cancelled."""
+    from evalq.shared import keys
+
+    if status == "failed":
+        error = (r.get(keys.error(job_id)) or b"unknown error").decode()
+        raise InfraError(f"job {job_id} failed: {error}")
+    if status == "cancelled":
+        raise InfraError(f"job {job_id} was cancelled; partial outputs were written")
+    return json.loads(r.get(keys.summary(job_id)))
 
 
 @contextlib.contextmanager

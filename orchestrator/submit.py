@@ -1,8 +1,11 @@
-"""Submit a validated job to the cluster and wait for its chord callback.
+"""Put a validated job on the cluster, and follow it.
 
 The job's instances and spec go to Redis once; each task names a chunk of
-instance positions for one metric, so messages stay small whatever the
-instances hold (and Flower shows readable arguments).
+instance positions for one metric entry, so messages stay small whatever the
+instances hold (and Flower shows readable arguments). From then on the cluster
+owns the job (``evalq.workers.stages``): the last chunk of a stage sends its
+callback, the generation callback sends the metrics stage, and the final
+callback writes the outputs. Whoever submitted may wait, or go away.
 """
 
 from __future__ import annotations
@@ -11,69 +14,56 @@ import json
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import redis
 
 from evalq.shared import keys
-from evalq.shared.config import CONTROL_QUEUE, Settings
+from evalq.shared.config import Settings
 from evalq.shared.errors import InfraError
 from evalq.shared.instances import json_lines
 from evalq.shared.job import Job, MetricRun
-from evalq.shared.model import GENERATE
+from evalq.shared.model import GENERATE, RUNNER_QUEUE
+from evalq.shared.storage import Destination
+from evalq.workers.stages import GENERATE_STAGE, METRICS_STAGE, Chunk, plan as plan_spec  # noqa: F401
 
 PUSH_BATCH = 5000
 CALLBACK_GRACE = 10.0  # seconds all items may be recorded before the callback is sent directly
+TERMINAL = ("done", "failed", "cancelled")
 
 
-@dataclass(frozen=True)
-class Chunk:
-    metric_key: str
-    queue: str
-    start: int
-    stop: int
-    deployment: str | None = None  # judge metrics: the region whose queue it goes to
+def run_entry(m: MetricRun, chunk_size: int | None) -> dict:
+    """How a run's chunks are planned: its size, queue and (judges, endpoint models) regions."""
+    entry: dict = {"chunk_size": max(1, chunk_size or m.spec.chunk_size)}
+    if m.judge is not None:
+        entry["queue"] = m.spec.queue
+        entry["regions"] = [[d.region, d.tpm] for d in m.judge.deployments]
+        entry["rotation"] = GENERATE if m.key == GENERATE else getattr(m.params, "judge", m.key)
+    else:
+        entry["queue"] = RUNNER_QUEUE if m.spec.queue == "generate" else m.spec.queue
+    return entry
 
 
-def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None = None) -> list[Chunk]:
-    """Expand runs (by default the job's metrics) into chunks of consecutive instances.
-
-    A judge metric's chunks (and the generation stage's) are spread over its
-    deployments in proportion to their TPM (smooth weighted round robin); at
-    run time a worker still moves calls to a deployment with spare budget.
-    """
-    n = len(job.instances)
-    chunks = []
-    rotations: dict[str, object] = {}  # one per judge, shared by all its metrics
-    for m in job.metrics if runs is None else runs:
-        size = max(1, chunk_size or m.spec.chunk_size)
-        regions = None
-        if m.judge is not None:
-            regions = rotations.setdefault(getattr(m.params, "judge", m.key), _weighted_regions(m.judge))
-        for start in range(0, n, size):
-            region = next(regions) if regions else None
-            queue = f"{m.spec.queue}.{region}" if region else m.queue
-            chunks.append(Chunk(m.key, queue, start, min(start + size, n), region))
-    return chunks
+def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None = None) -> Iterator[Chunk]:
+    """The chunks of ``runs`` (by default the job's metrics), as the cluster will plan them."""
+    runs = job.metrics if runs is None else runs
+    spec = {"n_instances": len(job.instances),
+            "metrics": {m.key: run_entry(m, chunk_size) for m in runs if m.key != GENERATE}}
+    gen = [m for m in runs if m.key == GENERATE]
+    if gen:
+        spec[GENERATE] = run_entry(gen[0], chunk_size)
+        yield from plan_spec(spec, GENERATE_STAGE)
+    yield from plan_spec(spec, METRICS_STAGE)
 
 
-def _weighted_regions(judge):
-    weights = {d.region: d.tpm for d in judge.deployments}
-    current = dict.fromkeys(weights, 0)
-    total = sum(weights.values())
-    while True:
-        for region, w in weights.items():
-            current[region] += w
-        best = max(current, key=current.get)
-        current[best] -= total
-        yield best
-
-
-def job_spec(job: Job) -> dict:
+def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | None = None,
+             request_id: str | None = None, reply_to: str | None = None) -> dict:
+    ttl = Settings.from_env().result_ttl
     metrics = {}
     for m in job.metrics:
-        entry = {"id": m.id, "parameters": m.params_json(), "queue": m.queue}
+        entry = {"id": m.id, "parameters": m.params_json(), **run_entry(m, chunk_size)}
         if m.name is not None:
             entry["name"] = m.name
         prepare = m.spec.load_prepare()
@@ -84,10 +74,27 @@ def job_spec(job: Job) -> dict:
     spec = {"source": job.source, "n_instances": len(job.instances), "metrics": metrics,
             # judge and model configurations name the key's environment variable, never the key
             "judges": {name: job.judges[name].model_dump(mode="json") for name in sorted(used)},
-            "judging": job.judging.model_dump(mode="json"), "categories": job.categories}
+            "judging": job.judging.model_dump(mode="json"), "categories": job.categories,
+            "submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ttl": ttl}
+    if out is not None:
+        dest = out if isinstance(out, Destination) else Destination(out)
+        # a local folder as an absolute path: the callback may run in another directory
+        spec["out"] = dest.uri if dest.s3 else str(Path(dest.uri).expanduser().resolve())
+        if dest.endpoint_url:
+            spec["out_endpoint_url"] = dest.endpoint_url
+    if request_id is not None:
+        spec["request_id"] = request_id
+    if reply_to is not None:
+        spec["reply_to"] = reply_to
+    if job.dataset is not None:
+        spec["dataset"] = {"uri": job.dataset.uri, "format": job.dataset.format, "read_as": job.mapping,
+                           "bad_records_skipped": job.bad_records.count}
+        if job.bad_records.shown:
+            spec["dataset"]["bad_records"] = job.bad_records.shown
     generation = job.generation
     if generation is not None:
-        spec[GENERATE] = {"id": GENERATE, "parameters": generation.params_json(), "n_items": job.n_to_generate}
+        spec[GENERATE] = {"id": GENERATE, "parameters": generation.params_json(), "n_items": job.n_to_generate,
+                          **run_entry(generation, chunk_size)}
         spec["model"] = job.model.model_dump(mode="json")
     return spec
 
@@ -111,22 +118,34 @@ def _safe_url(url: str) -> str:
     return url
 
 
-def store_job(r: redis.Redis, job: Job) -> str:
-    """Put the job's spec and instances in Redis; returns the new job id."""
-    job_id = uuid.uuid4().hex[:16]
-    ttl = Settings.from_env().result_ttl
+def new_job_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None) -> str:
+    """Put the job's spec and instances in Redis; returns the job id.
+
+    With a given ``job_id`` (a redelivered request) whatever an earlier attempt
+    left half-stored is replaced first.
+    """
+    job_id = job_id or new_job_id()
+    ttl = spec["ttl"]
     try:
+        if r.exists(keys.instances(job_id)):
+            r.delete(keys.instances(job_id))
         pipe = r.pipeline(transaction=False)
-        pipe.set(keys.spec(job_id), json.dumps(job_spec(job)), ex=ttl)
         ikey = keys.instances(job_id)
         for batch in _batches(json_lines(job.instances), PUSH_BATCH):
             pipe.rpush(ikey, *batch)
             pipe.execute()
         pipe.expire(ikey, ttl)
+        # the spec last: a job with a spec has all its instances
+        pipe.set(keys.spec(job_id), json.dumps(spec), ex=ttl)
         pipe.set(keys.status(job_id), "running", ex=ttl)
+        pipe.zadd(keys.JOBS, {job_id: time.time()})
         pipe.execute()
     except redis.RedisError as exc:
-        delete_job(r, job, job_id)
+        delete_job(r, job_id, [m.key for m in job.runs])
         raise InfraError(f"storing job {job_id} failed: {exc}") from None
     return job_id
 
@@ -142,105 +161,98 @@ def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-def send(r: redis.Redis, broker_url: str, job: Job, job_id: str, runs: list[MetricRun], callback: str,
-         chunk_size: int | None = None) -> str:
-    """Send one stage's chord (``runs`` chunked, then ``callback``); returns the callback's id."""
-    from celery import chord
-
+def start(r: redis.Redis, broker_url: str, job_id: str, spec: dict) -> None:
+    """Send the job's first stage; the cluster does the rest."""
     from evalq.workers.app import client_app
+    from evalq.workers.stages import send_stage
 
-    app = client_app(broker_url)
-    header = [
-        app.signature("evalq.score_chunk", args=(job_id, c.metric_key, c.start, c.stop),
-                      kwargs={"deployment": c.deployment} if c.deployment else {},
-                      queue=c.queue, immutable=True)
-        for c in plan(job, chunk_size, runs)
-    ]
-    signature = app.signature(callback, args=(job_id,), queue=CONTROL_QUEUE, immutable=True)
+    stage = GENERATE_STAGE if GENERATE in spec else METRICS_STAGE
     try:
-        return chord(header, app=app)(signature).id
-    except Exception as exc:  # broker went away mid-submit: leave nothing behind
-        delete_job(r, job, job_id)
+        send_stage(client_app(broker_url), r, job_id, spec, stage)
+    except (redis.RedisError, OSError) as exc:
         raise InfraError(f"submitting job {job_id} failed: {exc}") from None
 
 
-def delete_job(r: redis.Redis, job: Job, job_id: str) -> None:
+def submit(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None = None,
+           out: Destination | str | None = None,
+           request_id: str | None = None, reply_to: str | None = None) -> str:
+    """Store and start a job; returns its id at once."""
+    spec = job_spec(job, chunk_size, out, request_id, reply_to)
+    job_id = store_job(r, job, spec)
+    start(r, broker_url, job_id, spec)
+    return job_id
+
+
+def delete_job(r: redis.Redis, job_id: str, metric_keys: list[str]) -> None:
     try:
-        r.delete(*keys.all_job_keys(job_id, [m.key for m in job.runs]))
+        r.delete(*keys.all_job_keys(job_id, metric_keys))
+        r.zrem(keys.JOBS, job_id)
     except redis.RedisError:
         pass
 
 
-def items_done(r: redis.Redis, job: Job, job_id: str) -> int:
+def items_done(r: redis.Redis, job_id: str, metric_keys: list[str]) -> int:
     pipe = r.pipeline(transaction=False)
-    for m in job.runs:
-        pipe.hlen(keys.results(job_id, m.key))
+    for key in metric_keys:
+        pipe.hlen(keys.results(job_id, key))
     return sum(pipe.execute())
 
 
-def wait(r: redis.Redis, broker_url: str, job: Job, job_id: str, callback_id: str, until: str,
-         on_progress: Callable[[int], None], check: Callable[[], None],
-         poll: float = 0.25, stall_timeout: float | None = None,
-         callback: str | None = None, expected: int | None = None) -> None:
-    """Poll until the job's status reaches ``until`` (set by the stage's callback).
+def run_keys(spec: dict) -> list[str]:
+    return ([GENERATE] if GENERATE in spec else []) + list(spec["metrics"])
+
+
+def expected_items(spec: dict) -> int:
+    return (spec[GENERATE]["n_items"] if GENERATE in spec else 0) + spec["n_instances"] * len(spec["metrics"])
+
+
+def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[int], None],
+         check: Callable[[], None], poll: float = 0.25, stall_timeout: float | None = None) -> str:
+    """Poll until the job reaches a final status (set by its last callback); returns it.
 
     ``check`` raises InfraError when the workers are gone (embedded mode);
     ``stall_timeout`` bounds how long no item may finish before giving up.
-    When all ``expected`` items are recorded and the chord's callback still has
-    not run after a grace period, ``callback`` is sent directly: a worker
-    killed between storing a task's result and counting it in the chord
-    (Celery logs "succeeded before the worker was lost") leaves the chord one
-    part short for ever. The callbacks are idempotent, so a late chord
-    callback as well does no harm.
+    When every item of the current stage is recorded and its callback still
+    has not finished after a grace period, the callback is sent again (it is
+    idempotent): a worker killed between recording a chunk and counting it
+    would otherwise leave the stage one chunk short for ever.
     """
     from evalq.workers.app import client_app
+    from evalq.workers.stages import fire_callback, stage_items
 
-    # The backend's stored state, not an AsyncResult: that one subscribes to
-    # result pub/sub and complains at exit when the broker is already gone.
+    spec = json.loads(r.get(keys.spec(job_id)) or "null")
+    if spec is None:
+        raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     app = client_app(broker_url)
-    backend = app.backend
+    metric_keys = run_keys(spec)
     last_done, last_change = -1, time.monotonic()
-    complete_since, nudged = None, False
+    complete_since: dict[str, float] = {}
+    nudged: set[str] = set()
     while True:
-        done = items_done(r, job, job_id)
+        done = items_done(r, job_id, metric_keys)
         on_progress(done)
-        if r.get(keys.status(job_id)) == until.encode():
-            return
-        meta = backend.get_task_meta(callback_id)
-        if meta.get("status") == "FAILURE":
-            raise InfraError(f"job {job_id}: aggregation failed: {meta.get('result')!r}")
+        status = (r.get(keys.status(job_id)) or b"").decode()
+        if status in TERMINAL:
+            return status
+        if not status:
+            raise InfraError(f"job {job_id}: its keys are gone from Redis (expired or deleted)")
         check()
         now = time.monotonic()
-        if expected is not None and done >= expected:
-            complete_since = complete_since or now
-            if callback and not nudged and now - complete_since > CALLBACK_GRACE:
-                print(f"evalq: job {job_id}: every item is recorded but the chord callback has not run "
-                      f"(a worker was lost at the wrong moment); running {callback} directly", file=sys.stderr)
-                app.send_task(callback, args=(job_id,), queue=CONTROL_QUEUE)
-                nudged = True
+        stage = METRICS_STAGE if (status == "generated" or GENERATE not in spec) else GENERATE_STAGE
+        stage_keys = [GENERATE] if stage == GENERATE_STAGE else list(spec["metrics"])
+        if items_done(r, job_id, stage_keys) >= stage_items(spec, stage):
+            since = complete_since.setdefault(stage, now)
+            if stage not in nudged and now - since > CALLBACK_GRACE:
+                print(f"evalq: job {job_id}: every item of the {stage} stage is recorded but its callback "
+                      "has not run (a worker was lost at the wrong moment); sending it again", file=sys.stderr)
+                fire_callback(app, r, job_id, stage, force=True)
+                nudged.add(stage)
         if done != last_done:
             last_done, last_change = done, now
         elif stall_timeout and now - last_change > stall_timeout:
             raise InfraError(f"job {job_id}: no progress for {stall_timeout:.0f} s "
-                             f"({done} items done); are workers consuming queues "
-                             f"{', '.join(job.queues)}?")
+                             f"({done} items done); are workers consuming the job's queues?")
         time.sleep(poll)
-
-
-def run_stages(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None,
-               on_progress: Callable[[int], None], check: Callable[[], None],
-               stall_timeout: float | None) -> str:
-    """Store the job, generate missing outputs (when the job has a model), then
-    score every metric. Returns the job id once the summary is in Redis."""
-    job_id = store_job(r, job)
-    stages = [([job.generation], "evalq.generated", "generated", job.n_to_generate)] if job.generation else []
-    stages.append((job.metrics, "evalq.finalize", "done",
-                   job.n_to_generate + len(job.instances) * len(job.metrics)))
-    for runs, callback, until, expected in stages:
-        callback_id = send(r, broker_url, job, job_id, runs, callback, chunk_size)
-        wait(r, broker_url, job, job_id, callback_id, until, on_progress, check, stall_timeout=stall_timeout,
-             callback=callback, expected=expected)
-    return job_id
 
 
 def summaries(r: redis.Redis, job_id: str) -> tuple[list[dict], dict | None]:

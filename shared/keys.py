@@ -11,7 +11,13 @@ several of them):
     evalq:{J}:part:{M}       HASH    chunk start -> JSON aggregate of the chunk's items (mergeable kinds)
     evalq:{J}:summary        STRING  JSON list of aggregated metric results (results.json)
     evalq:{J}:stage:{S}      STRING  JSON summary of a stage that is not a metric (S = generate)
-    evalq:{J}:status         STRING  running | generated | done
+    evalq:{J}:status         STRING  running | generated | done | failed | cancelled
+    evalq:{J}:plan           HASH    per stage S: S:total (chunks), S:sent (chunks sent so far), S:fired
+    evalq:{J}:chunks:{S}     SET     chunks of stage S that are finished (``<metric key>:<start>``)
+    evalq:{J}:error          STRING  why a job failed (its outputs could not be written, say)
+    evalq:{J}:replied        STRING  set once the reply_to message was pushed (exactly one)
+    evalq:jobs               ZSET    job id -> submission time, for ``evalq status``
+    evalq:request:{R}        STRING  job id of idempotency key R (a request id, else the message id)
 
 The generation stage's item records (the model's outputs) live in
 ``evalq:{J}:res:generate`` like a metric's; ``generate`` is a reserved metric id.
@@ -69,6 +75,29 @@ def status(job_id: str) -> str:
     return f"{job_prefix(job_id)}:status"
 
 
+def plan(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:plan"
+
+
+def chunks_done(job_id: str, stage: str) -> str:
+    return f"{job_prefix(job_id)}:chunks:{stage}"
+
+
+def error(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:error"
+
+
+def replied(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:replied"
+
+
+JOBS = f"{PREFIX}:jobs"
+
+
+def request(request_id: str) -> str:
+    return f"{PREFIX}:request:{request_id}"
+
+
 # What outlives a job (and an embedded Redis, which saves only these).
 PERSISTENT_PREFIXES = (f"{PREFIX}:judgecache:", f"{PREFIX}:budget:")
 
@@ -92,7 +121,8 @@ def job_tokens(job_id: str) -> str:
 def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
     """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage."""
     keys = [spec(job_id), instances(job_id), summary(job_id), status(job_id),
-            job_tokens(job_id), stage_summary(job_id, "generate")]
+            job_tokens(job_id), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
+            replied(job_id), chunks_done(job_id, "generate"), chunks_done(job_id, "metrics")]
     for m in metric_keys:
         keys += [results(job_id, m), timings(job_id, m), parts(job_id, m), accounting(job_id, m)]
     return keys

@@ -68,16 +68,68 @@ def _counts(agg) -> dict:
     return out
 
 
-def finalize(r: redis.Redis, job_id: str) -> dict:
-    """Aggregate every metric of the job into the results.json content."""
+def finalize(r: redis.Redis, job_id: str, status: str = "done") -> dict:
+    """The job's last step: aggregate every metric entry into the results.json
+    content, write the outputs to the job's ``out`` (when it has one), set the
+    final status and answer ``reply_to``. Idempotent: a second run rewrites the
+    same files, and the reply is pushed once."""
     spec = job_spec(r, job_id)
+    if r.get(keys.status(job_id)) == b"cancelled":
+        status = "cancelled"
     summary = [summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]), spec["n_instances"])
                for key, entry in spec["metrics"].items()]
+    r.set(keys.summary(job_id), json.dumps(summary))
+    errors: list[str] = []
+    if spec.get("out"):
+        errors = _write(r, spec, job_id, summary, status)
+    final = "failed" if errors else status
     pipe = r.pipeline(transaction=True)
-    pipe.set(keys.summary(job_id), json.dumps(summary))
-    pipe.set(keys.status(job_id), "done")
+    if errors:
+        pipe.set(keys.error(job_id), "; ".join(errors))
+    pipe.set(keys.status(job_id), final)
     pipe.execute()
-    return {"job": job_id, "status": "done"}
+    reply(r, job_id, spec, final, errors, summary)
+    return {"job": job_id, "status": final}
+
+
+def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status: str) -> list[str]:
+    """Write the outputs; a destination that fails gets them in ``out/<job id>`` instead
+    (in the callback worker's directory): the work is never lost to it."""
+    from evalq.shared.errors import EvalqError
+    from evalq.shared.storage import Destination
+    from evalq.workers.outputs import run_info, write_outputs
+
+    stage = r.get(keys.stage_summary(job_id, GENERATE))
+    run = run_info(spec, job_id, json.loads(stage) if stage else None, status)
+    dest = Destination(spec["out"], spec.get("out_endpoint_url"))
+    try:
+        write_outputs(r, spec, job_id, summary, run, dest)
+        return []
+    except (EvalqError, OSError) as exc:
+        fallback = Destination(f"out/{job_id}")
+        log.error("job %s: writing to %s failed (%s); writing to %s", job_id, dest, exc, fallback)
+        try:
+            write_outputs(r, spec, job_id, summary, run, fallback)
+        except (EvalqError, OSError) as exc2:
+            return [f"writing to {dest} failed ({exc}), and to {fallback} ({exc2})"]
+        return [f"writing to {dest} failed ({exc}); the outputs are in {fallback} instead"]
+
+
+def reply(r: redis.Redis, job_id: str, spec: dict, status: str, errors: list[str],
+          results: list[dict] | None) -> bool:
+    """Push the one reply document to the job's ``reply_to`` list (once, whatever runs twice)."""
+    target = spec.get("reply_to")
+    if not target or not r.set(keys.replied(job_id), status, nx=True, ex=spec.get("ttl")):
+        return False
+    r.rpush(target, json.dumps(reply_document(spec.get("request_id"), job_id, status, spec.get("out"),
+                                              errors, results), ensure_ascii=False))
+    return True
+
+
+def reply_document(request_id: str | None, job_id: str | None, status: str, out: str | None,
+                   errors: list[str], results: list[dict] | None) -> dict:
+    return {"request_id": request_id, "job_id": job_id, "status": status, "out": out, "errors": errors,
+            "results": results}
 
 
 def generated(r: redis.Redis, job_id: str) -> dict:

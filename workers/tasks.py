@@ -7,10 +7,11 @@ import logging
 
 import redis
 
+from evalq.shared import keys
 from evalq.shared.errors import Deferred
 from evalq.shared.model import GENERATE
 from evalq.workers import finalize as aggregation
-from evalq.workers import runner
+from evalq.workers import runner, stages
 from evalq.workers.app import app
 
 log = logging.getLogger("evalq.worker")
@@ -27,13 +28,18 @@ redis_task = functools.partial(app.task, bind=True, autoretry_for=(redis.Connect
                                retry_backoff=True, max_retries=MAX_BLIPS)
 
 
-@app.task(name="evalq.score_chunk", bind=True)
+@app.task(name="evalq.score_chunk", bind=True, ignore_result=True)
 def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
                 deployment: str | None = None, blips: int = 0) -> dict:
     # Retries are counted by hand: a judge chunk may be deferred any number of
     # times, and those must not use up the retries a Redis blip is allowed.
+    r = runner.redis_client(self.app)
+    if r.get(keys.status(job_id)) in (b"cancelled", None):
+        # a cancelled job (or one whose keys are gone): drop the chunk unrun, no judge is called
+        log.info("job %s %s[%d:%d] dropped: the job is cancelled or gone", job_id, metric_key, start, stop)
+        return {"metric": metric_key, "start": start, "n": 0, "dropped": True}
     try:
-        return runner.run_chunk(runner.redis_client(self.app), job_id, metric_key, start, stop, deployment)
+        out = runner.run_chunk(r, job_id, metric_key, start, stop, deployment)
     except Deferred as exc:
         vt = self.app.conf.broker_transport_options.get("visibility_timeout", 3600)
         # Back a little early: the last stretch is slept in the worker, which
@@ -48,10 +54,21 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
                          countdown=countdown, max_retries=self.request.retries + 1)
     except runner.REDIS_BLIPS as exc:
         if blips >= MAX_BLIPS:
+            log.error("job %s %s[%d:%d] failed after %d Redis errors", job_id, metric_key, start, stop, blips)
+            stages.chunk_finished(self.app, r, job_id, metric_key, start)
             raise
         raise self.retry(exc=exc, args=(job_id, metric_key, start, stop),
                          kwargs={"deployment": deployment, "blips": blips + 1},
                          countdown=min(60, 2 ** blips), max_retries=self.request.retries + 1)
+    except Exception:
+        # Not an item's failure (those are recorded on the item): the chunk is
+        # given up, its items stay without records (``n_missing``, "no result
+        # recorded"), and the stage still completes.
+        log.exception("job %s %s[%d:%d] failed", job_id, metric_key, start, stop)
+        stages.chunk_finished(self.app, r, job_id, metric_key, start)
+        raise
+    stages.chunk_finished(self.app, r, job_id, metric_key, start)
+    return out
 
 
 @redis_task(name="evalq.finalize")
@@ -61,4 +78,11 @@ def finalize(self, job_id: str) -> dict:
 
 @redis_task(name="evalq.generated")
 def generated(self, job_id: str) -> dict:
-    return aggregation.generated(runner.redis_client(self.app), job_id)
+    """The generation stage is complete: summarize it, then send the metrics stage."""
+    r = runner.redis_client(self.app)
+    out = aggregation.generated(r, job_id)
+    spec = runner.job_spec(r, job_id)
+    if r.get(keys.status(job_id)) == b"cancelled":
+        return aggregation.finalize(r, job_id, status="cancelled")
+    stages.send_stage(self.app, r, job_id, spec, stages.METRICS_STAGE)
+    return out

@@ -184,7 +184,7 @@ def test_judge_chunks_spread_over_deployments_by_tpm(monkeypatch):
     instances = [{**GOOD_INSTANCE, "id": str(i)} for i in range(8)]
     metrics = [{"id": m, "parameters": {"judge": "j"}} for m in ("coherence", "fluency", "relevance")]
     job = parse_job({"instances": instances, "judges": judges, "metrics": metrics + [{"id": "bleu"}]})
-    chunks = plan(job, chunk_size=2)
+    chunks = list(plan(job, chunk_size=2))
     judged = Counter(c.queue for c in chunks if not c.metric_key.startswith("bleu@"))
     assert judged == {"judge.big": 9, "judge.small": 3}
     assert all(c.deployment == c.queue.split(".", 1)[1] for c in chunks if c.deployment)

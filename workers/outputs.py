@@ -1,0 +1,107 @@
+"""The outputs of a job, written by its final callback from Redis to a local
+directory (of the worker that runs the callback) or an S3 prefix:
+
+- ``results.json``: HarpIA's list, one aggregate per enabled metric entry;
+- ``log.jsonl``: one line per (instance, metric entry), after one line per
+  generated output (``"metric": "generate"``) when the model under test ran;
+- ``run.json``: what ran: job id, status, source, dataset and how it was
+  read, bad records skipped, the generation stage's summary, times and versions.
+
+Everything comes from the job's spec and records in Redis, so whichever
+process runs the callback writes the same files.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Iterator
+
+import redis
+
+from evalq.shared import keys
+from evalq.shared.model import GENERATE
+from evalq.shared.storage import Destination
+
+LOG_BATCH = 2000
+
+
+def head(entry: dict) -> dict:
+    """What outputs say about a metric entry: ``metric``, ``name`` (if given), ``parameters``."""
+    out = {"metric": entry["id"]}
+    if entry.get("name") is not None:
+        out["name"] = entry["name"]
+    out["parameters"] = entry["parameters"]
+    return out
+
+
+def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], run: dict,
+                  dest: Destination) -> None:
+    with dest.open_text("results.json") as f:
+        f.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    with dest.open_text("log.jsonl") as f:
+        for line in log_lines(r, spec, job_id):
+            f.write(line)
+            f.write("\n")
+    with dest.open_text("run.json") as f:
+        f.write(json.dumps(run, indent=2, ensure_ascii=False) + "\n")
+
+
+def run_info(spec: dict, job_id: str, generation: dict | None, status: str = "done") -> dict:
+    from importlib.metadata import version
+
+    info: dict = {"job_id": job_id, "status": status, "source": spec["source"],
+                  "evalq_version": version("evalq")}
+    started = spec.get("submitted_at")
+    finished = datetime.now(timezone.utc)
+    if started:
+        info["started_at"] = started
+    info["finished_at"] = finished.isoformat(timespec="seconds")
+    if started:
+        info["wall_time"] = round((finished - datetime.fromisoformat(started)).total_seconds(), 3)
+    info["n_instances"] = spec["n_instances"]
+    info["metrics"] = [head(entry) for entry in spec["metrics"].values()]
+    if spec.get("categories"):
+        info["categories"] = spec["categories"]
+    if spec.get("dataset"):
+        info["dataset"] = spec["dataset"]
+    if spec.get("request_id"):
+        info["request_id"] = spec["request_id"]
+    if generation is not None:
+        info["generation"] = generation
+    return info
+
+
+def log_lines(r: redis.Redis, spec: dict, job_id: str) -> Iterator[str]:
+    """Generated outputs first, then one JSON line per (metric entry, instance),
+    entry by entry in job order, instances in job order."""
+    n = spec["n_instances"]
+    runs = ([(GENERATE, spec[GENERATE])] if GENERATE in spec else []) + list(spec["metrics"].items())
+    for key, entry in runs:
+        head_obj = head(entry)
+        head_json = json.dumps(head_obj, ensure_ascii=False)[1:-1]
+        rkey = keys.results(job_id, key)
+        for start in range(0, n, LOG_BATCH):
+            stop = min(start + LOG_BATCH, n)
+            records = r.hmget(rkey, [str(p) for p in range(start, stop)])
+            if None in records:  # rare: look the instances up once per batch
+                instances = [json.loads(raw) for raw in r.lrange(keys.instances(job_id), start, stop - 1)]
+            for i, raw in enumerate(records):
+                if raw is not None:
+                    yield _with_head(raw.decode("utf-8"), head_json)
+                elif key != GENERATE or "actual-output" not in instances[i]:
+                    # (a record with its own output had nothing generated)
+                    yield json.dumps({"instance_id": instances[i]["id"], **head_obj, "error": "no result recorded"},
+                                     ensure_ascii=False)
+
+
+_ID = '{"instance_id": '
+_decoder = json.JSONDecoder()
+
+
+def _with_head(record: str, head_json: str) -> str:
+    """The log line of a stored item record: the metric's head spliced in after
+    the instance id, so a million results are not decoded and encoded again
+    (workers write records as ``{"instance_id": ..., <the rest>}``)."""
+    _, end = _decoder.raw_decode(record, len(_ID))
+    return f"{record[:end]}, {head_json}{record[end:]}"
