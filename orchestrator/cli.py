@@ -162,6 +162,96 @@ def worker(queues: str, broker: str | None, concurrency: int | None, pool: str |
     app.worker_main(argv)
 
 
+def _need_broker(broker: str | None) -> str:
+    if not broker:
+        raise InfraError("this command needs a cluster: --broker URL or EVALQ_BROKER_URL")
+    return broker
+
+
+@cli.command()
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", default=None, metavar="DIR|s3://BUCKET/PREFIX/",
+              help="Where the cluster writes the outputs [default: the job's output.uri, else "
+                   "out/<job name>, absolute, on the callback worker's file system].")
+@click.option("--request-id", default=None, help="Idempotency key: the same id never starts a second job.")
+@click.option("--reply-to", default=None, metavar="LIST", help="Redis list that gets the end document.")
+@broker_option
+@click.option("--chunk-size", type=click.IntRange(min=1), default=None, envvar="EVALQ_CHUNK_SIZE",
+              help="Items per task [default: per metric].")
+def submit(job_file: Path, out: str | None, request_id: str | None, reply_to: str | None,
+           broker: str | None, chunk_size: int | None) -> None:
+    """Validate JOB_FILE and hand it to the cluster; prints the job id and returns at once."""
+    from evalq.orchestrator import submit as submitting
+    from evalq.shared import keys
+    from evalq.shared.config import Settings
+    from evalq.shared.job import load_job
+
+    broker = _need_broker(broker)
+    job = load_job(job_file)
+    dest = _destination(job, out, job_file)
+    dest.check()
+    r = submitting.connect(broker)
+    job_id = submitting.new_job_id()
+    if request_id is not None and not r.set(keys.request(request_id), job_id, nx=True,
+                                            ex=Settings.from_env().result_ttl):
+        known = r.get(keys.request(request_id)).decode()
+        click.echo(known)
+        click.echo(f"request {request_id} is already job {known}; not started again", err=True)
+        return
+    submitting.submit(r, broker, job, chunk_size, out=dest, request_id=request_id, reply_to=reply_to,
+                      job_id=job_id)
+    click.echo(job_id)
+
+
+@cli.command()
+@click.argument("job_id")
+@broker_option
+@click.option("--stall-timeout", type=float, default=None, help="Give up after this long without progress.")
+def wait(job_id: str, broker: str | None, stall_timeout: float | None) -> None:
+    """Wait for a job to end; exit code as `run`'s (0 done, 1 failed or cancelled)."""
+    from evalq.orchestrator import submit as submitting
+    from evalq.orchestrator.runner import finished
+
+    broker = _need_broker(broker)
+    r = submitting.connect(broker)
+    status = submitting.wait(r, broker, job_id, on_progress=lambda n: None, check=lambda: None,
+                             stall_timeout=stall_timeout)
+    finished(r, job_id, status)
+    click.echo(f"job {job_id}: {status}", err=True)
+
+
+@cli.command()
+@click.argument("job_id")
+@broker_option
+def cancel(job_id: str, broker: str | None) -> None:
+    """Cancel a job: its pending tasks are dropped unrun; partial outputs are written."""
+    from evalq.orchestrator import submit as submitting
+    from evalq.orchestrator.jobs import cancel_job
+
+    broker = _need_broker(broker)
+    click.echo(f"job {job_id}: {cancel_job(submitting.connect(broker), broker, job_id)}")
+
+
+@cli.command()
+@click.argument("job_id", required=False)
+@broker_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Without JOB: how many recent jobs.")
+def status(job_id: str | None, broker: str | None, as_json: bool, limit: int) -> None:
+    """Running and recent jobs, or one job in detail."""
+    from evalq.orchestrator import jobs
+    from evalq.orchestrator import submit as submitting
+
+    broker = _need_broker(broker)
+    r = submitting.connect(broker)
+    info = jobs.job_status(r, job_id) if job_id else jobs.recent(r, limit)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    else:
+        click.echo(jobs.render(info, one=bool(job_id)))
+
+
 def _register_judge_sim() -> None:
     from evalq.sim import judge_sim_command
 

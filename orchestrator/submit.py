@@ -175,10 +175,10 @@ def start(r: redis.Redis, broker_url: str, job_id: str, spec: dict) -> None:
 
 def submit(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None = None,
            out: Destination | str | None = None,
-           request_id: str | None = None, reply_to: str | None = None) -> str:
+           request_id: str | None = None, reply_to: str | None = None, job_id: str | None = None) -> str:
     """Store and start a job; returns its id at once."""
     spec = job_spec(job, chunk_size, out, request_id, reply_to)
-    job_id = store_job(r, job, spec)
+    job_id = store_job(r, job, spec, job_id)
     start(r, broker_url, job_id, spec)
     return job_id
 

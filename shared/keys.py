@@ -15,7 +15,8 @@ several of them):
     evalq:{J}:plan           HASH    per stage S: S:total (chunks), S:sent (chunks sent so far), S:fired
     evalq:{J}:chunks:{S}     SET     chunks of stage S that are finished (``<metric key>:<start>``)
     evalq:{J}:error          STRING  why a job failed (its outputs could not be written, say)
-    evalq:{J}:replied        STRING  set once the reply_to message was pushed (exactly one)
+    evalq:{J}:reply_targets  SET     further reply_to lists (of duplicate requests)
+    evalq:{J}:replied        SET     reply_to lists already answered (each gets exactly one document)
     evalq:jobs               ZSET    job id -> submission time, for ``evalq status``
     evalq:request:{R}        STRING  job id of idempotency key R (a request id, else the message id)
 
@@ -91,6 +92,10 @@ def replied(job_id: str) -> str:
     return f"{job_prefix(job_id)}:replied"
 
 
+def reply_targets(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:reply_targets"
+
+
 JOBS = f"{PREFIX}:jobs"
 
 
@@ -122,7 +127,7 @@ def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
     """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage."""
     keys = [spec(job_id), instances(job_id), summary(job_id), status(job_id),
             job_tokens(job_id), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
-            replied(job_id), chunks_done(job_id, "generate"), chunks_done(job_id, "metrics")]
+            replied(job_id), reply_targets(job_id), chunks_done(job_id, "generate"), chunks_done(job_id, "metrics")]
     for m in metric_keys:
         keys += [results(job_id, m), timings(job_id, m), parts(job_id, m), accounting(job_id, m)]
     return keys

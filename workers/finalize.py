@@ -116,14 +116,40 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
 
 
 def reply(r: redis.Redis, job_id: str, spec: dict, status: str, errors: list[str],
-          results: list[dict] | None) -> bool:
-    """Push the one reply document to the job's ``reply_to`` list (once, whatever runs twice)."""
-    target = spec.get("reply_to")
-    if not target or not r.set(keys.replied(job_id), status, nx=True, ex=spec.get("ttl")):
-        return False
-    r.rpush(target, json.dumps(reply_document(spec.get("request_id"), job_id, status, spec.get("out"),
-                                              errors, results), ensure_ascii=False))
-    return True
+          results: list[dict] | None, request_id: str | None = None) -> int:
+    """Push the end document to the job's ``reply_to`` list and those of duplicate
+    requests: exactly one per list, whatever runs twice. Returns how many were pushed."""
+    targets = ([spec["reply_to"]] if spec.get("reply_to") else []) + \
+        sorted(t.decode() for t in r.smembers(keys.reply_targets(job_id)))
+    if not targets:
+        return 0
+    doc = json.dumps(reply_document(spec.get("request_id", request_id), job_id, status, spec.get("out"),
+                                    errors, results), ensure_ascii=False)
+    pushed = 0
+    for target in targets:
+        if r.sadd(keys.replied(job_id), target):
+            r.rpush(target, doc)
+            pushed += 1
+    r.expire(keys.replied(job_id), spec.get("ttl") or 7 * 24 * 3600)
+    return pushed
+
+
+def reply_targets_add(r: redis.Redis, job_id: str, target: str) -> None:
+    r.sadd(keys.reply_targets(job_id), target)
+    r.expire(keys.reply_targets(job_id), 7 * 24 * 3600)
+
+
+def replay(r: redis.Redis, job_id: str, request_id: str | None, status: str) -> int:
+    """Answer reply lists added after the job ended (duplicate requests)."""
+    spec = json.loads(r.get(keys.spec(job_id)) or "{}")
+    raw_error = (r.get(keys.error(job_id)) or b"").decode()
+    if status == "invalid":
+        errors = json.loads(raw_error) if raw_error else []
+    else:
+        errors = [raw_error] if raw_error else []
+    summary = r.get(keys.summary(job_id))
+    results = json.loads(summary) if summary and status in ("done", "cancelled") else None
+    return reply(r, job_id, spec, status, errors, results, request_id)
 
 
 def reply_document(request_id: str | None, job_id: str | None, status: str, out: str | None,

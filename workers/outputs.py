@@ -37,10 +37,11 @@ def head(entry: dict) -> dict:
 
 def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], run: dict,
                   dest: Destination) -> None:
+    cancelled = run.get("status") == "cancelled"
     with dest.open_text("results.json") as f:
         f.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     with dest.open_text("log.jsonl") as f:
-        for line in log_lines(r, spec, job_id):
+        for line in log_lines(r, spec, job_id, cancelled):
             f.write(line)
             f.write("\n")
     with dest.open_text("run.json") as f:
@@ -72,10 +73,11 @@ def run_info(spec: dict, job_id: str, generation: dict | None, status: str = "do
     return info
 
 
-def log_lines(r: redis.Redis, spec: dict, job_id: str) -> Iterator[str]:
+def log_lines(r: redis.Redis, spec: dict, job_id: str, cancelled: bool = False) -> Iterator[str]:
     """Generated outputs first, then one JSON line per (metric entry, instance),
     entry by entry in job order, instances in job order."""
     n = spec["n_instances"]
+    missing = {"skipped": "the job was cancelled"} if cancelled else {"error": "no result recorded"}
     runs = ([(GENERATE, spec[GENERATE])] if GENERATE in spec else []) + list(spec["metrics"].items())
     for key, entry in runs:
         head_obj = head(entry)
@@ -91,8 +93,7 @@ def log_lines(r: redis.Redis, spec: dict, job_id: str) -> Iterator[str]:
                     yield _with_head(raw.decode("utf-8"), head_json)
                 elif key != GENERATE or "actual-output" not in instances[i]:
                     # (a record with its own output had nothing generated)
-                    yield json.dumps({"instance_id": instances[i]["id"], **head_obj, "error": "no result recorded"},
-                                     ensure_ascii=False)
+                    yield json.dumps({"instance_id": instances[i]["id"], **head_obj, **missing}, ensure_ascii=False)
 
 
 _ID = '{"instance_id": '

@@ -86,3 +86,12 @@ def generated(self, job_id: str) -> dict:
         return aggregation.finalize(r, job_id, status="cancelled")
     stages.send_stage(self.app, r, job_id, spec, stages.METRICS_STAGE)
     return out
+
+
+@app.task(name="evalq.submit_job", bind=True, ignore_result=True)
+def submit_job(self, **request) -> dict:
+    """A job request (see ``evalq.orchestrator.service``): validate, store, send the first stage."""
+    from evalq.orchestrator.service import handle_request
+
+    return handle_request(self.app, runner.redis_client(self.app), self.request.id,
+                          self.app.conf.broker_url, **request)

@@ -1,0 +1,143 @@
+"""Operating jobs on a cluster: status (one job, or the recent ones) and cancel."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+
+from evalq.shared import keys
+from evalq.shared.errors import InfraError
+from evalq.shared.model import GENERATE
+
+FINAL = ("done", "failed", "cancelled", "invalid")
+
+
+def _status(r: redis.Redis, job_id: str) -> str:
+    return (r.get(keys.status(job_id)) or b"").decode()
+
+
+def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
+    """Mark the job cancelled (workers drop its pending tasks unrun) and have its
+    partial outputs written, with ``"status": "cancelled"`` in run.json."""
+    from evalq.workers.app import client_app
+    from evalq.workers.stages import METRICS_STAGE, fire_callback
+
+    status = _status(r, job_id)
+    if not status:
+        raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
+    if status in FINAL:
+        return status
+    r.set(keys.status(job_id), "cancelled", keepttl=True)
+    # the final callback writes what was recorded; chunks in flight may still finish
+    fire_callback(client_app(broker_url), r, job_id, METRICS_STAGE, force=True)
+    return "cancelled"
+
+
+def job_status(r: redis.Redis, job_id: str) -> dict:
+    """State, items done/total per metric entry and stage, rate, ETA, judge
+    accounting, and the depth of every queue the job uses."""
+    status = _status(r, job_id)
+    if not status:
+        raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
+    info: dict = {"job_id": job_id, "status": status}
+    raw_spec = r.get(keys.spec(job_id))
+    if status == "invalid" or raw_spec is None:
+        raw_error = r.get(keys.error(job_id))
+        if raw_error:
+            info["errors"] = json.loads(raw_error)
+        return info
+    spec = json.loads(raw_spec)
+    info.update({"source": spec["source"], "submitted_at": spec.get("submitted_at"), "out": spec.get("out"),
+                 "request_id": spec.get("request_id"), "n_instances": spec["n_instances"]})
+    error = r.get(keys.error(job_id))
+    if error:
+        info["error"] = error.decode()
+    runs = ([(GENERATE, spec[GENERATE])] if GENERATE in spec else []) + list(spec["metrics"].items())
+    pipe = r.pipeline(transaction=False)
+    for key, _ in runs:
+        pipe.hlen(keys.results(job_id, key))
+        pipe.hgetall(keys.accounting(job_id, key))
+    replies = pipe.execute()
+    entries, done_total, items_total, queues = [], 0, 0, set()
+    for n, (key, entry) in enumerate(runs):
+        done, acct = replies[2 * n], replies[2 * n + 1]
+        total = entry["n_items"] if key == GENERATE else spec["n_instances"]
+        row = {"entry": key, "metric": entry["id"], "done": done, "total": total}
+        if entry.get("name"):
+            row["name"] = entry["name"]
+        if acct:
+            row["judge"] = {k.decode(): int(float(v)) for k, v in acct.items()}
+        entries.append(row)
+        done_total += done
+        items_total += total
+        if entry.get("regions"):
+            queues.update(f"{entry['queue']}.{region}" for region, _ in entry["regions"])
+        else:
+            queues.add(entry["queue"])
+    info["entries"] = entries
+    info["items"] = {"done": done_total, "total": items_total}
+    plan = {k.decode(): v.decode() for k, v in r.hgetall(keys.plan(job_id)).items()}
+    info["stages"] = {stage: {"chunks": int(plan.get(f"{stage}:total", 0)),
+                              "sent": int(plan.get(f"{stage}:sent", 0)),
+                              "finished": r.scard(keys.chunks_done(job_id, stage))}
+                      for stage in ("generate", "metrics") if f"{stage}:total" in plan}
+    if spec.get("submitted_at") and status not in FINAL:
+        from datetime import datetime, timezone
+
+        elapsed = (datetime.now(timezone.utc) - datetime.fromisoformat(spec["submitted_at"])).total_seconds()
+        rate = done_total / elapsed if elapsed > 0 else 0.0
+        info["rate_items_per_s"] = round(rate, 2)
+        info["eta_s"] = round((items_total - done_total) / rate) if rate > 0 else None
+    info["queues"] = {q: r.llen(q) for q in sorted(queues)}
+    return info
+
+
+def recent(r: redis.Redis, limit: int = 20) -> list[dict]:
+    """The most recently submitted jobs, newest first (expired ones are forgotten)."""
+    rows = []
+    for raw_id, at in r.zrevrange(keys.JOBS, 0, limit * 2, withscores=True):
+        job_id = raw_id.decode()
+        status = _status(r, job_id)
+        if not status:
+            r.zrem(keys.JOBS, job_id)
+            continue
+        spec = json.loads(r.get(keys.spec(job_id)) or "{}")
+        rows.append({"job_id": job_id, "status": status, "submitted": time.strftime(
+            "%Y-%m-%d %H:%M:%S", time.localtime(at)), "source": spec.get("source"),
+            "n_instances": spec.get("n_instances")})
+        if len(rows) == limit:
+            break
+    return rows
+
+
+def render(info, one: bool) -> str:
+    if not one:
+        if not info:
+            return "no jobs"
+        return "\n".join(f"{row['job_id']}  {row['status']:<10} {row['submitted']}  {row['source']}"
+                         f" ({row['n_instances']} instances)" for row in info)
+    lines = [f"job {info['job_id']}: {info['status']}"]
+    for err in info.get("errors", []):
+        lines.append(f"  error: {err}")
+    if "error" in info:
+        lines.append(f"  error: {info['error']}")
+    if "entries" not in info:
+        return "\n".join(lines)
+    lines.append(f"  source: {info['source']}  out: {info.get('out')}")
+    items = info["items"]
+    eta = info.get("eta_s")
+    lines.append(f"  items: {items['done']}/{items['total']}"
+                 + (f"  rate: {info['rate_items_per_s']}/s" if "rate_items_per_s" in info else "")
+                 + (f"  eta: {eta} s" if eta is not None else ""))
+    for row in info["entries"]:
+        judge = row.get("judge")
+        extra = (f"  calls {judge.get('calls', 0)}, tokens {judge.get('prompt_tokens', 0)}+"
+                 f"{judge.get('completion_tokens', 0)}, 429s {judge.get('rate_limited', 0)}") if judge else ""
+        lines.append(f"  {row['entry']:<24} {row['done']}/{row['total']}{extra}")
+    for stage, s in info.get("stages", {}).items():
+        lines.append(f"  stage {stage}: {s['finished']}/{s['chunks']} chunks finished, {s['sent']} sent")
+    if info["queues"]:
+        lines.append("  queues: " + ", ".join(f"{q} {n}" for q, n in info["queues"].items()))
+    return "\n".join(lines)

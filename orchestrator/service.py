@@ -1,0 +1,141 @@
+"""The jobs service: ``evalq.submit_job`` requests on the ``evalq.jobs`` queue.
+
+A pipeline in any language starts a job with one Celery message (task
+``evalq.submit_job``, JSON kwargs ``job`` or ``job_uri``, ``out``,
+``request_id``, ``reply_to``) and waits on its ``reply_to`` Redis list. The
+worker that takes the message validates the job as ``evalq validate`` would,
+stores it and sends its first stage; the cluster does the rest.
+
+Crash safety: the message is acknowledged late. Its idempotency key (the
+``request_id``, else the message's task id, which a redelivery keeps) is
+bound to a job id before anything is stored, so a worker killed while
+storing or sending is redelivered onto the same job: what was half-stored
+is replaced, what was half-sent continues from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import redis
+
+from evalq.shared import keys
+from evalq.shared.config import Settings
+from evalq.shared.errors import EvalqError, JobError
+
+log = logging.getLogger("evalq.jobs")
+
+JOBS_QUEUE = "evalq.jobs"
+REQUEST_FIELDS = ("job", "job_uri", "out", "request_id", "reply_to", "chunk_size")
+
+
+def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **request: Any) -> dict:
+    from evalq.orchestrator import submit
+    from evalq.workers.finalize import reply_document
+
+    ttl = Settings.from_env().result_ttl
+    request_id = request.get("request_id")
+    reply_to = request.get("reply_to")
+    idem = keys.request(str(request_id) if request_id is not None else f"message:{message_id}")
+    job_id = submit.new_job_id()
+    if not r.set(idem, job_id, nx=True, ex=ttl):
+        job_id = r.get(idem).decode()
+        spec_raw = r.get(keys.spec(job_id))
+        status = (r.get(keys.status(job_id)) or b"").decode()
+        if status == "invalid":
+            return _answer_duplicate(r, job_id, status, request, first=None)
+        if spec_raw is not None:
+            spec = json.loads(spec_raw)
+            if request_id is not None and spec.get("message_id") != message_id:
+                # another request with the same id: answered with the first job, not started again
+                return _answer_duplicate(r, job_id, status, request, first=spec)
+            # this very message, redelivered: carry on where the first delivery stopped
+            log.info("job %s: request redelivered; continuing its submission", job_id)
+            submit.start(r, broker_url, job_id, spec)
+            return {"job_id": job_id, "status": status or "running"}
+        log.info("job %s: request redelivered before the job was stored; storing it again", job_id)
+    try:
+        job, out = _parse(request)
+    except JobError as exc:
+        errors = list(exc.problems)
+        r.set(keys.status(job_id), "invalid", ex=ttl)
+        r.set(keys.error(job_id), json.dumps(errors), ex=ttl)
+        r.zadd(keys.JOBS, {job_id: _now()})
+        if reply_to:
+            r.rpush(reply_to, json.dumps(reply_document(request_id, job_id, "invalid", request.get("out"),
+                                                        errors, None)))
+        log.warning("request %s: invalid job: %s", request_id or message_id, "; ".join(errors[:3]))
+        return {"job_id": job_id, "status": "invalid", "errors": errors}
+    spec = submit.job_spec(job, request.get("chunk_size"), out, request_id, reply_to)
+    spec["message_id"] = message_id
+    submit.store_job(r, job, spec, job_id=job_id)
+    submit.start(r, broker_url, job_id, spec)
+    log.info("job %s: submitted (%d instances, %d metric entries)", job_id, spec["n_instances"],
+             len(spec["metrics"]))
+    return {"job_id": job_id, "status": "running"}
+
+
+def _answer_duplicate(r: redis.Redis, job_id: str, status: str, request: dict, first: dict | None) -> dict:
+    """A second request with a known ``request_id``: no new job. Its ``reply_to``
+    (when another list than the first's) gets the end document too: now if the
+    job has ended, else when it ends."""
+    from evalq.workers.finalize import reply_targets_add, replay
+
+    reply_to = request.get("reply_to")
+    if reply_to and (first is None or reply_to != first.get("reply_to")):
+        reply_targets_add(r, job_id, reply_to)
+        if status in ("done", "failed", "cancelled", "invalid"):
+            replay(r, job_id, request.get("request_id"), status)
+    log.info("request %s: already job %s (%s); not started again", request.get("request_id"), job_id, status)
+    return {"job_id": job_id, "status": status, "duplicate": True}
+
+
+def _parse(request: dict):
+    """The request's job and destination, validated; JobError lists every problem."""
+    from evalq.shared.job import load_job, parse_job
+    from evalq.shared.storage import Destination, is_s3, open_binary
+
+    unknown = sorted(set(request) - set(REQUEST_FIELDS))
+    if unknown:
+        raise JobError([f"request: unknown field {k!r} (fields: {', '.join(REQUEST_FIELDS)})" for k in unknown])
+    has_job, has_uri = request.get("job") is not None, request.get("job_uri") is not None
+    if has_job == has_uri:
+        raise JobError("request: give exactly one of 'job' (the job object) or 'job_uri' (a path or s3:// URI)")
+    if has_job:
+        job = parse_job(request["job"], source="request.job")
+    else:
+        uri = request["job_uri"]
+        if not isinstance(uri, str) or not uri:
+            raise JobError("request.job_uri: expected a path or an s3:// URI")
+        if is_s3(uri):
+            try:
+                with open_binary(uri) as f:
+                    raw = json.loads(f.read().decode("utf-8"))
+            except json.JSONDecodeError as exc:
+                raise JobError(f"{uri}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+            except (EvalqError, UnicodeDecodeError) as exc:
+                raise JobError(f"{uri}: {exc}") from None
+            job = parse_job(raw, source=uri)
+        else:
+            job = load_job(uri)
+    out = request.get("out")
+    if out is not None and (not isinstance(out, str) or not out):
+        raise JobError("request.out: expected a directory or an s3://bucket/prefix/")
+    if out is None and job.output is None:
+        raise JobError("request.out: missing, and the job has no output.uri; say where the outputs go")
+    if out is None:
+        dest = Destination(job.output.uri, job.output.endpoint_url)
+    else:
+        endpoint = (job.output.endpoint_url if job.output else None) or \
+            (job.dataset.endpoint_url if job.dataset else None)
+        dest = Destination(out, endpoint)
+    dest.check()
+    return job, dest
+
+
+def _now() -> float:
+    import time
+
+    return time.time()

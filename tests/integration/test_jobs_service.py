@@ -1,0 +1,181 @@
+"""The cluster owns a job: a plain Celery message in, files and one reply out,
+with no evalq process attached. Real Redis, real worker processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import redis
+from celery import Celery
+
+from evalq.shared import keys
+from tests.conftest import ROOT, evalq, start_worker, stop_worker, wait_for_worker
+
+pytestmark = pytest.mark.integration
+
+INSTANCES = [{"id": f"i{n}", "input": "q", "actual-output": "a b c" if n % 2 else "x y",
+              "expected-output": ["a b c"]} for n in range(10)]
+
+
+@pytest.fixture(scope="module")
+def service(redis_url, tmp_path_factory):
+    """A worker on evalq.jobs (the orchestrator role) and cpu, as a cluster runs them."""
+    name = f"jobs{uuid.uuid4().hex[:6]}"
+    proc = start_worker(redis_url, "evalq.jobs,cpu", tmp_path_factory.mktemp("jobs-workers"), name=name)
+    wait_for_worker(redis_url, name)
+    yield proc
+    stop_worker(proc)
+
+
+def pipeline_app(url: str) -> Celery:
+    """What a pipeline uses: plain Celery, JSON, nothing of evalq."""
+    app = Celery(broker=url)
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    return app
+
+
+def send(url: str, **kwargs) -> None:
+    pipeline_app(url).send_task("evalq.submit_job", kwargs=kwargs, queue="evalq.jobs")
+
+
+def await_reply(r: redis.Redis, reply_to: str, timeout: float = 90) -> dict:
+    got = r.blpop([reply_to], timeout=timeout)
+    assert got is not None, f"no reply on {reply_to} within {timeout} s"
+    return json.loads(got[1])
+
+
+def test_message_in_files_and_one_reply_out(redis_url, service, tmp_path):
+    r = redis.Redis.from_url(redis_url)
+    reply_to = f"replies:{uuid.uuid4().hex}"
+    job = {"instances": INSTANCES, "metrics": [{"id": "exact_match"}, {"id": "f1_score"},
+                                               {"id": "exact_match", "enable": False}]}
+    send(redis_url, job=job, out=str(tmp_path / "out"), request_id=f"req-{uuid.uuid4().hex}", reply_to=reply_to)
+    doc = await_reply(r, reply_to)
+    assert set(doc) == {"request_id", "job_id", "status", "out", "errors", "results"}
+    assert doc["status"] == "done" and doc["errors"] == [] and doc["out"] == str(tmp_path / "out")
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["results"] == results
+    assert [m["metric"] for m in results] == ["exact_match", "f1_score"]
+    assert results[0]["score"] == pytest.approx(0.5) and results[0]["n"] == 10
+    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    assert len(log) == 20
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["job_id"] == doc["job_id"] and run["status"] == "done"
+    time.sleep(0.5)
+    assert r.llen(reply_to) == 0  # exactly one document
+
+
+def test_the_same_request_id_starts_one_job(redis_url, service, tmp_path):
+    r = redis.Redis.from_url(redis_url)
+    request_id = f"req-{uuid.uuid4().hex}"
+    first, second = f"replies:{uuid.uuid4().hex}", f"replies:{uuid.uuid4().hex}"
+    job = {"instances": INSTANCES, "metrics": [{"id": "slow_len", "parameters": {"seconds": 0.05}}]}
+    send(redis_url, job=job, out=str(tmp_path / "a"), request_id=request_id, reply_to=first)
+    send(redis_url, job=job, out=str(tmp_path / "b"), request_id=request_id, reply_to=second)
+    a, b = await_reply(r, first), await_reply(r, second)
+    assert a["job_id"] == b["job_id"] and a["status"] == b["status"] == "done"
+    assert not (tmp_path / "b").exists()  # the second request started nothing
+    # and once the job has ended, a third is answered at once, with the same job
+    third = f"replies:{uuid.uuid4().hex}"
+    send(redis_url, job=job, out=str(tmp_path / "c"), request_id=request_id, reply_to=third)
+    assert await_reply(r, third, timeout=30)["job_id"] == a["job_id"]
+    assert r.get(keys.request(request_id)).decode() == a["job_id"]
+
+
+@pytest.mark.parametrize("request_kwargs,fragment", [
+    ({"job": {"instances": INSTANCES, "metrics": [{"id": "bleue"}]}, "out": "/tmp/x"},
+     "request.job: metrics[0] (bleue): unknown metric 'bleue'; did you mean 'bleu'?"),
+    ({"job": {"instances": INSTANCES, "metrics": [{"id": "bleu"}]}},
+     "request.out: missing, and the job has no output.uri"),
+    ({"job_uri": "/nonexistent/job.json", "out": "/tmp/x"}, "/nonexistent/job.json: no such file"),
+    ({"job": {"instances": [], "metrics": []}, "job_uri": "x.json", "out": "/tmp/x"}, "exactly one of 'job'"),
+])
+def test_an_invalid_request_is_answered_invalid_and_enqueues_nothing(redis_url, service, request_kwargs,
+                                                                   fragment):
+    r = redis.Redis.from_url(redis_url)
+    reply_to = f"replies:{uuid.uuid4().hex}"
+    depth = r.llen("cpu")
+    send(redis_url, **request_kwargs, reply_to=reply_to)
+    doc = await_reply(r, reply_to)
+    assert doc["status"] == "invalid" and doc["results"] is None
+    assert any(fragment in e for e in doc["errors"]), doc["errors"]
+    assert r.get(keys.spec(doc["job_id"])) is None and r.llen("cpu") == depth
+
+
+def test_job_uri_and_the_jobs_output_uri(redis_url, service, tmp_path):
+    r = redis.Redis.from_url(redis_url)
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"instances": INSTANCES, "metrics": [{"id": "exact_match"}],
+                                "output": {"uri": str(tmp_path / "from-job")}}))
+    reply_to = f"replies:{uuid.uuid4().hex}"
+    send(redis_url, job_uri=str(path), reply_to=reply_to)
+    assert await_reply(r, reply_to)["status"] == "done"
+    assert (tmp_path / "from-job" / "results.json").exists()
+
+
+def test_cancel_drops_pending_tasks_and_writes_partial_outputs(redis_url, service, tmp_path):
+    r = redis.Redis.from_url(redis_url)
+    instances = [{"id": f"c{n}", "actual-output": "abc"} for n in range(200)]
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps({"instances": instances,
+                                    "metrics": [{"id": "slow_len", "parameters": {"seconds": 0.02}}]}))
+    proc = evalq("submit", str(job_file), "--out", str(tmp_path / "out"), "--broker", redis_url)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    deadline = time.monotonic() + 60
+    while r.hlen(keys.results(job_id, "slow_len@0")) < 10:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc = evalq("cancel", job_id, "--broker", redis_url)
+    assert proc.returncode == 0 and "cancelled" in proc.stdout, proc.stderr
+    proc = evalq("wait", job_id, "--broker", redis_url)
+    assert proc.returncode == 1 and "cancelled" in proc.stderr
+    time.sleep(1.0)  # chunks that were running when it was cancelled
+    recorded = r.hlen(keys.results(job_id, "slow_len@0"))
+    assert recorded < 200
+    time.sleep(1.0)
+    assert r.hlen(keys.results(job_id, "slow_len@0")) == recorded  # nothing more runs
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["status"] == "cancelled"
+    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    assert len(log) == 200
+    assert sum("skipped" in line for line in log) >= 200 - recorded - 4
+    status = json.loads(evalq("status", job_id, "--json", "--broker", redis_url).stdout)
+    assert status["status"] == "cancelled" and status["items"]["total"] == 200
+
+
+def test_the_job_finishes_when_the_cli_that_ran_it_is_killed(redis_url, service, tmp_path):
+    r = redis.Redis.from_url(redis_url)
+    instances = [{"id": f"k{n}", "actual-output": "abcd"} for n in range(60)]
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps({"instances": instances,
+                                    "metrics": [{"id": "slow_len", "parameters": {"seconds": 0.03}}]}))
+    out = tmp_path / "out"
+    cli = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "run", str(job_file), "--out", str(out),
+                            "--broker", redis_url, "-q"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    job_id = None
+    while job_id is None:
+        assert time.monotonic() < deadline
+        for raw, _ in r.zrevrange(keys.JOBS, 0, 5, withscores=True):
+            spec = json.loads(r.get(keys.spec(raw.decode())) or "{}")
+            if spec.get("source") == str(job_file):
+                job_id = raw.decode()
+        time.sleep(0.05)
+    while r.hlen(keys.results(job_id, "slow_len@0")) < 4:
+        time.sleep(0.05)
+    cli.send_signal(signal.SIGKILL)
+    cli.wait(10)
+    assert not (out / "results.json").exists()
+    proc = evalq("wait", job_id, "--broker", redis_url)
+    assert proc.returncode == 0, proc.stderr
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [line["result"] for line in log] == [4] * 60
+    status = json.loads(evalq("status", "--json", "--broker", redis_url).stdout)
+    assert any(row["job_id"] == job_id and row["status"] == "done" for row in status)
