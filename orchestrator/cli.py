@@ -55,13 +55,9 @@ def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | N
 
 
 def _destination(job, out: str | None, job_file: Path):
-    from evalq.shared.storage import Destination
+    from evalq.orchestrator.submit import destination
 
-    if out is None and job.output is not None:
-        return Destination(job.output.uri, job.output.endpoint_url)
-    endpoint = (job.output.endpoint_url if job.output else None) or \
-        (job.dataset.endpoint_url if job.dataset else None)
-    return Destination(out or str(Path("out") / job_file.stem), endpoint)
+    return destination(job, out) or destination(job, str(Path("out") / job_file.stem))
 
 
 def _describe(job, job_file: Path, err: bool = True) -> None:
@@ -186,8 +182,12 @@ def submit(job_file: Path, out: str | None, request_id: str | None, reply_to: st
     from evalq.shared.config import Settings
     from evalq.shared.job import load_job
 
+    from evalq.orchestrator.service import reply_to_problem
+
     broker = _need_broker(broker)
     job = load_job(job_file)
+    if reply_to is not None and reply_to_problem(reply_to):
+        raise JobError(reply_to_problem(reply_to).replace("request.reply_to", "--reply-to"))
     dest = _destination(job, out, job_file)
     dest.check()
     r = submitting.connect(broker)

@@ -10,6 +10,7 @@ import redis
 from evalq.shared import keys
 from evalq.shared.errors import InfraError
 from evalq.shared.model import GENERATE
+from evalq.workers.stages import entry_queues
 
 FINAL = ("done", "failed", "cancelled", "invalid")
 
@@ -72,10 +73,7 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
         entries.append(row)
         done_total += done
         items_total += total
-        if entry.get("regions"):
-            queues.update(f"{entry['queue']}.{region}" for region, _ in entry["regions"])
-        else:
-            queues.add(entry["queue"])
+        queues.update(entry_queues(entry))
     info["entries"] = entries
     info["items"] = {"done": done_total, "total": items_total}
     plan = {k.decode(): v.decode() for k, v in r.hgetall(keys.plan(job_id)).items()}

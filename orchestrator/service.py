@@ -17,18 +17,36 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import time
 from typing import Any
 
 import redis
 
 from evalq.shared import keys
-from evalq.shared.config import Settings
+from evalq.shared.config import CONTROL_QUEUE, Settings
 from evalq.shared.errors import EvalqError, JobError
 
 log = logging.getLogger("evalq.jobs")
 
 JOBS_QUEUE = "evalq.jobs"
 REQUEST_FIELDS = ("job", "job_uri", "out", "request_id", "reply_to", "chunk_size")
+_LIST_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+# Keys a reply must never be pushed onto: evalq's own state, kombu's, and the task queues
+# (a JSON document on a queue list would be read as a task message).
+_RESERVED_PREFIXES = ("evalq:{", "evalq:budget:", "evalq:judgecache:", "evalq:request:", "_kombu.", "unacked",
+                      "celery-task-meta-", "judge.", "generate.")
+_RESERVED_NAMES = {keys.JOBS, "cpu", "gpu", "celery", JOBS_QUEUE, CONTROL_QUEUE}
+
+
+def reply_to_problem(name) -> str | None:
+    """Why ``name`` cannot be a reply list, or None. A request (untrusted input)
+    picks the list, so it may not be one of the cluster's own keys or queues."""
+    if not isinstance(name, str) or not _LIST_NAME.match(name):
+        return "request.reply_to: expected a Redis list name of 1 to 200 letters, digits and _ . : -"
+    if name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIXES):
+        return f"request.reply_to: {name!r} is one of the cluster's own keys or queues; use a list of your own"
+    return None
 
 
 def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **request: Any) -> dict:
@@ -38,6 +56,9 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
     ttl = Settings.from_env().result_ttl
     request_id = request.get("request_id")
     reply_to = request.get("reply_to")
+    bad_reply_to = reply_to_problem(reply_to) if reply_to is not None else None
+    if bad_reply_to:
+        reply_to = None  # nothing is pushed to it, not even the answer "invalid"
     idem = keys.request(str(request_id) if request_id is not None else f"message:{message_id}")
     job_id = submit.new_job_id()
     if not r.set(idem, job_id, nx=True, ex=ttl):
@@ -45,24 +66,26 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
         spec_raw = r.get(keys.spec(job_id))
         status = (r.get(keys.status(job_id)) or b"").decode()
         if status == "invalid":
-            return _answer_duplicate(r, job_id, status, request, first=None)
+            return _answer_duplicate(r, job_id, status, {**request, "reply_to": reply_to}, first=None)
         if spec_raw is not None:
             spec = json.loads(spec_raw)
             if request_id is not None and spec.get("message_id") != message_id:
                 # another request with the same id: answered with the first job, not started again
-                return _answer_duplicate(r, job_id, status, request, first=spec)
+                return _answer_duplicate(r, job_id, status, {**request, "reply_to": reply_to}, first=spec)
             # this very message, redelivered: carry on where the first delivery stopped
             log.info("job %s: request redelivered; continuing its submission", job_id)
             submit.start(r, broker_url, job_id, spec)
             return {"job_id": job_id, "status": status or "running"}
         log.info("job %s: request redelivered before the job was stored; storing it again", job_id)
     try:
+        if bad_reply_to:
+            raise JobError(bad_reply_to)
         job, out = _parse(request)
     except JobError as exc:
         errors = list(exc.problems)
         r.set(keys.status(job_id), "invalid", ex=ttl)
         r.set(keys.error(job_id), json.dumps(errors), ex=ttl)
-        r.zadd(keys.JOBS, {job_id: _now()})
+        r.zadd(keys.JOBS, {job_id: time.time()})
         if reply_to:
             r.rpush(reply_to, json.dumps(reply_document(request_id, job_id, "invalid", request.get("out"),
                                                         errors, None)))
@@ -94,8 +117,9 @@ def _answer_duplicate(r: redis.Redis, job_id: str, status: str, request: dict, f
 
 def _parse(request: dict):
     """The request's job and destination, validated; JobError lists every problem."""
+    from evalq.orchestrator.submit import destination
     from evalq.shared.job import load_job, parse_job
-    from evalq.shared.storage import Destination, is_s3, open_binary
+    from evalq.shared.storage import is_s3, open_binary
 
     unknown = sorted(set(request) - set(REQUEST_FIELDS))
     if unknown:
@@ -123,19 +147,9 @@ def _parse(request: dict):
     out = request.get("out")
     if out is not None and (not isinstance(out, str) or not out):
         raise JobError("request.out: expected a directory or an s3://bucket/prefix/")
-    if out is None and job.output is None:
+    dest = destination(job, out)
+    if dest is None:
         raise JobError("request.out: missing, and the job has no output.uri; say where the outputs go")
-    if out is None:
-        dest = Destination(job.output.uri, job.output.endpoint_url)
-    else:
-        endpoint = (job.output.endpoint_url if job.output else None) or \
-            (job.dataset.endpoint_url if job.dataset else None)
-        dest = Destination(out, endpoint)
     dest.check()
     return job, dest
 
-
-def _now() -> float:
-    import time
-
-    return time.time()

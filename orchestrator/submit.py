@@ -99,6 +99,16 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
     return spec
 
 
+def destination(job: Job, out: str | None) -> Destination | None:
+    """Where a job's outputs go: ``out`` (with the S3 endpoint the job names for
+    its output or dataset), else the job's ``output``; None when neither says."""
+    if out is None:
+        return Destination(job.output.uri, job.output.endpoint_url) if job.output is not None else None
+    endpoint = (job.output.endpoint_url if job.output else None) or \
+        (job.dataset.endpoint_url if job.dataset else None)
+    return Destination(out, endpoint)
+
+
 def connect(broker_url: str) -> redis.Redis:
     r = redis.Redis.from_url(broker_url, socket_connect_timeout=5, socket_timeout=60)
     try:
@@ -191,19 +201,16 @@ def delete_job(r: redis.Redis, job_id: str, metric_keys: list[str]) -> None:
         pass
 
 
-def items_done(r: redis.Redis, job_id: str, metric_keys: list[str]) -> int:
+def items_done(r: redis.Redis, job_id: str, metric_keys: list[str]) -> dict[str, int]:
+    """Items recorded so far, per run key."""
     pipe = r.pipeline(transaction=False)
     for key in metric_keys:
         pipe.hlen(keys.results(job_id, key))
-    return sum(pipe.execute())
+    return dict(zip(metric_keys, pipe.execute()))
 
 
 def run_keys(spec: dict) -> list[str]:
     return ([GENERATE] if GENERATE in spec else []) + list(spec["metrics"])
-
-
-def expected_items(spec: dict) -> int:
-    return (spec[GENERATE]["n_items"] if GENERATE in spec else 0) + spec["n_instances"] * len(spec["metrics"])
 
 
 def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[int], None],
@@ -229,7 +236,8 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     complete_since: dict[str, float] = {}
     nudged: set[str] = set()
     while True:
-        done = items_done(r, job_id, metric_keys)
+        counts = items_done(r, job_id, metric_keys)
+        done = sum(counts.values())
         on_progress(done)
         status = (r.get(keys.status(job_id)) or b"").decode()
         if status in TERMINAL:
@@ -240,7 +248,7 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
         now = time.monotonic()
         stage = METRICS_STAGE if (status == "generated" or GENERATE not in spec) else GENERATE_STAGE
         stage_keys = [GENERATE] if stage == GENERATE_STAGE else list(spec["metrics"])
-        if items_done(r, job_id, stage_keys) >= stage_items(spec, stage):
+        if sum(counts[k] for k in stage_keys) >= stage_items(spec, stage):
             since = complete_since.setdefault(stage, now)
             if stage not in nudged and now - since > CALLBACK_GRACE:
                 print(f"evalq: job {job_id}: every item of the {stage} stage is recorded but its callback "

@@ -64,11 +64,7 @@ class MetricRun:
 
     def head(self) -> dict[str, Any]:
         """What outputs say about the entry: ``metric``, ``name`` (if given), ``parameters``."""
-        head: dict[str, Any] = {"metric": self.spec.id}
-        if self.name is not None:
-            head["name"] = self.name
-        head["parameters"] = self.params_json()
-        return head
+        return entry_head({"id": self.spec.id, "name": self.name, "parameters": self.params_json()})
 
     @property
     def queues(self) -> list[str]:
@@ -85,6 +81,16 @@ class MetricRun:
 
     def params_json(self) -> dict[str, Any]:
         return self.params.model_dump(mode="json")
+
+
+def entry_head(entry: dict) -> dict[str, Any]:
+    """What outputs say about a metric entry (as stored in a job's spec):
+    ``metric``, ``name`` (only when the job gave one), ``parameters``."""
+    head: dict[str, Any] = {"metric": entry["id"]}
+    if entry.get("name") is not None:
+        head["name"] = entry["name"]
+    head["parameters"] = entry["parameters"]
+    return head
 
 
 @dataclass

@@ -15,6 +15,7 @@ import redis
 
 from evalq.shared import keys
 from evalq.shared.aggregate import AGGREGATORS, aggregator_for, merge_parts
+from evalq.shared.job import entry_head
 from evalq.shared.model import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
 from evalq.workers.runner import job_spec
@@ -46,10 +47,7 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
             seen += 1
     elapsed = sum(float(v) for v in r.hvals(keys.timings(job_id, key)))
     counts = _counts(overall)
-    out = {"metric": entry["id"]}
-    if entry.get("name") is not None:
-        out["name"] = entry["name"]
-    out.update({"parameters": params, "score": counts.pop("score"), "elapsed_time": round(elapsed, 6), **counts})
+    out = {**entry_head(entry), "score": counts.pop("score"), "elapsed_time": round(elapsed, 6), **counts}
     if by_category:
         out["categories"] = {c: _counts(by_category[c]) for c in sorted(by_category)}
     if metric.calls_endpoint:

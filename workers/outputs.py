@@ -20,19 +20,11 @@ from typing import Iterator
 import redis
 
 from evalq.shared import keys
+from evalq.shared.job import entry_head as head
 from evalq.shared.model import GENERATE
 from evalq.shared.storage import Destination
 
 LOG_BATCH = 2000
-
-
-def head(entry: dict) -> dict:
-    """What outputs say about a metric entry: ``metric``, ``name`` (if given), ``parameters``."""
-    out = {"metric": entry["id"]}
-    if entry.get("name") is not None:
-        out["name"] = entry["name"]
-    out["parameters"] = entry["parameters"]
-    return out
 
 
 def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], run: dict,

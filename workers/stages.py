@@ -20,7 +20,6 @@ can come up short when a worker dies at the wrong moment. Here:
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import time
 from typing import Iterator, NamedTuple
@@ -88,8 +87,17 @@ def plan(spec: dict, stage: str) -> Iterator[Chunk]:
             regions = rotations.setdefault(entry["rotation"], _weighted(entry["regions"]))
         for start in range(0, n, size):
             region = next(regions) if regions else None
-            queue = f"{entry['queue']}.{region}" if region else entry["queue"]
-            yield Chunk(key, queue, start, min(start + size, n), region)
+            yield Chunk(key, queue_of(entry, region), start, min(start + size, n), region)
+
+
+def queue_of(entry: dict, region: str | None) -> str:
+    """The queue a run's chunk goes to: ``<kind>.<region>`` for runs with regions."""
+    return f"{entry['queue']}.{region}" if region else entry["queue"]
+
+
+def entry_queues(entry: dict) -> list[str]:
+    """Every queue a run's chunks may go to."""
+    return [queue_of(entry, region) for region, _ in entry.get("regions") or [[None, 0]]]
 
 
 def _weighted(regions: list[list]) -> Iterator[str]:
@@ -176,9 +184,3 @@ def fire_callback(app, r: redis.Redis, job_id: str, stage: str, force: bool = Fa
         return True
     return False
 
-
-def load_spec(r: redis.Redis, job_id: str) -> dict:
-    raw = r.get(keys.spec(job_id))
-    if raw is None:
-        raise LookupError(f"job {job_id} has no spec in Redis (expired or never submitted)")
-    return json.loads(raw)

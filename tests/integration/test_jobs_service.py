@@ -50,6 +50,14 @@ def await_reply(r: redis.Redis, reply_to: str, timeout: float = 90) -> dict:
     return json.loads(got[1])
 
 
+def slow_job_file(tmp_path, prefix: str, n: int, answer: str, seconds: float):
+    """A job file of ``n`` instances scored by the test plugin's ``slow_len``."""
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"instances": [{"id": f"{prefix}{i}", "actual-output": answer} for i in range(n)],
+                                "metrics": [{"id": "slow_len", "parameters": {"seconds": seconds}}]}))
+    return path
+
+
 def test_message_in_files_and_one_reply_out(redis_url, service, tmp_path):
     r = redis.Redis.from_url(redis_url)
     reply_to = f"replies:{uuid.uuid4().hex}"
@@ -108,6 +116,28 @@ def test_an_invalid_request_is_answered_invalid_and_enqueues_nothing(redis_url, 
     assert r.get(keys.spec(doc["job_id"])) is None and r.llen("cpu") == depth
 
 
+@pytest.mark.parametrize("reply_to", ["cpu", "evalq.control", "judge.lab", "evalq:jobs", "has space"])
+def test_a_reply_list_may_not_be_a_queue_or_key_of_the_cluster(redis_url, service, tmp_path, reply_to):
+    r = redis.Redis.from_url(redis_url)
+    before = r.type(reply_to), r.llen(reply_to) if r.type(reply_to) == b"list" else None
+    request_id = f"req-{uuid.uuid4().hex}"
+    send(redis_url, job={"instances": INSTANCES, "metrics": [{"id": "exact_match"}]}, out=str(tmp_path / "o"),
+         request_id=request_id, reply_to=reply_to)
+    deadline = time.monotonic() + 30
+    while r.get(keys.request(request_id)) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    job_id = r.get(keys.request(request_id)).decode()
+    deadline = time.monotonic() + 30
+    while r.get(keys.status(job_id)) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert r.get(keys.status(job_id)) == b"invalid"
+    assert "request.reply_to" in r.get(keys.error(job_id)).decode()
+    assert (r.type(reply_to), r.llen(reply_to) if r.type(reply_to) == b"list" else None) == before
+    assert not (tmp_path / "o").exists()
+
+
 def test_job_uri_and_the_jobs_output_uri(redis_url, service, tmp_path):
     r = redis.Redis.from_url(redis_url)
     path = tmp_path / "job.json"
@@ -121,10 +151,7 @@ def test_job_uri_and_the_jobs_output_uri(redis_url, service, tmp_path):
 
 def test_cancel_drops_pending_tasks_and_writes_partial_outputs(redis_url, service, tmp_path):
     r = redis.Redis.from_url(redis_url)
-    instances = [{"id": f"c{n}", "actual-output": "abc"} for n in range(200)]
-    job_file = tmp_path / "job.json"
-    job_file.write_text(json.dumps({"instances": instances,
-                                    "metrics": [{"id": "slow_len", "parameters": {"seconds": 0.02}}]}))
+    job_file = slow_job_file(tmp_path, "c", 200, "abc", 0.02)
     proc = evalq("submit", str(job_file), "--out", str(tmp_path / "out"), "--broker", redis_url)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
@@ -152,10 +179,7 @@ def test_cancel_drops_pending_tasks_and_writes_partial_outputs(redis_url, servic
 
 def test_the_job_finishes_when_the_cli_that_ran_it_is_killed(redis_url, service, tmp_path):
     r = redis.Redis.from_url(redis_url)
-    instances = [{"id": f"k{n}", "actual-output": "abcd"} for n in range(60)]
-    job_file = tmp_path / "job.json"
-    job_file.write_text(json.dumps({"instances": instances,
-                                    "metrics": [{"id": "slow_len", "parameters": {"seconds": 0.03}}]}))
+    job_file = slow_job_file(tmp_path, "k", 60, "abcd", 0.03)
     out = tmp_path / "out"
     cli = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "run", str(job_file), "--out", str(out),
                             "--broker", redis_url, "-q"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
