@@ -27,6 +27,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_cpu.py
 	$(BIN)/python bench/bench_bertscore.py
+	$(BIN)/python bench/bench_submit.py
 
 clean:
 	rm -rf $(VENV) out

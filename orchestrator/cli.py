@@ -233,6 +233,27 @@ def cancel(job_id: str, broker: str | None) -> None:
 
 
 @cli.command()
+@click.argument("job_id")
+@broker_option
+def resume(job_id: str, broker: str | None) -> None:
+    """Re-send what a running job is missing (after a broker restart or a lost callback).
+
+    Finished chunks are not sent again and recorded judge items are not re-paid."""
+    from evalq.orchestrator import submit as submitting
+    from evalq.orchestrator.jobs import resume_job
+
+    broker = _need_broker(broker)
+    done = resume_job(submitting.connect(broker), broker, job_id)
+    if done["stage"] is None:
+        click.echo(f"job {job_id}: {done['status']}; nothing to resume")
+    elif done["callback"]:
+        click.echo(f"job {job_id}: every chunk of the {done['stage']} stage has finished; "
+                   f"sent its callback ({done['callback']}) again")
+    else:
+        click.echo(f"job {job_id}: re-sent {done['sent']} unfinished chunk(s) of the {done['stage']} stage")
+
+
+@cli.command()
 @click.argument("job_id", required=False)
 @broker_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -250,6 +271,51 @@ def status(job_id: str | None, broker: str | None, as_json: bool, limit: int) ->
         click.echo(json.dumps(info, indent=2))
     else:
         click.echo(jobs.render(info, one=bool(job_id)))
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@cli.command()
+@broker_option
+@click.option("--address", default="127.0.0.1", show_default=True, help="Interface Flower listens on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=5555, show_default=True)
+@click.option("--basic-auth", envvar="EVALQ_FLOWER_BASIC_AUTH", default=None, metavar="USER:PASSWORD[,...]",
+              help="Required credentials (env EVALQ_FLOWER_BASIC_AUTH; prefer the variable: a command "
+                   "line is visible to every user of the machine).")
+@click.option("--no-auth", is_flag=True, help="No credentials: allowed only on a loopback address.")
+@click.option("--url-prefix", default=None, help="Serve under this path (behind a reverse proxy).")
+def flower(broker: str | None, address: str, port: int, basic_auth: str | None, no_auth: bool,
+           url_prefix: str | None) -> None:
+    """Start Flower on the cluster's broker, behind basic auth.
+
+    Flower shows every task as it is sent, runs and ends; a chunk task's
+    arguments are its job id, metric entry and instance range."""
+    broker = _need_broker(broker)
+    env = {**os.environ, "EVALQ_BROKER_URL": broker}
+    for name in [k for k in env if k.startswith("FLOWER_")]:
+        del env[name]  # evalq's options decide, not stray Flower settings
+    if basic_auth and no_auth:
+        raise click.UsageError("--no-auth and --basic-auth (or EVALQ_FLOWER_BASIC_AUTH) exclude each other")
+    if basic_auth:
+        pairs = basic_auth.split(",")
+        if not all(":" in p and all(p.split(":", 1)) for p in pairs):
+            raise click.UsageError("--basic-auth / EVALQ_FLOWER_BASIC_AUTH: expected USER:PASSWORD, several "
+                                   "separated by commas (a password may not contain a comma)")
+        env["FLOWER_BASIC_AUTH"] = basic_auth  # by environment: never on a command line
+    elif no_auth:
+        if address not in LOOPBACK:
+            raise click.UsageError(f"--no-auth is allowed only on a loopback address ({', '.join(LOOPBACK)}), "
+                                   f"not {address!r}: anyone who reaches Flower can revoke tasks")
+        env["FLOWER_UNAUTHENTICATED_API"] = "true"
+    else:
+        raise click.UsageError("Flower needs credentials: set EVALQ_FLOWER_BASIC_AUTH=USER:PASSWORD (or "
+                               "--basic-auth); --no-auth is allowed on a loopback address only")
+    argv = [sys.executable, "-m", "celery", "-A", "evalq.workers.app:app", "flower",
+            f"--address={address}", f"--port={port}"]
+    if url_prefix:
+        argv.append(f"--url_prefix={url_prefix}")
+    os.execvpe(argv[0], argv, env)
 
 
 def _register_judge_sim() -> None:

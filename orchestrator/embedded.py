@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from evalq.shared.config import JOBS_QUEUE
 from evalq.shared.errors import InfraError
 
 PR_SET_PDEATHSIG = 1
@@ -194,7 +195,7 @@ class EmbeddedCluster:
     def __enter__(self) -> "EmbeddedCluster":
         try:
             self.redis.start()
-            for kind, queues in _worker_groups(self.queues).items():
+            for kind, queues in _worker_groups(self.queues + [JOBS_QUEUE]).items():
                 w = LocalWorker(self.redis.url, queues, self.workdir, self.concurrency, name=kind)
                 w.start()
                 self.workers.append(w)
@@ -218,8 +219,12 @@ class EmbeddedCluster:
 
 
 def _worker_groups(queues: list[str]) -> dict[str, list[str]]:
-    """One worker process per queue kind: cpu and gpu need different pools."""
+    """One worker process per queue kind: cpu and gpu need different pools.
+    The jobs queue (a cluster's orchestrator role) rides with the first of them."""
     groups: dict[str, list[str]] = {}
     for q in queues:
-        groups.setdefault(q.split(".", 1)[0], []).append(q)
+        if q != JOBS_QUEUE:
+            groups.setdefault(q.split(".", 1)[0], []).append(q)
+    if JOBS_QUEUE in queues and groups:
+        next(iter(groups.values())).append(JOBS_QUEUE)
     return groups

@@ -1,4 +1,4 @@
-"""Operating jobs on a cluster: status (one job, or the recent ones) and cancel."""
+"""Operating jobs on a cluster: status (one job, or the recent ones), cancel and resume."""
 
 from __future__ import annotations
 
@@ -34,6 +34,38 @@ def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
     # the final callback writes what was recorded; chunks in flight may still finish
     fire_callback(client_app(broker_url), r, job_id, METRICS_STAGE, force=True)
     return "cancelled"
+
+
+def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
+    """Re-send what a running job is missing: after a broker restart that lost
+    queued tasks, or a callback that never ran.
+
+    The chunks of the current stage that have not finished are sent again
+    (a chunk's finish is recorded in Redis, so the plan says which); finished
+    chunks are not, and a judge chunk sent again skips the items it already
+    recorded, so no judge call is paid twice. A stage whose chunks have all
+    finished gets its callback again (callbacks are idempotent).
+    """
+    from evalq.workers.app import client_app
+    from evalq.workers.stages import (CALLBACKS, GENERATE_STAGE, METRICS_STAGE, fire_callback, send_stage,
+                                      stage_complete)
+
+    status = _status(r, job_id)
+    if not status:
+        raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
+    if status in FINAL:
+        return {"job_id": job_id, "status": status, "stage": None, "sent": 0, "callback": None}
+    raw_spec = r.get(keys.spec(job_id))
+    if raw_spec is None:
+        raise InfraError(f"job {job_id}: its spec is gone from Redis; it cannot be resumed")
+    spec = json.loads(raw_spec)
+    app = client_app(broker_url)
+    stage = GENERATE_STAGE if GENERATE in spec and status != "generated" else METRICS_STAGE
+    if stage_complete(r, job_id, stage):
+        fire_callback(app, r, job_id, stage, force=True)
+        return {"job_id": job_id, "status": status, "stage": stage, "sent": 0, "callback": CALLBACKS[stage]}
+    sent = send_stage(app, r, job_id, spec, stage, skip_done=True)
+    return {"job_id": job_id, "status": status, "stage": stage, "sent": sent, "callback": None}
 
 
 def job_status(r: redis.Redis, job_id: str) -> dict:

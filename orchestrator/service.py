@@ -24,12 +24,11 @@ from typing import Any
 import redis
 
 from evalq.shared import keys
-from evalq.shared.config import CONTROL_QUEUE, Settings
+from evalq.shared.config import CONTROL_QUEUE, JOBS_QUEUE, Settings
 from evalq.shared.errors import EvalqError, JobError
 
 log = logging.getLogger("evalq.jobs")
 
-JOBS_QUEUE = "evalq.jobs"
 REQUEST_FIELDS = ("job", "job_uri", "out", "request_id", "reply_to", "chunk_size")
 _LIST_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 # Keys a reply must never be pushed onto: evalq's own state, kombu's, and the task queues

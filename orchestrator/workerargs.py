@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 
-from evalq.shared.config import CONTROL_QUEUE
+from evalq.shared.config import CONTROL_QUEUE, JOBS_QUEUE
 
 JUDGE_THREADS = 16  # concurrent judge calls per worker process
 
 
 def worker_argv(queues: list[str], concurrency: int | None = None, pool: str | None = None,
                 hostname: str | None = None, loglevel: str = "INFO", control: bool = True) -> list[str]:
-    kinds = {q.split(".", 1)[0] for q in queues}
+    # the control and jobs queues ride along with any pool
+    kinds = {q.split(".", 1)[0] for q in queues if q not in (CONTROL_QUEUE, JOBS_QUEUE)} or {"cpu"}
     if pool is None:
         # gpu: one process holds the model and the device; cpu: one process per
         # core; judge and generate: threads, since their tasks mostly wait on HTTP.

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-CONTROL_QUEUE = "evalq.control"
+CONTROL_QUEUE = "evalq.control"  # stage callbacks
+JOBS_QUEUE = "evalq.jobs"  # job requests (evalq.submit_job): the orchestrator role
 
 
 def _int(name: str, default: int) -> int:

@@ -127,6 +127,16 @@ def send_stage(app, r: redis.Redis, job_id: str, spec: dict, stage: str,
     sent = 0
     chunks = itertools.islice(plan(spec, stage), already, None)
     position = already
+    seen_queues: set[str] = set()
+
+    def declared(queue: str) -> list | None:
+        # the queue's declaration once per send, not once per message (messages
+        # go to the queue's list directly, workers declare what they consume)
+        if queue in seen_queues:
+            return []
+        seen_queues.add(queue)
+        return None
+
     with app.producer_or_acquire() as producer:
         while True:
             batch = list(itertools.islice(chunks, SEND_BATCH))
@@ -134,15 +144,19 @@ def send_stage(app, r: redis.Redis, job_id: str, spec: dict, stage: str,
                 break
             if r.get(keys.status(job_id)) == b"cancelled":
                 return sent
-            for c in batch:
-                if c.id.encode() in done:
-                    continue
-                app.send_task("evalq.score_chunk", args=(job_id, c.metric_key, c.start, c.stop),
-                              kwargs={"deployment": c.deployment} if c.deployment else {},
-                              queue=c.queue, producer=producer, ignore_result=True)
-                sent += 1
+            # one pipelined round trip per batch (messages and their task-sent
+            # events), not two per task: 250k tasks go in seconds, not minutes
+            with producer.batch(max_size=2 * SEND_BATCH):
+                for c in batch:
+                    if c.id.encode() in done:
+                        continue
+                    app.send_task("evalq.score_chunk", args=(job_id, c.metric_key, c.start, c.stop),
+                                  kwargs={"deployment": c.deployment} if c.deployment else {},
+                                  queue=c.queue, producer=producer, ignore_result=True,
+                                  declare=declared(c.queue))
+                    sent += 1
             position += len(batch)
-            if not skip_done:
+            if position > int(r.hget(pkey, f"{stage}:sent") or 0):
                 r.hset(pkey, f"{stage}:sent", position)
     if total == 0 or stage_complete(r, job_id, stage):  # nothing to run, or all done already
         fire_callback(app, r, job_id, stage)

@@ -120,3 +120,58 @@ def test_a_stage_left_one_chunk_short_is_finalized_anyway(redis_url, cpu_worker,
     assert (tmp_path / "out" / "results.json").exists()
     summary, _ = submit.summaries(r, job_id)
     assert summary[0]["n"] == 9 and summary[0]["score"] == pytest.approx(3 / 9)
+
+
+def test_the_jobs_worker_killed_mid_submit_makes_exactly_one_job(private_redis, tmp_path):
+    """The evalq.jobs worker is SIGKILLed while it stores a request's job: the
+    request is redelivered and makes one job, complete, answered once."""
+    import json
+
+    from celery import Celery
+
+    env = {"EVALQ_VISIBILITY_TIMEOUT": "3"}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    n = 30_000
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({
+        "instances": [{"id": f"x{i}", "actual-output": "y" * (i % 3), "expected-output": ["y"]} for i in range(n)],
+        "metrics": [{"id": "exact_match"}]}))
+    r = redis.Redis.from_url(private_redis)
+    first = start_worker(private_redis, "evalq.jobs", logs, concurrency=1, env=env, name="jobs1")
+    workers = [first]
+    try:
+        wait_for_worker(private_redis, "jobs1")
+        sender = Celery(broker=private_redis)
+        sender.conf.update(task_serializer="json", accept_content=["json"])
+        request_id = f"req-{uuid.uuid4().hex}"
+        sender.send_task("evalq.submit_job", queue="evalq.jobs", kwargs={
+            "job_uri": str(path), "out": str(tmp_path / "out"), "request_id": request_id, "reply_to": "done"})
+        deadline = time.monotonic() + 60
+        while not (r.get(keys.request(request_id)) and r.llen(keys.instances(r.get(keys.request(request_id))
+                                                                             .decode()))):
+            assert time.monotonic() < deadline, "the jobs worker never began storing the job"
+            time.sleep(0.001)
+        os.killpg(first.pid, signal.SIGKILL)  # mid-store: instances half pushed, nothing sent
+        first.wait(10)
+        job_id = r.get(keys.request(request_id)).decode()
+        assert not r.hget(keys.plan(job_id), "metrics:sent")
+        assert r.llen("cpu") == 0
+        workers += [start_worker(private_redis, "evalq.jobs", logs, concurrency=1, env=env, name="jobs2"),
+                    start_worker(private_redis, "cpu", logs, concurrency=2, env=env, name="cpu2")]
+        deadline = time.monotonic() + 150
+        while (got := r.blpop(["done"], timeout=1)) is None:
+            assert time.monotonic() < deadline, "no reply after the redelivery"
+        doc = json.loads(got[1])
+        assert doc["status"] == "done" and doc["job_id"] == job_id
+        time.sleep(1.0)
+        assert r.llen("done") == 0  # one reply
+    finally:
+        for w in workers:
+            stop_worker(w, signal.SIGKILL)
+    assert r.zcard(keys.JOBS) == 1  # one job
+    assert r.llen(keys.instances(job_id)) == n  # stored once, not twice
+    log = read_log(tmp_path / "out")
+    assert len(log) == len({line["instance_id"] for line in log}) == n
+    summary = read_results(tmp_path / "out")["exact_match"]
+    assert summary["n"] == n and summary["score"] == pytest.approx(sum(i % 3 == 1 for i in range(n)) / n)

@@ -190,3 +190,16 @@ def test_judge_chunks_spread_over_deployments_by_tpm(monkeypatch):
     assert all(c.deployment == c.queue.split(".", 1)[1] for c in chunks if c.deployment)
     assert {c.queue for c in chunks if c.metric_key == "bleu@3"} == {"cpu"}
     assert job.queues == ["cpu", "judge.big", "judge.small"]
+
+
+def test_embedded_workers_include_a_jobs_consumer_without_changing_pools():
+    from evalq.orchestrator.embedded import _worker_groups
+    from evalq.orchestrator.workerargs import worker_argv
+
+    groups = _worker_groups(["judge.eu", "judge.us", "cpu", "evalq.jobs"])
+    assert groups == {"judge": ["judge.eu", "judge.us", "evalq.jobs"], "cpu": ["cpu"]}
+    argv = worker_argv(groups["judge"])
+    assert argv[argv.index("-P") + 1] == "threads"  # the jobs queue does not turn judges into prefork
+    assert argv[argv.index("-Q") + 1] == "judge.eu,judge.us,evalq.jobs,evalq.control"
+    argv = worker_argv(["evalq.jobs"])
+    assert argv[argv.index("-P") + 1] == "prefork"
