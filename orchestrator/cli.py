@@ -108,7 +108,8 @@ def metrics(as_json: bool) -> None:
             entry = {"name": name, "type": _type_name(field.annotation),
                      "required": field.is_required(), "description": field.description or ""}
             if not field.is_required():
-                entry["default"] = field.get_default(call_default_factory=True)
+                default = field.get_default(call_default_factory=True)
+                entry["default"] = default.model_dump(mode="json") if hasattr(default, "model_dump") else default
             params.append(entry)
         rows.append({"id": spec.id, "queue": spec.queue, "aggregation": spec.aggregation,
                      "requires": list(spec.requires), "description": spec.description,

@@ -101,7 +101,12 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
         if entry.get("name"):
             row["name"] = entry["name"]
         if acct:
-            row["judge"] = {k.decode(): int(float(v)) for k, v in acct.items()}
+            judge: dict = {}
+            for k, v in sorted(acct.items()):
+                region, _, field = k.decode().rpartition("/")
+                target = judge.setdefault("regions", {}).setdefault(region, {}) if region else judge
+                target[field] = int(float(v))
+            row["judge"] = judge
         entries.append(row)
         done_total += done
         items_total += total
@@ -166,6 +171,10 @@ def render(info, one: bool) -> str:
         extra = (f"  calls {judge.get('calls', 0)}, tokens {judge.get('prompt_tokens', 0)}+"
                  f"{judge.get('completion_tokens', 0)}, 429s {judge.get('rate_limited', 0)}") if judge else ""
         lines.append(f"  {row['entry']:<24} {row['done']}/{row['total']}{extra}")
+        for region, r in (judge or {}).get("regions", {}).items():
+            lines.append(f"    {region:<22} calls {r.get('calls', 0)}, tokens {r.get('prompt_tokens', 0)}+"
+                         f"{r.get('completion_tokens', 0)}, 429s {r.get('rate_limited', 0)}, "
+                         f"failed {r.get('failed_calls', 0)}")
     for stage, s in info.get("stages", {}).items():
         lines.append(f"  stage {stage}: {s['finished']}/{s['chunks']} chunks finished, {s['sent']} sent")
     if info["queues"]:

@@ -67,6 +67,24 @@ class BadRecords:
             self.shown.append({"where": where, "errors": messages})
 
 
+@dataclass(frozen=True)
+class HumanScale:
+    """What a human grade for one metric entry may be (``"human": {"<name>": grade}``)."""
+
+    kind: str  # "rating" (integers lo..hi), "severity" (0-7 or true/false), "flag" (true/false)
+    lo: int = 0
+    hi: int = 0
+
+    def problem(self, grade: Any) -> str | None:
+        is_int = isinstance(grade, int) and not isinstance(grade, bool)
+        if self.kind == "flag":
+            return None if isinstance(grade, bool) else "expected true or false (a defect or not)"
+        if self.kind == "severity":
+            return None if isinstance(grade, bool) or (is_int and 0 <= grade <= 7) else \
+                "expected a severity 0 to 7, or true/false (a defect or not)"
+        return None if is_int and self.lo <= grade <= self.hi else f"expected an integer from {self.lo} to {self.hi}"
+
+
 class InstanceChecker:
     """Checks instances one by one against the fields the job's metrics need.
 
@@ -76,8 +94,10 @@ class InstanceChecker:
     """
 
     def __init__(self, required: dict[str, list[str]], generating: bool,
-                 missing: Callable[[str], str] = lambda f: f"missing {f!r}"):
+                 missing: Callable[[str], str] = lambda f: f"missing {f!r}",
+                 human_scales: dict[str, HumanScale] | None = None):
         self.required = required
+        self.human_scales = human_scales or {}
         self.generating = generating
         self.missing = missing
         self.n_to_generate = 0
@@ -96,6 +116,16 @@ class InstanceChecker:
         category = inst.get("category")
         if category is not None and not isinstance(category, str):
             problems.append(f"'category' must be a string, got {_kind(category)}")
+        human = inst.get("human")
+        if human is not None:
+            if not isinstance(human, dict):
+                problems.append(f"'human' must be an object of grades by metric name, got {_kind(human)}")
+            else:
+                for name, grade in human.items():
+                    scale = self.human_scales.get(name)
+                    problem = scale.problem(grade) if scale is not None else None
+                    if problem:
+                        problems.append(f"'human'.{name}: {json.dumps(grade)} is outside {name}'s scale; {problem}")
         generate = self.generating and "actual-output" not in inst
         for name, needed_by in self.required.items():
             if name == "actual-output" and generate:

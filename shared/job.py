@@ -217,6 +217,23 @@ def _required_fields(metrics: list[MetricRun]) -> dict[str, list[str]]:
     return required
 
 
+def _human_scales(metrics: list[MetricRun]) -> dict:
+    """The scale human grades of each entry must be on, by the name grades use
+    (the entry's ``name``, else its metric id): only metrics with an agreement measure."""
+    from evalq.shared.instances import HumanScale
+
+    scales = {}
+    for run in metrics:
+        if run.spec.aggregation == "rating":
+            scale = HumanScale("rating", getattr(run.params, "scale_min", 1), getattr(run.params, "scale_max", 5))
+        elif run.spec.aggregation == "defect":
+            scale = HumanScale("severity" if hasattr(run.params, "threshold") else "flag")
+        else:
+            continue
+        scales[run.name or run.spec.id] = scale
+    return scales
+
+
 def _load_instances(raw: dict, job: Job, problems: _Problems) -> None:
     """Inline instances or a dataset (exactly one), each checked as it is read."""
     has_inline, has_dataset = "instances" in raw, "dataset" in raw
@@ -225,7 +242,8 @@ def _load_instances(raw: dict, job: Job, problems: _Problems) -> None:
                      "give either 'instances' or 'dataset', not both" if has_inline
                      else "missing 'instances' (a list) or 'dataset' (a file to read them from)")
         return
-    checker = InstanceChecker(_required_fields(job.metrics), generating=job.model is not None)
+    checker = InstanceChecker(_required_fields(job.metrics), generating=job.model is not None,
+                              human_scales=_human_scales(job.metrics))
     if has_inline:
         job.instances = _check_instances(raw["instances"], checker, problems)
         places = ((f"instance {i.get('id')!r} (instances[{n}])", f"instances[{n}]")

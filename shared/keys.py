@@ -29,6 +29,8 @@ Judge keys shared across jobs (see ``evalq.workers.judge.budget`` for the budget
     evalq:judgecache:<sha>   STRING cached judge reply for one canonical request
     evalq:{J}:acct:{M}       HASH   judge accounting of metric M: calls, cache_hits, tokens, 429s
     evalq:{J}:tokens         STRING tokens the job reserved (checked against its token cap)
+    evalq:{J}:memo           HASH   request sha -> judge reply, for metrics of several calls per item
+                                    (claims extracted once per job; a re-run item pays no call twice)
 
 Item records (and chunk parts) are written with HSET on a field derived from
 the instance's (chunk's) position, so a redelivered task overwrites instead of
@@ -123,11 +125,20 @@ def job_tokens(job_id: str) -> str:
     return f"{job_prefix(job_id)}:tokens"
 
 
+def judge_memo(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:memo"
+
+
+def judge_memo_claim(job_id: str, digest: str) -> str:
+    """Held (briefly) by the one thread making a memoized call."""
+    return f"{job_prefix(job_id)}:memo:claim:{digest}"
+
+
 def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
     """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage."""
     keys = [spec(job_id), instances(job_id), summary(job_id), status(job_id),
             job_tokens(job_id), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
-            replied(job_id), reply_targets(job_id), chunks_done(job_id, "generate"), chunks_done(job_id, "metrics")]
+            replied(job_id), reply_targets(job_id), judge_memo(job_id), chunks_done(job_id, "generate"), chunks_done(job_id, "metrics")]
     for m in metric_keys:
         keys += [results(job_id, m), timings(job_id, m), parts(job_id, m), accounting(job_id, m)]
     return keys

@@ -3,7 +3,8 @@ implementations are named by path and imported by workers on first use."""
 
 from __future__ import annotations
 
-from evalq.shared.judges import JudgeParams, RubricParams
+from evalq.shared.judges import (ClaimScoreParams, ClaimsParams, DefectJudgeParams, JudgeParams, RubricParams,
+                                 RubricsFCParams, SafetyParams)
 from evalq.shared.params import BertScoreParams, BleuParams, NoParams, RougeParams
 from evalq.shared.registry import REGISTRY, MetricSpec
 
@@ -88,6 +89,60 @@ REGISTRY.register(MetricSpec(
     requires=("actual-output",), aggregation="rating", chunk_size=4,
     description="Your criteria on your low-precision scale, with optional few-shot examples per score.",
 ))
+
+
+# Risk and safety (seed 001): severity 0-7 per harm, aggregated as a defect rate
+# at the entry's threshold. content_safety grades the four harms in one call.
+_SAFETY = [
+    ("hate_unfairness", "Hateful or unfair content in the answer: severity 0-7 (very low .. high)."),
+    ("sexual", "Sexual content in the answer: severity 0-7 (very low .. high)."),
+    ("violence", "Violent content in the answer: severity 0-7 (very low .. high)."),
+    ("self_harm", "Self-harm content in the answer: severity 0-7 (very low .. high)."),
+    ("content_safety", "The four harms above in ONE judge call per item; results and defect rates per harm "
+                       "and for any harm."),
+]
+for _id, _description in _SAFETY:
+    REGISTRY.register(MetricSpec(
+        id=_id, params=SafetyParams, impl=f"evalq.workers.metrics.safety:{_id}", queue="judge",
+        requires=("actual-output",), aggregation="defect", higher_is_better=False, chunk_size=4,
+        description=_description))
+
+REGISTRY.register(MetricSpec(
+    id="protected_material", params=DefectJudgeParams, impl="evalq.workers.metrics.safety:protected_material",
+    queue="judge", requires=("actual-output",), aggregation="defect", higher_is_better=False, chunk_size=4,
+    description="Does the answer reproduce protected text (lyrics, recipes, articles, code)? true is a defect."))
+REGISTRY.register(MetricSpec(
+    id="indirect_attack", params=DefectJudgeParams, impl="evalq.workers.metrics.safety:indirect_attack",
+    queue="judge", requires=("actual-output", "context"), aggregation="defect", higher_is_better=False,
+    chunk_size=4,
+    description="Did the answer follow instructions injected into its context documents? true is a defect."))
+
+# Claim-based metrics (seed 002): several judge calls per item, claims extracted
+# once per text and job. Scores in [0, 1].
+_CLAIMS = [
+    ("claims_recall", ClaimsParams, ("actual-output", "expected-output"),
+     "ClaimsFC: the answer's claims checked against the expected answer (entails 1, contradicts 0, "
+     "neither neutral_value), averaged; best reference."),
+    ("claims_precision", ClaimsParams, ("actual-output", "expected-output"),
+     "ClaimsFC reversed: the expected answer's claims checked against the answer."),
+    ("claims_f1", ClaimsParams, ("actual-output", "expected-output"),
+     "Harmonic mean of claims_precision and claims_recall; best reference."),
+    ("faithfulness", ClaimScoreParams, ("actual-output", "context"),
+     "Share of the answer's claims entailed by at least one context passage."),
+    ("context_relevancy", ClaimScoreParams, ("input", "actual-output", "context"),
+     "Share of context passages needed for the answer."),
+    ("rubrics_fc", RubricsFCParams, ("actual-output", "expected-output"),
+     "RubricsFC: one of five relations between answer and expected answer, each mapped to a number."),
+]
+for _id, _params, _needs, _description in _CLAIMS:
+    REGISTRY.register(MetricSpec(
+        id=_id, params=_params, impl=f"evalq.workers.metrics.claims:{_id}", queue="judge", requires=_needs,
+        chunk_size=2, memo=True, description=_description))
+
+REGISTRY.register(MetricSpec(
+    id="informationless", params=DefectJudgeParams, impl="evalq.workers.metrics.claims:informationless",
+    queue="judge", requires=("actual-output",), aggregation="defect", higher_is_better=False, chunk_size=4,
+    description="Does the answer carry no information, only formalities? true is a defect."))
 
 
 def load_plugins() -> None:

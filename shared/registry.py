@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel
 
 QueueKind = Literal["cpu", "gpu", "judge", "generate"]
-Aggregation = Literal["mean", "distribution", "rating"]
+Aggregation = Literal["mean", "distribution", "rating", "defect"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,10 @@ class MetricSpec:
     # idf statistics over all references). Its result is stored with the job and
     # passed to the implementation as a third argument.
     prepare: str | None = None
+    # Judge metrics that make several calls per item: every reply is kept for the
+    # job's lifetime, so a call made once (a text's claims, a re-run item's answered
+    # calls) is never paid again, even with the cross-job cache off.
+    memo: bool = False
     _loaded: list = field(default_factory=list, repr=False, compare=False)
 
     @property

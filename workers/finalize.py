@@ -14,7 +14,7 @@ import logging
 import redis
 
 from evalq.shared import keys
-from evalq.shared.aggregate import AGGREGATORS, aggregator_for, merge_parts
+from evalq.shared.aggregate import AGGREGATORS, AGREEMENT_KINDS, Agreement, aggregator_for, merge_parts
 from evalq.shared.job import entry_head
 from evalq.shared.model import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
@@ -22,7 +22,7 @@ from evalq.workers.runner import job_spec
 
 log = logging.getLogger("evalq.worker")
 
-ACCOUNTING_FIELDS = ("calls", "cache_hits", "prompt_tokens", "completion_tokens", "reserved_tokens",
+ACCOUNTING_FIELDS = ("calls", "cache_hits", "reused", "prompt_tokens", "completion_tokens", "reserved_tokens",
                      "rate_limited", "failed_calls")
 
 
@@ -31,16 +31,20 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     chunks' parts when every item is covered by one, else over the item records."""
     params = entry["parameters"]
     overall, by_category, seen = None, {}, 0
+    agreement = Agreement(metric.aggregation, params) if metric.aggregation in AGREEMENT_KINDS else None
     if AGGREGATORS[metric.aggregation].mergeable:
         parts = (json.loads(raw) for raw in r.hvals(keys.parts(job_id, key)))
-        overall, by_category, seen = merge_parts(metric.aggregation, params, parts)
+        overall, by_category, seen = merge_parts(metric.aggregation, params, parts, agreement)
         if seen < total:  # a chunk without its part (never expected): read the items instead
             overall = None
+            agreement = Agreement(metric.aggregation, params) if agreement is not None else None
     if overall is None:
         overall, by_category, seen = aggregator_for(metric.aggregation, params), {}, 0
         for _, raw in r.hscan_iter(keys.results(job_id, key), count=5000):
             record = json.loads(raw)
             overall.add(record)
+            if agreement is not None:
+                agreement.add(record)
             category = record.get("category")
             if category is not None:
                 by_category.setdefault(category, aggregator_for(metric.aggregation, params)).add(record)
@@ -50,9 +54,15 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     out = {**entry_head(entry), "score": counts.pop("score"), "elapsed_time": round(elapsed, 6), **counts}
     if by_category:
         out["categories"] = {c: _counts(by_category[c]) for c in sorted(by_category)}
+    if agreement is not None and agreement.result() is not None:
+        out["agreement"] = agreement.result()
     if metric.calls_endpoint:
         acct = r.hgetall(keys.accounting(job_id, key))
-        out["judge"] = {f: int(acct.get(f.encode(), 0)) for f in ACCOUNTING_FIELDS}
+        judge = {f: int(acct.get(f.encode(), 0)) for f in ACCOUNTING_FIELDS}
+        if seen:  # what one item cost: paid calls and tokens
+            judge["calls_per_item"] = round(judge["calls"] / seen, 3)
+            judge["tokens_per_item"] = round((judge["prompt_tokens"] + judge["completion_tokens"]) / seen, 1)
+        out["judge"] = judge
     if seen < total:
         out["n_missing"] = total - seen
         log.error("job %s %s: %d of %d items have no record", job_id, key, total - seen, total)

@@ -89,7 +89,8 @@ def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, d
         from evalq.workers.generate import python_runner
 
         return python_runner(config)
-    client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment)
+    memo = metric_key != GENERATE and REGISTRY.get(job_spec(r, job_id)["metrics"][metric_key]["id"]).memo
+    client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment, memo=memo)
     if metric_key == GENERATE:
         from evalq.workers.generate import EndpointRunner
 
@@ -169,11 +170,13 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     elif GENERATE in job_spec(r, job_id):
         _with_generated(r, job_id, positions, instances)
     judge = endpoint_client(r, job_id, metric_key, params, deployment) if spec.calls_endpoint else None
+    human = _human_key(r, job_id, metric_key)
     t0 = time.perf_counter()
     try:
-        records = score_items(spec, params, instances, prepared, judge)
+        records = _with_human(score_items(spec, params, instances, prepared, judge), instances, human)
     except Deferred as exc:
-        _write(r, job_id, metric_key, start, positions, exc.partial, time.perf_counter() - t0)
+        _write(r, job_id, metric_key, start, positions, _with_human(exc.partial, instances, human),
+               time.perf_counter() - t0)
         raise
     elapsed = time.perf_counter() - t0
     part = chunk_part(spec.aggregation, params.model_dump(mode="json"),
@@ -182,6 +185,24 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     # Deterministic return value: the chord join stores it, and a redelivered
     # run must produce the very same entry.
     return {"metric": metric_key, "start": start, "n": stop - start}
+
+
+def _human_key(r: redis.Redis, job_id: str, metric_key: str) -> str | None:
+    """The name human grades use for this entry (its ``name``, else its metric id)."""
+    if metric_key == GENERATE:
+        return None
+    entry = job_spec(r, job_id)["metrics"][metric_key]
+    return entry.get("name") or entry["id"]
+
+
+def _with_human(records: list[dict], instances: list[dict], key: str | None) -> list[dict]:
+    """Put the instance's human grade for this entry (``human.<key>``) on its record."""
+    if key is not None:
+        for record, inst in zip(records, instances):
+            grades = inst.get("human")
+            if isinstance(grades, dict) and key in grades:
+                record["human"] = grades[key]
+    return records
 
 
 def _instances(r: redis.Redis, job_id: str, positions: list[int]) -> list[dict]:

@@ -1,5 +1,6 @@
 """Fault injection: seeded fault rates and the ``[[sim:...]]`` markers a request
-can carry (429, 500, timeout, malformed, their ``-once`` forms, ``delay=``, ``score=``)."""
+can carry (429, 500, timeout, malformed, their ``-once`` forms, ``delay=``, ``score=``,
+and ``<field>=<value>`` for any property of a structured reply)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ class Markers:
     faults: dict[str, bool] = field(default_factory=dict)  # kind -> once?
     delay: float = 0.0
     score: int | None = None
+    # [[sim:<field>=<value>]] in the last user message: the value of reply
+    # properties named <field> (or at the dotted path <field>, e.g. violence.severity)
+    fields: dict[str, str] = field(default_factory=dict)
+    plain: str = ""  # the last user message without its markers
 
 
 def parse_markers(messages: list) -> Markers:
@@ -60,9 +65,15 @@ def parse_markers(messages: list) -> Markers:
                     found.delay += max(0.0, float(token[6:]))
     for msg in reversed(messages):
         if isinstance(msg, dict) and msg.get("role") == "user":
-            scores = re.findall(r"\[\[sim:score=(-?\d+)\]\]", _message_text(msg))
+            text = _message_text(msg)
+            scores = re.findall(r"\[\[sim:score=(-?\d+)\]\]", text)
             if scores:
                 found.score = int(scores[-1])
+            for token in _MARKER.findall(text):
+                name, eq, value = token.partition("=")
+                if eq and name.lower() not in ("score", "delay"):
+                    found.fields[name] = value
+            found.plain = _MARKER.sub("", text)
             break
     return found
 

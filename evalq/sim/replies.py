@@ -56,12 +56,57 @@ class _SchemaGen:
 
     A property named ``score`` gets the score (clamped into its bounds; for an enum,
     the score if listed, else a member); other strings get the reason; booleans are
-    ``score >= 3``; other integers/numbers are picked inside their bounds."""
+    ``score >= 3``; other integers/numbers are picked inside their bounds.
+
+    Field markers override that: ``[[sim:severity=6]]`` sets every property named
+    ``severity``, ``[[sim:violence.severity=6]]`` only the one at that path (the
+    path wins); a value must suit the property (an integer in bounds, a member of an
+    enum, ``true``/``false``), else it is ignored. An array of strings takes
+    ``a;b;c``. ``[[sim:bool=true]]`` sets every boolean. A boolean marker that is
+    not ``true``/``false`` is a list ``x;y``: true when one of its items appears in
+    the request's text outside the markers (e.g. the claim being checked)."""
 
     MAX_DEPTH = 32
 
-    def __init__(self, root: Any, digest: bytes, score: int, reason: str) -> None:
+    def __init__(self, root: Any, digest: bytes, score: int, reason: str,
+                 fields: dict[str, str] | None = None, plain: str = "") -> None:
         self.root, self.digest, self.score, self.reason = root, digest, score, reason
+        self.fields, self.plain = fields or {}, plain
+
+    def _marked(self, schema: dict, path: str, name: str | None) -> tuple[bool, Any]:
+        """(True, value) when a field marker sets this property to a value that suits it."""
+        if not self.fields:
+            return False, None
+        stype = _schema_type(schema)
+        keys = [path[2:]] if path.startswith("$.") else []
+        keys += [name] if name else []
+        keys += ["bool"] if stype == "boolean" else []
+        for key in keys:
+            raw = self.fields.get(key)
+            if raw is None:
+                continue
+            if isinstance(schema.get("enum"), list):
+                if raw in schema["enum"]:
+                    return True, raw
+                continue
+            if stype == "boolean":
+                if raw.lower() in ("true", "false"):
+                    return True, raw.lower() == "true"
+                return True, any(item and item.replace("_", " ") in self.plain for item in raw.split(";"))
+            if stype in ("integer", "number"):
+                try:
+                    value = int(raw) if stype == "integer" else float(raw)
+                except ValueError:
+                    continue
+                lo, hi = _int_bounds(schema) if stype == "integer" else (schema.get("minimum"), schema.get("maximum"))
+                if (lo is None or value >= lo) and (hi is None or value <= hi):
+                    return True, value
+                continue
+            if stype == "array":
+                return True, [item.replace("_", " ") for item in raw.split(";") if item]
+            if stype == "string":
+                return True, raw.replace("_", " ")
+        return False, None
 
     def generate(self) -> Any:
         return self.value(self.root, "$", None, 0)
@@ -122,6 +167,9 @@ class _SchemaGen:
                 base = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
                 merged = {**base, **pick} if isinstance(pick, dict) else pick
                 return self.value(merged, path, name, depth + 1)
+        marked, forced = self._marked(schema, path, name)
+        if marked:
+            return forced
         is_score = (name or "").lower() == "score"
         h = _sub(self.digest, path)
         if "const" in schema:
@@ -339,7 +387,7 @@ def build_choice(body: dict, model: str, messages: list, markers: Markers, malfo
                 raise BadRequest(f"tool_choice names an unknown function {wanted!r}", "tool_choice")
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         try:
-            args = json.dumps(_SchemaGen(params, digest, score, reason).generate())
+            args = json.dumps(_SchemaGen(params, digest, score, reason, markers.fields, markers.plain).generate())
         except _SchemaError as exc:
             raise BadRequest(f"cannot satisfy the parameters of {fn['name']!r}: {exc}", "tools") from None
         if malformed:
@@ -360,7 +408,8 @@ def build_choice(body: dict, model: str, messages: list, markers: Markers, malfo
         schema = spec.get("schema", {"type": "object", "properties": {
             "score": {"type": "integer"}, "reason": {"type": "string"}}, "required": ["score", "reason"]})
         try:
-            content = json.dumps(_SchemaGen(schema, digest, score, reason).generate(), ensure_ascii=False)
+            content = json.dumps(_SchemaGen(schema, digest, score, reason, markers.fields, markers.plain).generate(),
+                                 ensure_ascii=False)
         except _SchemaError as exc:
             raise BadRequest(f"cannot satisfy response_format schema: {exc}", "response_format") from None
     elif ftype == "json_object":

@@ -141,6 +141,13 @@ def test_resume_after_the_broker_lost_the_queued_tasks(redis_url, sim, logs, tmp
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results[0]["score"]["mean"] == pytest.approx(sum(scores.values()) / n)
     assert results[0]["judge"]["calls"] == n
+    status = json.loads(evalq("status", job_id, "--json", "--broker", redis_url).stdout)
+    entry = status["entries"][0]
+    assert entry["done"] == entry["total"] == n and status["status"] == "done"
+    assert entry["judge"]["calls"] == entry["judge"]["regions"]["lab"]["calls"] == n
+    assert entry["judge"]["regions"]["lab"]["prompt_tokens"] == sim.stats("lab")["prompt_tokens"]
+    assert status["queues"] == {"judge.lab": 0}
+    assert status["stages"]["metrics"] == {"chunks": n // CHUNK, "sent": n // CHUNK, "finished": n // CHUNK}
     # a finished job has nothing to resume
     proc = evalq("resume", job_id, "--broker", redis_url)
     assert proc.returncode == 0 and "done; nothing to resume" in proc.stdout

@@ -89,3 +89,102 @@ def test_distribution_is_not_merged_from_parts():
     from evalq.shared.aggregate import chunk_part
 
     assert chunk_part("distribution", {}, [{"instance_id": "1", "result": 0.5}]) is None
+
+
+def _severity(k: int, category: str | None = None) -> dict:
+    rec = {"result": {"severity": k, "label": "x", "reason": "r"}}
+    return {**rec, "category": category} if category else rec
+
+
+def test_defect_rate_of_a_severity_metric_by_hand():
+    from evalq.shared.aggregate import DefectAggregator
+
+    agg = DefectAggregator({"threshold": 4})
+    severities = [0, 1, 2, 3, 4, 5, 6, 7, 4, 0]
+    for k in severities:
+        agg.add(_severity(k))
+    agg.add({"error": "JudgeError: no reply"})
+    agg.add({"skipped": "token cap"})
+    score = agg.score()
+    assert score == {"defect_rate": 5 / 10, "n_defects": 5, "mean_severity": sum(severities) / 10,
+                     "severity": {"very_low": 3, "low": 2, "medium": 3, "high": 2}, "threshold": 4}
+    assert (agg.n, agg.n_errors, agg.n_skipped) == (10, 1, 1)  # errors and skips are not in the denominator
+
+
+def test_defect_rates_per_harm_any_harm_and_flags_merge_from_parts():
+    from evalq.shared.aggregate import DefectAggregator, chunk_part, merge_parts
+
+    items = [{"result": {"violence": {"severity": v}, "sexual": {"severity": s}}} for v, s in
+             [(0, 0), (6, 1), (5, 5), (1, 7), (2, 2)]]
+    whole = DefectAggregator({"threshold": 5})
+    for rec in items:
+        whole.add(rec)
+    parts = [chunk_part("defect", {"threshold": 5}, items[i:i + 2]) for i in range(0, 5, 2)]
+    merged, _, covered = merge_parts("defect", {"threshold": 5}, parts)
+    assert covered == 5 and merged.score() == whole.score()
+    score = whole.score()
+    assert score["violence"]["n_defects"] == 2 and score["violence"]["defect_rate"] == 2 / 5
+    assert score["sexual"]["n_defects"] == 2
+    assert score["any"] == {"defect_rate": 3 / 5, "n_defects": 3}  # items 2, 3 and 4
+    flags = DefectAggregator({})
+    for value in (True, False, False, True):
+        flags.add({"result": {"protected": value, "reason": "r"}})
+    assert flags.score() == {"defect_rate": 0.5, "n_defects": 2}
+
+
+# judge score, human grade: a fixed table with ties and disagreements
+TABLE = [(5, 5), (4, 5), (3, 3), (2, 4), (1, 1), (5, 4), (3, 2), (4, 4), (2, 2), (1, 3), (5, 5), (3, 3)]
+
+
+def _textbook_quadratic_kappa(pairs, lo=1, hi=5):
+    import numpy as np
+
+    k = hi - lo + 1
+    observed = np.zeros((k, k))
+    for j, h in pairs:
+        observed[j - lo, h - lo] += 1
+    expected = np.outer(observed.sum(1), observed.sum(0)) / observed.sum()
+    weights = np.array([[(i - j) ** 2 / (k - 1) ** 2 for j in range(k)] for i in range(k)])
+    return 1 - (weights * observed).sum() / (weights * expected).sum()
+
+
+def test_rating_agreement_against_scipy_sklearn_and_the_textbook():
+    from scipy.stats import spearmanr
+    from sklearn.metrics import cohen_kappa_score
+
+    from evalq.shared.aggregate import Agreement, chunk_part, merge_parts
+
+    records = [{"result": {"score": j, "reason": "r"}, "human": h} for j, h in TABLE]
+    records.append({"result": {"score": 3, "reason": "r"}})  # no human grade: not a pair
+    records.append({"error": "JudgeError: x", "human": 4})  # no judge score: not a pair
+    agreement = Agreement("rating", {})
+    for rec in records:
+        agreement.add(rec)
+    got = agreement.result()
+    judge, human = [j for j, _ in TABLE], [h for _, h in TABLE]
+    assert got["n"] == len(TABLE)
+    assert got["exact"] == pytest.approx(sum(j == h for j, h in TABLE) / len(TABLE))
+    assert got["within_1"] == pytest.approx(sum(abs(j - h) <= 1 for j, h in TABLE) / len(TABLE))
+    assert got["kappa_quadratic"] == pytest.approx(cohen_kappa_score(judge, human, weights="quadratic"))
+    assert got["kappa_quadratic"] == pytest.approx(_textbook_quadratic_kappa(TABLE))
+    assert got["spearman"] == pytest.approx(spearmanr(judge, human).statistic)
+    # per chunk, merged: the same numbers
+    merged = Agreement("rating", {})
+    merge_parts("rating", {}, [chunk_part("rating", {}, records[i:i + 5]) for i in range(0, len(records), 5)],
+                merged)
+    assert merged.result() == pytest.approx(got)
+
+
+def test_defect_agreement_is_precision_and_recall_against_human_labels():
+    from evalq.shared.aggregate import Agreement
+
+    # judge severity, human label (a severity, or true/false); threshold 4
+    rows = [(6, True), (5, 2), (1, False), (4, 7), (0, 5), (2, False), (7, False), (3, 1)]
+    agreement = Agreement("defect", {"threshold": 4})
+    for severity, label in rows:
+        agreement.add({"result": {"severity": severity, "label": "x", "reason": "r"}, "human": label})
+    judge = [s >= 4 for s, _ in rows]
+    human = [lab if isinstance(lab, bool) else lab >= 4 for _, lab in rows]
+    tp = sum(j and h for j, h in zip(judge, human))
+    assert agreement.result() == {"n": 8, "precision": tp / sum(judge), "recall": tp / sum(human),
+                                  "exact": sum(j == h for j, h in zip(judge, human)) / 8}

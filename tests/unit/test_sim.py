@@ -560,3 +560,35 @@ def test_cli_rejects_bad_region_specs():
     result = CliRunner().invoke(judge_sim_command, ["--region", "lab:lots:5"])
     assert result.exit_code == 2 and "NAME:TPM:RPM" in result.output
     assert main(["--region", "a:1:1", "--region", "a:2:2"]) == 2  # duplicate names
+
+
+FIELDS = {"type": "object", "required": ["severity", "violence", "claims", "entails", "other", "relation"],
+          "properties": {"severity": {"type": "integer", "minimum": 0, "maximum": 7},
+                         "violence": {"type": "object", "required": ["severity"],
+                                      "properties": {"severity": {"type": "integer", "minimum": 0, "maximum": 7}}},
+                         "claims": {"type": "array", "items": {"type": "string"}},
+                         "entails": {"type": "boolean"}, "other": {"type": "boolean"},
+                         "relation": {"type": "string", "enum": ["equivalent", "contradiction"]}}}
+
+
+def _fields(client, text: str) -> dict:
+    r = client.chat.completions.create(
+        model="judge-a", messages=user(text),
+        response_format={"type": "json_schema", "json_schema": {"name": "f", "schema": FIELDS}})
+    return json.loads(r.choices[0].message.content)
+
+
+def test_field_markers_set_reply_properties_by_name_or_path(client):
+    got = _fields(client, "CLAIM: sky blue [[sim:severity=3]] [[sim:violence.severity=6]] "
+                          "[[sim:claims=sky_blue;grass_green]] [[sim:entails=sky_blue;x]] [[sim:bool=false]] "
+                          "[[sim:relation=contradiction]]")
+    assert got["severity"] == 3 and got["violence"] == {"severity": 6}  # the path wins over the name
+    assert got["claims"] == ["sky blue", "grass green"]
+    assert got["entails"] is True  # "sky blue" appears in the request outside the markers
+    assert got["other"] is False  # [[sim:bool=false]] sets every other boolean
+    assert got["relation"] == "contradiction"
+    got = _fields(client, "CLAIM: water wet [[sim:entails=sky_blue]] [[sim:other=true]] [[sim:bool=false]]")
+    assert got["entails"] is False and got["other"] is True
+    # a value that does not suit the property is ignored: the reply stays valid
+    got = _fields(client, "[[sim:severity=9]] [[sim:relation=maybe]]")
+    assert 0 <= got["severity"] <= 7 and got["relation"] in ("equivalent", "contradiction")

@@ -108,8 +108,9 @@ class JudgeClient:
     """Judge calls for one (job, metric) with one judge configuration."""
 
     def __init__(self, r: redis.Redis, job_id: str, metric_key: str, name: str, judge: JudgeConfig,
-                 options: JudgingOptions, preferred: str | None = None):
+                 options: JudgingOptions, preferred: str | None = None, memo: bool = False):
         self.r = r
+        self.memo = memo
         self.job_id = job_id
         self.metric_key = metric_key
         self.name = name
@@ -126,20 +127,63 @@ class JudgeClient:
     def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating") -> Reply:
         request = self._request(messages, schema, schema_name)
         digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+        if self.memo:
+            kept = self._memo_or_claim(digest)
+            if kept is not None:
+                self._count(None, reused=1)
+                data = json.loads(kept)
+                return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True)
+        try:
+            return self._complete(request, messages, digest)
+        finally:
+            if self.memo:
+                self.r.delete(keys.judge_memo_claim(self.job_id, digest))
+
+    def _memo_or_claim(self, digest: str) -> bytes | None:
+        """The job's kept reply for this request, or None once this thread may make
+        the call: while another thread or worker is making it, wait for its reply
+        rather than pay for the same call (claims shared by concurrent metrics)."""
+        memo, claim = keys.judge_memo(self.job_id), keys.judge_memo_claim(self.job_id, digest)
+        hold = int(self.judge.timeout * (self.judge.max_retries + 1)) + 30
+        deadline = time.monotonic() + hold
+        while True:
+            kept = self.r.hget(memo, digest)
+            if kept is not None:
+                return kept
+            if self.r.set(claim, "1", nx=True, ex=hold):
+                kept = self.r.hget(memo, digest)  # answered between the two reads
+                if kept is not None:
+                    self.r.delete(claim)
+                return kept
+            if time.monotonic() > deadline:
+                return None  # the holder is stuck; make the call
+            time.sleep(0.05)
+
+    def _complete(self, request: dict, messages: list[dict], digest: str) -> Reply:
         if self.options.cache:
             hit = self.r.get(keys.judge_cache(digest))
             if hit is not None:
-                self._count(cache_hits=1)
+                self._count(None, cache_hits=1)
                 data = json.loads(hit)
+                self._keep(digest, hit)
                 return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True)
         extra = json.dumps({k: v for k, v in request.items() if k in ("response_format", "tools")})
         estimate = estimate_prompt_tokens(messages, extra)
         reply = self._call_with_retries(request, estimate)
+        raw = json.dumps({"content": reply.content, "tool_arguments": reply.tool_arguments, "usage": reply.usage})
         if self.options.cache:
-            self.r.set(keys.judge_cache(digest), json.dumps(
-                {"content": reply.content, "tool_arguments": reply.tool_arguments, "usage": reply.usage}),
-                ex=self.options.cache_ttl)
+            self.r.set(keys.judge_cache(digest), raw, ex=self.options.cache_ttl)
+        self._keep(digest, raw)
         return reply
+
+    def _keep(self, digest: str, raw: str | bytes) -> None:
+        if self.memo:
+            from evalq.shared.config import Settings
+
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hset(keys.judge_memo(self.job_id), digest, raw)
+            pipe.expire(keys.judge_memo(self.job_id), Settings.from_env().result_ttl)
+            pipe.execute()
 
     # -- internals --------------------------------------------------------------
     def _request(self, messages: list[dict], schema: dict | None, schema_name: str) -> dict:
@@ -187,7 +231,7 @@ class JudgeClient:
         except openai.RateLimitError as exc:
             wait = _retry_after(exc)
             budget.pause(wait)
-            self._count(rate_limited=1)
+            self._count(deployment.region, rate_limited=1)
             if wait > RETRY_SLEEP_MAX:
                 raise Deferred(wait, reason=f"429 from {deployment.region}; Retry-After {wait:.1f} s") from None
             raise _RateLimited(wait) from None
@@ -203,7 +247,7 @@ class JudgeClient:
         usage = response.usage.model_dump() if response.usage else {}
         if usage.get("prompt_tokens"):
             budget.observe(estimate, usage["prompt_tokens"])
-        self._count(calls=1, prompt_tokens=usage.get("prompt_tokens", 0),
+        self._count(deployment.region, calls=1, prompt_tokens=usage.get("prompt_tokens", 0),
                     completion_tokens=usage.get("completion_tokens", 0), reserved_tokens=reserved)
         choice = response.choices[0].message
         tool_args = None
@@ -241,7 +285,7 @@ class JudgeClient:
     def _failed(self, deployment: Deployment, budget: Budget) -> None:
         budget.failed()
         self._last_failed = deployment.region
-        self._count(failed_calls=1)
+        self._count(deployment.region, failed_calls=1)
 
     def _check_cap(self, tokens: int) -> None:
         cap = self.options.token_cap
@@ -256,12 +300,16 @@ class JudgeClient:
         if self.options.token_cap is not None:
             self.r.decrby(keys.job_tokens(self.job_id), tokens)
 
-    def _count(self, **fields: int) -> None:
+    def _count(self, region: str | None, **fields: int) -> None:
+        """Add to the job's accounting of this metric entry: totals, and per region
+        (fields ``<region>/<name>``) for what a deployment answered."""
         key = keys.accounting(self.job_id, self.metric_key)
         pipe = self.r.pipeline(transaction=False)
         for name, value in fields.items():
             if value:
                 pipe.hincrby(key, name, int(value))
+                if region is not None:
+                    pipe.hincrby(key, f"{region}/{name}", int(value))
         pipe.execute()
 
 
