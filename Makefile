@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/evalq run examples/translation.json --out out/translation
 	$(BIN)/evalq run examples/qa_dataset.json --out out/qa_dataset
 	$(BIN)/python examples/run_rag_demo.py
-	@echo "results: out/translation/, out/qa_dataset/ and out/rag_qa/ (results.json, log.jsonl, run.json)"
+	@echo "results: out/translation/, out/qa_dataset/, out/rag_qa/ and out/safety/ (results.json, log.jsonl, run.json)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -1,8 +1,11 @@
-"""`make demo`, second half: examples/rag_qa.json against judge-sim.
+"""`make demo`, second half: examples/rag_qa.json and examples/safety_jailbreak.json
+against judge-sim.
 
-Starts two simulated regions on the ports the example names, runs the job in
+Starts two simulated regions on the ports the examples name, runs the jobs in
 embedded mode, and stops the simulator. judge-sim's scores are deterministic
-stand-ins, not judgements of quality.
+stand-ins, not judgements of quality; in the safety job the simulated model under
+test echoes its prompt (``[[sim:echo]]``), so the jailbreak's injection, which
+carries a severity marker, reaches its answers.
 """
 
 from __future__ import annotations
@@ -29,8 +32,15 @@ def main() -> int:
         return 1
     try:
         env = {**os.environ, "EVALQ_DEMO_JUDGE_KEY": "demo-key-for-judge-sim"}
-        cmd = [sys.executable, "-m", "evalq.orchestrator.cli", "run", "examples/rag_qa.json", "--out", "out/rag_qa"]
-        rc = subprocess.call(cmd, cwd=ROOT, env=env)
+        rc = 0
+        for job, out in (("examples/rag_qa.json", "out/rag_qa"), ("examples/safety_jailbreak.json", "out/safety")):
+            cmd = [sys.executable, "-m", "evalq.orchestrator.cli", "run", job, "--out", out]
+            rc = rc or subprocess.call(cmd, cwd=ROOT, env=env)
+        if rc == 0:
+            violence = json.loads((ROOT / "out/safety/results.json").read_text())[0]["score"]
+            print(f"violence defect rate {violence['defect_rate']:.2f}, with the jailbreak "
+                  f"{violence['jailbreak']['defect_rate']:.2f} (delta {violence['jailbreak']['delta']:+.2f})",
+                  file=sys.stderr)
         for name, stats in sim.stats().items():
             print(f"judge-sim {name}: {stats['ok']} calls, {stats['rate_limited']} rate-limited", file=sys.stderr)
         if rc == 0:

@@ -96,7 +96,7 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
     entries, done_total, items_total, queues = [], 0, 0, set()
     for n, (key, entry) in enumerate(runs):
         done, acct = replies[2 * n], replies[2 * n + 1]
-        total = entry["n_items"] if key == GENERATE else spec["n_instances"]
+        total = entry["n_items"] if key == GENERATE else entry.get("span", spec["n_instances"])
         row = {"entry": key, "metric": entry["id"], "done": done, "total": total}
         if entry.get("name"):
             row["name"] = entry["name"]

@@ -33,7 +33,7 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
         r = submit.connect(broker_url)
         if broker:
             _warn_missing_workers(broker_url, job.queues)
-        total = job.n_to_generate + len(job.instances) * len(job.metrics)
+        total = job.n_to_generate + sum(job.span(m) for m in job.metrics)
         bar = stack.enter_context(_progress(total, enabled=progress))
         job_id = submit.submit(r, broker_url, job, chunk_size, out=dest)
         try:

@@ -50,7 +50,7 @@ def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None =
     """The chunks of ``runs`` (by default the job's metrics), as the cluster will plan them."""
     runs = job.metrics if runs is None else runs
     spec = {"n_instances": len(job.instances),
-            "metrics": {m.key: run_entry(m, chunk_size) for m in runs if m.key != GENERATE}}
+            "metrics": {m.key: {**run_entry(m, chunk_size), "span": job.span(m)} for m in runs if m.key != GENERATE}}
     gen = [m for m in runs if m.key == GENERATE]
     if gen:
         spec[GENERATE] = run_entry(gen[0], chunk_size)
@@ -64,6 +64,8 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
     metrics = {}
     for m in job.metrics:
         entry = {"id": m.id, "parameters": m.params_json(), **run_entry(m, chunk_size)}
+        if job.span(m) != len(job.instances):  # a jailbreak's injected variants: safety metrics only
+            entry["span"] = job.span(m)
         if m.name is not None:
             entry["name"] = m.name
         prepare = m.spec.load_prepare()
@@ -91,6 +93,10 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
                            "bad_records_skipped": job.bad_records.count}
         if job.bad_records.shown:
             spec["dataset"]["bad_records"] = job.bad_records.shown
+    if job.jailbreak is not None:
+        spec["jailbreak"] = {"n_clean": job.n_clean, "n_injected": len(job.instances) - job.n_clean,
+                             **({"template": job.jailbreak.template} if job.jailbreak.template is not None
+                                else {"dataset": job.jailbreak.dataset.uri})}
     generation = job.generation
     if generation is not None:
         spec[GENERATE] = {"id": GENERATE, "parameters": generation.params_json(), "n_items": job.n_to_generate,

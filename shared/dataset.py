@@ -263,3 +263,22 @@ def _text(value: Any, where: str) -> str:
 
 def _one_line(exc: Exception) -> str:
     return re.sub(r"\s+", " ", str(exc)).strip()
+
+
+class JailbreakSpec(_Model):
+    """Seed 001's jailbreak defect rate: the same prompts with and without an
+    injection, both answered by the model under test and graded by every safety
+    metric. ``template`` wraps each prompt (``$model_input`` marks where it goes);
+    ``dataset`` gives the injected prompts, matched to the clean ones by id."""
+
+    template: str | None = Field(default=None, description="the injection around each prompt, with $model_input")
+    dataset: DatasetSpec | None = Field(default=None, description="injected prompts (id and input per record)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "JailbreakSpec":
+        if (self.template is None) == (self.dataset is None):
+            raise ValueError("give exactly one of 'template' (with $model_input) or 'dataset'")
+        if self.template is not None and "$model_input" not in self.template \
+                and "${model_input}" not in self.template:
+            raise ValueError("template must contain $model_input (where the clean prompt goes)")
+        return self

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 import evalq.shared.metrics  # noqa: F401  (registers the built-in metrics)
-from evalq.shared.dataset import DatasetSpec, OutputSpec
+from evalq.shared.dataset import DatasetSpec, JailbreakSpec, OutputSpec
 from evalq.shared.errors import JobError, kind as _kind
 from evalq.shared.instances import BadRecords, InstanceChecker, load_dataset, record_place, report_duplicates
 from evalq.shared.judges import JudgeConfig, JudgingOptions
@@ -28,7 +28,8 @@ from evalq.shared.model import (GENERATE_SPEC, RUNNER_QUEUE, EndpointModel, Gene
 from evalq.shared.registry import REGISTRY, MetricSpec, UnknownMetric
 
 MAX_PROBLEMS = 25
-JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging"}
+JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging", "jailbreak"}
+JAILBREAK = "jailbreak"  # the ``variant`` of an injected instance
 METRIC_KEYS = {"id", "enable", "parameters", "name"}
 
 
@@ -108,6 +109,16 @@ class Job:
     bad_records: BadRecords = field(default_factory=BadRecords)
     output: OutputSpec | None = None
     categories: list[str] = field(default_factory=list)
+    jailbreak: JailbreakSpec | None = None
+    # with a jailbreak: the clean instances come first, then their injected variants
+    n_clean: int | None = None
+
+    def span(self, run: MetricRun) -> int:
+        """How many instance positions (from the first) a metric entry grades: all
+        of them for safety metrics, only the clean ones for the others."""
+        if self.n_clean is None or run.spec.aggregation == "defect" or run.key == GENERATE_SPEC.id:
+            return len(self.instances)
+        return self.n_clean
 
     @property
     def generation(self) -> MetricRun | None:
@@ -192,6 +203,8 @@ def parse_job(raw: Any, source: str = "<job>") -> Job:
     job = Job(source=source, instances=[], metrics=metrics, judges=judges, judging=judging, model=model,
               output=output)
     _load_instances(raw, job, problems)
+    if "jailbreak" in raw and not problems.items:
+        _add_jailbreak(raw["jailbreak"], job, problems)
     problems.raise_if_any()
     if not metrics:
         raise JobError(f"{source}: metrics: no metric is enabled; nothing to run")
@@ -215,6 +228,57 @@ def _required_fields(metrics: list[MetricRun]) -> dict[str, list[str]]:
             if run.label not in users:  # a metric listed twice is named once
                 users.append(run.label)
     return required
+
+
+def _add_jailbreak(raw: Any, job: Job, problems: _Problems) -> None:
+    """Append each clean instance's injected variant (``"variant": "jailbreak"``,
+    no output: the model under test answers it)."""
+    from string import Template
+
+    spec = _parse_model(JailbreakSpec, raw, "jailbreak", problems)
+    if spec is None:
+        return
+    if job.model is None:
+        problems.add("jailbreak", "needs a 'model': the model under test answers the injected prompts")
+        return
+    if not any(m.spec.aggregation == "defect" for m in job.metrics):
+        problems.add("jailbreak", "no safety metric is enabled to grade the injected answers (e.g. violence, "
+                                  "content_safety)")
+        return
+    injected_inputs: dict[str, str] | None = None
+    if spec.dataset is not None:
+        dataset = _relative_to_job(spec.dataset, job.source)
+        checker = InstanceChecker({"input": ["jailbreak"]}, generating=False)
+        loaded = load_dataset(dataset, checker, lambda where, msg: problems.add(f"jailbreak: {where}", msg),
+                              MAX_PROBLEMS)
+        injected_inputs = {str(inst["id"]): inst["input"] for inst in loaded.instances}
+    template = Template(spec.template) if spec.template is not None else None
+    variants, matched = [], set()
+    for n, inst in enumerate(job.instances):
+        key = str(inst["id"])
+        if injected_inputs is not None:
+            if key not in injected_inputs:
+                continue
+            prompt = injected_inputs[key]
+            matched.add(key)
+        elif "input" not in inst:
+            problems.add(f"instance {inst['id']!r}", "has no 'input' for the jailbreak template to wrap")
+            continue
+        else:
+            prompt = template.safe_substitute(model_input=inst["input"])
+        variant = {k: v for k, v in inst.items() if k not in ("actual-output", "human")}
+        variant.update({"input": prompt, "variant": JAILBREAK})
+        variants.append(variant)
+    if injected_inputs is not None:
+        for key in sorted(set(injected_inputs) - matched)[:10]:
+            problems.add("jailbreak.dataset", f"injected prompt {key!r} matches no instance id")
+    if problems.items:
+        return
+    job.n_clean = len(job.instances)
+    for variant in variants:
+        job.instances.append(variant)
+    job.n_to_generate += len(variants)
+    job.jailbreak = spec
 
 
 def _human_scales(metrics: list[MetricRun]) -> dict:

@@ -84,7 +84,7 @@ def finalize(r: redis.Redis, job_id: str, status: str = "done") -> dict:
     spec = job_spec(r, job_id)
     if r.get(keys.status(job_id)) == b"cancelled":
         status = "cancelled"
-    summary = [summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]), spec["n_instances"])
+    summary = [summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]), entry.get("span", spec["n_instances"]))
                for key, entry in spec["metrics"].items()]
     r.set(keys.summary(job_id), json.dumps(summary))
     errors: list[str] = []

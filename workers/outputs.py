@@ -53,6 +53,8 @@ def run_info(spec: dict, job_id: str, generation: dict | None, status: str = "do
     if started:
         info["wall_time"] = round((finished - datetime.fromisoformat(started)).total_seconds(), 3)
     info["n_instances"] = spec["n_instances"]
+    if spec.get("jailbreak"):
+        info["jailbreak"] = spec["jailbreak"]
     info["metrics"] = [head(entry) for entry in spec["metrics"].values()]
     if spec.get("categories"):
         info["categories"] = spec["categories"]
@@ -68,10 +70,10 @@ def run_info(spec: dict, job_id: str, generation: dict | None, status: str = "do
 def log_lines(r: redis.Redis, spec: dict, job_id: str, cancelled: bool = False) -> Iterator[str]:
     """Generated outputs first, then one JSON line per (metric entry, instance),
     entry by entry in job order, instances in job order."""
-    n = spec["n_instances"]
     missing = {"skipped": "the job was cancelled"} if cancelled else {"error": "no result recorded"}
     runs = ([(GENERATE, spec[GENERATE])] if GENERATE in spec else []) + list(spec["metrics"].items())
     for key, entry in runs:
+        n = entry.get("span", spec["n_instances"]) if key != GENERATE else spec["n_instances"]
         head_obj = head(entry)
         head_json = json.dumps(head_obj, ensure_ascii=False)[1:-1]
         rkey = keys.results(job_id, key)
@@ -85,7 +87,9 @@ def log_lines(r: redis.Redis, spec: dict, job_id: str, cancelled: bool = False) 
                     yield _with_head(raw.decode("utf-8"), head_json)
                 elif key != GENERATE or "actual-output" not in instances[i]:
                     # (a record with its own output had nothing generated)
-                    yield json.dumps({"instance_id": instances[i]["id"], **head_obj, **missing}, ensure_ascii=False)
+                    variant = {"variant": instances[i]["variant"]} if "variant" in instances[i] else {}
+                    yield json.dumps({"instance_id": instances[i]["id"], **head_obj, **variant, **missing},
+                                     ensure_ascii=False)
 
 
 _ID = '{"instance_id": '

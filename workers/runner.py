@@ -141,6 +141,8 @@ def _records(spec: MetricSpec, instances: list[dict], outcomes: list) -> list[di
         record: dict[str, Any] = {"instance_id": inst["id"]}
         if isinstance(inst.get("category"), str):
             record["category"] = inst["category"]
+        if inst.get("variant") is not None:
+            record["variant"] = inst["variant"]
         if isinstance(outcome, Skipped):
             record["skipped"] = str(outcome)
         elif isinstance(outcome, Exception):

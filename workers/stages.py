@@ -58,16 +58,21 @@ def stage_runs(spec: dict, stage: str) -> list[tuple[str, dict]]:
     return list(spec["metrics"].items())
 
 
+def span(spec: dict, entry: dict) -> int:
+    """Instance positions (from the first) a run covers: all, unless a jailbreak's
+    injected variants are for the safety metrics only."""
+    return entry.get("span", spec["n_instances"])
+
+
 def stage_total(spec: dict, stage: str) -> int:
-    n = spec["n_instances"]
-    return sum(math.ceil(n / entry["chunk_size"]) for _, entry in stage_runs(spec, stage))
+    return sum(math.ceil(span(spec, entry) / entry["chunk_size"]) for _, entry in stage_runs(spec, stage))
 
 
 def stage_items(spec: dict, stage: str) -> int:
     """Items the stage records when complete (the generation stage: only those without an output)."""
     if stage == GENERATE_STAGE:
         return spec[GENERATE]["n_items"] if GENERATE in spec else 0
-    return spec["n_instances"] * len(spec["metrics"])
+    return sum(span(spec, entry) for entry in spec["metrics"].values())
 
 
 def plan(spec: dict, stage: str) -> Iterator[Chunk]:
@@ -78,9 +83,9 @@ def plan(spec: dict, stage: str) -> Iterator[Chunk]:
     robin, one rotation per judge shared by all its metrics); at run time a
     worker still moves calls to a deployment with spare budget.
     """
-    n = spec["n_instances"]
     rotations: dict[str, Iterator[str]] = {}
     for key, entry in stage_runs(spec, stage):
+        n = span(spec, entry)
         size = entry["chunk_size"]
         regions = None
         if entry.get("regions"):

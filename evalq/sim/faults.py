@@ -49,6 +49,9 @@ class Markers:
     # properties named <field> (or at the dotted path <field>, e.g. violence.severity)
     fields: dict[str, str] = field(default_factory=dict)
     plain: str = ""  # the last user message without its markers
+    # [[sim:echo]] in the last user message: a plain reply repeats that message (its
+    # other markers kept), as a model under test would carry an injection into its answer
+    echo: str | None = None
 
 
 def parse_markers(messages: list) -> Markers:
@@ -74,6 +77,8 @@ def parse_markers(messages: list) -> Markers:
                 if eq and name.lower() not in ("score", "delay"):
                     found.fields[name] = value
             found.plain = _MARKER.sub("", text)
+            if re.search(r"\[\[sim:echo\]\]", text, re.I):
+                found.echo = " ".join(re.sub(r"\[\[sim:echo\]\]", "", text, flags=re.I).split())
             break
     return found
 

@@ -418,7 +418,7 @@ def build_choice(body: dict, model: str, messages: list, markers: Markers, malfo
                               "'response_format' of type 'json_object'.", "messages")
         content = json.dumps({"score": score, "reason": reason})
     elif ftype in (None, "text"):
-        content = f"Reason: {reason}\nScore: {score}"
+        content = markers.echo if markers.echo is not None else f"Reason: {reason}\nScore: {score}"
     else:
         raise BadRequest(f"Invalid value for 'response_format.type': {ftype!r}", "response_format.type")
     if malformed:

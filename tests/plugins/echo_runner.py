@@ -16,3 +16,10 @@ class LastWordRunner:
         if words and words[-1] == "NOTHING":
             return None, None
         return (words[-1].upper() + self.suffix if words else ""), -float(len(prompt))
+
+
+class EchoRunner:
+    """Answers with the prompt itself (jailbreak tests: the injection reaches the answer)."""
+
+    def predict(self, prompt: str) -> tuple[str, None]:
+        return prompt, None

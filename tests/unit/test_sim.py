@@ -592,3 +592,8 @@ def test_field_markers_set_reply_properties_by_name_or_path(client):
     # a value that does not suit the property is ignored: the reply stays valid
     got = _fields(client, "[[sim:severity=9]] [[sim:relation=maybe]]")
     assert 0 <= got["severity"] <= 7 and got["relation"] in ("equivalent", "contradiction")
+
+
+def test_echo_marker_repeats_the_last_user_message_in_a_plain_reply(client):
+    r = client.chat.completions.create(model="m", messages=user("Say it [[sim:echo]] [[sim:severity=5]]"))
+    assert r.choices[0].message.content == "Say it [[sim:severity=5]]"
