@@ -27,6 +27,8 @@ from evalq.orchestrator.runner import run_job  # noqa: E402
 from evalq.shared.job import parse_job  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
 
+# the workers may send the bench key to judge-sim on loopback (their allow-list)
+os.environ.setdefault("EVALQ_ENDPOINTS", "*=http://127.0.0.1:*")
 KEY_ENV = "EVALQ_BENCH_COST_KEY"
 N = 20
 

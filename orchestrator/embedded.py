@@ -131,7 +131,8 @@ class LocalWorker:
     """One ``evalq worker`` process for some queues."""
 
     def __init__(self, broker_url: str, queues: list[str], workdir: Path, concurrency: int | None,
-                 name: str):
+                 name: str, env: dict[str, str] | None = None):
+        self.env = env or {}
         self.broker_url = broker_url
         self.queues = queues
         self.concurrency = concurrency
@@ -147,7 +148,8 @@ class LocalWorker:
             cmd += ["--concurrency", str(self.concurrency)]
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+                                         start_new_session=True, preexec_fn=_die_with_parent,
+                                         env={**os.environ, **self.env})
 
     def check(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -180,7 +182,9 @@ def _stop(proc: subprocess.Popen | None, sig: int, grace: float) -> None:
 class EmbeddedCluster:
     """Context manager: private Redis plus workers for the given queues."""
 
-    def __init__(self, queues: list[str], concurrency: int | None = None, persist: bool = True):
+    def __init__(self, queues: list[str], concurrency: int | None = None, persist: bool = True,
+                 env: dict[str, str] | None = None):
+        self.env = env or {}
         self.queues = queues
         self.concurrency = concurrency
         self._tmp = tempfile.TemporaryDirectory(prefix="evalq-")
@@ -196,7 +200,7 @@ class EmbeddedCluster:
         try:
             self.redis.start()
             for kind, queues in _worker_groups(self.queues + [JOBS_QUEUE]).items():
-                w = LocalWorker(self.redis.url, queues, self.workdir, self.concurrency, name=kind)
+                w = LocalWorker(self.redis.url, queues, self.workdir, self.concurrency, name=kind, env=self.env)
                 w.start()
                 self.workers.append(w)
         except BaseException:

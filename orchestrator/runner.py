@@ -28,7 +28,8 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
         if broker:
             broker_url, check = broker, (lambda: None)
         else:
-            cluster = stack.enter_context(EmbeddedCluster(job.queues, concurrency=concurrency))
+            cluster = stack.enter_context(EmbeddedCluster(job.queues, concurrency=concurrency,
+                                                          env=_embedded_env(job)))
             broker_url, check = cluster.broker_url, cluster.check
         r = submit.connect(broker_url)
         if broker:
@@ -45,6 +46,19 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
             if not broker:
                 # the private Redis keeps only what outlives a job (judge cache, budgets)
                 submit.delete_job(r, job_id, [m.key for m in job.runs])
+
+
+def _embedded_env(job: Job) -> dict[str, str]:
+    """Embedded mode: the user is the operator, so without an ``EVALQ_ENDPOINTS``
+    of their own the workers may send keys to the endpoints the job names."""
+    import os
+
+    from evalq.shared.endpoints import ENV, job_endpoints
+
+    if ENV in os.environ:
+        return {}
+    configs = list(job.judges.values()) + ([job.model] if hasattr(job.model, "deployments") else [])
+    return {ENV: job_endpoints(configs)}
 
 
 def finished(r, job_id: str, status: str) -> list[dict]:
@@ -84,7 +98,9 @@ def _warn_missing_workers(broker_url: str, queues: list[str]) -> None:
     try:
         active = app.control.inspect(timeout=1.0).active_queues() or {}
     except Exception as exc:  # inspection is advisory only
-        raise InfraError(f"cannot inspect workers on {broker_url}: {exc}") from None
+        from evalq.shared.config import safe_url
+
+        raise InfraError(f"cannot inspect workers on {safe_url(broker_url)}: {exc}") from None
     consumed = {q["name"] for qs in active.values() for q in qs}
     missing = [q for q in queues if q not in consumed]
     if missing:

@@ -127,6 +127,11 @@ def _parse(request: dict):
     if has_job == has_uri:
         raise JobError("request: give exactly one of 'job' (the job object) or 'job_uri' (a path or s3:// URI)")
     if has_job:
+        from evalq.shared.limits import Limits, too_deep
+
+        depth = Limits.from_env().json_depth
+        if too_deep(request["job"], depth):
+            raise JobError(f"request.job: JSON nested deeper than {depth} levels (EVALQ_MAX_JSON_DEPTH)")
         job = parse_job(request["job"], source="request.job")
     else:
         uri = request["job_uri"]

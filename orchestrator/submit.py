@@ -31,6 +31,7 @@ from evalq.workers.stages import GENERATE_STAGE, METRICS_STAGE, Chunk, plan as p
 
 PUSH_BATCH = 5000
 CALLBACK_GRACE = 10.0  # seconds all items may be recorded before the callback is sent directly
+AUTO_RESUME_AFTER = 15.0  # seconds without progress, nothing queued or in flight: re-send what is missing
 TERMINAL = ("done", "failed", "cancelled")
 
 
@@ -116,7 +117,9 @@ def destination(job: Job, out: str | None) -> Destination | None:
 
 
 def connect(broker_url: str) -> redis.Redis:
-    r = redis.Redis.from_url(broker_url, socket_connect_timeout=5, socket_timeout=60)
+    from evalq.shared.config import redis_client
+
+    r = redis_client(broker_url, socket_connect_timeout=5, socket_timeout=60)
     try:
         r.ping()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -128,10 +131,9 @@ def connect(broker_url: str) -> redis.Redis:
 
 def _safe_url(url: str) -> str:
     # never print a password that may sit in the URL
-    if "@" in url:
-        scheme, _, rest = url.partition("://")
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
+    from evalq.shared.config import safe_url
+
+    return safe_url(url)
 
 
 def new_job_id() -> str:
@@ -241,8 +243,26 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     last_done, last_change = -1, time.monotonic()
     complete_since: dict[str, float] = {}
     nudged: set[str] = set()
+    outage_since: float | None = None
+    resumed_at = -1
     while True:
-        counts = items_done(r, job_id, metric_keys)
+        try:
+            counts = items_done(r, job_id, metric_keys)
+        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+            # the broker restarts (its AOF brings the job back): wait for it, within bounds
+            now = time.monotonic()
+            outage_since = outage_since or now
+            if now - outage_since > (stall_timeout or 300):
+                raise InfraError(f"job {job_id}: the broker has been unreachable for "
+                                 f"{now - outage_since:.0f} s: {exc}") from None
+            if outage_since == now:
+                print(f"evalq: the broker is unreachable ({exc}); waiting for it", file=sys.stderr)
+            time.sleep(1.0)
+            continue
+        if outage_since is not None:
+            print("evalq: the broker is back", file=sys.stderr)
+            outage_since = None
+            last_change = time.monotonic()
         done = sum(counts.values())
         on_progress(done)
         status = (r.get(keys.status(job_id)) or b"").decode()
@@ -263,10 +283,42 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
                 nudged.add(stage)
         if done != last_done:
             last_done, last_change = done, now
+        elif now - last_change > AUTO_RESUME_AFTER and resumed_at != done and _idle(r, spec, job_id):
+            # A message can be lost between Redis and a worker (a broker killed while a worker
+            # pops it): nothing is queued or running for the job and it makes no progress.
+            from evalq.orchestrator.jobs import resume_job
+
+            outcome = resume_job(r, broker_url, job_id)
+            resumed_at = done
+            print(f"evalq: job {job_id}: no progress for {now - last_change:.0f} s with nothing queued or "
+                  f"running; re-sent {outcome['sent']} unfinished chunk(s)"
+                  + (" and the stage's callback" if outcome["callback"] else ""), file=sys.stderr)
         elif stall_timeout and now - last_change > stall_timeout:
             raise InfraError(f"job {job_id}: no progress for {stall_timeout:.0f} s "
                              f"({done} items done); are workers consuming the job's queues?")
         time.sleep(poll)
+
+
+def _idle(r: redis.Redis, spec: dict, job_id: str) -> bool:
+    """Nothing of the job waits in its queues or sits unacknowledged with a worker."""
+    import base64
+
+    from evalq.workers.stages import entry_queues
+
+    runs = ([spec[GENERATE]] if GENERATE in spec else []) + list(spec["metrics"].values())
+    if any(r.llen(q) for q in {q for entry in runs for q in entry_queues(entry)}):
+        return False
+    needle = job_id.encode()
+    for raw in r.hvals("unacked"):  # kombu's delivered-but-unacknowledged messages
+        try:
+            message = json.loads(raw)[0]  # [raw message, exchange, routing key]
+            if isinstance(message, str):
+                message = json.loads(message)
+            if needle in base64.b64decode(message.get("body", "")):
+                return False
+        except (ValueError, TypeError, IndexError, AttributeError):
+            return False  # cannot tell: assume it is ours
+    return True
 
 
 def summaries(r: redis.Redis, job_id: str) -> tuple[list[dict], dict | None]:

@@ -33,3 +33,35 @@ class Settings:
             visibility_timeout=_int("EVALQ_VISIBILITY_TIMEOUT", 3600),
             result_ttl=_int("EVALQ_RESULT_TTL", 7 * 24 * 3600),
         )
+
+
+def redis_tls(url: str | None) -> dict | None:
+    """TLS options for a ``rediss://`` URL (None for plain ``redis://``): the server's
+    certificate is always verified, against ``EVALQ_REDIS_CA_FILE`` when set (a
+    private CA), else the system's trust store; ``EVALQ_REDIS_CERT_FILE`` and
+    ``EVALQ_REDIS_KEY_FILE`` give a client certificate when the server asks for one."""
+    if not url or not url.startswith("rediss://"):
+        return None
+    import ssl
+
+    options: dict = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    for key, env in (("ssl_ca_certs", "EVALQ_REDIS_CA_FILE"), ("ssl_certfile", "EVALQ_REDIS_CERT_FILE"),
+                     ("ssl_keyfile", "EVALQ_REDIS_KEY_FILE")):
+        if os.environ.get(env):
+            options[key] = os.environ[env]
+    return options
+
+
+def redis_client(url: str, **kwargs):
+    """A redis-py client for ``url`` (``redis://`` or ``rediss://``, with AUTH in the URL)."""
+    import redis
+
+    return redis.Redis.from_url(url, **kwargs, **(redis_tls(url) or {}))
+
+
+def safe_url(url: str | None) -> str:
+    """A Redis URL fit to print: the password (or user:password) replaced by ***."""
+    if not url or "@" not in url:
+        return url or ""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from evalq.shared.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
 from evalq.shared.errors import JobError, kind as _kind
-from evalq.shared.storage import open_binary, read_lines
+from evalq.shared.limits import Limits, TooDeep, loads, size
+from evalq.shared.storage import LineError, open_binary, read_lines
 
 MAX_BAD_SHOWN = 20  # bad records quoted in run.json when they are skipped
 
@@ -243,20 +244,32 @@ def record_place(spec: DatasetSpec, number: int, short: bool = False) -> str:
 def _records(spec: DatasetSpec) -> Iterator[tuple[int, str, Any]]:
     """(number, place, record or RecordError) in file order."""
     uri = spec.uri
+    limits = Limits.from_env()
     if spec.format == "jsonl":
         for number, text in read_lines(uri, spec.endpoint_url):
+            if isinstance(text, LineError):
+                yield number, record_place(spec, number), RecordError(str(text))
+                continue
             if not text.strip():
                 continue
             try:
-                yield number, record_place(spec, number), json.loads(text)
+                yield number, record_place(spec, number), loads(text, limits.json_depth)
             except json.JSONDecodeError as exc:
                 yield number, record_place(spec, number), RecordError(f"invalid JSON at column {exc.colno}: {exc.msg}")
+            except TooDeep as exc:
+                yield number, record_place(spec, number), RecordError(str(exc))
         return
     with open_binary(uri, spec.endpoint_url) as stream:
-        data = stream.read()
+        try:
+            data = stream.read(limits.job_bytes + 1)
+        except (OSError, EOFError) as exc:
+            raise JobError(f"{uri}: cannot read: {exc}") from None
+    if len(data) > limits.job_bytes:
+        raise JobError(f"{uri}: larger than {size(limits.job_bytes)} once decompressed (EVALQ_MAX_JOB_BYTES); "
+                       "use a JSON Lines dataset, which is streamed")
     try:
-        doc = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        doc = loads(data, limits.json_depth)
+    except (json.JSONDecodeError, UnicodeDecodeError, TooDeep) as exc:
         where = f"{uri}:{exc.lineno}:{exc.colno}" if isinstance(exc, json.JSONDecodeError) else uri
         raise JobError(f"{where}: invalid JSON: {getattr(exc, 'msg', exc)}") from None
     if spec.format == "harpia":

@@ -161,8 +161,14 @@ class _Problems:
 
 def read_json(path: str | Path) -> Any:
     """Parse a JSON file; a syntax error names the file, line and column."""
+    from evalq.shared.limits import Limits, TooDeep, loads, size
+
+    limits = Limits.from_env()
     p = Path(path)
     try:
+        if p.stat().st_size > limits.job_bytes:
+            raise JobError(f"{path}: larger than {size(limits.job_bytes)} (EVALQ_MAX_JOB_BYTES); put the "
+                           "instances in a JSON Lines dataset, which is streamed")
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise JobError(f"{path}: no such file") from None
@@ -171,9 +177,11 @@ def read_json(path: str | Path) -> Any:
     except UnicodeDecodeError as exc:
         raise JobError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        return json.loads(text)
+        return loads(text, limits.json_depth)
     except json.JSONDecodeError as exc:
         raise JobError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    except TooDeep as exc:
+        raise JobError(f"{path}: {exc}") from None
 
 
 def load_job(path: str | Path) -> Job:
@@ -195,6 +203,7 @@ def parse_job(raw: Any, source: str = "<job>") -> Job:
     metrics = _resolve_judges(metrics, judges, problems)
     if isinstance(model, EndpointModel):
         _check_key_env(model.api_key_env, "model.api_key_env", problems)
+        _check_endpoints(model, "model", problems)
     elif isinstance(model, PythonModel):
         try:
             runner_class(model)
@@ -279,6 +288,23 @@ def _add_jailbreak(raw: Any, job: Job, problems: _Problems) -> None:
         job.instances.append(variant)
     job.n_to_generate += len(variants)
     job.jailbreak = spec
+
+
+def _check_endpoints(config, where: str, problems: _Problems) -> None:
+    """Every deployment's endpoint must be one the operator lets its key go to
+    (``EVALQ_ENDPOINTS``, when set here; workers check again before each call)."""
+    from evalq.shared.endpoints import EndpointPolicy, endpoint_url
+
+    try:
+        policy = EndpointPolicy.from_env()
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+    if policy is None:
+        return
+    for i, d in enumerate(config.deployments):
+        problem = policy.problem(config.api_key_env, endpoint_url(config.provider, d))
+        if problem:
+            problems.add(f"{where}.deployments[{i}] ({d.region})", problem)
 
 
 def _human_scales(metrics: list[MetricRun]) -> dict:
@@ -378,6 +404,7 @@ def _resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
             continue
         if name not in checked_env:
             _check_key_env(judge.api_key_env, f"judges.{name}.api_key_env", problems)
+            _check_endpoints(judge, f"judges.{name}", problems)
         checked_env.add(name)
         resolved.append(dataclasses.replace(run, judge=judge))
     return resolved

@@ -11,7 +11,7 @@ The metrics then run on the generated outputs.
 from __future__ import annotations
 
 import string
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -25,10 +25,34 @@ RUNNER_QUEUE = "generate.local"
 PLACEHOLDERS = {"model_input", "context"}
 
 
-class ModelRunner(Protocol):
-    """fmeval's interface: a prompt in, the output and its log probability out."""
+class ModelRunner:
+    """fmeval's interface: a prompt in, the output and its log probability out.
 
-    def predict(self, prompt: str) -> tuple[str | None, float | None]: ...
+    A job may name (``model.runner``) only a subclass of this class, or a class
+    registered with ``register_runner``, in a module the operator loaded
+    (``EVALQ_PLUGINS``) or installed under the ``evalq.model_runners`` entry point.
+    """
+
+    def predict(self, prompt: str) -> tuple[str | None, float | None]:
+        raise NotImplementedError
+
+
+RUNNER_ENTRY_POINTS = "evalq.model_runners"
+_REGISTERED: dict[str, type] = {}
+
+
+def register_runner(cls: type) -> type:
+    """Allow a class that does not subclass ModelRunner (usable as a decorator)."""
+    if not callable(getattr(cls, "predict", None)):
+        raise TypeError(f"{cls!r} has no predict(prompt) method")
+    _REGISTERED[f"{cls.__module__}:{cls.__qualname__}"] = cls
+    return cls
+
+
+def _entry_point_refs() -> set[str]:
+    from importlib.metadata import entry_points
+
+    return {ep.value.strip() for ep in entry_points(group=RUNNER_ENTRY_POINTS)}
 
 
 def _check_template(value: str) -> str:
@@ -74,18 +98,33 @@ def parse_model_config(raw: dict) -> EndpointModel | PythonModel:
 
 def runner_class(model: PythonModel) -> type:
     """The ``module:Class`` a job names; ValueError saying why when it cannot be
-    had. The orchestrator checks it at validation, workers build it."""
-    import importlib
+    had. The orchestrator checks it at validation, workers build it.
 
-    module_name, _, attr = model.runner.partition(":")
+    A job file is untrusted: naming a module must not run it. Only a module
+    already loaded by the operator's configuration (evalq itself, ``EVALQ_PLUGINS``)
+    or a runner installed under the ``evalq.model_runners`` entry point is looked
+    at; anything else is refused before any import.
+    """
+    import importlib
+    import sys
+
+    ref = model.runner
+    if ref in _REGISTERED:
+        return _REGISTERED[ref]
+    module_name, _, attr = ref.partition(":")
+    if module_name not in sys.modules and ref not in _entry_point_refs():
+        raise ValueError(f"{ref!r} is not an allowed model runner (nothing was imported): name a ModelRunner "
+                         f"subclass from a module in EVALQ_PLUGINS, or one installed under the "
+                         f"{RUNNER_ENTRY_POINTS!r} entry point")
     try:
         obj = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except Exception as exc:  # ImportError, AttributeError, or the module's own failure
-        raise ValueError(f"cannot import {model.runner!r}: {type(exc).__name__}: {exc}") from None
-    if not callable(getattr(obj, "predict", None)):
-        raise ValueError(f"{model.runner!r} has no predict(prompt) method")
+        raise ValueError(f"cannot import {ref!r}: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(obj, type) and issubclass(obj, ModelRunner)) and ref not in _REGISTERED:
+        raise ValueError(f"{ref!r} is not a subclass of evalq.shared.model.ModelRunner (nor registered "
+                         "with register_runner)")
     return obj
 
 

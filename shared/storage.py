@@ -122,22 +122,45 @@ def open_binary(uri: str, endpoint_url: str | None = None) -> IO[bytes]:
     return raw
 
 
+class LineError(str):
+    """A line that could not be read as text (too long, not UTF-8): its record is bad."""
+
+
 def read_lines(uri: str, endpoint_url: str | None = None) -> Iterator[tuple[int, str]]:
-    """(line number, text) for every line, streamed: flat memory for any size."""
+    """(line number, text or LineError) for every line, streamed: flat memory for
+    any size. A line over ``EVALQ_MAX_RECORD_BYTES`` is skipped to its end (not
+    held), and the whole file stops at ``EVALQ_MAX_DATASET_BYTES``."""
+    from evalq.shared.limits import Limits, size
+
+    limits = Limits.from_env()
+    total = 0
     with open_binary(uri, endpoint_url) as stream:
         number = 0
         while True:
             try:
-                raw = stream.readline()
+                raw = stream.readline(limits.record_bytes + 1)
+                long_line = len(raw) > limits.record_bytes and not raw.endswith(b"\n")
+                while long_line:  # read past the rest of it in bounded pieces
+                    rest = stream.readline(1 << 20)
+                    total += len(rest)
+                    if not rest or rest.endswith(b"\n") or total > limits.dataset_bytes:
+                        break
             except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
                 raise JobError(f"{uri} line {number + 1}: cannot read: {exc}") from None
             if not raw:
                 return
             number += 1
+            total += len(raw)
+            if total > limits.dataset_bytes:
+                raise JobError(f"{uri} line {number}: stopped reading: the dataset is larger than "
+                               f"{size(limits.dataset_bytes)} once decompressed (EVALQ_MAX_DATASET_BYTES)")
+            if long_line:
+                yield number, LineError(f"line longer than {size(limits.record_bytes)} (EVALQ_MAX_RECORD_BYTES)")
+                continue
             try:
                 yield number, raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise JobError(f"{uri} line {number}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+                yield number, LineError(f"not UTF-8 ({exc.reason} at byte {exc.start})")
 
 
 class Destination:

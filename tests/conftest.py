@@ -17,9 +17,11 @@ import pytest
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
-PLUGINS = "tests.plugins.faulty"
+PLUGINS = "tests.plugins.faulty,tests.plugins.echo_runner"
 
 os.environ.setdefault("EVALQ_PLUGINS", PLUGINS)
+# the test clusters' workers may send test keys to loopback only (judge-sim, moto)
+os.environ.setdefault("EVALQ_ENDPOINTS", "*=http://127.0.0.1:*")
 # embedded runs keep their judge cache here, not in the user's ~/.cache
 os.environ.setdefault("EVALQ_CACHE_DIR", tempfile.mkdtemp(prefix="evalq-test-cache-"))
 

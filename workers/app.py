@@ -11,7 +11,7 @@ from __future__ import annotations
 from celery import Celery
 from celery.backends.redis import RedisBackend
 
-from evalq.shared.config import CONTROL_QUEUE, Settings
+from evalq.shared.config import CONTROL_QUEUE, Settings, redis_tls
 
 
 class SubmitOnlyRedisBackend(RedisBackend):
@@ -43,7 +43,11 @@ def _transport_options(settings: Settings) -> dict:
 
 def _conf(settings: Settings, broker_url: str | None) -> dict:
     transport = _transport_options(settings)
+    tls = redis_tls(broker_url)
     return dict(
+        # rediss://: broker and result backend verify the server's certificate
+        broker_use_ssl=tls,
+        redis_backend_use_ssl=tls,
         broker_url=broker_url,
         result_backend=broker_url,
         # Never pickle: a broker that accepts pickle runs code for anyone who can write to it.

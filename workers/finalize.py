@@ -100,6 +100,18 @@ def finalize(r: redis.Redis, job_id: str, status: str = "done") -> dict:
     return {"job": job_id, "status": final}
 
 
+def fail(r: redis.Redis, job_id: str, error: str) -> dict:
+    """End a job as failed (its outputs could not be made), answering ``reply_to``."""
+    spec = json.loads(r.get(keys.spec(job_id)) or "{}")
+    pipe = r.pipeline(transaction=True)
+    pipe.set(keys.error(job_id), error)
+    pipe.set(keys.status(job_id), "failed")
+    pipe.execute()
+    if spec:
+        reply(r, job_id, spec, "failed", [error], None)
+    return {"job": job_id, "status": "failed"}
+
+
 def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status: str) -> list[str]:
     """Write the outputs; a destination that fails gets them in ``out/<job id>`` instead
     (in the callback worker's directory): the work is never lost to it."""
@@ -113,7 +125,11 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
     try:
         write_outputs(r, spec, job_id, summary, run, dest)
         return []
-    except (EvalqError, OSError) as exc:
+    except redis.RedisError:
+        raise  # the callback is retried; the destination is not at fault
+    except Exception as exc:  # noqa: BLE001  (S3 and file system errors of every kind: never lose the work)
+        if not isinstance(exc, (EvalqError, OSError)):
+            exc = f"{type(exc).__name__}: {exc}"
         fallback = Destination(f"out/{job_id}")
         log.error("job %s: writing to %s failed (%s); writing to %s", job_id, dest, exc, fallback)
         try:

@@ -40,7 +40,9 @@ def redis_client(celery_app) -> redis.Redis:
     url = celery_app.conf.broker_url
     key = (os.getpid(), url)
     if key not in _clients:
-        _clients[key] = redis.Redis.from_url(url)
+        from evalq.shared.config import redis_client as connect
+
+        _clients[key] = connect(url)
     return _clients[key]
 
 

@@ -73,7 +73,14 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
 
 @redis_task(name="evalq.finalize")
 def finalize(self, job_id: str) -> dict:
-    return aggregation.finalize(runner.redis_client(self.app), job_id)
+    r = runner.redis_client(self.app)
+    try:
+        return aggregation.finalize(r, job_id)
+    except (redis.ConnectionError, redis.TimeoutError):
+        raise  # retried
+    except Exception as exc:  # a job must end: failed, saying why, rather than running for ever
+        log.exception("job %s: the final callback failed", job_id)
+        return aggregation.fail(r, job_id, f"the final callback failed: {type(exc).__name__}: {exc}")
 
 
 @redis_task(name="evalq.generated")

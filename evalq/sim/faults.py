@@ -78,7 +78,7 @@ def parse_markers(messages: list) -> Markers:
                     found.fields[name] = value
             found.plain = _MARKER.sub("", text)
             if re.search(r"\[\[sim:echo\]\]", text, re.I):
-                found.echo = " ".join(re.sub(r"\[\[sim:echo\]\]", "", text, flags=re.I).split())
+                found.echo = re.sub(r" ?\[\[sim:echo\]\]", "", text, flags=re.I).strip()
             break
     return found
 

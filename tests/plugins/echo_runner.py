@@ -4,8 +4,10 @@ log probability of minus the prompt's length."""
 
 from __future__ import annotations
 
+from evalq.shared.model import ModelRunner
 
-class LastWordRunner:
+
+class LastWordRunner(ModelRunner):
     def __init__(self, suffix: str = ""):
         if suffix == "FAIL":
             raise ValueError("this runner refuses suffix FAIL")
@@ -18,7 +20,7 @@ class LastWordRunner:
         return (words[-1].upper() + self.suffix if words else ""), -float(len(prompt))
 
 
-class EchoRunner:
+class EchoRunner(ModelRunner):
     """Answers with the prompt itself (jailbreak tests: the injection reaches the answer)."""
 
     def predict(self, prompt: str) -> tuple[str, None]:

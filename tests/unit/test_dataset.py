@@ -225,7 +225,7 @@ def test_model_problems(tmp_path, monkeypatch):
     text = problems(job_with({"uri": str(path), "data_config": "azure_qa"}, model=MODEL))
     assert "model_input_location 'question' not found, required to generate the missing actual-output" in text
     text = problems(job_with({"uri": str(path)}, model={"runner": "tests.plugins.nowhere:Runner"}))
-    assert "model.runner: cannot import 'tests.plugins.nowhere:Runner': ModuleNotFoundError" in text
+    assert "model.runner: 'tests.plugins.nowhere:Runner' is not an allowed model runner (nothing was imported)" in text
 
 
 def test_render_prompt():

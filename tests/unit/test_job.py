@@ -176,6 +176,8 @@ def test_top_level_must_be_object():
 def test_judge_chunks_spread_over_deployments_by_tpm(monkeypatch):
     from collections import Counter
 
+    monkeypatch.delenv("EVALQ_ENDPOINTS", raising=False)  # this orchestrator has no allow-list
+
     from evalq.orchestrator.submit import plan
 
     monkeypatch.setenv("EVALQ_UNIT_KEY", "k")

@@ -15,6 +15,7 @@ Every call, cache hit and 429 is counted per (job, metric).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -66,8 +67,21 @@ _sdk_clients: dict[tuple, Any] = {}
 _sdk_lock = threading.Lock()
 
 
+@functools.lru_cache(maxsize=1)
+def _policy():
+    from evalq.shared.endpoints import worker_policy
+
+    return worker_policy()
+
+
 def _sdk(judge: JudgeConfig, d: Deployment):
-    """One SDK client per (deployment, key) and process; its own retries off."""
+    """One SDK client per (deployment, key) and process; its own retries off. The
+    key is read only for an endpoint the worker's allow-list lets it go to."""
+    from evalq.shared.endpoints import endpoint_url
+
+    refused = _policy().problem(judge.api_key_env, endpoint_url(judge.provider, d))
+    if refused:
+        raise JudgeError(f"not sent: {refused}")
     api_key = os.environ.get(judge.api_key_env)
     if not api_key:
         raise JudgeError(f"environment variable {judge.api_key_env} is not set on this worker")

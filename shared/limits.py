@@ -1,0 +1,76 @@
+"""Input limits: a job file or dataset comes from someone else, so its size,
+its lines and its nesting are bounded before they can exhaust a process.
+
+Settings (environment, bytes unless said):
+
+- ``EVALQ_MAX_JOB_BYTES`` (default 256 MiB): a job file, or a ``json``/``harpia``
+  dataset read whole, after decompression;
+- ``EVALQ_MAX_RECORD_BYTES`` (default 16 MiB): one line of a JSON Lines dataset;
+- ``EVALQ_MAX_DATASET_BYTES`` (default 64 GiB): a JSON Lines dataset after
+  decompression (a small gzip "bomb" that inflates without end stops here);
+- ``EVALQ_MAX_JSON_DEPTH`` (default 64): nesting of any JSON value read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+MiB = 1 << 20
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return int(raw) if raw else default
+
+
+@dataclass(frozen=True)
+class Limits:
+    job_bytes: int
+    record_bytes: int
+    dataset_bytes: int
+    json_depth: int
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        return cls(job_bytes=_int("EVALQ_MAX_JOB_BYTES", 256 * MiB),
+                   record_bytes=_int("EVALQ_MAX_RECORD_BYTES", 16 * MiB),
+                   dataset_bytes=_int("EVALQ_MAX_DATASET_BYTES", 64 * 1024 * MiB),
+                   json_depth=_int("EVALQ_MAX_JSON_DEPTH", 64))
+
+
+def size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} bytes"
+
+
+class TooDeep(ValueError):
+    pass
+
+
+def loads(text: str | bytes, depth: int) -> Any:
+    """``json.loads`` that refuses nesting deeper than ``depth`` (TooDeep) instead of
+    recursing until Python gives up; JSONDecodeError and UnicodeDecodeError as usual."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise TooDeep(f"JSON nested deeper than {depth} levels (EVALQ_MAX_JSON_DEPTH)") from None
+    if too_deep(value, depth):
+        raise TooDeep(f"JSON nested deeper than {depth} levels (EVALQ_MAX_JSON_DEPTH)")
+    return value
+
+
+def too_deep(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            if level > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return False
