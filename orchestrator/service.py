@@ -114,11 +114,27 @@ def _answer_duplicate(r: redis.Redis, job_id: str, status: str, request: dict, f
     return {"job_id": job_id, "status": status, "duplicate": True}
 
 
+def request_roots() -> list:
+    """Directories a request may name local files under (``EVALQ_REQUEST_ROOTS``,
+    separated by ``:``); none by default: a request's files come from S3."""
+    import os
+    from pathlib import Path
+
+    return [Path(p).expanduser().resolve() for p in os.environ.get("EVALQ_REQUEST_ROOTS", "").split(":") if p]
+
+
 def _parse(request: dict):
     """The request's job and destination, validated; JobError lists every problem."""
     from evalq.orchestrator.submit import destination
-    from evalq.shared.job import load_job, parse_job
+    from evalq.shared.job import outside_roots, parse_job, read_json
     from evalq.shared.storage import is_s3, open_binary
+
+    roots = request_roots()
+
+    def check_local(uri: str, where: str) -> None:
+        if outside_roots(uri, roots):
+            raise JobError(f"{where}: {uri} is outside the directories this cluster reads and writes "
+                           f"(EVALQ_REQUEST_ROOTS: {', '.join(map(str, roots)) or 'none'}); use S3")
 
     unknown = sorted(set(request) - set(REQUEST_FIELDS))
     if unknown:
@@ -132,7 +148,7 @@ def _parse(request: dict):
         depth = Limits.from_env().json_depth
         if too_deep(request["job"], depth):
             raise JobError(f"request.job: JSON nested deeper than {depth} levels (EVALQ_MAX_JSON_DEPTH)")
-        job = parse_job(request["job"], source="request.job")
+        job = parse_job(request["job"], source="request.job", roots=roots)
     else:
         uri = request["job_uri"]
         if not isinstance(uri, str) or not uri:
@@ -145,15 +161,17 @@ def _parse(request: dict):
                 raise JobError(f"{uri}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
             except (EvalqError, UnicodeDecodeError) as exc:
                 raise JobError(f"{uri}: {exc}") from None
-            job = parse_job(raw, source=uri)
+            job = parse_job(raw, source=uri, roots=roots)
         else:
-            job = load_job(uri)
+            check_local(uri, "request.job_uri")
+            job = parse_job(read_json(uri), source=uri, roots=roots)
     out = request.get("out")
     if out is not None and (not isinstance(out, str) or not out):
         raise JobError("request.out: expected a directory or an s3://bucket/prefix/")
     dest = destination(job, out)
     if dest is None:
         raise JobError("request.out: missing, and the job has no output.uri; say where the outputs go")
+    check_local(dest.uri, "request.out" if out is not None else "output.uri")
     dest.check()
     return job, dest
 

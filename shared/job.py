@@ -142,6 +142,7 @@ class Job:
 
 class _Problems:
     def __init__(self, source: str):
+        self.roots: list[Path] | None = None
         self.source = source
         self.items: list[str] = []
         self.truncated = 0
@@ -188,8 +189,12 @@ def load_job(path: str | Path) -> Job:
     return parse_job(read_json(path), source=str(path))
 
 
-def parse_job(raw: Any, source: str = "<job>") -> Job:
+def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None) -> Job:
+    """Validate a job. With ``roots`` (a job from a request: untrusted), a local
+    file it names (a dataset) must lie under one of these directories; it is not
+    opened otherwise."""
     problems = _Problems(source)
+    problems.roots = roots
     if not isinstance(raw, dict):
         problems.add("top level", f"expected an object with 'instances' and 'metrics', got {_kind(raw)}")
         problems.raise_if_any()
@@ -257,6 +262,8 @@ def _add_jailbreak(raw: Any, job: Job, problems: _Problems) -> None:
     injected_inputs: dict[str, str] | None = None
     if spec.dataset is not None:
         dataset = _relative_to_job(spec.dataset, job.source)
+        if not _within_roots(dataset.uri, "jailbreak.dataset.uri", problems):
+            return
         checker = InstanceChecker({"input": ["jailbreak"]}, generating=False)
         loaded = load_dataset(dataset, checker, lambda where, msg: problems.add(f"jailbreak: {where}", msg),
                               MAX_PROBLEMS)
@@ -288,6 +295,22 @@ def _add_jailbreak(raw: Any, job: Job, problems: _Problems) -> None:
         job.instances.append(variant)
     job.n_to_generate += len(variants)
     job.jailbreak = spec
+
+
+def outside_roots(uri: str, roots: list[Path]) -> bool:
+    """A local path (resolved, links followed) that is not under any of ``roots``."""
+    if is_s3(uri):
+        return False
+    path = Path(uri).expanduser().resolve()
+    return not any(path == root or root in path.parents for root in roots)
+
+
+def _within_roots(uri: str, where: str, problems: _Problems) -> bool:
+    if problems.roots is None or not outside_roots(uri, problems.roots):
+        return True
+    problems.add(where, f"{uri} is outside the directories this cluster reads and writes "
+                        f"(EVALQ_REQUEST_ROOTS: {', '.join(map(str, problems.roots)) or 'none'}); use S3")
+    return False
 
 
 def _check_endpoints(config, where: str, problems: _Problems) -> None:
@@ -343,6 +366,8 @@ def _load_instances(raw: dict, job: Job, problems: _Problems) -> None:
         if dataset is None or problems.items:  # a typo elsewhere is not worth reading a big file for
             return
         dataset = _relative_to_job(dataset, job.source)
+        if not _within_roots(dataset.uri, "dataset.uri", problems):
+            return
         loaded = load_dataset(dataset, checker, problems.add, MAX_PROBLEMS)
         job.dataset, job.instances, job.mapping, job.bad_records = dataset, loaded.instances, loaded.mapping, loaded.bad
         places = ((record_place(dataset, n), record_place(dataset, n, short=True)) for n in loaded.lines)

@@ -27,7 +27,9 @@ INSTANCES = [{"id": f"i{n}", "input": "q", "actual-output": "a b c" if n % 2 els
 def service(redis_url, tmp_path_factory):
     """A worker on evalq.jobs (the orchestrator role) and cpu, as a cluster runs them."""
     name = f"jobs{uuid.uuid4().hex[:6]}"
-    proc = start_worker(redis_url, "evalq.jobs,cpu", tmp_path_factory.mktemp("jobs-workers"), name=name)
+    # requests may name local files under the test's temporary directories only
+    proc = start_worker(redis_url, "evalq.jobs,cpu", tmp_path_factory.mktemp("jobs-workers"), name=name,
+                        env={"EVALQ_REQUEST_ROOTS": str(tmp_path_factory.getbasetemp())})
     wait_for_worker(redis_url, name)
     yield proc
     stop_worker(proc)
@@ -101,7 +103,7 @@ def test_the_same_request_id_starts_one_job(redis_url, service, tmp_path):
      "request.job: metrics[0] (bleue): unknown metric 'bleue'; did you mean 'bleu'?"),
     ({"job": {"instances": INSTANCES, "metrics": [{"id": "bleu"}]}},
      "request.out: missing, and the job has no output.uri"),
-    ({"job_uri": "/nonexistent/job.json", "out": "/tmp/x"}, "/nonexistent/job.json: no such file"),
+    ({"job_uri": "/nonexistent/job.json", "out": "/tmp/x"}, "request.job_uri: /nonexistent/job.json is outside"),
     ({"job": {"instances": [], "metrics": []}, "job_uri": "x.json", "out": "/tmp/x"}, "exactly one of 'job'"),
 ])
 def test_an_invalid_request_is_answered_invalid_and_enqueues_nothing(redis_url, service, request_kwargs,
@@ -203,3 +205,24 @@ def test_the_job_finishes_when_the_cli_that_ran_it_is_killed(redis_url, service,
     assert [line["result"] for line in log] == [4] * 60
     status = json.loads(evalq("status", "--json", "--broker", redis_url).stdout)
     assert any(row["job_id"] == job_id and row["status"] == "done" for row in status)
+
+
+@pytest.mark.parametrize("request_kwargs,fragment", [
+    ({"job_uri": "/etc/hosts", "out": "OUT"}, "request.job_uri: /etc/hosts is outside the directories"),
+    ({"job": {"instances": INSTANCES, "metrics": [{"id": "exact_match"}]}, "out": "/root/evalq-out"},
+     "request.out: /root/evalq-out is outside the directories"),
+    ({"job": {"dataset": {"uri": "/etc/passwd", "format": "jsonl"}, "metrics": [{"id": "exact_match"}]},
+      "out": "OUT"}, "dataset.uri: /etc/passwd is outside the directories"),
+    ({"job": {"instances": INSTANCES, "metrics": [{"id": "exact_match"}], "output": {"uri": "/var/evalq"}}},
+     "output.uri: /var/evalq is outside the directories"),
+])
+def test_a_request_may_name_local_files_only_under_the_allowed_roots(redis_url, service, tmp_path,
+                                                                      request_kwargs, fragment):
+    r = redis.Redis.from_url(redis_url)
+    reply_to = f"replies:{uuid.uuid4().hex}"
+    kwargs = {k: (str(tmp_path / "out") if v == "OUT" else v) for k, v in request_kwargs.items()}
+    send(redis_url, **kwargs, reply_to=reply_to)
+    doc = await_reply(r, reply_to)
+    assert doc["status"] == "invalid" and any(fragment in e for e in doc["errors"]), doc["errors"]
+    assert not any("root:" in e for e in doc["errors"])  # nothing of /etc/passwd was read into a message
+    assert not (tmp_path / "out").exists() and not __import__("os").path.exists("/root/evalq-out")

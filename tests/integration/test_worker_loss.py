@@ -129,7 +129,7 @@ def test_the_jobs_worker_killed_mid_submit_makes_exactly_one_job(private_redis, 
 
     from celery import Celery
 
-    env = {"EVALQ_VISIBILITY_TIMEOUT": "3"}
+    env = {"EVALQ_VISIBILITY_TIMEOUT": "3", "EVALQ_REQUEST_ROOTS": str(tmp_path)}
     logs = tmp_path / "logs"
     logs.mkdir()
     n = 30_000
