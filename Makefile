@@ -17,9 +17,12 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/evalq run examples/translation.json --out out/translation
+	$(BIN)/evalq run examples/translation_v2.json --out out/translation_v2
 	$(BIN)/evalq run examples/qa_dataset.json --out out/qa_dataset
 	$(BIN)/python examples/run_rag_demo.py
-	@echo "results: out/translation/, out/qa_dataset/, out/rag_qa/ and out/safety/ (results.json, log.jsonl, run.json)"
+	$(BIN)/evalq compare out/translation out/translation_v2 --html out/compare.html \
+	    --gate "delta(bleu.mean) >= -0.05" --gate "exact_match.mean >= 0.5"
+	@echo "results: out/<example>/ (results.json, log.jsonl, run.json, report.html); out/compare.html"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -274,6 +274,61 @@ def status(job_id: str | None, broker: str | None, as_json: bool, limit: int) ->
         click.echo(jobs.render(info, one=bool(job_id)))
 
 
+@cli.command()
+@click.argument("out")
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
+              help="Where to write it [default: report.html in OUT, for a local OUT].")
+def report(out: str, html: str | None) -> None:
+    """Write the HTML report of a run from its outputs (a directory or s3:// prefix)."""
+    from evalq.shared.storage import Destination
+    from evalq.workers.report import report_from_outputs
+
+    page = report_from_outputs(out)
+    dest = Destination(out)
+    if html is None and dest.s3:
+        with dest.open_text("report.html") as f:
+            f.write(page)
+        click.echo(dest.path("report.html"))
+        return
+    target = Path(html) if html else Path(out) / "report.html"
+    target.write_text(page, encoding="utf-8")
+    click.echo(str(target))
+
+
+@cli.command()
+@click.argument("base")
+@click.argument("new")
+@click.option("--gate", "gates", multiple=True, metavar="EXPR",
+              help='Quality gate, repeatable: "NAME.FIELD OP NUMBER" on NEW, "delta(NAME.FIELD) OP NUMBER" on '
+                   "NEW - BASE (OP: >= <= > < ==). Exit 3 when one fails.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None, help="Also write an HTML comparison.")
+def compare(base: str, new: str, gates: tuple[str, ...], as_json: bool, html: str | None) -> None:
+    """Compare two runs' outputs (directories or s3:// prefixes), paired by instance id.
+
+    Exit codes: 0 every gate passed, 3 a gate failed, 2 bad input (a gate on a
+    metric a run lacks), 1 infrastructure."""
+    from evalq.orchestrator import compare as comparing
+
+    parsed = [comparing.parse_gate(g) for g in gates]
+    base_run, new_run = comparing.load_run(base), comparing.load_run(new)
+    outcome = comparing.evaluate_gates(parsed, base_run, new_run)
+    report = comparing.compare(base_run, new_run)
+    report["gates"] = outcome
+    if html:
+        from evalq.workers.report import compare_html
+
+        Path(html).write_text(compare_html(report), encoding="utf-8")
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        for line in comparing.render(report, outcome):
+            click.echo(line)
+    failed = [g["gate"] for g in outcome if not g["passed"]]
+    if failed:
+        raise comparing.GateFailed(f"{len(failed)} gate(s) failed: {'; '.join(failed)}")
+
+
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
@@ -328,6 +383,12 @@ def _register_judge_sim() -> None:
 _register_judge_sim()
 
 
+def _gate_failed() -> type:
+    from evalq.orchestrator.compare import GateFailed
+
+    return GateFailed
+
+
 def main() -> None:
     try:
         code = cli.main(standalone_mode=False)
@@ -344,6 +405,9 @@ def main() -> None:
         for line in exc.problems:
             click.echo(f"error: {line}", err=True)
         sys.exit(2)
+    except _gate_failed() as exc:
+        click.echo(f"evalq: {exc}", err=True)
+        sys.exit(3)
     except InfraError as exc:
         click.echo(f"evalq: {exc}", err=True)
         sys.exit(1)

@@ -27,6 +27,7 @@ class MeanAggregator:
         self.n_errors = 0
         self.n_skipped = 0
         self._sum: dict[str, float] = {}
+        self._sumsq: dict[str, float] = {}
         self._count: dict[str, int] = {}
         self._scalar = True
 
@@ -47,11 +48,12 @@ class MeanAggregator:
         for key, v in items:
             if isinstance(v, Number) and not isinstance(v, bool):
                 self._sum[key] = self._sum.get(key, 0.0) + v
+                self._sumsq[key] = self._sumsq.get(key, 0.0) + v * v
                 self._count[key] = self._count.get(key, 0) + 1
 
     def state(self) -> dict[str, Any]:
         return {"n": self.n, "n_errors": self.n_errors, "n_skipped": self.n_skipped, "sum": self._sum,
-                "count": self._count, "scalar": self._scalar}
+                "sumsq": self._sumsq, "count": self._count, "scalar": self._scalar}
 
     def merge(self, state: dict[str, Any]) -> None:
         self.n += state["n"]
@@ -59,8 +61,18 @@ class MeanAggregator:
         self.n_skipped += state["n_skipped"]
         for key, value in state["sum"].items():
             self._sum[key] = self._sum.get(key, 0.0) + value
+            self._sumsq[key] = self._sumsq.get(key, 0.0) + state.get("sumsq", {}).get(key, 0.0)
             self._count[key] = self._count.get(key, 0) + state["count"][key]
         self._scalar = self._scalar and state["scalar"]
+
+    def intervals(self) -> list[float] | dict[str, list[float] | None] | None:
+        """95% interval of each mean: mean +- 1.96 standard errors (``evalq.shared.stats``)."""
+        from evalq.shared.stats import mean_interval
+
+        cis = {k: mean_interval(self._count[k], self._sum[k], self._sumsq.get(k, 0.0)) for k in self._sum}
+        if self._scalar:
+            return cis.get("")
+        return cis or None
 
     def score(self) -> float | dict[str, float] | None:
         if self.n == 0:
@@ -173,11 +185,17 @@ class RatingAggregator(MeanAggregator):
     def score(self) -> dict[str, Any] | None:
         if self.n == 0:
             return None
-        out: dict[str, Any] = {"mean": sum(k * c for k, c in self.counts.items()) / self.n,
+        from evalq.shared.stats import mean_interval, wilson
+
+        total = sum(k * c for k, c in self.counts.items())
+        out: dict[str, Any] = {"mean": total / self.n,
+                               "ci95": mean_interval(self.n, total, sum(k * k * c for k, c in self.counts.items())),
                                "distribution": {str(k): c for k, c in sorted(self.counts.items())}}
         threshold = self.params.get("threshold")
         if threshold is not None:
-            out["pass_rate"] = sum(c for k, c in self.counts.items() if k >= threshold) / self.n
+            passed = sum(c for k, c in self.counts.items() if k >= threshold)
+            out["pass_rate"] = passed / self.n
+            out["pass_rate_ci95"] = wilson(passed, self.n)
         return out
 
 
@@ -277,7 +295,10 @@ class DefectAggregator:
                 h["bands"][band] += count
 
     def _one(self, h: dict) -> dict[str, Any]:
-        out: dict[str, Any] = {"defect_rate": h["n_defects"] / self.n, "n_defects": h["n_defects"]}
+        from evalq.shared.stats import wilson
+
+        out: dict[str, Any] = {"defect_rate": h["n_defects"] / self.n, "ci95": wilson(h["n_defects"], self.n),
+                               "n_defects": h["n_defects"]}
         if not h["flag"]:
             out["mean_severity"] = h["sum"] / self.n
             out["severity"] = dict(h["bands"])
@@ -291,7 +312,10 @@ class DefectAggregator:
             out = self._one(self.harms[""]) if "" in self.harms else None
         else:
             out = {name: self._one(h) for name, h in self.harms.items()}
-            out["any"] = {"defect_rate": self.any_defects / self.n, "n_defects": self.any_defects}
+            from evalq.shared.stats import wilson
+
+            out["any"] = {"defect_rate": self.any_defects / self.n, "ci95": wilson(self.any_defects, self.n),
+                          "n_defects": self.any_defects}
         jb = self.jailbreak.score() if self.jailbreak is not None else None
         if out is not None and jb is not None:
             # seed 001: the defect rate with the injection, and how far it moved

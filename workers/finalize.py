@@ -51,7 +51,10 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
             seen += 1
     elapsed = sum(float(v) for v in r.hvals(keys.timings(job_id, key)))
     counts = _counts(overall)
-    out = {**entry_head(entry), "score": counts.pop("score"), "elapsed_time": round(elapsed, 6), **counts}
+    out = {**entry_head(entry), "score": counts.pop("score")}
+    if metric.aggregation in ("mean", "distribution") and overall.n:
+        out["ci95"] = overall.intervals()  # beside the score (ratings and defect rates carry theirs inside it)
+    out.update({"elapsed_time": round(elapsed, 6), **counts})
     if by_category:
         out["categories"] = {c: _counts(by_category[c]) for c in sorted(by_category)}
     if agreement is not None and agreement.result() is not None:
@@ -59,6 +62,13 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     if metric.calls_endpoint:
         acct = r.hgetall(keys.accounting(job_id, key))
         judge = {f: int(acct.get(f.encode(), 0)) for f in ACCOUNTING_FIELDS}
+        regions: dict[str, dict[str, int]] = {}
+        for k, v in acct.items():  # "<region>/<field>": what each deployment answered
+            region, _, field = k.decode().rpartition("/")
+            if region:
+                regions.setdefault(region, {})[field] = int(float(v))
+        if regions:
+            judge["regions"] = dict(sorted(regions.items()))
         if seen:  # what one item cost: paid calls and tokens
             judge["calls_per_item"] = round(judge["calls"] / seen, 3)
             judge["tokens_per_item"] = round((judge["prompt_tokens"] + judge["completion_tokens"]) / seen, 1)

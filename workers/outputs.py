@@ -29,15 +29,28 @@ LOG_BATCH = 2000
 
 def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], run: dict,
                   dest: Destination) -> None:
+    from evalq.workers.report import ReportBuilder
+
     cancelled = run.get("status") == "cancelled"
+    report = ReportBuilder(summary, run)
     with dest.open_text("results.json") as f:
         f.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     with dest.open_text("log.jsonl") as f:
-        for line in log_lines(r, spec, job_id, cancelled):
+        for line, position in _log_entries(r, spec, job_id, cancelled):
             f.write(line)
             f.write("\n")
+            report.add(json.loads(line), position)
     with dest.open_text("run.json") as f:
         f.write(json.dumps(run, indent=2, ensure_ascii=False) + "\n")
+    with dest.open_text("report.html") as f:
+        f.write(report.html(_instances_at(r, job_id, report.worst_positions())))
+
+
+def _instances_at(r: redis.Redis, job_id: str, positions: list[int]) -> dict[int, dict]:
+    pipe = r.pipeline(transaction=False)
+    for p in positions:
+        pipe.lindex(keys.instances(job_id), p)
+    return {p: json.loads(raw) for p, raw in zip(positions, pipe.execute()) if raw is not None}
 
 
 def run_info(spec: dict, job_id: str, generation: dict | None, status: str = "done") -> dict:
@@ -67,9 +80,9 @@ def run_info(spec: dict, job_id: str, generation: dict | None, status: str = "do
     return info
 
 
-def log_lines(r: redis.Redis, spec: dict, job_id: str, cancelled: bool = False) -> Iterator[str]:
-    """Generated outputs first, then one JSON line per (metric entry, instance),
-    entry by entry in job order, instances in job order."""
+def _log_entries(r: redis.Redis, spec: dict, job_id: str, cancelled: bool = False) -> Iterator[tuple[str, int]]:
+    """(log line, instance position): generated outputs first, then one JSON line per
+    (metric entry, instance), entry by entry in job order, instances in job order."""
     missing = {"skipped": "the job was cancelled"} if cancelled else {"error": "no result recorded"}
     runs = ([(GENERATE, spec[GENERATE])] if GENERATE in spec else []) + list(spec["metrics"].items())
     for key, entry in runs:
@@ -84,12 +97,12 @@ def log_lines(r: redis.Redis, spec: dict, job_id: str, cancelled: bool = False) 
                 instances = [json.loads(raw) for raw in r.lrange(keys.instances(job_id), start, stop - 1)]
             for i, raw in enumerate(records):
                 if raw is not None:
-                    yield _with_head(raw.decode("utf-8"), head_json)
+                    yield _with_head(raw.decode("utf-8"), head_json), start + i
                 elif key != GENERATE or "actual-output" not in instances[i]:
                     # (a record with its own output had nothing generated)
                     variant = {"variant": instances[i]["variant"]} if "variant" in instances[i] else {}
                     yield json.dumps({"instance_id": instances[i]["id"], **head_obj, **variant, **missing},
-                                     ensure_ascii=False)
+                                     ensure_ascii=False), start + i
 
 
 _ID = '{"instance_id": '

@@ -87,7 +87,7 @@ def test_s3_dataset_in_results_to_s3_out(s3, tmp_path, key, compress):
     proc = evalq("run", str(job), "--out", f"s3://evals/{prefix}", "-q", env=AWS)
     assert proc.returncode == 0, proc.stderr
     listed = {o["Key"] for o in client.list_objects_v2(Bucket="evals", Prefix=prefix)["Contents"]}
-    assert listed == {prefix + name for name in ("results.json", "log.jsonl", "run.json")}
+    assert listed == {prefix + name for name in ("results.json", "log.jsonl", "run.json", "report.html")}
 
     def get(name):
         return client.get_object(Bucket="evals", Key=prefix + name)["Body"].read().decode()

@@ -112,6 +112,7 @@ def test_content_safety_grades_four_harms_in_one_call_per_item(sim, judge_worker
         assert score[h]["threshold"] == 5
     assert score["any"]["defect_rate"] == pytest.approx(rate([max(plan[i].values()) >= 5 for i in range(n)]))
     assert results["content_safety"]["judge"]["calls"] == n
+    assert results["content_safety"]["judge"]["regions"]["lab"]["calls"] == n  # per deployment region
 
 
 def test_boolean_defect_metrics(sim, judge_worker, redis_url, tmp_path):
@@ -130,7 +131,9 @@ def test_boolean_defect_metrics(sim, judge_worker, redis_url, tmp_path):
     for line in read_log(tmp_path):
         assert line["result"][keys[line["metric"]]] is flags[int(line["instance_id"][1:])]
     for metric in keys:
-        assert results[metric]["score"] == {"defect_rate": pytest.approx(rate(flags)), "n_defects": sum(flags)}
+        score = results[metric]["score"]
+        assert score["defect_rate"] == pytest.approx(rate(flags)) and score["n_defects"] == sum(flags)
+        assert score["ci95"][0] <= score["defect_rate"] <= score["ci95"][1]
 
 
 def claims_instance(i: int, tag: str) -> dict:

@@ -137,6 +137,8 @@ def test_summary_from_chunk_parts_equals_summary_from_items(redis_url, cpu_worke
 def _close(a, b) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
     if isinstance(a, float) or isinstance(b, float):
         return a == pytest.approx(b, rel=1e-12, abs=1e-12)
     return a == b

@@ -106,6 +106,9 @@ def test_defect_rate_of_a_severity_metric_by_hand():
     agg.add({"error": "JudgeError: no reply"})
     agg.add({"skipped": "token cap"})
     score = agg.score()
+    from evalq.shared.stats import wilson
+
+    assert score.pop("ci95") == pytest.approx(wilson(5, 10))  # (wilson is checked against the textbook)
     assert score == {"defect_rate": 5 / 10, "n_defects": 5, "mean_severity": sum(severities) / 10,
                      "severity": {"very_low": 3, "low": 2, "medium": 3, "high": 2}, "threshold": 4}
     assert (agg.n, agg.n_errors, agg.n_skipped) == (10, 1, 1)  # errors and skips are not in the denominator
@@ -125,11 +128,11 @@ def test_defect_rates_per_harm_any_harm_and_flags_merge_from_parts():
     score = whole.score()
     assert score["violence"]["n_defects"] == 2 and score["violence"]["defect_rate"] == 2 / 5
     assert score["sexual"]["n_defects"] == 2
-    assert score["any"] == {"defect_rate": 3 / 5, "n_defects": 3}  # items 2, 3 and 4
+    assert {k: v for k, v in score["any"].items() if k != "ci95"} == {"defect_rate": 3 / 5, "n_defects": 3}
     flags = DefectAggregator({})
     for value in (True, False, False, True):
         flags.add({"result": {"protected": value, "reason": "r"}})
-    assert flags.score() == {"defect_rate": 0.5, "n_defects": 2}
+    assert {k: v for k, v in flags.score().items() if k != "ci95"} == {"defect_rate": 0.5, "n_defects": 2}
 
 
 # judge score, human grade: a fixed table with ties and disagreements
@@ -188,3 +191,20 @@ def test_defect_agreement_is_precision_and_recall_against_human_labels():
     tp = sum(j and h for j, h in zip(judge, human))
     assert agreement.result() == {"n": 8, "precision": tp / sum(judge), "recall": tp / sum(human),
                                   "exact": sum(j == h for j, h in zip(judge, human)) / 8}
+
+
+def test_mean_intervals_match_the_normal_approximation_and_merge():
+    import numpy as np
+
+    from evalq.shared.aggregate import MeanAggregator, chunk_part, merge_parts
+
+    values = [0.1, 0.4, 0.35, 0.8, 0.9, 0.05, 0.6, 0.55]
+    records = [{"result": v} for v in values] + [{"result": {"x": v}} for v in []]
+    agg = MeanAggregator()
+    for rec in records:
+        agg.add(rec)
+    x = np.array(values)
+    half = 1.959963984540054 * x.std(ddof=1) / np.sqrt(len(x))
+    assert agg.intervals() == pytest.approx([x.mean() - half, x.mean() + half])
+    merged, _, _ = merge_parts("mean", {}, [chunk_part("mean", {}, records[:3]), chunk_part("mean", {}, records[3:])])
+    assert merged.intervals() == pytest.approx(agg.intervals())

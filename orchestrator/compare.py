@@ -1,0 +1,271 @@
+"""Comparing two runs, and quality gates for pipelines.
+
+A run is read from its output location (directory or S3 prefix):
+``results.json`` for the entries and their parameters, ``log.jsonl`` for the
+item values, paired across runs by instance id. Each entry's items become named
+numbers (its *fields*): ``mean`` for numeric scores and judge ratings,
+``defect_rate`` (1 for a defect, 0 otherwise) for safety metrics, and one field
+per number for metrics whose result is an object (``rouge.rouge1``,
+``bertscore.f1``). A jailbreak's injected variant is left out.
+
+Gates: ``NAME.FIELD OP NUMBER`` on the new run, ``delta(NAME.FIELD) OP NUMBER``
+on new minus base (paired instances), with ``OP`` one of ``>= <= > < ==``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from evalq.shared import stats
+from evalq.shared.aggregate import is_defect
+from evalq.shared.errors import EvalqError, JobError
+
+MAX_LISTED = 20
+
+
+class GateFailed(EvalqError):
+    """At least one quality gate failed (exit 3)."""
+
+
+@dataclass
+class Run:
+    location: str
+    results: list[dict]
+    keys: list[str]                                # entry keys, in results.json order
+    values: dict[str, dict[str, dict[str, float]]]  # entry -> instance id -> field -> value
+    passed: dict[str, dict[str, bool]]              # entry -> instance id -> passes (when defined)
+    categories: dict[str, str]                      # instance id -> category
+
+
+def _entry_keys(results: list[dict]) -> list[str]:
+    """``name``, else the metric id; a metric listed twice without names: ``id#2`` for the second."""
+    keys, seen = [], {}
+    for m in results:
+        base = m.get("name") or m["metric"]
+        seen[base] = seen.get(base, 0) + 1
+        keys.append(base if seen[base] == 1 else f"{base}#{seen[base]}")
+    return keys
+
+
+def _fields(result: Any, head: dict, aggregation: str) -> dict[str, float]:
+    if aggregation == "defect":
+        return {"defect_rate": float(is_defect(result, head["parameters"].get("threshold")))}
+    if isinstance(result, bool):
+        return {"mean": float(result)}
+    if isinstance(result, (int, float)):
+        return {"mean": float(result)}
+    if isinstance(result, dict):
+        if isinstance(result.get("score"), (int, float)) and not isinstance(result.get("score"), bool):
+            return {"mean": float(result["score"])}
+        return {k: float(v) for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {}
+
+
+def _passes(result: Any, head: dict, aggregation: str) -> bool | None:
+    if aggregation == "defect":
+        return not is_defect(result, head["parameters"].get("threshold"))
+    threshold = head["parameters"].get("threshold")
+    if aggregation == "rating" and threshold is not None and isinstance(result, dict):
+        return result.get("score", 0) >= threshold
+    return None
+
+
+def load_run(location: str) -> Run:
+    import evalq.shared.metrics  # noqa: F401  (the registry: how each metric aggregates)
+    from evalq.shared.registry import REGISTRY
+    from evalq.shared.storage import Destination, open_binary, read_lines
+
+    dest = Destination(location)
+    try:
+        with open_binary(dest.path("results.json")) as f:
+            results = json.loads(f.read().decode("utf-8"))
+    except json.JSONDecodeError as exc:
+        raise JobError(f"{dest.path('results.json')}: invalid JSON: {exc.msg}") from None
+    if not isinstance(results, list):
+        raise JobError(f"{dest.path('results.json')}: expected evalq's list of metric results")
+    keys = _entry_keys(results)
+    by_head = {}
+    for key, m in zip(keys, results):
+        by_head.setdefault((m["metric"], m.get("name"), json.dumps(m["parameters"], sort_keys=True)), []).append(key)
+    values: dict[str, dict[str, dict[str, float]]] = {k: {} for k in keys}
+    passed: dict[str, dict[str, bool]] = {k: {} for k in keys}
+    categories: dict[str, str] = {}
+    for number, text in read_lines(dest.path("log.jsonl")):
+        line = json.loads(text)
+        if line.get("metric") == "generate" or line.get("variant") is not None or "result" not in line:
+            continue
+        candidates = by_head.get((line["metric"], line.get("name"), json.dumps(line["parameters"], sort_keys=True)))
+        if not candidates:
+            continue
+        iid = str(line["instance_id"])
+        key = next((k for k in candidates if iid not in values[k]), candidates[-1])
+        aggregation = REGISTRY.get(line["metric"]).aggregation if line["metric"] in REGISTRY else "mean"
+        values[key][iid] = _fields(line["result"], line, aggregation)
+        ok = _passes(line["result"], line, aggregation)
+        if ok is not None:
+            passed[key][iid] = ok
+        if isinstance(line.get("category"), str):
+            categories[iid] = line["category"]
+    return Run(location, results, keys, values, passed, categories)
+
+
+def _field_names(run: Run, key: str) -> list[str]:
+    names: dict[str, None] = {}
+    for fields in run.values[key].values():
+        names.update(dict.fromkeys(fields))
+    return list(names)
+
+
+def summary(run: Run, key: str, field: str) -> dict:
+    """A field's value over a run's items, with its 95% interval (Wilson for rates)."""
+    xs = [f[field] for f in run.values[key].values() if field in f]
+    if not xs:
+        return {"value": None, "ci95": None, "n": 0}
+    value = sum(xs) / len(xs)
+    if field == "defect_rate":
+        ci = stats.wilson(int(round(sum(xs))), len(xs))
+    else:
+        ci = stats.bootstrap_mean(xs)
+    return {"value": value, "ci95": ci, "n": len(xs)}
+
+
+def compare(base: Run, new: Run) -> dict:
+    report: dict = {"base": base.location, "new": new.location, "entries": []}
+    base_ids = set().union(*(set(v) for v in base.values.values())) if base.values else set()
+    new_ids = set().union(*(set(v) for v in new.values.values())) if new.values else set()
+    for only, ids in (("only_in_base", base_ids - new_ids), ("only_in_new", new_ids - base_ids)):
+        report[only] = {"n": len(ids), "ids": sorted(ids)[:MAX_LISTED]}
+    heads = {k: m for k, m in zip(base.keys, base.results)}
+    for key, m in zip(new.keys, new.results):
+        if key not in heads:
+            report["entries"].append({"entry": key, "metric": m["metric"], "warnings": ["only in the new run"]})
+            continue
+        entry: dict = {"entry": key, "metric": m["metric"], "warnings": [], "fields": {}, "categories": {}}
+        if heads[key]["parameters"] != m["parameters"]:
+            changed = sorted(p for p in set(heads[key]["parameters"]) | set(m["parameters"])
+                             if heads[key]["parameters"].get(p) != m["parameters"].get(p))
+            entry["warnings"].append("parameters differ: " + ", ".join(
+                f"{p} {json.dumps(heads[key]['parameters'].get(p))} -> {json.dumps(m['parameters'].get(p))}"
+                for p in changed))
+        common = sorted(set(base.values[key]) & set(new.values[key]))
+        for field in _field_names(new, key):
+            pairs = [(base.values[key][i][field], new.values[key][i][field]) for i in common
+                     if field in base.values[key][i] and field in new.values[key][i]]
+            entry["fields"][field] = _paired(pairs, summary(base, key, field), summary(new, key, field))
+            by_category: dict[str, list] = {}
+            for i in common:
+                if field in base.values[key][i] and field in new.values[key][i] and i in new.categories:
+                    by_category.setdefault(new.categories[i], []).append(
+                        (base.values[key][i][field], new.values[key][i][field]))
+            for category, cat_pairs in sorted(by_category.items()):
+                entry["categories"].setdefault(category, {})[field] = _paired(cat_pairs)
+        if new.passed[key]:
+            down = sorted(i for i in common if base.passed[key].get(i) and new.passed[key].get(i) is False)
+            up = sorted(i for i in common if base.passed[key].get(i) is False and new.passed[key].get(i))
+            entry["flips"] = {"pass_to_fail": {"n": len(down), "ids": down[:MAX_LISTED]},
+                              "fail_to_pass": {"n": len(up), "ids": up[:MAX_LISTED]}}
+        report["entries"].append(entry)
+    for key in base.keys:
+        if key not in new.keys:
+            report["entries"].append({"entry": key, "metric": heads[key]["metric"], "warnings": ["only in the base run"]})
+    return report
+
+
+def _paired(pairs: list[tuple[float, float]], base: dict | None = None, new: dict | None = None) -> dict:
+    result = stats.paired([a for a, _ in pairs], [b for _, b in pairs])
+    out = {"n_pairs": result["n"], "diff": result["diff"], "ci95": result["ci95"], "p_value": result["p_value"]}
+    if base is not None:
+        out = {"base": base["value"], "new": new["value"], **out}
+    return out
+
+
+# --- gates ----------------------------------------------------------------------
+
+_GATE = re.compile(r"^\s*(?:(delta)\(\s*(?P<dname>[\w.@#-]+)\s*\)|(?P<name>[\w.@#-]+))\s*(?P<op>>=|<=|==|>|<)\s*"
+                   r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+_OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
+        "==": lambda a, b: abs(a - b) <= 1e-12}
+
+
+@dataclass
+class Gate:
+    text: str
+    delta: bool
+    entry: str
+    field: str
+    op: str
+    bound: float
+
+
+def parse_gate(text: str) -> Gate:
+    m = _GATE.match(text)
+    target = (m.group("dname") or m.group("name")) if m else None
+    if not m or "." not in target:
+        raise JobError(f"--gate {text!r}: expected NAME.FIELD OP NUMBER or delta(NAME.FIELD) OP NUMBER, "
+                       "e.g. \"groundedness.mean >= 4.0\", \"delta(similarity.mean) >= -0.05\"")
+    entry, _, field = target.rpartition(".")
+    return Gate(text.strip(), bool(m.group("dname")), entry, field, m.group("op"), float(m.group("value")))
+
+
+def _check_target(gate: Gate, run: Run, which: str) -> None:
+    if gate.entry not in run.values:
+        raise JobError(f"gate {gate.text!r}: no metric entry {gate.entry!r} in the {which} run "
+                       f"({run.location}; entries: {', '.join(run.keys)})")
+    fields = _field_names(run, gate.entry)
+    if gate.field not in fields:
+        raise JobError(f"gate {gate.text!r}: {gate.entry} has no field {gate.field!r} in the {which} run "
+                       f"(fields: {', '.join(fields) or 'none: no item was scored'})")
+
+
+def evaluate_gates(gates: list[Gate], base: Run | None, new: Run) -> list[dict]:
+    """Each gate with its value, interval and verdict; JobError (exit 2) when a gate names
+    something a run lacks, before any gate is judged."""
+    for gate in gates:
+        _check_target(gate, new, "new")
+        if gate.delta:
+            if base is None:
+                raise JobError(f"gate {gate.text!r}: delta() needs a base run (evalq compare BASE NEW)")
+            _check_target(gate, base, "base")
+    out = []
+    for gate in gates:
+        if gate.delta:
+            common = sorted(set(base.values[gate.entry]) & set(new.values[gate.entry]))
+            pairs = [(base.values[gate.entry][i][gate.field], new.values[gate.entry][i][gate.field]) for i in common
+                     if gate.field in base.values[gate.entry][i] and gate.field in new.values[gate.entry][i]]
+            res = stats.paired([a for a, _ in pairs], [b for _, b in pairs])
+            value, ci = res["diff"], res["ci95"]
+        else:
+            s = summary(new, gate.entry, gate.field)
+            value, ci = s["value"], s["ci95"]
+        ok = value is not None and _OPS[gate.op](value, gate.bound)
+        out.append({"gate": gate.text, "value": value, "ci95": ci, "passed": ok})
+    return out
+
+
+def render(report: dict, gates: list[dict]) -> Iterator[str]:
+    yield f"base {report['base']}  ->  new {report['new']}"
+    for entry in report["entries"]:
+        yield f"{entry['entry']} ({entry['metric']})"
+        for w in entry.get("warnings", []):
+            yield f"  warning: {w}"
+        for field, f in entry.get("fields", {}).items():
+            ci = f"[{f['ci95'][0]:+.4f}, {f['ci95'][1]:+.4f}]" if f.get("ci95") else "n/a"
+            base = "n/a" if f.get("base") is None else f"{f['base']:.4f}"
+            new = "n/a" if f.get("new") is None else f"{f['new']:.4f}"
+            diff = "n/a" if f["diff"] is None else f"{f['diff']:+.4f}"
+            p = "n/a" if f["p_value"] is None else f"{f['p_value']:.4f}"
+            yield f"  {field:<18} {base} -> {new}  diff {diff}  95% CI {ci}  p {p}  ({f['n_pairs']} pairs)"
+        flips = entry.get("flips")
+        if flips:
+            yield (f"  pass->fail {flips['pass_to_fail']['n']} {', '.join(flips['pass_to_fail']['ids'][:5])}  "
+                   f"fail->pass {flips['fail_to_pass']['n']} {', '.join(flips['fail_to_pass']['ids'][:5])}")
+    for only in ("only_in_base", "only_in_new"):
+        if report[only]["n"]:
+            yield f"{only.replace('_', ' ')}: {report[only]['n']} instance(s), e.g. {', '.join(report[only]['ids'][:5])}"
+    for g in gates:
+        ci = f" [{g['ci95'][0]:.4f}, {g['ci95'][1]:.4f}]" if g.get("ci95") else ""
+        value = "n/a" if g["value"] is None else f"{g['value']:.4f}"
+        yield f"gate {g['gate']}: {value}{ci}  {'PASS' if g['passed'] else 'FAIL'}"

@@ -1,0 +1,344 @@
+"""report.html: one self-contained page people look at (no script, no network;
+charts are inline SVG), written beside results.json by every run and by
+``evalq report OUT``; and the HTML of ``evalq compare``.
+
+It embeds aggregates and the worst items, never the log: the log is streamed
+once through ``ReportBuilder`` (histograms from a seeded reservoir sample of at
+most 20,000 values per field, the worst N items kept in a heap), so a
+million-instance run gives a page of the same size as a small one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import html
+import json
+import random
+from typing import Any, Callable, Iterable
+
+RESERVOIR = 20_000
+WORST = 10
+BINS = 20
+
+
+def _esc(value: Any) -> str:
+    return html.escape(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _ci(ci: Any) -> str:
+    if not ci or not isinstance(ci, list) or None in ci:
+        return ""
+    return f" <span class=ci>95% CI [{ci[0]:.4f}, {ci[1]:.4f}]</span>"
+
+
+# --- charts (inline SVG) -----------------------------------------------------------
+
+def bar_chart(labels: list[str], values: list[float], title: str, width: int = 520, height: int = 180) -> str:
+    if not values:
+        return ""
+    top = max(values) or 1
+    n = len(values)
+    slot = (width - 40) / n
+    bars = []
+    for i, (label, v) in enumerate(zip(labels, values)):
+        h = (height - 50) * v / top
+        x = 30 + i * slot
+        bars.append(f'<rect x="{x + slot * 0.1:.1f}" y="{height - 30 - h:.1f}" width="{slot * 0.8:.1f}" '
+                    f'height="{max(h, 0.5):.1f}" class=bar><title>{_esc(label)}: {_num(v)}</title></rect>'
+                    f'<text x="{x + slot / 2:.1f}" y="{height - 14}" text-anchor=middle class=tick>{_esc(label)}</text>'
+                    f'<text x="{x + slot / 2:.1f}" y="{height - 34 - h:.1f}" text-anchor=middle class=val>{_num(v, 2)}</text>')
+    return (f'<svg class=chart role=img aria-label="{_esc(title)}" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}"><line x1=28 y1="{height - 30}" x2="{width - 8}" y2="{height - 30}" '
+            f'class=axis></line>{"".join(bars)}</svg>')
+
+
+def histogram(values: list[float], title: str) -> str:
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    if hi <= lo:
+        hi = lo + 1e-9
+    width = (hi - lo) / BINS
+    counts = [0] * BINS
+    for v in values:
+        counts[min(int((v - lo) / width), BINS - 1)] += 1
+    labels = [f"{lo + i * width:.2g}" if i % 4 == 0 else "" for i in range(BINS)]
+    return bar_chart(labels, counts, title)
+
+
+# --- the run report -------------------------------------------------------------------
+
+def _entry_key(head: dict) -> tuple:
+    return head["metric"], head.get("name"), json.dumps(head["parameters"], sort_keys=True)
+
+
+class ReportBuilder:
+    """Fed one log line at a time; ``html()`` renders the page."""
+
+    def __init__(self, summary: list[dict], run: dict, worst: int = WORST):
+        self.summary, self.run, self.worst = summary, run, worst
+        self.index = {}
+        for i, m in enumerate(summary):
+            self.index.setdefault(_entry_key(m), []).append(i)
+        self.samples: list[dict[str, list[float]]] = [{} for _ in summary]
+        self.seen: list[dict[str, int]] = [{} for _ in summary]
+        self.heaps: list[list] = [[] for _ in summary]
+        self.rng = random.Random(0)
+        self._counter = 0
+
+    def add(self, line: dict, position: int | None = None) -> None:
+        if line.get("metric") == "generate" or line.get("variant") is not None:
+            return
+        slots = self.index.get((line["metric"], line.get("name"), json.dumps(line["parameters"], sort_keys=True)))
+        if not slots:
+            return
+        i = slots[0]
+        self._counter += 1
+        if "result" not in line:
+            badness = float("inf") if "error" in line else None
+        else:
+            badness = self._sample(i, line["result"])
+        if badness is not None:
+            item = (badness, -self._counter, line.get("instance_id"), position, line.get("result"), line.get("error"))
+            if len(self.heaps[i]) < self.worst:
+                heapq.heappush(self.heaps[i], item)
+            elif item > self.heaps[i][0]:
+                heapq.heapreplace(self.heaps[i], item)
+
+    def _sample(self, i: int, result: Any) -> float | None:
+        """Reservoir-sample the result's numbers; return how bad the item is (higher: worse)."""
+        if isinstance(result, dict) and "severity" in result:
+            fields = {"severity": result["severity"]}
+            badness = float(result["severity"])
+        elif isinstance(result, dict) and any(isinstance(v, dict) and "severity" in v for v in result.values()):
+            fields = {}
+            badness = float(max(v["severity"] for v in result.values() if isinstance(v, dict) and "severity" in v))
+        elif isinstance(result, dict) and isinstance(result.get("score"), (int, float)):
+            fields = {"score": result["score"]}
+            badness = -float(result["score"])
+        elif isinstance(result, dict):
+            fields = {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            flag = next((v for v in result.values() if isinstance(v, bool)), None)
+            badness = (1.0 if flag else 0.0) if flag is not None else (-min(fields.values()) if fields else None)
+        elif isinstance(result, (int, float)) and not isinstance(result, bool):
+            fields = {"value": result}
+            badness = -float(result)
+        else:
+            return None
+        for name, v in fields.items():
+            seen = self.seen[i][name] = self.seen[i].get(name, 0) + 1
+            bucket = self.samples[i].setdefault(name, [])
+            if len(bucket) < RESERVOIR:
+                bucket.append(float(v))
+            else:
+                j = self.rng.randrange(seen)
+                if j < RESERVOIR:
+                    bucket[j] = float(v)
+        return badness
+
+    def worst_positions(self) -> list[int]:
+        return sorted({item[3] for heap in self.heaps for item in heap if item[3] is not None})
+
+    def html(self, instances: dict[int, dict] | None = None) -> str:
+        instances = instances or {}
+        run = self.run
+        meta = [("job", run.get("source")), ("job id", run.get("job_id")), ("status", run.get("status")),
+                ("instances", run.get("n_instances")), ("evalq", run.get("evalq_version")),
+                ("started", run.get("started_at")), ("wall time", f"{run['wall_time']} s" if "wall_time" in run else None)]
+        if run.get("dataset"):
+            meta.append(("dataset", run["dataset"].get("uri")))
+        if run.get("generation"):
+            meta.append(("model", run["generation"].get("parameters", {}).get("model")))
+        parts = [_HEAD, "<h1>evalq report</h1><table class=meta>",
+                 "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in meta if v is not None),
+                 "</table>", self._overview(), self._spend(), self._slowest()]
+        for i, m in enumerate(self.summary):
+            parts.append(self._section(i, m, instances))
+        parts.append("</body></html>")
+        return "".join(parts)
+
+    def _label(self, m: dict) -> str:
+        return m.get("name") or m["metric"]
+
+    def _headline(self, m: dict) -> str:
+        score = m.get("score")
+        if isinstance(score, dict) and "defect_rate" in score:
+            return f"defect rate {_num(score['defect_rate'])}{_ci(score.get('ci95'))}"
+        if isinstance(score, dict) and "any" in score:
+            return f"any-harm defect rate {_num(score['any']['defect_rate'])}{_ci(score['any'].get('ci95'))}"
+        if isinstance(score, dict) and "mean" in score:
+            ci = score.get("ci95") if isinstance(score.get("ci95"), list) else m.get("ci95")
+            return f"mean {_num(score['mean'])}{_ci(ci)}"
+        if isinstance(score, (int, float)):
+            return f"{_num(score)}{_ci(m.get('ci95'))}"
+        if isinstance(score, dict):
+            cis = m.get("ci95") if isinstance(m.get("ci95"), dict) else {}
+            return ", ".join(f"{k} {_num(v)}{_ci(cis.get(k))}" for k, v in score.items()
+                             if isinstance(v, (int, float)))
+        return "no score"
+
+    def _overview(self) -> str:
+        rows = "".join(f"<tr><td><a href='#m{i}'>{_esc(self._label(m))}</a></td><td>{self._headline(m)}</td>"
+                       f"<td>{m.get('n', 0)}</td><td>{m.get('n_errors', 0)}</td></tr>"
+                       for i, m in enumerate(self.summary))
+        return (f"<h2>Overview</h2><table><tr><th>metric</th><th>score</th><th>items</th><th>errors</th></tr>"
+                f"{rows}</table>")
+
+    def _spend(self) -> str:
+        rows = [(self._label(m), m["judge"]) for m in self.summary if m.get("judge")]
+        if not rows:
+            return ""
+        cols = ("calls", "cache_hits", "reused", "prompt_tokens", "completion_tokens", "rate_limited", "failed_calls")
+        body = "".join(f"<tr><td>{_esc(label)}</td>" + "".join(f"<td>{j.get(c, 0)}</td>" for c in cols) + "</tr>"
+                       + "".join(f"<tr class=sub><td>&nbsp;&nbsp;{_esc(region)}</td>"
+                                 + "".join(f"<td>{r.get(c, '')}</td>" for c in cols) + "</tr>"
+                                 for region, r in j.get("regions", {}).items())
+                       for label, j in rows)
+        return (f"<h2>Judge spend (per metric, then per region)</h2><table><tr><th>metric</th>{''.join(f'<th>{c}</th>' for c in cols)}</tr>"
+                f"{body}</table>")
+
+    def _slowest(self) -> str:
+        timed = sorted(((m.get("elapsed_time", 0), self._label(m)) for m in self.summary), reverse=True)[:5]
+        if not timed:
+            return ""
+        return "<h2>Slowest metrics</h2>" + bar_chart([label for _, label in timed], [t for t, _ in timed],
+                                                      "compute seconds per metric")
+
+    def _section(self, i: int, m: dict, instances: dict[int, dict]) -> str:
+        score = m.get("score")
+        out = [f"<section id=m{i}><h2>{_esc(self._label(m))}</h2>",
+               f"<p class=headline>{self._headline(m)}</p>",
+               f"<p class=params>metric <code>{_esc(m['metric'])}</code> parameters <code>{_esc(m['parameters'])}</code>"
+               f" &middot; {m.get('n', 0)} items, {m.get('n_errors', 0)} errors"
+               + (f", {m['n_skipped']} skipped" if m.get("n_skipped") else "") + "</p>"]
+        if isinstance(score, dict) and isinstance(score.get("distribution"), dict) and \
+                all(isinstance(v, int) for v in score["distribution"].values()):
+            out.append(bar_chart(list(score["distribution"]), list(score["distribution"].values()),
+                                 f"{self._label(m)}: items per score"))
+        elif isinstance(score, dict) and isinstance(score.get("severity"), dict):
+            out.append(bar_chart(list(score["severity"]), list(score["severity"].values()),
+                                 f"{self._label(m)}: items per severity band"))
+        elif isinstance(score, dict) and "any" in score:
+            harms = [h for h in score if h != "any"]
+            out.append(bar_chart(harms + ["any"], [score[h]["defect_rate"] for h in harms + ["any"]],
+                                 f"{self._label(m)}: defect rate per harm"))
+        else:
+            for name, values in self.samples[i].items():
+                out.append(f"<p class=sub>{_esc(name)}</p>" + histogram(values, f"{self._label(m)} {name}"))
+        if isinstance(score, dict) and isinstance(score.get("jailbreak"), dict):
+            jb = score["jailbreak"]
+            out.append(f"<p>with the jailbreak: defect rate {_num(jb['defect_rate'])} (delta {jb['delta']:+.4f}, "
+                       f"{jb['n']} items)</p>")
+        if m.get("agreement"):
+            out.append("<p>agreement with people: " + ", ".join(f"{k} {_num(v)}" for k, v in m["agreement"].items())
+                       + "</p>")
+        if m.get("categories"):
+            rows = "".join(f"<tr><td>{_esc(c)}</td><td>{self._headline(v)}</td><td>{v.get('n', 0)}</td></tr>"
+                           for c, v in m["categories"].items())
+            out.append(f"<h3>Per category</h3><table><tr><th>category</th><th>score</th><th>items</th></tr>{rows}</table>")
+        worst = sorted(self.heaps[i], reverse=True)
+        if worst:
+            out.append("<h3>Worst items</h3>")
+            for badness, _, iid, position, result, error in worst:
+                inst = instances.get(position, {}) if position is not None else {}
+                what = error if error else (result.get("reason") if isinstance(result, dict) else None)
+                out.append(f"<details><summary><code>{_esc(iid)}</code> {_esc(error or _short(result))}</summary>")
+                for label, key in (("input", "input"), ("output", "actual-output"), ("references", "expected-output")):
+                    if key in inst:
+                        out.append(f"<p><b>{label}</b></p><pre>{_esc(inst[key])}</pre>")
+                if what:
+                    out.append(f"<p><b>{'error' if error else 'judge reason'}</b> {_esc(what)}</p>")
+                out.append(f"<p><b>result</b></p><pre>{_esc(result)}</pre></details>")
+        out.append("</section>")
+        return "".join(out)
+
+
+def _short(result: Any) -> str:
+    text = json.dumps(result, ensure_ascii=False)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+_HEAD = """<!doctype html><html lang=en><head><meta charset=utf-8><title>evalq report</title><style>
+body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1000px;color:#1d2330;padding:0 16px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #dde}h3{font-size:15px}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #dde;padding:3px 8px;text-align:left}
+th{background:#f3f5fa}.ci{color:#667}.headline{font-size:16px}.params,.sub{color:#556}
+.chart{display:block;margin:6px 0}.bar{fill:#4a78c2}.axis{stroke:#889}.tick,.val{font-size:10px;fill:#445}
+details{margin:4px 0;border:1px solid #e3e6ee;padding:4px 8px;border-radius:4px}
+pre{white-space:pre-wrap;background:#f7f8fb;padding:6px;margin:2px 0}code{font-size:12px}
+.pass{color:#1b7f3b}.fail{color:#b3261e}
+</style></head><body>"""
+
+
+def run_html(summary: list[dict], run: dict, lines: Iterable[tuple[dict, int | None]],
+             lookup: Callable[[list[int]], dict[int, dict]] | None = None) -> str:
+    builder = ReportBuilder(summary, run)
+    for line, position in lines:
+        builder.add(line, position)
+    instances = lookup(builder.worst_positions()) if lookup else {}
+    return builder.html(instances)
+
+
+def report_from_outputs(location: str) -> str:
+    """The report of a run from its output location (``evalq report OUT``)."""
+    from evalq.shared.errors import JobError
+    from evalq.shared.storage import Destination, open_binary, read_lines
+
+    dest = Destination(location)
+    try:
+        with open_binary(dest.path("results.json")) as f:
+            summary = json.loads(f.read().decode("utf-8"))
+        try:
+            with open_binary(dest.path("run.json")) as f:
+                run = json.loads(f.read().decode("utf-8"))
+        except JobError:
+            run = {}
+    except json.JSONDecodeError as exc:
+        raise JobError(f"{location}: invalid JSON in its outputs: {exc.msg}") from None
+    lines = ((json.loads(text), None) for _, text in read_lines(dest.path("log.jsonl")))
+    return run_html(summary, run, lines)
+
+
+# --- the comparison ----------------------------------------------------------------------
+
+def compare_html(report: dict) -> str:
+    parts = [_HEAD.replace("evalq report", "evalq comparison"), "<h1>evalq comparison</h1>",
+             f"<p>base <code>{_esc(report['base'])}</code> &rarr; new <code>{_esc(report['new'])}</code></p>"]
+    if report.get("gates"):
+        rows = "".join(f"<tr><td><code>{_esc(g['gate'])}</code></td><td>{_num(g['value'])}{_ci(g.get('ci95'))}</td>"
+                       f"<td class={'pass' if g['passed'] else 'fail'}>{'PASS' if g['passed'] else 'FAIL'}</td></tr>"
+                       for g in report["gates"])
+        parts.append(f"<h2>Gates</h2><table><tr><th>gate</th><th>value</th><th></th></tr>{rows}</table>")
+    for entry in report["entries"]:
+        parts.append(f"<h2>{_esc(entry['entry'])}</h2>")
+        for w in entry.get("warnings", []):
+            parts.append(f"<p class=fail>{_esc(w)}</p>")
+        fields = entry.get("fields", {})
+        if fields:
+            rows = "".join(f"<tr><td>{_esc(k)}</td><td>{_num(f.get('base'))}</td><td>{_num(f.get('new'))}</td>"
+                           f"<td>{_num(f['diff'])}{_ci(f.get('ci95'))}</td><td>{_num(f['p_value'])}</td>"
+                           f"<td>{f['n_pairs']}</td></tr>" for k, f in fields.items())
+            parts.append("<table><tr><th>field</th><th>base</th><th>new</th><th>difference</th><th>p</th>"
+                         f"<th>pairs</th></tr>{rows}</table>")
+            parts.append(bar_chart([f"{k} base" for k in fields] + [f"{k} new" for k in fields],
+                                   [f.get("base") or 0 for f in fields.values()] +
+                                   [f.get("new") or 0 for f in fields.values()], f"{entry['entry']} base vs new"))
+        if entry.get("flips"):
+            fl = entry["flips"]
+            parts.append(f"<p>pass &rarr; fail: {fl['pass_to_fail']['n']} "
+                         f"<code>{_esc(', '.join(fl['pass_to_fail']['ids']))}</code>; fail &rarr; pass: "
+                         f"{fl['fail_to_pass']['n']} <code>{_esc(', '.join(fl['fail_to_pass']['ids']))}</code></p>")
+    for only in ("only_in_base", "only_in_new"):
+        if report.get(only, {}).get("n"):
+            parts.append(f"<p>{only.replace('_', ' ')}: {report[only]['n']} "
+                         f"<code>{_esc(', '.join(report[only]['ids']))}</code></p>")
+    parts.append("</body></html>")
+    return "".join(parts)
