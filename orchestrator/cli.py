@@ -274,6 +274,37 @@ def status(job_id: str | None, broker: str | None, as_json: bool, limit: int) ->
         click.echo(jobs.render(info, one=bool(job_id)))
 
 
+def _duration(text: str) -> float:
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise JobError(f"--window {text!r}: expected a duration such as 6h, 90m, 3600s or 3600")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+@cli.command("plan")
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--window", default="6h", show_default=True, help="Time the job must finish in: 6h, 90m, 3600s.")
+@click.option("--cpu-items-per-s", type=float, default=7250.0, show_default=True,
+              help="Items one cpu worker scores per second (BENCHMARKS.md: 2 processes, lexical metrics).")
+@click.option("--gpu-pairs-per-s", type=float, default=180.0, show_default=True,
+              help="BERTScore pairs one gpu worker scores per second (the default is a CPU figure: measure yours).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plan_command(job_file: Path, window: str, cpu_items_per_s: float, gpu_pairs_per_s: float, as_json: bool) -> None:
+    """Capacity plan for JOB_FILE: time per queue, the binding constraint, workers to fit --window."""
+    from evalq.orchestrator.capacity import plan_job, render
+    from evalq.shared.job import load_job
+
+    window_s = _duration(window)
+    result = plan_job(load_job(job_file), window_s, cpu_items_per_s, gpu_pairs_per_s)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        for line in render(result):
+            click.echo(line)
+
+
 @cli.command()
 @click.argument("out")
 @click.option("--html", "html", type=click.Path(dir_okay=False), default=None,

@@ -1,0 +1,159 @@
+"""Capacity planning (``evalq plan``): how long each queue needs, which
+constraint binds, and how many workers finish the job within a window.
+
+The arithmetic, per queue kind:
+- cpu: items (instances x cpu metric entries) / items per second per worker
+  (``--cpu-items-per-s``; default 7,250: a 2-process worker on bleu, rouge and
+  f1 in BENCHMARKS.md);
+- gpu: pairs / pairs per second per worker (``--gpu-pairs-per-s``; default 180,
+  BERTScore with the bundled model on CPU: measure your GPU and pass its figure);
+- judge and generate: tokens are what the budget reserves per call (the prompt
+  estimated with the budget's own estimator, plus ``max_tokens``), measured by
+  running each metric's prompt builder on a sample of instances against a
+  stand-in judge (claim extraction is assumed to find 3 claims per text). A
+  judge's deployments together allow sum(TPM) tokens and sum(RPM) calls per
+  minute, whatever the number of workers: its time is max(tokens / TPM, calls /
+  RPM). Workers needed for a judge queue: enough threads to keep that rate
+  busy (calls per second x ``--call-seconds`` / 16 threads per worker).
+The binding constraint is the queue that needs the longest time at the workers
+you can add: a judge whose TPM alone exceeds the window cannot be fixed by workers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any
+
+from evalq.shared.job import Job
+
+SAMPLE = 50
+THREADS_PER_JUDGE_WORKER = 16
+
+
+class _Recorder:
+    """A stand-in judge: records what each call would reserve, answers with a valid reply."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.calls = 0
+        self.tokens = 0
+
+    def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating"):
+        from evalq.sim.replies import _SchemaGen
+        from evalq.workers.judge.client import Reply
+        from evalq.workers.judge.tokens import estimate_prompt_tokens
+
+        extra = json.dumps(schema) if schema is not None else ""
+        self.calls += 1
+        self.tokens += estimate_prompt_tokens(messages, extra) + self.max_tokens
+        if schema is None:
+            return Reply("Reason: stand-in\nScore: 3", None)
+        value = _SchemaGen(schema, b"plan", 3, "stand-in", {"claims": "claim_1;claim_2;claim_3"}).generate()
+        return Reply(json.dumps(value), None)
+
+
+def _sample(job: Job) -> list[dict]:
+    rng = random.Random(0)
+    items = list(job.instances) if len(job.instances) <= 10_000 else None
+    if items is None:  # a spooled dataset: the first records
+        items = []
+        for inst in job.instances:
+            items.append(inst)
+            if len(items) >= 1000:
+                break
+    return rng.sample(items, min(SAMPLE, len(items)))
+
+
+def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pairs_per_s: float = 180.0,
+             call_seconds: float = 1.0) -> dict[str, Any]:
+    n = len(job.instances)
+    sample = _sample(job)
+    queues: list[dict] = []
+    cpu_items = sum(job.span(m) for m in job.metrics if m.spec.queue == "cpu")
+    gpu_items = sum(job.span(m) for m in job.metrics if m.spec.queue == "gpu")
+    if cpu_items:
+        seconds = cpu_items / cpu_items_per_s
+        queues.append({"queue": "cpu", "items": cpu_items, "rate_per_worker": cpu_items_per_s,
+                       "seconds_one_worker": seconds, "workers": max(1, math.ceil(seconds / window_s)),
+                       "scalable": True})
+    if gpu_items:
+        seconds = gpu_items / gpu_pairs_per_s
+        queues.append({"queue": "gpu", "items": gpu_items, "rate_per_worker": gpu_pairs_per_s,
+                       "seconds_one_worker": seconds, "workers": max(1, math.ceil(seconds / window_s)),
+                       "scalable": True})
+    endpoints: dict[str, dict] = {}
+    for m in job.runs:
+        if m.judge is None or not sample:
+            continue
+        recorder = _Recorder(m.judge.max_tokens)
+        fn = m.spec.load()
+        for inst in sample:
+            inst = dict(inst)
+            if m.spec.id == "generate":
+                if "actual-output" in inst:
+                    continue
+                from evalq.shared.model import render_prompt
+
+                recorder.complete([{"role": "user", "content": render_prompt(m.params.prompt_template, inst)}])
+                continue
+            inst.setdefault("actual-output", "A generated answer of typical length for this question.")
+            try:
+                fn(inst, m.params, recorder)
+            except Exception:  # noqa: BLE001  (a stand-in reply a metric rejects: count what was asked)
+                pass
+        items = job.n_to_generate if m.spec.id == "generate" else job.span(m)
+        scale = items / len(sample)
+        name = "generate" if m.spec.id == "generate" else m.params.judge
+        e = endpoints.setdefault(name, {"endpoint": name, "queues": sorted(set(m.queues)), "calls": 0.0,
+                                        "tokens": 0.0, "tpm": sum(d.tpm for d in m.judge.deployments),
+                                        "rpm": sum(d.rpm for d in m.judge.deployments), "entries": []})
+        e["calls"] += recorder.calls * scale
+        e["tokens"] += recorder.tokens * scale
+        e["entries"].append({"entry": m.label, "calls_per_item": recorder.calls / len(sample),
+                             "tokens_per_item": recorder.tokens / len(sample)})
+    for e in endpoints.values():
+        e["minutes_at_tpm"] = e["tokens"] / e["tpm"]
+        e["minutes_at_rpm"] = e["calls"] / e["rpm"]
+        e["seconds"] = 60 * max(e["minutes_at_tpm"], e["minutes_at_rpm"])
+        e["limited_by"] = "tpm" if e["minutes_at_tpm"] >= e["minutes_at_rpm"] else "rpm"
+        calls_per_s = e["calls"] / e["seconds"] if e["seconds"] else 0.0
+        e["workers"] = max(1, math.ceil(calls_per_s * call_seconds / THREADS_PER_JUDGE_WORKER))
+        queues.append({"queue": ",".join(e["queues"]), "endpoint": e["endpoint"], "items": e["calls"],
+                       "seconds_one_worker": e["seconds"], "workers": e["workers"], "scalable": False,
+                       "limited_by": e["limited_by"]})
+    binding = None
+    if queues:
+        times = [(q["seconds_one_worker"] / q["workers"] if q["scalable"] else q["seconds_one_worker"], q)
+                 for q in queues]
+        slowest, q = max(times, key=lambda t: t[0])
+        binding = {"queue": q["queue"], "seconds": slowest,
+                   "constraint": (f"{q['endpoint']}'s {q['limited_by'].upper()}" if not q["scalable"]
+                                  else f"{q['queue']} workers"),
+                   "fits_window": slowest <= window_s}
+    return {"n_instances": n, "window_s": window_s, "queues": queues, "endpoints": list(endpoints.values()),
+            "binding": binding}
+
+
+def render(plan: dict) -> list[str]:
+    lines = [f"{plan['n_instances']} instances; window {plan['window_s'] / 3600:g} h"]
+    for q in plan["queues"]:
+        hours = q["seconds_one_worker"] / 3600
+        if q["scalable"]:
+            lines.append(f"  {q['queue']:<28} {q['items']:>12,.0f} items  {hours:8.2f} h for one worker "
+                         f"-> {q['workers']} worker(s)")
+        else:
+            lines.append(f"  {q['queue']:<28} {q['items']:>12,.0f} calls  {hours:8.2f} h at the "
+                         f"{q['limited_by'].upper()} of {q['endpoint']} -> {q['workers']} worker(s)")
+    for e in plan["endpoints"]:
+        lines.append(f"  {e['endpoint']}: {e['tokens']:,.0f} tokens over {e['tpm']:,} TPM = "
+                     f"{e['minutes_at_tpm']:.1f} min; {e['calls']:,.0f} calls over {e['rpm']:,} RPM = "
+                     f"{e['minutes_at_rpm']:.1f} min")
+    b = plan["binding"]
+    if b:
+        lines.append(f"binding constraint: {b['constraint']} ({b['seconds'] / 3600:.2f} h)"
+                     + ("" if b["fits_window"] else "; it does NOT fit the window: add TPM/RPM (deployments), "
+                                                   "not workers" if "TPM" in b["constraint"] or "RPM" in
+                        b["constraint"] else "; it does NOT fit the window"))
+    return lines
