@@ -31,6 +31,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_cpu.py
 	$(BIN)/python bench/bench_bertscore.py
 	$(BIN)/python bench/bench_submit.py
+	$(BIN)/python bench/bench_judge_costs.py
+	$(BIN)/python bench/bench_worker_rss.py
 
 clean:
 	rm -rf $(VENV) out
