@@ -152,14 +152,13 @@ def compare(base: Run, new: Run) -> dict:
                 for p in changed))
         common = sorted(set(base.values[key]) & set(new.values[key]))
         for field in _field_names(new, key):
-            pairs = [(base.values[key][i][field], new.values[key][i][field]) for i in common
-                     if field in base.values[key][i] and field in new.values[key][i]]
-            entry["fields"][field] = _paired(pairs, summary(base, key, field), summary(new, key, field))
+            pairs = _pairs(base, new, key, field)
+            entry["fields"][field] = _paired(list(pairs.values()), summary(base, key, field),
+                                             summary(new, key, field))
             by_category: dict[str, list] = {}
-            for i in common:
-                if field in base.values[key][i] and field in new.values[key][i] and i in new.categories:
-                    by_category.setdefault(new.categories[i], []).append(
-                        (base.values[key][i][field], new.values[key][i][field]))
+            for i, pair in pairs.items():
+                if i in new.categories:
+                    by_category.setdefault(new.categories[i], []).append(pair)
             for category, cat_pairs in sorted(by_category.items()):
                 entry["categories"].setdefault(category, {})[field] = _paired(cat_pairs)
         if new.passed[key]:
@@ -172,6 +171,12 @@ def compare(base: Run, new: Run) -> dict:
         if key not in new.keys:
             report["entries"].append({"entry": key, "metric": heads[key]["metric"], "warnings": ["only in the base run"]})
     return report
+
+
+def _pairs(base: Run, new: Run, key: str, field: str) -> dict[str, tuple[float, float]]:
+    """instance id -> (base value, new value) of a field, for the instances both runs scored."""
+    b, n = base.values[key], new.values[key]
+    return {i: (b[i][field], n[i][field]) for i in sorted(set(b) & set(n)) if field in b[i] and field in n[i]}
 
 
 def _paired(pairs: list[tuple[float, float]], base: dict | None = None, new: dict | None = None) -> dict:
@@ -232,9 +237,7 @@ def evaluate_gates(gates: list[Gate], base: Run | None, new: Run) -> list[dict]:
     out = []
     for gate in gates:
         if gate.delta:
-            common = sorted(set(base.values[gate.entry]) & set(new.values[gate.entry]))
-            pairs = [(base.values[gate.entry][i][gate.field], new.values[gate.entry][i][gate.field]) for i in common
-                     if gate.field in base.values[gate.entry][i] and gate.field in new.values[gate.entry][i]]
+            pairs = list(_pairs(base, new, gate.entry, gate.field).values())
             res = stats.paired([a for a, _ in pairs], [b for _, b in pairs])
             value, ci = res["diff"], res["ci95"]
         else:

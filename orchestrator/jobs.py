@@ -101,12 +101,9 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
         if entry.get("name"):
             row["name"] = entry["name"]
         if acct:
-            judge: dict = {}
-            for k, v in sorted(acct.items()):
-                region, _, field = k.decode().rpartition("/")
-                target = judge.setdefault("regions", {}).setdefault(region, {}) if region else judge
-                target[field] = int(float(v))
-            row["judge"] = judge
+            from evalq.workers.finalize import judge_accounting
+
+            row["judge"] = judge_accounting(acct)
         entries.append(row)
         done_total += done
         items_total += total

@@ -117,23 +117,16 @@ def destination(job: Job, out: str | None) -> Destination | None:
 
 
 def connect(broker_url: str) -> redis.Redis:
-    from evalq.shared.config import redis_client
+    from evalq.shared.config import redis_client, safe_url
 
     r = redis_client(broker_url, socket_connect_timeout=5, socket_timeout=60)
     try:
         r.ping()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise InfraError(f"cannot reach broker {_safe_url(broker_url)}: {exc}") from None
+        raise InfraError(f"cannot reach broker {safe_url(broker_url)}: {exc}") from None
     except redis.ResponseError as exc:
-        raise InfraError(f"broker {_safe_url(broker_url)} refused: {exc}") from None
+        raise InfraError(f"broker {safe_url(broker_url)} refused: {exc}") from None
     return r
-
-
-def _safe_url(url: str) -> str:
-    # never print a password that may sit in the URL
-    from evalq.shared.config import safe_url
-
-    return safe_url(url)
 
 
 def new_job_id() -> str:

@@ -60,15 +60,7 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     if agreement is not None and agreement.result() is not None:
         out["agreement"] = agreement.result()
     if metric.calls_endpoint:
-        acct = r.hgetall(keys.accounting(job_id, key))
-        judge = {f: int(acct.get(f.encode(), 0)) for f in ACCOUNTING_FIELDS}
-        regions: dict[str, dict[str, int]] = {}
-        for k, v in acct.items():  # "<region>/<field>": what each deployment answered
-            region, _, field = k.decode().rpartition("/")
-            if region:
-                regions.setdefault(region, {})[field] = int(float(v))
-        if regions:
-            judge["regions"] = dict(sorted(regions.items()))
+        judge = judge_accounting(r.hgetall(keys.accounting(job_id, key)))
         if seen:  # what one item cost: paid calls and tokens
             judge["calls_per_item"] = round(judge["calls"] / seen, 3)
             judge["tokens_per_item"] = round((judge["prompt_tokens"] + judge["completion_tokens"]) / seen, 1)
@@ -77,6 +69,20 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
         out["n_missing"] = total - seen
         log.error("job %s %s: %d of %d items have no record", job_id, key, total - seen, total)
     return out
+
+
+def judge_accounting(acct: dict[bytes, bytes]) -> dict:
+    """A metric entry's judge accounting hash as results and ``evalq status`` show it:
+    the totals, and under ``regions`` the ``<region>/<field>`` counts of each deployment."""
+    judge: dict = {f: int(float(acct.get(f.encode(), 0))) for f in ACCOUNTING_FIELDS}
+    regions: dict[str, dict[str, int]] = {}
+    for k, v in acct.items():
+        region, _, field = k.decode().rpartition("/")
+        if region:
+            regions.setdefault(region, {})[field] = int(float(v))
+    if regions:
+        judge["regions"] = dict(sorted(regions.items()))
+    return judge
 
 
 def _counts(agg) -> dict:

@@ -69,6 +69,22 @@ def _pings(r) -> bool:
         return False
 
 
+def judge_job(tmp_path: Path, sim: JudgeSim, region: str, prefix: str, n: int, max_retries: int, timeout: float,
+              rpm: int) -> Path:
+    """A coherence job of ``n`` instances whose judge-sim score is 1 + i % 5, on one region."""
+    tag = uuid.uuid4().hex
+    job = {"instances": [{"id": f"{prefix}{i}", "input": "q",
+                          "actual-output": f"a{i} {tag} [[sim:score={1 + i % 5}]]"} for i in range(n)],
+           "judges": {"sim": {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV,
+                              "max_retries": max_retries, "timeout": timeout,
+                              "deployments": [{"region": region, "base_url": sim.base_url(region),
+                                               "tpm": 10_000_000, "rpm": rpm}]}},
+           "judging": {"cache": False}, "metrics": [{"id": "coherence", "parameters": {"judge": "sim"}}]}
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(job))
+    return path
+
+
 def slow_job(path: Path, n: int = 60, seconds: float = 0.05) -> Path:
     path.write_text(json.dumps({
         "instances": [{"id": f"s{i}", "actual-output": "x" * (i % 9), "expected-output": ["xxxx"]} for i in range(n)],
@@ -117,16 +133,7 @@ def test_redis_killed_and_restarted_with_aof_mid_job(tmp_path):
 def test_a_judge_threads_worker_killed_mid_chunk_repays_only_calls_in_flight(redis_url, tmp_path):
     n, threads, chunk = 40, 4, 4
     with JudgeSim([Region("kill")], latency=0.15, api_key=KEY, seed=2) as sim:
-        tag = uuid.uuid4().hex
-        job = {"instances": [{"id": f"j{i}", "input": "q", "actual-output": f"a{i} {tag} [[sim:score={1 + i % 5}]]"}
-                             for i in range(n)],
-               "judges": {"sim": {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV,
-                                  "max_retries": 0, "timeout": 5,
-                                  "deployments": [{"region": "kill", "base_url": sim.base_url("kill"),
-                                                   "tpm": 10_000_000, "rpm": 100_000}]}},
-               "judging": {"cache": False}, "metrics": [{"id": "coherence", "parameters": {"judge": "sim"}}]}
-        path = tmp_path / "job.json"
-        path.write_text(json.dumps(job))
+        path = judge_job(tmp_path, sim, "kill", "j", n, max_retries=0, timeout=5, rpm=100_000)
         env = {KEY_ENV: KEY, **FAST_REDELIVERY}
         first = start_worker(redis_url, "judge.kill", tmp_path, concurrency=threads, name="jk1", env=env)
         second = None
@@ -193,16 +200,7 @@ def test_a_flaky_judge_endpoint(redis_url, tmp_path):
     n = 60
     faults = Faults(error500=0.10, timeout=0.05, malformed=0.05, timeout_seconds=1.5)
     with JudgeSim([Region("flaky", rpm=1200)], fault_rates=faults, api_key=KEY, seed=5) as sim:
-        tag = uuid.uuid4().hex
-        job = {"instances": [{"id": f"f{i}", "input": "q", "actual-output": f"a{i} {tag} [[sim:score={1 + i % 5}]]"}
-                             for i in range(n)],
-               "judges": {"sim": {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV,
-                                  "max_retries": 2, "timeout": 1,
-                                  "deployments": [{"region": "flaky", "base_url": sim.base_url("flaky"),
-                                                   "tpm": 10_000_000, "rpm": 1200}]}},
-               "judging": {"cache": False}, "metrics": [{"id": "coherence", "parameters": {"judge": "sim"}}]}
-        path = tmp_path / "job.json"
-        path.write_text(json.dumps(job))
+        path = judge_job(tmp_path, sim, "flaky", "f", n, max_retries=2, timeout=1, rpm=1200)
         worker = start_worker(redis_url, "judge.flaky", tmp_path, concurrency=8, name="flaky",
                               env={KEY_ENV: KEY})
         try:
