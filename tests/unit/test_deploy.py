@@ -1,11 +1,15 @@
 """deploy/k8s renders offline (kubectl kustomize), every object validates against
-the Kubernetes schemas (kubernetes-validate, offline), KEDA objects are checked
-field by field, and the worker commands, queues and settings in the manifests and
+the Kubernetes schemas (kubernetes-validate, offline), KEDA objects validate against
+KEDA's CRD schema kept in deploy/k8s/schemas and are checked for what evalq needs of
+them, and the worker commands, queues and settings in the manifests and
 in docker-compose match the CLI (no drift)."""
 
 from __future__ import annotations
 
+import copy
+import json
 import re
+import runpy
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +19,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
+KEDA_SCHEMAS = K8S / "schemas" / "keda.sh" / "v1alpha1"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir())
 KUBERNETES = "1.32"
 QUEUE = re.compile(r"^(cpu|gpu|evalq\.jobs|(judge|generate)\.[A-Za-z0-9_-]+)$")
@@ -41,8 +46,44 @@ def test_every_object_validates_against_the_kubernetes_schemas(overlay):
                                          "PodDisruptionBudget", "ScaledObject", "TriggerAuthentication", "ConfigMap"}
     for doc in docs:
         if doc["apiVersion"].startswith("keda.sh/"):
-            continue  # not a Kubernetes API: checked below
-        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+            assert keda_errors(doc) == [], f"{doc['kind']} {doc['metadata']['name']}"
+        else:
+            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def keda_errors(doc: dict) -> list[str]:
+    """Errors of a keda.sh object against KEDA's CRD schema kept in the repo (strict: unknown fields fail)."""
+    import jsonschema
+
+    schema = json.loads((KEDA_SCHEMAS / f"{doc['kind']}.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    return [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def test_the_keda_schema_rejects_what_keda_would():
+    """The kept schema can fail: a misspelt field, a number where KEDA wants a string, a missing target."""
+    good = next(d for d in render("production") if d["kind"] == "ScaledObject")
+    assert keda_errors(good) == []
+    typo = copy.deepcopy(good)
+    typo["spec"]["minReplicas"] = typo["spec"].pop("minReplicaCount")
+    assert any("minReplicas" in e for e in keda_errors(typo))
+    number = copy.deepcopy(good)
+    number["spec"]["triggers"][0]["metadata"]["listLength"] = 40
+    assert any("listLength" in e and "string" in e for e in keda_errors(number))
+    untargeted = copy.deepcopy(good)
+    del untargeted["spec"]["scaleTargetRef"]
+    assert any("scaleTargetRef" in e for e in keda_errors(untargeted))
+    auth = {"apiVersion": "keda.sh/v1alpha1", "kind": "TriggerAuthentication", "metadata": {"name": "a"},
+            "spec": {"secretTargetRef": [{"parameter": "password", "name": "evalq-redis"}]}}
+    assert any("key" in e for e in keda_errors(auth))
+
+
+def test_the_kept_keda_schema_is_what_the_pinned_package_generates():
+    pytest.importorskip("cloudcoil.models.keda", reason="the dev extra pins cloudcoil-models-keda")
+    generate = runpy.run_path(str(K8S / "schemas" / "generate.py"))
+    for kind, schema in generate["schemas"]().items():
+        kept = (KEDA_SCHEMAS / f"{kind}.json").read_text()
+        assert kept == generate["render"](schema), "regenerate: .venv/bin/python deploy/k8s/schemas/generate.py"
 
 
 def worker_queues(doc: dict) -> list[str]:
