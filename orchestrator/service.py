@@ -33,9 +33,8 @@ REQUEST_FIELDS = ("job", "job_uri", "out", "request_id", "reply_to", "chunk_size
 _LIST_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 # Keys a reply must never be pushed onto: evalq's own state, kombu's, and the task queues
 # (a JSON document on a queue list would be read as a task message).
-_RESERVED_PREFIXES = ("evalq:{", "evalq:budget:", "evalq:judgecache:", "evalq:request:", "_kombu.", "unacked",
-                      "celery-task-meta-", "judge.", "generate.")
-_RESERVED_NAMES = {keys.JOBS, "cpu", "gpu", "celery", JOBS_QUEUE, CONTROL_QUEUE}
+_RESERVED_PREFIXES = (f"{keys.PREFIX}:", "_kombu.", "unacked", "celery-task-meta-", "judge.", "generate.")
+_RESERVED_NAMES = {"cpu", "gpu", "celery", JOBS_QUEUE, CONTROL_QUEUE}
 
 
 def reply_to_problem(name) -> str | None:

@@ -30,8 +30,6 @@ from evalq.shared.storage import Destination
 from evalq.workers.stages import GENERATE_STAGE, METRICS_STAGE, Chunk, plan as plan_spec  # noqa: F401
 
 PUSH_BATCH = 5000
-CALLBACK_GRACE = 10.0  # seconds all items may be recorded before the callback is sent directly
-AUTO_RESUME_AFTER = 15.0  # seconds without progress, nothing queued or in flight: re-send what is missing
 TERMINAL = ("done", "failed", "cancelled")
 
 
@@ -202,42 +200,25 @@ def delete_job(r: redis.Redis, job_id: str, metric_keys: list[str]) -> None:
         pass
 
 
-def items_done(r: redis.Redis, job_id: str, metric_keys: list[str]) -> dict[str, int]:
-    """Items recorded so far, per run key."""
-    pipe = r.pipeline(transaction=False)
-    for key in metric_keys:
-        pipe.hlen(keys.results(job_id, key))
-    return dict(zip(metric_keys, pipe.execute()))
-
-
-def run_keys(spec: dict) -> list[str]:
-    return ([GENERATE] if GENERATE in spec else []) + list(spec["metrics"])
-
-
 def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[int], None],
          check: Callable[[], None], poll: float = 0.25, stall_timeout: float | None = None) -> str:
     """Poll until the job reaches a final status (set by its last callback); returns it.
 
     ``check`` raises InfraError when the workers are gone (embedded mode);
     ``stall_timeout`` bounds how long no item may finish before giving up.
-    When every item of the current stage is recorded and its callback still
-    has not finished after a grace period, the callback is sent again (it is
-    idempotent): a worker killed between recording a chunk and counting it
-    would otherwise leave the stage one chunk short for ever.
+    While it waits, the client looks after the job as the cluster's sweeper
+    does (``evalq.orchestrator.watch``): a stage whose callback was lost gets
+    it again, a job whose messages were lost gets its unfinished chunks again.
     """
-    from evalq.workers.app import client_app
-    from evalq.workers.stages import fire_callback, stage_items
+    from evalq.orchestrator.watch import Timing, items_done, look_after, run_keys
 
     spec = json.loads(r.get(keys.spec(job_id)) or "null")
     if spec is None:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
-    app = client_app(broker_url)
+    timing = Timing.from_env()
     metric_keys = run_keys(spec)
     last_done, last_change = -1, time.monotonic()
-    complete_since: dict[str, float] = {}
-    nudged: set[str] = set()
     outage_since: float | None = None
-    resumed_at = -1
     while True:
         try:
             counts = items_done(r, job_id, metric_keys)
@@ -264,54 +245,15 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
         if not status:
             raise InfraError(f"job {job_id}: its keys are gone from Redis (expired or deleted)")
         check()
+        for action in look_after(r, broker_url, job_id, spec, status, counts, timing):
+            print(f"evalq: {action}", file=sys.stderr)
         now = time.monotonic()
-        stage = METRICS_STAGE if (status == "generated" or GENERATE not in spec) else GENERATE_STAGE
-        stage_keys = [GENERATE] if stage == GENERATE_STAGE else list(spec["metrics"])
-        if sum(counts[k] for k in stage_keys) >= stage_items(spec, stage):
-            since = complete_since.setdefault(stage, now)
-            if stage not in nudged and now - since > CALLBACK_GRACE:
-                print(f"evalq: job {job_id}: every item of the {stage} stage is recorded but its callback "
-                      "has not run (a worker was lost at the wrong moment); sending it again", file=sys.stderr)
-                fire_callback(app, r, job_id, stage, force=True)
-                nudged.add(stage)
         if done != last_done:
             last_done, last_change = done, now
-        elif now - last_change > AUTO_RESUME_AFTER and resumed_at != done and _idle(r, spec, job_id):
-            # A message can be lost between Redis and a worker (a broker killed while a worker
-            # pops it): nothing is queued or running for the job and it makes no progress.
-            from evalq.orchestrator.jobs import resume_job
-
-            outcome = resume_job(r, broker_url, job_id)
-            resumed_at = done
-            print(f"evalq: job {job_id}: no progress for {now - last_change:.0f} s with nothing queued or "
-                  f"running; re-sent {outcome['sent']} unfinished chunk(s)"
-                  + (" and the stage's callback" if outcome["callback"] else ""), file=sys.stderr)
         elif stall_timeout and now - last_change > stall_timeout:
             raise InfraError(f"job {job_id}: no progress for {stall_timeout:.0f} s "
                              f"({done} items done); are workers consuming the job's queues?")
         time.sleep(poll)
-
-
-def _idle(r: redis.Redis, spec: dict, job_id: str) -> bool:
-    """Nothing of the job waits in its queues or sits unacknowledged with a worker."""
-    import base64
-
-    from evalq.workers.stages import entry_queues
-
-    runs = ([spec[GENERATE]] if GENERATE in spec else []) + list(spec["metrics"].values())
-    if any(r.llen(q) for q in {q for entry in runs for q in entry_queues(entry)}):
-        return False
-    needle = job_id.encode()
-    for raw in r.hvals("unacked"):  # kombu's delivered-but-unacknowledged messages
-        try:
-            message = json.loads(raw)[0]  # [raw message, exchange, routing key]
-            if isinstance(message, str):
-                message = json.loads(message)
-            if needle in base64.b64decode(message.get("body", "")):
-                return False
-        except (ValueError, TypeError, IndexError, AttributeError):
-            return False  # cannot tell: assume it is ours
-    return True
 
 
 def summaries(r: redis.Redis, job_id: str) -> tuple[list[dict], dict | None]:

@@ -17,6 +17,11 @@ def _int(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return float(raw) if raw else default
+
+
 @dataclass(frozen=True)
 class Settings:
     broker_url: str | None
@@ -25,6 +30,13 @@ class Settings:
     visibility_timeout: int
     # Seconds job keys live in Redis after the outputs are written.
     result_ttl: int
+    # Looking after running jobs (evalq.orchestrator.watch): how often a worker of the
+    # evalq.jobs queue sweeps them (0: never), how long a complete stage may wait for its
+    # callback, and how long a job may make no progress, with nothing of it queued or
+    # running, before its unfinished chunks are sent again.
+    sweep_interval: float = 5.0
+    callback_grace: float = 10.0
+    resume_after: float = 15.0
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -32,6 +44,9 @@ class Settings:
             broker_url=os.environ.get("EVALQ_BROKER_URL") or None,
             visibility_timeout=_int("EVALQ_VISIBILITY_TIMEOUT", 3600),
             result_ttl=_int("EVALQ_RESULT_TTL", 7 * 24 * 3600),
+            sweep_interval=_float("EVALQ_SWEEP_INTERVAL", 5.0),
+            callback_grace=_float("EVALQ_CALLBACK_GRACE", 10.0),
+            resume_after=_float("EVALQ_RESUME_AFTER", 15.0),
         )
 
 

@@ -17,8 +17,10 @@ several of them):
     evalq:{J}:error          STRING  why a job failed (its outputs could not be written, say)
     evalq:{J}:reply_targets  SET     further reply_to lists (of duplicate requests)
     evalq:{J}:replied        SET     reply_to lists already answered (each gets exactly one document)
+    evalq:{J}:watch          HASH    what the lookers-after saw and did (evalq.orchestrator.watch)
     evalq:jobs               ZSET    job id -> submission time, for ``evalq status``
     evalq:request:{R}        STRING  job id of idempotency key R (a request id, else the message id)
+    evalq:sweeper            STRING  held for one interval by the jobs worker that sweeps running jobs
 
 The generation stage's item records (the model's outputs) live in
 ``evalq:{J}:res:generate`` like a metric's; ``generate`` is a reserved metric id.
@@ -99,6 +101,11 @@ def reply_targets(job_id: str) -> str:
 
 
 JOBS = f"{PREFIX}:jobs"
+SWEEP_LOCK = f"{PREFIX}:sweeper"
+
+
+def watch(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:watch"
 
 
 def request(request_id: str) -> str:
@@ -138,7 +145,8 @@ def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
     """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage."""
     keys = [spec(job_id), instances(job_id), summary(job_id), status(job_id),
             job_tokens(job_id), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
-            replied(job_id), reply_targets(job_id), judge_memo(job_id), chunks_done(job_id, "generate"), chunks_done(job_id, "metrics")]
+            replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
+            chunks_done(job_id, "generate"), chunks_done(job_id, "metrics")]
     for m in metric_keys:
         keys += [results(job_id, m), timings(job_id, m), parts(job_id, m), accounting(job_id, m)]
     return keys

@@ -6,8 +6,10 @@ import functools
 import logging
 
 import redis
+from celery.signals import worker_ready, worker_shutdown
 
 from evalq.shared import keys
+from evalq.shared.config import JOBS_QUEUE, Settings
 from evalq.shared.errors import Deferred
 from evalq.shared.model import GENERATE
 from evalq.workers import finalize as aggregation
@@ -102,3 +104,27 @@ def submit_job(self, **request) -> dict:
 
     return handle_request(self.app, runner.redis_client(self.app), self.request.id,
                           self.app.conf.broker_url, **request)
+
+
+_sweepers: list = []
+
+
+@worker_ready.connect
+def start_sweeper(sender, **_) -> None:
+    """A worker of the evalq.jobs queue (the orchestrator role) also looks after the
+    cluster's running jobs, so a lost message never strands one whose submitter is
+    gone (``evalq.orchestrator.watch``). Off with ``EVALQ_SWEEP_INTERVAL=0``."""
+    interval = Settings.from_env().sweep_interval
+    if interval <= 0 or JOBS_QUEUE not in (sender.app.amqp.queues.consume_from or {}):
+        return
+    from evalq.orchestrator.watch import Sweeper
+
+    sweeper = Sweeper(sender.app.conf.broker_url, interval, name=sender.hostname)
+    sweeper.start()
+    _sweepers.append(sweeper)
+
+
+@worker_shutdown.connect
+def stop_sweeper(**_) -> None:
+    for sweeper in _sweepers:
+        sweeper.stop()

@@ -118,7 +118,7 @@ def test_an_invalid_request_is_answered_invalid_and_enqueues_nothing(redis_url, 
     assert r.get(keys.spec(doc["job_id"])) is None and r.llen("cpu") == depth
 
 
-@pytest.mark.parametrize("reply_to", ["cpu", "evalq.control", "judge.lab", "evalq:jobs", "has space"])
+@pytest.mark.parametrize("reply_to", ["cpu", "evalq.control", "judge.lab", "evalq:jobs", "evalq:sweeper", "has space"])
 def test_a_reply_list_may_not_be_a_queue_or_key_of_the_cluster(redis_url, service, tmp_path, reply_to):
     r = redis.Redis.from_url(redis_url)
     before = r.type(reply_to), r.llen(reply_to) if r.type(reply_to) == b"list" else None

@@ -104,7 +104,7 @@ def test_a_stage_left_one_chunk_short_is_finalized_anyway(redis_url, cpu_worker,
     from evalq.orchestrator import submit
     from evalq.workers.app import client_app
 
-    monkeypatch.setattr(submit, "CALLBACK_GRACE", 1.0)
+    monkeypatch.setenv("EVALQ_CALLBACK_GRACE", "1")
     instances = [{"id": f"x{i}", "actual-output": "y" * (i % 3), "expected-output": ["y"]} for i in range(9)]
     job = parse_job({"instances": instances, "metrics": [{"id": "exact_match"}]})
     r = redis.Redis.from_url(redis_url)

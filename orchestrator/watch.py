@@ -1,0 +1,193 @@
+"""Looking after running jobs, so that a lost message never leaves one stuck.
+
+A stage's chunks and callbacks are messages, and a message can be lost between
+Redis and a worker (the broker killed while a worker pops it, or restarted
+without persistence). Two checks find that from what Redis holds:
+
+- every item of the current stage is recorded, but the stage's callback has
+  not finished ``callback_grace`` seconds later: the callback is sent again
+  (callbacks are idempotent);
+- no item has finished for ``resume_after`` seconds and nothing of the job is
+  queued or unacknowledged: the stage's unfinished chunks are sent again
+  (``resume_job``: a finished chunk is not, and a judge item already recorded
+  pays no second call). Once per point of progress: a resume that does not
+  help (no worker consumes the queue, say) is not repeated until items finish.
+
+Two lookers share this: a client waiting on its job (``evalq run``, ``evalq
+wait``) and the sweeper that every worker of the ``evalq.jobs`` queue runs.
+They keep one record per job in Redis (``evalq:{J}:watch``) and claim each
+step there, so a step is taken once however many look; and a job whose
+submitter died (or never waited: a queue request, ``evalq submit``) is looked
+after all the same.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+from dataclasses import dataclass
+
+import redis
+
+from evalq.shared import keys
+from evalq.shared.config import Settings
+from evalq.shared.model import GENERATE
+from evalq.workers.stages import (GENERATE_STAGE, METRICS_STAGE, entry_queues, fire_callback, stage_items)
+
+log = logging.getLogger("evalq.sweeper")
+
+FINAL = ("done", "failed", "cancelled", "invalid")
+
+# Set field ARGV[1] of hash KEYS[1] to ARGV[2] unless it holds that value already:
+# 1 for the one caller that changed it, 0 for everyone else.
+_CLAIM = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Timing:
+    callback_grace: float  # seconds a complete stage may wait for its callback
+    resume_after: float  # seconds without progress, with nothing queued or running, before a resume
+
+    @classmethod
+    def from_env(cls) -> "Timing":
+        s = Settings.from_env()
+        return cls(callback_grace=s.callback_grace, resume_after=s.resume_after)
+
+
+def run_keys(spec: dict) -> list[str]:
+    return ([GENERATE] if GENERATE in spec else []) + list(spec["metrics"])
+
+
+def items_done(r: redis.Redis, job_id: str, metric_keys: list[str]) -> dict[str, int]:
+    pipe = r.pipeline(transaction=False)
+    for m in metric_keys:
+        pipe.hlen(keys.results(job_id, m))
+    return dict(zip(metric_keys, pipe.execute()))
+
+
+def current_stage(spec: dict, status: str) -> str:
+    return METRICS_STAGE if (status == "generated" or GENERATE not in spec) else GENERATE_STAGE
+
+
+def server_time(r: redis.Redis) -> float:
+    """Redis's clock: every looker, on whatever machine, measures against the same one."""
+    seconds, micros = r.time()
+    return seconds + micros / 1e6
+
+
+def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status: str,
+               counts: dict[str, int], timing: Timing, now: float | None = None) -> list[str]:
+    """One look at a running job: records its progress and takes the step it needs,
+    if any. Returns what was done, as sentences for a log."""
+    from evalq.workers.app import client_app
+
+    now = server_time(r) if now is None else now
+    key, ttl = keys.watch(job_id), int(spec.get("ttl") or Settings.from_env().result_ttl)
+    done = sum(counts.values())
+    seen = {k.decode(): v.decode() for k, v in r.hgetall(key).items()}
+    if seen.get("done") != str(done):
+        pipe = r.pipeline(transaction=False)
+        pipe.hset(key, mapping={"done": done, "changed_at": now})
+        pipe.expire(key, ttl)
+        pipe.execute()
+        seen.update(done=str(done), changed_at=str(now))
+    actions: list[str] = []
+    stage = current_stage(spec, status)
+    stage_keys = [GENERATE] if stage == GENERATE_STAGE else list(spec["metrics"])
+    if sum(counts[k] for k in stage_keys) >= stage_items(spec, stage):
+        if r.hsetnx(key, f"complete:{stage}", now):
+            r.expire(key, ttl)
+        since = float(r.hget(key, f"complete:{stage}") or now)
+        if now - since > timing.callback_grace and r.hsetnx(key, f"nudged:{stage}", now):
+            fire_callback(client_app(broker_url), r, job_id, stage, force=True)
+            actions.append(f"job {job_id}: every item of the {stage} stage is recorded but its callback has "
+                           "not run (a worker was lost at the wrong moment); sent it again")
+    idle_for = now - float(seen["changed_at"])
+    if (idle_for > timing.resume_after and seen.get("resumed_at") != str(done) and idle(r, spec, job_id)
+            and r.eval(_CLAIM, 1, key, "resumed_at", str(done), str(ttl))):
+        from evalq.orchestrator.jobs import resume_job
+
+        outcome = resume_job(r, broker_url, job_id)
+        actions.append(f"job {job_id}: no progress for {idle_for:.0f} s with nothing queued or running; "
+                       f"re-sent {outcome['sent']} unfinished chunk(s)"
+                       + (" and the stage's callback" if outcome["callback"] else ""))
+    return actions
+
+
+def idle(r: redis.Redis, spec: dict, job_id: str) -> bool:
+    """Nothing of the job waits in its queues or sits unacknowledged with a worker."""
+    runs = ([spec[GENERATE]] if GENERATE in spec else []) + list(spec["metrics"].values())
+    if any(r.llen(q) for q in {q for entry in runs for q in entry_queues(entry)}):
+        return False
+    needle = job_id.encode()
+    for raw in r.hvals("unacked"):  # kombu's delivered-but-unacknowledged messages
+        try:
+            message = json.loads(raw)[0]  # [raw message, exchange, routing key]
+            if isinstance(message, str):
+                message = json.loads(message)
+            if needle in base64.b64decode(message.get("body", "")):
+                return False
+        except (ValueError, TypeError, IndexError, AttributeError):
+            return False  # cannot tell: assume it is ours
+    return True
+
+
+def sweep(r: redis.Redis, broker_url: str, timing: Timing, now: float | None = None) -> list[str]:
+    """Look after every running job once (those submitted within the result TTL)."""
+    now = server_time(r) if now is None else now
+    ids = [j.decode() for j in r.zrangebyscore(keys.JOBS, now - Settings.from_env().result_ttl, "+inf")]
+    pipe = r.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.get(keys.status(job_id))
+    running = [j for j, s in zip(ids, pipe.execute()) if s is not None and s.decode() not in FINAL]
+    actions: list[str] = []
+    for job_id in running:
+        raw = r.get(keys.spec(job_id))
+        status = (r.get(keys.status(job_id)) or b"").decode()
+        if raw is None or status in FINAL or not status:
+            continue  # ended (or expired) since
+        spec = json.loads(raw)
+        try:
+            actions += look_after(r, broker_url, job_id, spec, status, items_done(r, job_id, run_keys(spec)),
+                                  timing, now)
+        except redis.RedisError:
+            raise  # the broker is away: this sweep ends, the next one tries again
+        except Exception as exc:  # one job's trouble does not stop the others being looked after
+            log.warning("job %s: could not be looked after: %s: %s", job_id, type(exc).__name__, exc)
+    return actions
+
+
+class Sweeper(threading.Thread):
+    """Every ``interval`` seconds, one sweep of the cluster's running jobs. Every worker
+    of ``evalq.jobs`` runs one; a lock in Redis lets one of them sweep per interval."""
+
+    def __init__(self, broker_url: str, interval: float, name: str, timing: Timing | None = None):
+        super().__init__(name="evalq-sweeper", daemon=True)
+        self.broker_url, self.interval, self.owner = broker_url, interval, name
+        self.timing = timing or Timing.from_env()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        from evalq.shared.config import redis_client
+
+        r = redis_client(self.broker_url, socket_timeout=30)
+        log.info("sweeper: looking after running jobs every %.1f s", self.interval)
+        while not self.stopped.wait(self.interval):
+            try:
+                if r.set(keys.SWEEP_LOCK, self.owner, nx=True, px=max(1, int(self.interval * 900))):
+                    for action in sweep(r, self.broker_url, self.timing):
+                        log.warning("sweeper: %s", action)
+            except redis.RedisError as exc:
+                log.info("sweeper: Redis unavailable (%s); trying again in %.1f s", exc, self.interval)
+            except Exception:  # noqa: BLE001 - the thread must outlive any one bad sweep
+                log.exception("sweeper: a sweep failed")
+
+    def stop(self) -> None:
+        self.stopped.set()
