@@ -41,7 +41,7 @@ class _Recorder:
         self.tokens = 0
 
     def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating"):
-        from evalq.sim.replies import _SchemaGen
+        from evalq.sim.replies import schema_value
         from evalq.workers.judge.client import Reply
         from evalq.workers.judge.tokens import estimate_prompt_tokens
 
@@ -50,7 +50,7 @@ class _Recorder:
         self.tokens += estimate_prompt_tokens(messages, extra) + self.max_tokens
         if schema is None:
             return Reply("Reason: stand-in\nScore: 3", None)
-        value = _SchemaGen(schema, b"plan", 3, "stand-in", {"claims": "claim_1;claim_2;claim_3"}).generate()
+        value = schema_value(schema, fields={"claims": "claim_1;claim_2;claim_3"}, seed=b"plan")
         return Reply(json.dumps(value), None)
 
 

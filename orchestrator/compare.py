@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from evalq.shared import stats
-from evalq.shared.aggregate import is_defect
+from evalq.shared.aggregate import is_defect, numbers, score
 from evalq.shared.errors import EvalqError, JobError
 
 MAX_LISTED = 20
@@ -55,13 +55,8 @@ def _fields(result: Any, head: dict, aggregation: str) -> dict[str, float]:
         return {"defect_rate": float(is_defect(result, head["parameters"].get("threshold")))}
     if isinstance(result, bool):
         return {"mean": float(result)}
-    if isinstance(result, (int, float)):
-        return {"mean": float(result)}
-    if isinstance(result, dict):
-        if isinstance(result.get("score"), (int, float)) and not isinstance(result.get("score"), bool):
-            return {"mean": float(result["score"])}
-        return {k: float(v) for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return {}
+    value = score(result)
+    return {"mean": value} if value is not None else numbers(result)
 
 
 def _passes(result: Any, head: dict, aggregation: str) -> bool | None:

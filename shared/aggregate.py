@@ -244,22 +244,18 @@ class DefectAggregator:
         if not _counted(self, record):
             return
         result = record["result"]
-        if "severity" in result:
-            graded = {"": result}
-        elif any(isinstance(v, dict) and "severity" in v for v in result.values()):
-            self.multi = True
-            graded = {k: v for k, v in result.items() if isinstance(v, dict) and "severity" in v}
-        else:
-            flag = next((v for v in result.values() if isinstance(v, bool)), False)
+        graded = severities(result)
+        if graded is None:
+            defect = bool(flag(result))
             h = self._harm("")
             h["flag"] = True
-            h["n_defects"] += flag
-            self.any_defects += flag
+            h["n_defects"] += defect
+            self.any_defects += defect
             return
+        self.multi = self.multi or "" not in graded
         any_defect = False
-        for name, value in graded.items():
+        for name, severity in graded.items():
             h = self._harm(name)
-            severity = value["severity"]
             h["sum"] += severity
             h["bands"][severity_label(severity)] += 1
             if self.threshold is not None and severity >= self.threshold:
@@ -344,17 +340,52 @@ def aggregator_for(kind: str, params: dict | None = None):
 AGREEMENT_KINDS = ("rating", "defect")
 
 
+# --- how an item's result reads ------------------------------------------------------
+# One reading of the result shapes metrics produce, for the defect aggregate, the
+# report and the comparison alike.
+
+def severities(result: Any) -> dict[str, int] | None:
+    """``{"": s}`` for ``{"severity": s, ...}``, ``{harm: s, ...}`` for content_safety's
+    ``{harm: {"severity": s, ...}, ...}``; None for a result without severities."""
+    if not isinstance(result, dict):
+        return None
+    if "severity" in result:
+        return {"": result["severity"]}
+    graded = {k: v["severity"] for k, v in result.items() if isinstance(v, dict) and "severity" in v}
+    return graded or None
+
+
+def flag(result: Any) -> bool | None:
+    """A flag result: the boolean itself, or a dict's first boolean field (e.g.
+    ``{"protected_material": true, "reason": ...}``); None when there is none."""
+    if isinstance(result, bool):
+        return result
+    if isinstance(result, dict):
+        return next((v for v in result.values() if isinstance(v, bool)), None)
+    return None
+
+
+def score(result: Any) -> float | None:
+    """A bare number, or a dict's numeric ``score`` field; None otherwise (booleans are flags)."""
+    value = result.get("score") if isinstance(result, dict) else result
+    return float(value) if isinstance(value, Number) and not isinstance(value, bool) else None
+
+
+def numbers(result: Any) -> dict[str, float]:
+    """A dict result's numeric (not boolean) fields, e.g. ``{"f1": ..., "precision": ...}``."""
+    if not isinstance(result, dict):
+        return {}
+    return {k: float(v) for k, v in result.items() if isinstance(v, Number) and not isinstance(v, bool)}
+
+
 def is_defect(result: Any, threshold: int | None) -> bool:
     """A defect-metric item result read as defect or not: a severity at or above
     the threshold, any harm's (content_safety), or a flag that is true."""
-    if not isinstance(result, dict):
-        return bool(result)
-    if "severity" in result:
-        return threshold is not None and result["severity"] >= threshold
-    graded = [v for v in result.values() if isinstance(v, dict) and "severity" in v]
-    if graded:
-        return threshold is not None and any(v["severity"] >= threshold for v in graded)
-    return next((v for v in result.values() if isinstance(v, bool)), False)
+    graded = severities(result)
+    if graded is not None:
+        return threshold is not None and any(s >= threshold for s in graded.values())
+    marked = flag(result)
+    return marked if marked is not None else (not isinstance(result, dict) and bool(result))
 
 
 def human_defect(grade: Any, threshold: int | None) -> bool:

@@ -9,6 +9,7 @@ several of them):
     evalq:{J}:res:{M}        HASH    instance index -> JSON item record, for metric key M
     evalq:{J}:time:{M}       HASH    chunk start -> seconds spent scoring that chunk
     evalq:{J}:part:{M}       HASH    chunk start -> JSON aggregate of the chunk's items (mergeable kinds)
+    evalq:{J}:view:{M}       HASH    chunk start -> JSON of what report.html needs of the chunk (worst items, sample)
     evalq:{J}:summary        STRING  JSON list of aggregated metric results (results.json)
     evalq:{J}:stage:{S}      STRING  JSON summary of a stage that is not a metric (S = generate)
     evalq:{J}:status         STRING  running | generated | done | failed | cancelled
@@ -62,6 +63,10 @@ def results(job_id: str, metric_key: str) -> str:
 
 def parts(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:part:{metric_key}"
+
+
+def views(job_id: str, metric_key: str) -> str:
+    return f"{job_prefix(job_id)}:view:{metric_key}"
 
 
 def timings(job_id: str, metric_key: str) -> str:
@@ -148,5 +153,5 @@ def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
             replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
             chunks_done(job_id, "generate"), chunks_done(job_id, "metrics")]
     for m in metric_keys:
-        keys += [results(job_id, m), timings(job_id, m), parts(job_id, m), accounting(job_id, m)]
+        keys += [results(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m), accounting(job_id, m)]
     return keys

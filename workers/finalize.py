@@ -15,6 +15,7 @@ import redis
 
 from evalq.shared import keys
 from evalq.shared.aggregate import AGGREGATORS, AGREEMENT_KINDS, Agreement, aggregator_for, merge_parts
+from evalq.shared.config import Settings
 from evalq.shared.job import entry_head
 from evalq.shared.model import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
@@ -111,6 +112,7 @@ def finalize(r: redis.Redis, job_id: str, status: str = "done") -> dict:
     if errors:
         pipe.set(keys.error(job_id), "; ".join(errors))
     pipe.set(keys.status(job_id), final)
+    _expire(pipe, job_id, spec)
     pipe.execute()
     reply(r, job_id, spec, final, errors, summary)
     return {"job": job_id, "status": final}
@@ -122,10 +124,20 @@ def fail(r: redis.Redis, job_id: str, error: str) -> dict:
     pipe = r.pipeline(transaction=True)
     pipe.set(keys.error(job_id), error)
     pipe.set(keys.status(job_id), "failed")
+    if spec:
+        _expire(pipe, job_id, spec)
     pipe.execute()
     if spec:
         reply(r, job_id, spec, "failed", [error], None)
     return {"job": job_id, "status": "failed"}
+
+
+def _expire(pipe, job_id: str, spec: dict) -> None:
+    """An ended job's keys stay ``EVALQ_RESULT_TTL`` seconds (for ``evalq status``,
+    a duplicate request, ``evalq report``'s inputs), then Redis forgets them."""
+    ttl = spec.get("ttl") or Settings.from_env().result_ttl
+    for key in keys.all_job_keys(job_id, ([GENERATE] if GENERATE in spec else []) + list(spec["metrics"])):
+        pipe.expire(key, ttl)
 
 
 def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status: str) -> list[str]:

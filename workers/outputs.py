@@ -14,6 +14,7 @@ process runs the callback writes the same files.
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from typing import Iterator
 
@@ -23,6 +24,7 @@ from evalq.shared import keys
 from evalq.shared.job import entry_head as head
 from evalq.shared.model import GENERATE
 from evalq.shared.storage import Destination
+from evalq.workers.stages import span
 
 LOG_BATCH = 2000
 
@@ -33,13 +35,23 @@ def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], 
 
     cancelled = run.get("status") == "cancelled"
     report = ReportBuilder(summary, run)
+    # Entries whose chunks all left a view (workers make one per chunk) are reported from
+    # those; the others (a chunk given up, a cancelled job) from their log lines.
+    streamed = set()
+    for slot, (key, entry) in enumerate(spec["metrics"].items()):
+        raw = r.hgetall(keys.views(job_id, key))
+        if len(raw) == math.ceil(span(spec, entry) / entry["chunk_size"]):
+            report.add_views(slot, (json.loads(raw[k]) for k in sorted(raw, key=int)))
+        else:
+            streamed.add(key)
     with dest.open_text("results.json") as f:
         f.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     with dest.open_text("log.jsonl") as f:
-        for line, position in _log_entries(r, spec, job_id, cancelled):
+        for line, position, key in _log_entries(r, spec, job_id, cancelled):
             f.write(line)
             f.write("\n")
-            report.add(json.loads(line), position)
+            if key in streamed:
+                report.add(json.loads(line), position)
     with dest.open_text("run.json") as f:
         f.write(json.dumps(run, indent=2, ensure_ascii=False) + "\n")
     with dest.open_text("report.html") as f:
@@ -80,9 +92,10 @@ def run_info(spec: dict, job_id: str, generation: dict | None, status: str = "do
     return info
 
 
-def _log_entries(r: redis.Redis, spec: dict, job_id: str, cancelled: bool = False) -> Iterator[tuple[str, int]]:
-    """(log line, instance position): generated outputs first, then one JSON line per
-    (metric entry, instance), entry by entry in job order, instances in job order."""
+def _log_entries(r: redis.Redis, spec: dict, job_id: str,
+                 cancelled: bool = False) -> Iterator[tuple[str, int, str]]:
+    """(log line, instance position, run key): generated outputs first, then one JSON line
+    per (metric entry, instance), entry by entry in job order, instances in job order."""
     missing = {"skipped": "the job was cancelled"} if cancelled else {"error": "no result recorded"}
     runs = ([(GENERATE, spec[GENERATE])] if GENERATE in spec else []) + list(spec["metrics"].items())
     for key, entry in runs:
@@ -97,12 +110,12 @@ def _log_entries(r: redis.Redis, spec: dict, job_id: str, cancelled: bool = Fals
                 instances = [json.loads(raw) for raw in r.lrange(keys.instances(job_id), start, stop - 1)]
             for i, raw in enumerate(records):
                 if raw is not None:
-                    yield _with_head(raw.decode("utf-8"), head_json), start + i
+                    yield _with_head(raw.decode("utf-8"), head_json), start + i, key
                 elif key != GENERATE or "actual-output" not in instances[i]:
                     # (a record with its own output had nothing generated)
                     variant = {"variant": instances[i]["variant"]} if "variant" in instances[i] else {}
                     yield json.dumps({"instance_id": instances[i]["id"], **head_obj, **variant, **missing},
-                                     ensure_ascii=False), start + i
+                                     ensure_ascii=False), start + i, key
 
 
 _ID = '{"instance_id": '

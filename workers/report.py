@@ -80,8 +80,61 @@ def _entry_key(head: dict) -> tuple:
     return head["metric"], head.get("name"), json.dumps(head["parameters"], sort_keys=True)
 
 
+def record_view(record: dict) -> tuple[dict[str, float], float | None]:
+    """What the report takes from one item record: the numbers it samples for the
+    histograms, and how bad the item is (higher: worse; ``inf`` for an error; None:
+    not ranked, e.g. a skipped item or a result of no known shape)."""
+    from evalq.shared.aggregate import flag, numbers, score, severities
+
+    if "result" not in record:
+        return {}, (float("inf") if "error" in record else None)
+    result = record["result"]
+    graded = severities(result)
+    if graded is not None:
+        return ({"severity": graded[""]} if "" in graded else {}), float(max(graded.values()))
+    value = score(result)
+    if not isinstance(result, dict):
+        return ({"value": value}, -value) if value is not None else ({}, None)
+    if value is not None:
+        return {"score": value}, -value
+    fields, marked = numbers(result), flag(result)
+    if marked is not None:
+        return fields, (1.0 if marked else 0.0)
+    return fields, (-min(fields.values()) if fields else None)
+
+
+def chunk_view(items: list[tuple[int, dict]], span: int, seed: int, worst: int = WORST) -> dict:
+    """What the report needs of one chunk of a metric entry, made by the worker that
+    scored it (so the final callback parses no item record): the chunk's ``worst``
+    items and a sample of its numbers, whose size is the chunk's share of
+    ``RESERVOIR`` (the merged chunks give about RESERVOIR values per field)."""
+    quota = max(1, -(-RESERVOIR * len(items) // max(span, 1)))
+    heap: list = []
+    values: dict[str, list[float]] = {}
+    for position, record in items:
+        if record.get("variant") is not None:
+            continue
+        fields, badness = record_view(record)
+        for name, v in fields.items():
+            values.setdefault(name, []).append(float(v))
+        if badness is not None:
+            _push(heap, (badness, -position, record.get("instance_id"), position, record.get("result"),
+                         record.get("error")), worst)
+    rng = random.Random(seed)
+    return {"worst": heap, "seen": {name: len(vs) for name, vs in values.items()},
+            "sample": {name: vs if len(vs) <= quota else rng.sample(vs, quota) for name, vs in values.items()}}
+
+
+def _push(heap: list, item: tuple, size: int) -> None:
+    if len(heap) < size:
+        heapq.heappush(heap, item)
+    elif item > heap[0]:
+        heapq.heapreplace(heap, item)
+
+
 class ReportBuilder:
-    """Fed one log line at a time; ``html()`` renders the page."""
+    """Fed one log line at a time (``add``), or the chunk views the workers made
+    (``add_views``); ``html()`` renders the page."""
 
     def __init__(self, summary: list[dict], run: dict, worst: int = WORST):
         self.summary, self.run, self.worst = summary, run, worst
@@ -102,37 +155,7 @@ class ReportBuilder:
             return
         i = slots[0]
         self._counter += 1
-        if "result" not in line:
-            badness = float("inf") if "error" in line else None
-        else:
-            badness = self._sample(i, line["result"])
-        if badness is not None:
-            item = (badness, -self._counter, line.get("instance_id"), position, line.get("result"), line.get("error"))
-            if len(self.heaps[i]) < self.worst:
-                heapq.heappush(self.heaps[i], item)
-            elif item > self.heaps[i][0]:
-                heapq.heapreplace(self.heaps[i], item)
-
-    def _sample(self, i: int, result: Any) -> float | None:
-        """Reservoir-sample the result's numbers; return how bad the item is (higher: worse)."""
-        if isinstance(result, dict) and "severity" in result:
-            fields = {"severity": result["severity"]}
-            badness = float(result["severity"])
-        elif isinstance(result, dict) and any(isinstance(v, dict) and "severity" in v for v in result.values()):
-            fields = {}
-            badness = float(max(v["severity"] for v in result.values() if isinstance(v, dict) and "severity" in v))
-        elif isinstance(result, dict) and isinstance(result.get("score"), (int, float)):
-            fields = {"score": result["score"]}
-            badness = -float(result["score"])
-        elif isinstance(result, dict):
-            fields = {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            flag = next((v for v in result.values() if isinstance(v, bool)), None)
-            badness = (1.0 if flag else 0.0) if flag is not None else (-min(fields.values()) if fields else None)
-        elif isinstance(result, (int, float)) and not isinstance(result, bool):
-            fields = {"value": result}
-            badness = -float(result)
-        else:
-            return None
+        fields, badness = record_view(line)
         for name, v in fields.items():
             seen = self.seen[i][name] = self.seen[i].get(name, 0) + 1
             bucket = self.samples[i].setdefault(name, [])
@@ -142,7 +165,24 @@ class ReportBuilder:
                 j = self.rng.randrange(seen)
                 if j < RESERVOIR:
                     bucket[j] = float(v)
-        return badness
+        if badness is not None:
+            # on a tie the earlier item ranks worse (lines come in position order), as in chunk_view
+            _push(self.heaps[i], (badness, -(position if position is not None else self._counter),
+                                  line.get("instance_id"), position, line.get("result"), line.get("error")),
+                  self.worst)
+
+    def add_views(self, i: int, views: Iterable[dict]) -> None:
+        """Summary entry ``i`` from its chunks' views (see ``chunk_view``), in any order."""
+        for view in views:
+            for item in view["worst"]:
+                _push(self.heaps[i], tuple(item), self.worst)
+            for name, count in view["seen"].items():
+                self.seen[i][name] = self.seen[i].get(name, 0) + count
+            for name, values in view["sample"].items():
+                self.samples[i].setdefault(name, []).extend(values)
+        for name, values in self.samples[i].items():
+            if len(values) > RESERVOIR:
+                self.samples[i][name] = self.rng.sample(values, RESERVOIR)
 
     def worst_positions(self) -> list[int]:
         return sorted({item[3] for heap in self.heaps for item in heap if item[3] is not None})

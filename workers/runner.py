@@ -183,9 +183,15 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
                time.perf_counter() - t0)
         raise
     elapsed = time.perf_counter() - t0
-    part = chunk_part(spec.aggregation, params.model_dump(mode="json"),
-                      _chunk_records(r, job_id, metric_key, start, stop, dict(zip(positions, records))))
-    _write(r, job_id, metric_key, start, positions, records, elapsed, part)
+    items = _chunk_records(r, job_id, metric_key, start, stop, dict(zip(positions, records)))
+    part = chunk_part(spec.aggregation, params.model_dump(mode="json"), [rec for _, rec in items])
+    view = None
+    if metric_key != GENERATE:  # what report.html needs of the chunk, so the final callback parses no record
+        from evalq.workers.report import chunk_view
+
+        whole = job_spec(r, job_id)
+        view = chunk_view(items, whole["metrics"][metric_key].get("span", whole["n_instances"]), seed=start)
+    _write(r, job_id, metric_key, start, positions, records, elapsed, part, view)
     # Deterministic return value: the chord join stores it, and a redelivered
     # run must produce the very same entry.
     return {"metric": metric_key, "start": start, "n": stop - start}
@@ -234,21 +240,21 @@ def _with_generated(r: redis.Redis, job_id: str, positions: list[int], instances
 
 
 def _chunk_records(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: int,
-                   new: dict[int, dict]) -> list[dict]:
-    """Every record of the chunk: those just made, and those an earlier
-    (deferred or redelivered) run of it left in Redis. Positions with nothing
-    to record (the generation stage's, for instances that had an output) are
-    left out."""
+                   new: dict[int, dict]) -> list[tuple[int, dict]]:
+    """(position, record) of every record of the chunk: those just made, and those
+    an earlier (deferred or redelivered) run of it left in Redis. Positions with
+    nothing to record (the generation stage's, for instances that had an output)
+    are left out."""
     earlier = [p for p in range(start, stop) if p not in new]
     if earlier:
         for p, raw in zip(earlier, r.hmget(keys.results(job_id, metric_key), [str(p) for p in earlier])):
             if raw is not None:
                 new[p] = json.loads(raw)
-    return [new[p] for p in sorted(new)]
+    return [(p, new[p]) for p in sorted(new)]
 
 
 def _write(r: redis.Redis, job_id: str, metric_key: str, start: int, positions: list[int],
-           records: list[dict], elapsed: float, part: dict | None = None) -> None:
+           records: list[dict], elapsed: float, part: dict | None = None, view: dict | None = None) -> None:
     pipe = r.pipeline(transaction=True)
     if records:
         # HSET by instance position: a redelivered chunk overwrites, it never adds.
@@ -256,5 +262,7 @@ def _write(r: redis.Redis, job_id: str, metric_key: str, start: int, positions: 
                   mapping={str(p): json.dumps(rec, ensure_ascii=False) for p, rec in zip(positions, records)})
     if part is not None:  # likewise by chunk
         pipe.hset(keys.parts(job_id, metric_key), str(start), json.dumps(part))
+    if view is not None:
+        pipe.hset(keys.views(job_id, metric_key), str(start), json.dumps(view, ensure_ascii=False))
     pipe.hincrbyfloat(keys.timings(job_id, metric_key), str(start), elapsed)
     pipe.execute()

@@ -267,6 +267,14 @@ class _SchemaGen:
         return out
 
 
+def schema_value(schema: Any, score: int = 3, reason: str = "stand-in", fields: dict[str, str] | None = None,
+                 seed: bytes = b"evalq") -> Any:
+    """A JSON value valid for ``schema``, made as judge-sim makes its structured replies
+    (deterministic for the same arguments; ``fields`` are field markers, e.g.
+    ``{"claims": "a;b;c"}``). Raises ValueError for a schema it cannot satisfy."""
+    return _SchemaGen(schema, seed, score, reason, fields).generate()
+
+
 def _is_null_schema(schema: Any) -> bool:
     return isinstance(schema, dict) and (schema.get("type") == "null" or schema.get("type") == ["null"])
 

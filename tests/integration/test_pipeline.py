@@ -142,3 +142,25 @@ def _close(a, b) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return a == pytest.approx(b, rel=1e-12, abs=1e-12)
     return a == b
+
+
+def test_an_ended_job_keeps_its_keys_for_the_result_ttl_only(redis_url, cpu_worker, tmp_path):
+    """EVALQ_RESULT_TTL: every key of an ended job expires (Redis is not a store of
+    every night's item records)."""
+    import redis
+
+    from tests.conftest import evalq
+
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"instances": synthetic(30), "metrics": [{"id": "bleu"}, {"id": "exact_match"}]}))
+    proc = evalq("submit", str(path), "--out", str(tmp_path / "out"), "--broker", redis_url, "--chunk-size", "8",
+                 env={"EVALQ_RESULT_TTL": "5000"})
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    assert evalq("wait", job_id, "--broker", redis_url).returncode == 0
+    r = redis.Redis.from_url(redis_url)
+    names = sorted(k.decode() for k in r.scan_iter(match=f"{keys.job_prefix(job_id)}:*"))
+    assert keys.results(job_id, "bleu@0") in names and keys.views(job_id, "bleu@0") in names
+    assert len(names) >= 10
+    ttls = {name: r.ttl(name) for name in names}
+    assert all(0 < t <= 5000 for t in ttls.values()), ttls

@@ -96,3 +96,41 @@ def test_the_comparison_html_is_drawn(tmp_path):
     assert "FAIL" in text and "bleu.mean &gt;= 0.99" in text
     dom, log = render(tmp_path / "compare.html", tmp_path)
     assert_drawn(dom, log, min_charts=3)
+
+
+def test_the_report_from_the_workers_views_equals_the_one_rebuilt_from_the_log(tmp_path):
+    """Every run's report.html is made from what each worker kept of its chunks (worst
+    items, samples), not from the log; `evalq report` rebuilds it from log.jsonl. On a
+    job small enough to sample every value, the two pages are the same: same
+    histograms, same worst items (errors, severities, harms, flags, scores, numbers)
+    merged across chunks. No browser needed."""
+    tag = uuid.uuid4().hex
+    with JudgeSim([Region("lab")], api_key=KEY) as sim:
+        job = {"instances": [{"id": f"v{i}", "input": f"Question {i}?", "category": "ab"[i % 2],
+                              "actual-output": f"Answer {i} {tag} [[sim:score={1 + i % 5}]] [[sim:severity={i % 8}]]"
+                                               + (" FAIL" if i % 11 == 3 else ""),
+                              "expected-output": [f"Answer {i} reference"]} for i in range(37)],
+               "judges": {"sim": {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV,
+                                  "deployments": [{"region": "lab", "base_url": sim.base_url("lab"),
+                                                   "tpm": 10_000_000, "rpm": 100_000}]}},
+               "metrics": [{"id": "bleu", "parameters": {"smoothing_function": "method1"}},
+                           {"id": "f1_score"},
+                           {"id": "fail_on"},
+                           {"id": "coherence", "parameters": {"judge": "sim", "threshold": 4}},
+                           {"id": "violence", "parameters": {"judge": "sim"}},
+                           {"id": "content_safety", "parameters": {"judge": "sim"}},
+                           {"id": "protected_material", "parameters": {"judge": "sim"}}]}
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps(job))
+        proc = evalq("run", str(path), "--out", str(tmp_path / "out"), "-q", "--chunk-size", "5",
+                     env={KEY_ENV: KEY})
+        assert proc.returncode == 0, proc.stderr
+    again = evalq("report", str(tmp_path / "out"), "--html", str(tmp_path / "again.html"))
+    assert again.returncode == 0, again.stderr
+    made = (tmp_path / "out" / "report.html").read_text()
+    # the run's page also shows each worst item's texts (from Redis), which the outputs do not hold
+    texts = re.compile(r"<p><b>(input|output|references)</b></p><pre>.*?</pre>", re.S)
+    assert len(texts.findall(made)) >= 7 * 3
+    assert texts.sub("", made) == (tmp_path / "again.html").read_text()
+    assert made.count("<svg") >= 5 and "Worst items" in made
+    assert "ValueError" in made  # fail_on's errors rank worst

@@ -201,6 +201,21 @@ def test_json_schema_reply_is_valid_for_a_hand_written_schema(client):
         assert len(value["items"]) == 2 and value["maybe"] == 7 and value["kind"] == "judge"
 
 
+def test_schema_value_is_public_deterministic_and_valid():
+    """What the capacity planner answers its stand-in judge with (no server)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from evalq.sim import schema_value
+
+    value = schema_value(SCHEMA, score=4, seed=b"x")
+    jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker()).validate(value)
+    assert value == schema_value(SCHEMA, score=4, seed=b"x")
+    listing = {"type": "object", "properties": {"claims": {"type": "array", "items": {"type": "string"}}},
+               "required": ["claims"]}
+    assert schema_value(listing, fields={"claims": "a;b;c"}) == {"claims": ["a", "b", "c"]}
+    with pytest.raises(ValueError):
+        schema_value({"$ref": "#/$defs/missing"})
+
+
 def test_json_object_reply_and_its_json_word_rule(client):
     r = client.chat.completions.create(model="judge-a", messages=user("Reply in JSON. [[sim:score=4]]"),
                                        response_format={"type": "json_object"})
