@@ -107,3 +107,77 @@ def test_flower_refuses_to_start_without_credentials(redis_url, args, env, fragm
                           cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert fragment in proc.stderr
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["auth", "tls+auth"])
+def test_flower_on_a_redis_with_a_password_and_tls(tmp_path, tls):
+    """Flower follows a cluster whose Redis wants a password (and TLS, verified against
+    a private CA): it sees the workers and the job's tasks, and its log and pages never
+    show the Redis password."""
+    import shutil
+
+    from tests.conftest import start_worker, stop_worker, wait_for_worker
+    from tests.integration.test_redis_auth_tls import PASSWORD as REDIS_PASSWORD, start_redis
+
+    if tls and shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make test certificates")
+    server, url = start_redis(tmp_path, tls)
+    env = {"EVALQ_BROKER_URL": url}
+    if tls:
+        env["EVALQ_REDIS_CA_FILE"] = str(tmp_path / "certs" / "ca.crt")
+    name = f"fl{uuid.uuid4().hex[:6]}"
+    worker = start_worker(url, "cpu", tmp_path, concurrency=1, name=name, env=env)
+    port = free_port()
+    log_path = tmp_path / "flower.log"
+    flower = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "flower", "--port", str(port)],
+                              cwd=ROOT, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+                              env={**os.environ, **env, "EVALQ_FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"},
+                              start_new_session=True)
+    base, pages = f"http://127.0.0.1:{port}", []
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            wait_for_worker(url, name)
+        deadline = time.monotonic() + 60
+        while True:
+            assert flower.poll() is None, log_path.read_text(errors="replace")
+            try:
+                if get(base + "/healthcheck")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "Flower did not start"
+            time.sleep(0.2)
+        time.sleep(2.0)  # its event consumer attaches shortly after the HTTP server
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps({"instances": [{"id": f"i{i}", "actual-output": "a", "expected-output": ["a"]}
+                                                  for i in range(4)], "metrics": [{"id": "exact_match"}]}))
+        proc = evalq("submit", str(path), "--out", str(tmp_path / "out"), "--chunk-size", "2", env=env)
+        assert proc.returncode == 0, proc.stderr
+        job_id = proc.stdout.strip()
+        assert evalq("wait", job_id, env=env).returncode == 0
+        deadline = time.monotonic() + 30
+        while True:
+            status, body = get(base + "/api/tasks?limit=1000", auth=(USER, PASSWORD))
+            assert status == 200, body
+            pages.append(body.decode(errors="replace"))
+            done = [t for t in json.loads(body).values()
+                    if job_id in (t.get("args") or "") and t["name"] == "evalq.score_chunk" and t["state"] == "SUCCESS"]
+            if len(done) == 2:
+                break
+            assert time.monotonic() < deadline, body[:2000]
+            time.sleep(0.5)
+        status, body = get(base + "/api/workers?refresh=1", auth=(USER, PASSWORD))
+        assert status == 200 and any(w.startswith(name) for w in json.loads(body)), body[:2000]
+        pages.append(body.decode(errors="replace"))
+        for page in ("/", "/workers", "/tasks", "/broker"):
+            pages.append(get(base + page, auth=(USER, PASSWORD))[1].decode(errors="replace"))
+    finally:
+        os.killpg(flower.pid, signal.SIGTERM)
+        flower.wait(15)
+        stop_worker(worker)
+        server.terminate()
+        server.wait(10)
+    texts = pages + [log_path.read_text(errors="replace"), worker.log_path.read_text(errors="replace")]
+    assert not any(REDIS_PASSWORD in t for t in texts)
