@@ -26,6 +26,7 @@ from evalq.shared.errors import InfraError
 from evalq.shared.instances import json_lines
 from evalq.shared.job import Job, MetricRun
 from evalq.shared.model import GENERATE, RUNNER_QUEUE
+from evalq.shared.registry import sized_chunk
 from evalq.shared.storage import Destination
 from evalq.workers.stages import GENERATE_STAGE, METRICS_STAGE, Chunk, plan as plan_spec  # noqa: F401
 
@@ -33,9 +34,9 @@ PUSH_BATCH = 5000
 TERMINAL = ("done", "failed", "cancelled")
 
 
-def run_entry(m: MetricRun, chunk_size: int | None) -> dict:
+def run_entry(m: MetricRun, chunk_size: int | None, items: int) -> dict:
     """How a run's chunks are planned: its size, queue and (judges, endpoint models) regions."""
-    entry: dict = {"chunk_size": max(1, chunk_size or m.spec.chunk_size)}
+    entry: dict = {"chunk_size": max(1, chunk_size or m.spec.chunk_size or sized_chunk(items))}
     if m.judge is not None:
         entry["queue"] = m.spec.queue
         entry["regions"] = [[d.region, d.tpm] for d in m.judge.deployments]
@@ -49,10 +50,11 @@ def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None =
     """The chunks of ``runs`` (by default the job's metrics), as the cluster will plan them."""
     runs = job.metrics if runs is None else runs
     spec = {"n_instances": len(job.instances),
-            "metrics": {m.key: {**run_entry(m, chunk_size), "span": job.span(m)} for m in runs if m.key != GENERATE}}
+            "metrics": {m.key: {**run_entry(m, chunk_size, job.span(m)), "span": job.span(m)}
+                        for m in runs if m.key != GENERATE}}
     gen = [m for m in runs if m.key == GENERATE]
     if gen:
-        spec[GENERATE] = run_entry(gen[0], chunk_size)
+        spec[GENERATE] = run_entry(gen[0], chunk_size, len(job.instances))
         yield from plan_spec(spec, GENERATE_STAGE)
     yield from plan_spec(spec, METRICS_STAGE)
 
@@ -62,7 +64,7 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
     ttl = Settings.from_env().result_ttl
     metrics = {}
     for m in job.metrics:
-        entry = {"id": m.id, "parameters": m.params_json(), **run_entry(m, chunk_size)}
+        entry = {"id": m.id, "parameters": m.params_json(), **run_entry(m, chunk_size, job.span(m))}
         if job.span(m) != len(job.instances):  # a jailbreak's injected variants: safety metrics only
             entry["span"] = job.span(m)
         if m.name is not None:
@@ -99,7 +101,7 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
     generation = job.generation
     if generation is not None:
         spec[GENERATE] = {"id": GENERATE, "parameters": generation.params_json(), "n_items": job.n_to_generate,
-                          **run_entry(generation, chunk_size)}
+                          **run_entry(generation, chunk_size, len(job.instances))}
         spec["model"] = job.model.model_dump(mode="json")
     return spec
 

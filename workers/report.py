@@ -16,6 +16,8 @@ import json
 import random
 from typing import Any, Callable, Iterable
 
+from evalq.shared.aggregate import flag, numbers, score, severities
+
 RESERVOIR = 20_000
 WORST = 10
 BINS = 20
@@ -84,11 +86,11 @@ def record_view(record: dict) -> tuple[dict[str, float], float | None]:
     """What the report takes from one item record: the numbers it samples for the
     histograms, and how bad the item is (higher: worse; ``inf`` for an error; None:
     not ranked, e.g. a skipped item or a result of no known shape)."""
-    from evalq.shared.aggregate import flag, numbers, score, severities
-
     if "result" not in record:
         return {}, (float("inf") if "error" in record else None)
     result = record["result"]
+    if type(result) is float:  # the commonest shape (lexical metrics), first
+        return {"value": result}, -result
     graded = severities(result)
     if graded is not None:
         return ({"severity": graded[""]} if "" in graded else {}), float(max(graded.values()))

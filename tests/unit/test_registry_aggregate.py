@@ -208,3 +208,22 @@ def test_mean_intervals_match_the_normal_approximation_and_merge():
     assert agg.intervals() == pytest.approx([x.mean() - half, x.mean() + half])
     merged, _, _ = merge_parts("mean", {}, [chunk_part("mean", {}, records[:3]), chunk_part("mean", {}, records[3:])])
     assert merged.intervals() == pytest.approx(agg.intervals())
+
+
+def test_cpu_chunks_are_sized_by_the_entry_and_fixed_sizes_stay():
+    from evalq.orchestrator.submit import job_spec
+    from evalq.shared.job import parse_job
+    from evalq.shared.registry import REGISTRY, sized_chunk
+
+    assert REGISTRY.get("bleu").chunk_size is None and REGISTRY.get("coherence").chunk_size == 4
+    assert [sized_chunk(n) for n in (1, 25_000, 50_000, 99_999, 100_000, 10**7)] == [250, 250, 500, 1000, 1000, 1000]
+
+    def sizes(n: int, chunk_size: int | None = None) -> dict[str, int]:
+        job = parse_job({"instances": [{"id": str(i), "actual-output": "a", "expected-output": ["a"]}
+                                       for i in range(n)],
+                         "metrics": [{"id": "bleu"}, {"id": "bertscore"}]})
+        return {e["id"]: e["chunk_size"] for e in job_spec(job, chunk_size)["metrics"].values()}
+
+    assert sizes(300) == {"bleu": 250, "bertscore": 512}
+    assert sizes(60_000) == {"bleu": 600, "bertscore": 512}
+    assert sizes(300, chunk_size=7) == {"bleu": 7, "bertscore": 7}  # --chunk-size wins
