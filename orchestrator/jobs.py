@@ -123,6 +123,11 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
         info["rate_items_per_s"] = round(rate, 2)
         info["eta_s"] = round((items_total - done_total) / rate) if rate > 0 else None
     info["queues"] = {q: r.llen(q) for q in sorted(queues)}
+    from evalq.orchestrator.watch import recovery
+
+    steps = recovery(r, job_id)
+    if steps:
+        info["recovery"] = steps
     return info
 
 
@@ -176,4 +181,10 @@ def render(info, one: bool) -> str:
         lines.append(f"  stage {stage}: {s['finished']}/{s['chunks']} chunks finished, {s['sent']} sent")
     if info["queues"]:
         lines.append("  queues: " + ", ".join(f"{q} {n}" for q, n in info["queues"].items()))
+    steps = info.get("recovery") or {}
+    if steps.get("resumes"):
+        lines.append(f"  recovery: unfinished chunks re-sent {steps['resumes']} time(s), last at {steps['last_resume']}"
+                     " (messages lost; see RELIABILITY.md)")
+    for stage, at in steps.get("callbacks_resent", {}).items():
+        lines.append(f"  recovery: the {stage} stage's callback re-sent at {at}")
     return "\n".join(lines)

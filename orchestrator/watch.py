@@ -115,10 +115,33 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
         from evalq.orchestrator.jobs import resume_job
 
         outcome = resume_job(r, broker_url, job_id)
+        pipe = r.pipeline(transaction=False)
+        pipe.hincrby(key, "resumes", 1)
+        pipe.hset(key, "last_resume", now)
+        pipe.execute()
         actions.append(f"job {job_id}: no progress for {idle_for:.0f} s with nothing queued or running; "
                        f"re-sent {outcome['sent']} unfinished chunk(s)"
                        + (" and the stage's callback" if outcome["callback"] else ""))
     return actions
+
+
+def recovery(r: redis.Redis, job_id: str) -> dict | None:
+    """The steps the lookers-after took for a job (for ``evalq status``), or None."""
+    from datetime import datetime, timezone
+
+    seen = {k.decode(): v.decode() for k, v in r.hgetall(keys.watch(job_id)).items()}
+
+    def when(t: str) -> str:
+        return datetime.fromtimestamp(float(t), timezone.utc).isoformat(timespec="seconds")
+
+    out: dict = {}
+    if "resumes" in seen:
+        out["resumes"] = int(seen["resumes"])
+        out["last_resume"] = when(seen["last_resume"])
+    callbacks = {k.split(":", 1)[1]: when(v) for k, v in seen.items() if k.startswith("nudged:")}
+    if callbacks:
+        out["callbacks_resent"] = callbacks
+    return out or None
 
 
 def idle(r: redis.Redis, spec: dict, job_id: str) -> bool:

@@ -76,6 +76,10 @@ def test_a_job_nobody_waits_for_gets_its_lost_chunks_again(private_redis, tmp_pa
     swept = jobs.log_path.read_text()
     assert f"sweeper: job {job_id}: no progress" in swept and f"re-sent {N // CHUNK} unfinished chunk(s)" in swept
     assert r.scard(keys.chunks_done(job_id, "metrics")) == N // CHUNK
+    status = evalq("status", job_id, "--json", "--broker", private_redis)
+    assert json.loads(status.stdout)["recovery"]["resumes"] == 1
+    text = evalq("status", job_id, "--broker", private_redis).stdout
+    assert "recovery: unfinished chunks re-sent 1 time(s)" in text
 
 
 def test_a_stage_whose_callback_was_lost_is_finalized_by_the_sweeper(private_redis, tmp_path):
@@ -98,6 +102,8 @@ def test_a_stage_whose_callback_was_lost_is_finalized_by_the_sweeper(private_red
     check_outputs(tmp_path / "out")
     assert "every item of the metrics stage is recorded but its callback has not run" in \
         workers[0].log_path.read_text()
+    status = json.loads(evalq("status", job_id, "--json", "--broker", private_redis).stdout)
+    assert list(status["recovery"]["callbacks_resent"]) == ["metrics"] and "resumes" not in status["recovery"]
 
 
 def test_two_lookers_take_a_step_once(private_redis, tmp_path):
@@ -130,3 +136,6 @@ def test_two_lookers_take_a_step_once(private_redis, tmp_path):
     again = look_after(r, private_redis, job_id, spec, "running", counts, timing, now=t0 + 64)
     assert len(again) == 1 and "re-sent" in again[0]
     assert r.ttl(keys.watch(job_id)) > 0  # the record goes with the job
+    from evalq.orchestrator.watch import recovery
+
+    assert recovery(r, job_id)["resumes"] == 2
