@@ -47,8 +47,7 @@ def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
     finished gets its callback again (callbacks are idempotent).
     """
     from evalq.workers.app import client_app
-    from evalq.workers.stages import (CALLBACKS, GENERATE_STAGE, METRICS_STAGE, fire_callback, send_stage,
-                                      stage_complete)
+    from evalq.workers.stages import CALLBACKS, current_stage, fire_callback, send_stage, stage_complete
 
     status = _status(r, job_id)
     if not status:
@@ -60,7 +59,7 @@ def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
         raise InfraError(f"job {job_id}: its spec is gone from Redis; it cannot be resumed")
     spec = json.loads(raw_spec)
     app = client_app(broker_url)
-    stage = GENERATE_STAGE if GENERATE in spec and status != "generated" else METRICS_STAGE
+    stage = current_stage(spec, status)
     if stage_complete(r, job_id, stage):
         fire_callback(app, r, job_id, stage, force=True)
         return {"job_id": job_id, "status": status, "stage": stage, "sent": 0, "callback": CALLBACKS[stage]}

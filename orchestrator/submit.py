@@ -212,7 +212,8 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     does (``evalq.orchestrator.watch``): a stage whose callback was lost gets
     it again, a job whose messages were lost gets its unfinished chunks again.
     """
-    from evalq.orchestrator.watch import Timing, items_done, look_after, run_keys
+    from evalq.orchestrator.watch import Timing, items_done, look_after
+    from evalq.workers.stages import run_keys
 
     spec = json.loads(r.get(keys.spec(job_id)) or "null")
     if spec is None:

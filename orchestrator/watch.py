@@ -31,14 +31,13 @@ from dataclasses import dataclass
 
 import redis
 
+from evalq.orchestrator.jobs import FINAL, resume_job
 from evalq.shared import keys
 from evalq.shared.config import Settings
 from evalq.shared.model import GENERATE
-from evalq.workers.stages import (GENERATE_STAGE, METRICS_STAGE, entry_queues, fire_callback, stage_items)
+from evalq.workers.stages import current_stage, entry_queues, fire_callback, run_keys, stage_items, stage_runs
 
 log = logging.getLogger("evalq.sweeper")
-
-FINAL = ("done", "failed", "cancelled", "invalid")
 
 # Set field ARGV[1] of hash KEYS[1] to ARGV[2] unless it holds that value already:
 # 1 for the one caller that changed it, 0 for everyone else.
@@ -61,19 +60,11 @@ class Timing:
         return cls(callback_grace=s.callback_grace, resume_after=s.resume_after)
 
 
-def run_keys(spec: dict) -> list[str]:
-    return ([GENERATE] if GENERATE in spec else []) + list(spec["metrics"])
-
-
 def items_done(r: redis.Redis, job_id: str, metric_keys: list[str]) -> dict[str, int]:
     pipe = r.pipeline(transaction=False)
     for m in metric_keys:
         pipe.hlen(keys.results(job_id, m))
     return dict(zip(metric_keys, pipe.execute()))
-
-
-def current_stage(spec: dict, status: str) -> str:
-    return METRICS_STAGE if (status == "generated" or GENERATE not in spec) else GENERATE_STAGE
 
 
 def server_time(r: redis.Redis) -> float:
@@ -100,8 +91,7 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
         seen.update(done=str(done), changed_at=str(now))
     actions: list[str] = []
     stage = current_stage(spec, status)
-    stage_keys = [GENERATE] if stage == GENERATE_STAGE else list(spec["metrics"])
-    if sum(counts[k] for k in stage_keys) >= stage_items(spec, stage):
+    if sum(counts[k] for k, _ in stage_runs(spec, stage)) >= stage_items(spec, stage):
         if r.hsetnx(key, f"complete:{stage}", now):
             r.expire(key, ttl)
         since = float(r.hget(key, f"complete:{stage}") or now)
@@ -112,8 +102,6 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
     idle_for = now - float(seen["changed_at"])
     if (idle_for > timing.resume_after and seen.get("resumed_at") != str(done) and idle(r, spec, job_id)
             and r.eval(_CLAIM, 1, key, "resumed_at", str(done), str(ttl))):
-        from evalq.orchestrator.jobs import resume_job
-
         outcome = resume_job(r, broker_url, job_id)
         pipe = r.pipeline(transaction=False)
         pipe.hincrby(key, "resumes", 1)
@@ -169,13 +157,12 @@ def sweep(r: redis.Redis, broker_url: str, timing: Timing, now: float | None = N
     pipe = r.pipeline(transaction=False)
     for job_id in ids:
         pipe.get(keys.status(job_id))
-    running = [j for j, s in zip(ids, pipe.execute()) if s is not None and s.decode() not in FINAL]
+    running = [(j, s.decode()) for j, s in zip(ids, pipe.execute()) if s is not None and s.decode() not in FINAL]
     actions: list[str] = []
-    for job_id in running:
+    for job_id, status in running:
         raw = r.get(keys.spec(job_id))
-        status = (r.get(keys.status(job_id)) or b"").decode()
-        if raw is None or status in FINAL or not status:
-            continue  # ended (or expired) since
+        if raw is None:
+            continue  # expired since
         spec = json.loads(raw)
         try:
             actions += look_after(r, broker_url, job_id, spec, status, items_done(r, job_id, run_keys(spec)),

@@ -20,6 +20,7 @@ from evalq.shared.job import entry_head
 from evalq.shared.model import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
 from evalq.workers.runner import job_spec
+from evalq.workers.stages import run_keys
 
 log = logging.getLogger("evalq.worker")
 
@@ -136,7 +137,7 @@ def _expire(pipe, job_id: str, spec: dict) -> None:
     """An ended job's keys stay ``EVALQ_RESULT_TTL`` seconds (for ``evalq status``,
     a duplicate request, ``evalq report``'s inputs), then Redis forgets them."""
     ttl = spec.get("ttl") or Settings.from_env().result_ttl
-    for key in keys.all_job_keys(job_id, ([GENERATE] if GENERATE in spec else []) + list(spec["metrics"])):
+    for key in keys.all_job_keys(job_id, run_keys(spec)):
         pipe.expire(key, ttl)
 
 

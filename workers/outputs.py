@@ -14,7 +14,6 @@ process runs the callback writes the same files.
 from __future__ import annotations
 
 import json
-import math
 from datetime import datetime, timezone
 from typing import Iterator
 
@@ -24,7 +23,7 @@ from evalq.shared import keys
 from evalq.shared.job import entry_head as head
 from evalq.shared.model import GENERATE
 from evalq.shared.storage import Destination
-from evalq.workers.stages import span
+from evalq.workers.stages import entry_chunks
 
 LOG_BATCH = 2000
 
@@ -40,7 +39,7 @@ def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], 
     streamed = set()
     for slot, (key, entry) in enumerate(spec["metrics"].items()):
         raw = r.hgetall(keys.views(job_id, key))
-        if len(raw) == math.ceil(span(spec, entry) / entry["chunk_size"]):
+        if len(raw) == entry_chunks(spec, entry):
             report.add_views(slot, (json.loads(raw[k]) for k in sorted(raw, key=int)))
         else:
             streamed.add(key)

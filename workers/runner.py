@@ -22,6 +22,7 @@ from evalq.shared.aggregate import chunk_part
 from evalq.shared.errors import Deferred, MetricError, Skipped
 from evalq.shared.model import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
+from evalq.workers.stages import span
 
 log = logging.getLogger("evalq.worker")
 
@@ -190,7 +191,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
         from evalq.workers.report import chunk_view
 
         whole = job_spec(r, job_id)
-        view = chunk_view(items, whole["metrics"][metric_key].get("span", whole["n_instances"]), seed=start)
+        view = chunk_view(items, span(whole, whole["metrics"][metric_key]), seed=start)
     _write(r, job_id, metric_key, start, positions, records, elapsed, part, view)
     # Deterministic return value: the chord join stores it, and a redelivered
     # run must produce the very same entry.

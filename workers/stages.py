@@ -64,8 +64,23 @@ def span(spec: dict, entry: dict) -> int:
     return entry.get("span", spec["n_instances"])
 
 
+def run_keys(spec: dict) -> list[str]:
+    """Every run's key, in stage order: the generation stage's, then the metric entries'."""
+    return [key for stage in (GENERATE_STAGE, METRICS_STAGE) for key, _ in stage_runs(spec, stage)]
+
+
+def current_stage(spec: dict, status: str) -> str:
+    """The stage a running job is in: generation, until its callback marks the job ``generated``."""
+    return GENERATE_STAGE if GENERATE in spec and status != "generated" else METRICS_STAGE
+
+
+def entry_chunks(spec: dict, entry: dict) -> int:
+    """How many chunks a run is planned in."""
+    return math.ceil(span(spec, entry) / entry["chunk_size"])
+
+
 def stage_total(spec: dict, stage: str) -> int:
-    return sum(math.ceil(span(spec, entry) / entry["chunk_size"]) for _, entry in stage_runs(spec, stage))
+    return sum(entry_chunks(spec, entry) for _, entry in stage_runs(spec, stage))
 
 
 def stage_items(spec: dict, stage: str) -> int:

@@ -40,28 +40,38 @@ def get(url: str, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-@pytest.fixture
-def flower(redis_url, tmp_path):
+def start_flower(tmp_path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """`evalq flower` on the broker named in ``env``, behind basic auth, logging to
+    tmp_path/flower.log; returns (process, base URL) once it answers."""
     port = free_port()
     log = open(tmp_path / "flower.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "flower", "--broker", redis_url,
-                             "--port", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "EVALQ_FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"},
+    proc = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "flower", "--port", str(port)],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **env, "EVALQ_FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"},
                             start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
-        assert proc.poll() is None, (tmp_path / "flower.log").read_text()
+        assert proc.poll() is None, (tmp_path / "flower.log").read_text(errors="replace")
         try:
             if get(base + "/healthcheck")[0] == 200:
-                break
+                return proc, base
         except OSError:
             pass
         assert time.monotonic() < deadline, "Flower did not start"
         time.sleep(0.2)
-    yield base
+
+
+def stop_flower(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(15)
+
+
+@pytest.fixture
+def flower(redis_url, tmp_path):
+    proc, base = start_flower(tmp_path, {"EVALQ_BROKER_URL": redis_url})
+    yield base
+    stop_flower(proc)
     assert PASSWORD not in (tmp_path / "flower.log").read_text(errors="replace")
 
 
@@ -114,41 +124,19 @@ def test_flower_on_a_redis_with_a_password_and_tls(tmp_path, tls):
     """Flower follows a cluster whose Redis wants a password (and TLS, verified against
     a private CA): it sees the workers and the job's tasks, and its log and pages never
     show the Redis password."""
-    import shutil
-
     from tests.conftest import start_worker, stop_worker, wait_for_worker
-    from tests.integration.test_redis_auth_tls import PASSWORD as REDIS_PASSWORD, start_redis
+    from tests.integration.test_redis_auth_tls import PASSWORD as REDIS_PASSWORD, secure_redis
 
-    if tls and shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make test certificates")
-    server, url = start_redis(tmp_path, tls)
-    env = {"EVALQ_BROKER_URL": url}
-    if tls:
-        env["EVALQ_REDIS_CA_FILE"] = str(tmp_path / "certs" / "ca.crt")
+    server, url, env = secure_redis(tmp_path, tls)
     name = f"fl{uuid.uuid4().hex[:6]}"
     worker = start_worker(url, "cpu", tmp_path, concurrency=1, name=name, env=env)
-    port = free_port()
-    log_path = tmp_path / "flower.log"
-    flower = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "flower", "--port", str(port)],
-                              cwd=ROOT, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
-                              env={**os.environ, **env, "EVALQ_FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"},
-                              start_new_session=True)
-    base, pages = f"http://127.0.0.1:{port}", []
+    flower, pages = None, []
     try:
         with pytest.MonkeyPatch.context() as mp:
             for k, v in env.items():
                 mp.setenv(k, v)
             wait_for_worker(url, name)
-        deadline = time.monotonic() + 60
-        while True:
-            assert flower.poll() is None, log_path.read_text(errors="replace")
-            try:
-                if get(base + "/healthcheck")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "Flower did not start"
-            time.sleep(0.2)
+        flower, base = start_flower(tmp_path, env)
         time.sleep(2.0)  # its event consumer attaches shortly after the HTTP server
         path = tmp_path / "job.json"
         path.write_text(json.dumps({"instances": [{"id": f"i{i}", "actual-output": "a", "expected-output": ["a"]}
@@ -174,10 +162,11 @@ def test_flower_on_a_redis_with_a_password_and_tls(tmp_path, tls):
         for page in ("/", "/workers", "/tasks", "/broker"):
             pages.append(get(base + page, auth=(USER, PASSWORD))[1].decode(errors="replace"))
     finally:
-        os.killpg(flower.pid, signal.SIGTERM)
-        flower.wait(15)
+        if flower is not None:
+            stop_flower(flower)
         stop_worker(worker)
         server.terminate()
         server.wait(10)
-    texts = pages + [log_path.read_text(errors="replace"), worker.log_path.read_text(errors="replace")]
+    texts = pages + [(tmp_path / "flower.log").read_text(errors="replace"),
+                     worker.log_path.read_text(errors="replace")]
     assert not any(REDIS_PASSWORD in t for t in texts)

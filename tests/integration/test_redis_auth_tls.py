@@ -89,14 +89,21 @@ def make_certs(tmp_path: Path) -> Path:
     return certs
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["auth", "tls+auth"])
-def test_a_job_runs_on_a_redis_with_a_password_and_tls(tmp_path, tls):
+def secure_redis(tmp_path: Path, tls: bool) -> tuple[subprocess.Popen, str, dict[str, str]]:
+    """(server, URL, the environment evalq's processes take it from) of a Redis that wants
+    a password and, with ``tls``, TLS verified against a private CA."""
     if tls and shutil.which("openssl") is None:
         pytest.skip("openssl is needed to make test certificates")
     server, url = start_redis(tmp_path, tls)
     env = {"EVALQ_BROKER_URL": url}
     if tls:
         env["EVALQ_REDIS_CA_FILE"] = str(tmp_path / "certs" / "ca.crt")
+    return server, url, env
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["auth", "tls+auth"])
+def test_a_job_runs_on_a_redis_with_a_password_and_tls(tmp_path, tls):
+    server, url, env = secure_redis(tmp_path, tls)
     name = f"sec{uuid.uuid4().hex[:6]}"
     worker = start_worker(url, "cpu", tmp_path, concurrency=1, name=name, env=env)
     try:
