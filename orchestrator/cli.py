@@ -22,6 +22,12 @@ broker_option = click.option(
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """evalq: distributed evaluation of LLM applications."""
+    from evalq.shared.config import Settings
+    from evalq.shared.limits import Limits
+
+    # every EVALQ_* number is read up front: a bad one is reported before anything starts
+    Settings.from_env()
+    Limits.from_env()
 
 
 @cli.command()
@@ -31,7 +37,7 @@ def cli() -> None:
                    "else out/<job name>].")
 @broker_option
 @click.option("--chunk-size", type=click.IntRange(min=1), default=None, envvar="EVALQ_CHUNK_SIZE",
-              help="Items per task [default: per metric, 250 for cpu metrics].")
+              help="Items per task [default: per metric; cpu: 250 to 1,000 by the entry's items].")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
               help="Embedded mode: processes per cpu worker [default: CPU count].")
 @click.option("--stall-timeout", type=float, default=900.0, show_default=True,

@@ -12,14 +12,22 @@ CONTROL_QUEUE = "evalq.control"  # stage callbacks
 JOBS_QUEUE = "evalq.jobs"  # job requests (evalq.submit_job): the orchestrator role
 
 
-def _int(name: str, default: int) -> int:
+def env_number(name: str, default: int | float) -> int | float:
+    """The number in environment variable ``name`` (of ``default``'s type, at least 0),
+    or ``default`` when unset; anything else is a JobError naming the variable."""
     raw = os.environ.get(name)
-    return int(raw) if raw else default
+    if not raw:
+        return default
+    kind = type(default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = -1
+    if not value >= 0:  # negative, or NaN
+        from evalq.shared.errors import JobError
 
-
-def _float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    return float(raw) if raw else default
+        raise JobError(f"{name}: expected {'a whole number' if kind is int else 'a number'} >= 0, got {raw!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -42,11 +50,11 @@ class Settings:
     def from_env(cls) -> "Settings":
         return cls(
             broker_url=os.environ.get("EVALQ_BROKER_URL") or None,
-            visibility_timeout=_int("EVALQ_VISIBILITY_TIMEOUT", 3600),
-            result_ttl=_int("EVALQ_RESULT_TTL", 7 * 24 * 3600),
-            sweep_interval=_float("EVALQ_SWEEP_INTERVAL", 5.0),
-            callback_grace=_float("EVALQ_CALLBACK_GRACE", 10.0),
-            resume_after=_float("EVALQ_RESUME_AFTER", 15.0),
+            visibility_timeout=env_number("EVALQ_VISIBILITY_TIMEOUT", 3600),
+            result_ttl=env_number("EVALQ_RESULT_TTL", 7 * 24 * 3600),
+            sweep_interval=env_number("EVALQ_SWEEP_INTERVAL", 5.0),
+            callback_grace=env_number("EVALQ_CALLBACK_GRACE", 10.0),
+            resume_after=env_number("EVALQ_RESUME_AFTER", 15.0),
         )
 
 

@@ -14,16 +14,12 @@ Settings (environment, bytes unless said):
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
+from evalq.shared.config import env_number
+
 MiB = 1 << 20
-
-
-def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    return int(raw) if raw else default
 
 
 @dataclass(frozen=True)
@@ -35,10 +31,10 @@ class Limits:
 
     @classmethod
     def from_env(cls) -> "Limits":
-        return cls(job_bytes=_int("EVALQ_MAX_JOB_BYTES", 256 * MiB),
-                   record_bytes=_int("EVALQ_MAX_RECORD_BYTES", 16 * MiB),
-                   dataset_bytes=_int("EVALQ_MAX_DATASET_BYTES", 64 * 1024 * MiB),
-                   json_depth=_int("EVALQ_MAX_JSON_DEPTH", 64))
+        return cls(job_bytes=env_number("EVALQ_MAX_JOB_BYTES", 256 * MiB),
+                   record_bytes=env_number("EVALQ_MAX_RECORD_BYTES", 16 * MiB),
+                   dataset_bytes=env_number("EVALQ_MAX_DATASET_BYTES", 64 * 1024 * MiB),
+                   json_depth=env_number("EVALQ_MAX_JSON_DEPTH", 64))
 
 
 def size(n: int) -> str:

@@ -155,3 +155,19 @@ def test_output_that_cannot_be_a_directory_exits_2_before_running(tmp_path):
     proc = evalq("run", str(job), "--out", str(taken), "--broker", "redis://127.0.0.1:1/0", timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"{taken}: exists and is not a directory" in proc.stderr
+
+
+@pytest.mark.parametrize("variable,value,expected", [
+    ("EVALQ_RESUME_AFTER", "abc", "a number >= 0"),
+    ("EVALQ_SWEEP_INTERVAL", "nan", "a number >= 0"),
+    ("EVALQ_VISIBILITY_TIMEOUT", "1.5", "a whole number >= 0"),
+    ("EVALQ_MAX_JOB_BYTES", "-5", "a whole number >= 0"),
+])
+def test_a_bad_numeric_setting_is_named_with_exit_2(tmp_path, variable, value, expected):
+    job = write_job(tmp_path / "job.json", [{"id": "a", "actual-output": "x", "expected-output": ["x"]}],
+                    [{"id": "exact_match"}])
+    proc = evalq("run", str(job), "--out", str(tmp_path / "out"), env={variable: value})
+    assert proc.returncode == 2, proc.stderr
+    assert f"error: {variable}: expected {expected}, got {value!r}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
