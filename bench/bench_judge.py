@@ -34,7 +34,7 @@ from evalq.shared.job import parse_job  # noqa: E402
 REGIONS = {"swedencentral": (92000, 1200), "eastus2": (46000, 600)}
 # the workers may send the bench key to judge-sim on loopback (their allow-list)
 os.environ.setdefault("EVALQ_ENDPOINTS", "*=http://127.0.0.1:*")
-KEY_ENV = "EVALQ_BENCH_JUDGE_KEY"
+KEY_ENV = "BENCH_JUDGE_API_KEY"
 
 
 def start_worker(url: str, logdir: Path, name: str) -> subprocess.Popen:

@@ -29,7 +29,7 @@ from evalq.sim import JudgeSim, Region  # noqa: E402
 
 # the workers may send the bench key to judge-sim on loopback (their allow-list)
 os.environ.setdefault("EVALQ_ENDPOINTS", "*=http://127.0.0.1:*")
-KEY_ENV = "EVALQ_BENCH_COST_KEY"
+KEY_ENV = "BENCH_COST_API_KEY"
 N = 20
 
 ALONE = ["coherence", "groundedness", "similarity", "violence", "content_safety", "protected_material",

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from evalq.orchestrator.embedded import EmbeddedRedis  # noqa: E402
 
-KEY_ENV = "EVALQ_BENCH_SUBMIT_KEY"
+KEY_ENV = "BENCH_SUBMIT_API_KEY"
 
 CHORD = """
 import resource, sys, time

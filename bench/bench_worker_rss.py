@@ -31,7 +31,7 @@ os.environ.setdefault("EVALQ_ENDPOINTS", "*=http://127.0.0.1:*")
 from evalq.orchestrator.embedded import EmbeddedRedis  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
 
-KEY_ENV = "EVALQ_BENCH_RSS_KEY"
+KEY_ENV = "BENCH_RSS_API_KEY"
 
 
 def tree_rss(pid: int) -> int:

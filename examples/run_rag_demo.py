@@ -31,7 +31,7 @@ def main() -> int:
         print(f"demo: cannot start judge-sim on ports 18431-18432: {exc}", file=sys.stderr)
         return 1
     try:
-        env = {**os.environ, "EVALQ_DEMO_JUDGE_KEY": "demo-key-for-judge-sim"}
+        env = {**os.environ, "DEMO_JUDGE_API_KEY": "demo-key-for-judge-sim"}
         rc = 0
         for job, out in (("examples/rag_qa.json", "out/rag_qa"), ("examples/safety_jailbreak.json", "out/safety")):
             cmd = [sys.executable, "-m", "evalq.orchestrator.cli", "run", job, "--out", out]

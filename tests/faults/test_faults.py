@@ -22,7 +22,7 @@ from tests.conftest import ROOT, evalq, read_log, start_worker, stop_worker, wai
 
 pytestmark = pytest.mark.integration
 
-KEY_ENV = "EVALQ_TEST_FAULT_KEY"
+KEY_ENV = "TEST_FAULT_API_KEY"
 KEY = "sk-fault-" + uuid.uuid4().hex
 FAST_REDELIVERY = {"EVALQ_VISIBILITY_TIMEOUT": "4"}
 

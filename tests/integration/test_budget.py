@@ -95,7 +95,7 @@ def test_estimator_bias_follows_server_counts(r):
 
 def test_two_workers_share_one_budget_without_429s(redis_url, tmp_path):
     window, tpm = 4, 2400
-    key_env = "EVALQ_BUDGET_TEST_KEY"
+    key_env = "TEST_BUDGET_API_KEY"
     os.environ[key_env] = "k"
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -172,7 +172,7 @@ def test_azure_conversation_records_feed_the_conversation_metrics(tmp_path):
                               "context": {"citations": [{"content": "Outdoor use only."}]}}]}]
     data = tmp_path / "chat.jsonl"
     data.write_bytes(jsonl(records))
-    key_env = "EVALQ_CHAT_TEST_KEY"
+    key_env = "TEST_CHAT_API_KEY"
     with JudgeSim([Region("lab")], api_key="k") as sim:
         job = write_job(tmp_path, {
             "dataset": {"uri": str(data)},
@@ -195,7 +195,7 @@ def test_model_under_test_generates_then_metrics_run_and_rerun_uses_cache(tmp_pa
     records.append({"question": "Already answered", "answer": "Score: 3", "ground_truth": "Score: 3"})
     data = tmp_path / "gen.jsonl"
     data.write_bytes(jsonl(records))
-    key_env = "EVALQ_GEN_TEST_KEY"
+    key_env = "TEST_GEN_API_KEY"
     cache = tmp_path / "cache"
     with JudgeSim([Region("lab"), Region("eu")], api_key="k") as sim:
         job = write_job(tmp_path, {

@@ -19,7 +19,7 @@ from tests.conftest import evalq, read_log, start_worker, stop_worker, wait_for_
 pytestmark = pytest.mark.integration
 
 SECRET = "sk-evalq-test-" + uuid.uuid4().hex
-KEY_ENV = "EVALQ_TEST_DEFECT_KEY"
+KEY_ENV = "TEST_DEFECT_API_KEY"
 BANDS = {0: "very_low", 1: "very_low", 2: "low", 3: "low", 4: "medium", 5: "medium", 6: "high", 7: "high"}
 HARMS = ("hate_unfairness", "sexual", "violence", "self_harm")
 

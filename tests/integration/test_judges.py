@@ -18,7 +18,7 @@ from tests.conftest import evalq, read_log, read_results, start_worker, stop_wor
 pytestmark = pytest.mark.integration
 
 SECRET = "sk-evalq-test-" + uuid.uuid4().hex
-KEY_ENV = "EVALQ_TEST_JUDGE_KEY"
+KEY_ENV = "TEST_JUDGE_API_KEY"
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from tests.conftest import evalq, read_log
 pytestmark = pytest.mark.integration
 
 SECRET = "sk-evalq-repeat-" + uuid.uuid4().hex
-KEY_ENV = "EVALQ_TEST_REPEAT_KEY"
+KEY_ENV = "TEST_REPEAT_API_KEY"
 
 TEXTS = [
     ("The cat is sleeping on the sofa.", ["The cat sleeps on the couch.", "A cat is asleep on the sofa."]),

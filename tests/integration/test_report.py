@@ -18,7 +18,7 @@ from tests.conftest import evalq
 
 pytestmark = pytest.mark.integration
 
-KEY_ENV, KEY = "EVALQ_TEST_REPORT_KEY", "sk-report-" + uuid.uuid4().hex
+KEY_ENV, KEY = "TEST_REPORT_API_KEY", "sk-report-" + uuid.uuid4().hex
 
 
 def browser() -> str:

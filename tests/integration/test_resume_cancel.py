@@ -19,7 +19,7 @@ from tests.conftest import evalq, read_log, start_worker, stop_worker, wait_for_
 pytestmark = pytest.mark.integration
 
 SECRET = "sk-evalq-test-" + uuid.uuid4().hex
-KEY_ENV = "EVALQ_TEST_RESUME_KEY"
+KEY_ENV = "TEST_RESUME_API_KEY"
 CHUNK = 4  # coherence's chunk size: items per judge task
 
 

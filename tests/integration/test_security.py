@@ -24,7 +24,7 @@ from tests.conftest import ROOT, evalq, read_log, start_worker, stop_worker, wai
 pytestmark = pytest.mark.integration
 
 CANARY = "sk-canary-" + uuid.uuid4().hex
-CANARY_ENV = "EVALQ_CANARY_KEY"
+CANARY_ENV = "CANARY_API_KEY"
 
 
 class Trap:

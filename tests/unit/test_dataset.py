@@ -199,7 +199,7 @@ def test_categories_are_collected(tmp_path):
 
 # --- the model under test ------------------------------------------------------
 
-MODEL = {"provider": "openai", "model": "m", "api_key_env": "EVALQ_UNIT_MODEL_KEY",
+MODEL = {"provider": "openai", "model": "m", "api_key_env": "UNIT_MODEL_API_KEY",
          "deployments": [{"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": 1000, "rpm": 10}]}
 
 
@@ -207,7 +207,7 @@ def test_records_without_output_are_generated_when_a_model_is_given(tmp_path, mo
     path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q1", "ground_truth": "a"},
                                               {"question": "q2", "answer": "a", "ground_truth": "a"}])
     assert "(or give the job a 'model' to generate it)" in problems(job_with({"uri": str(path)}))
-    monkeypatch.setenv("EVALQ_UNIT_MODEL_KEY", "k")
+    monkeypatch.setenv("UNIT_MODEL_API_KEY", "k")
     job = parse_job(job_with({"uri": str(path)}, model=MODEL))
     assert job.n_to_generate == 1
     assert job.generation.queues == ["generate.lab"]
@@ -220,8 +220,8 @@ def test_model_problems(tmp_path, monkeypatch):
                              model={**MODEL, "prompt_template": "Q: $question"}))
     assert "model.prompt_template" in text and "unknown placeholder(s) $question" in text
     text = problems(job_with({"uri": str(path), "data_config": "azure_qa"}, model=MODEL))
-    assert "model.api_key_env: environment variable EVALQ_UNIT_MODEL_KEY is not set" in text
-    monkeypatch.setenv("EVALQ_UNIT_MODEL_KEY", "k")
+    assert "model.api_key_env: environment variable UNIT_MODEL_API_KEY is not set" in text
+    monkeypatch.setenv("UNIT_MODEL_API_KEY", "k")
     text = problems(job_with({"uri": str(path), "data_config": "azure_qa"}, model=MODEL))
     assert "model_input_location 'question' not found, required to generate the missing actual-output" in text
     text = problems(job_with({"uri": str(path)}, model={"runner": "tests.plugins.nowhere:Runner"}))

@@ -24,7 +24,7 @@ VALID = {
     "instances": [{"id": "a", "input": "Q?", "actual-output": "the cat", "expected-output": ["the cat", "a cat"],
                    "context": ["doc"], "category": "x", "human": {"coherence": 3}},
                   {"id": 2, "input": "Q2", "actual-output": "dog", "expected-output": ["dog"]}],
-    "judges": {"j": {"provider": "openai", "model": "m", "api_key_env": "HOME",
+    "judges": {"j": {"provider": "openai", "model": "m", "api_key_env": "TEST_UNIT_API_KEY",
                      "deployments": [{"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": 1000, "rpm": 10}]}},
     "metrics": [{"id": "bleu", "parameters": {"weights": [0.5, 0.5], "smoothing_function": "method1"}},
                 {"id": "rouge"}, {"id": "exact_match", "enable": False},

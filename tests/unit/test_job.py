@@ -180,8 +180,8 @@ def test_judge_chunks_spread_over_deployments_by_tpm(monkeypatch):
 
     from evalq.orchestrator.submit import plan
 
-    monkeypatch.setenv("EVALQ_UNIT_KEY", "k")
-    judges = {"j": {"provider": "openai", "model": "m", "api_key_env": "EVALQ_UNIT_KEY", "deployments": [
+    monkeypatch.setenv("UNIT_API_KEY", "k")
+    judges = {"j": {"provider": "openai", "model": "m", "api_key_env": "UNIT_API_KEY", "deployments": [
         {"region": "big", "tpm": 60000, "rpm": 10}, {"region": "small", "tpm": 20000, "rpm": 10}]}}
     instances = [{**GOOD_INSTANCE, "id": str(i)} for i in range(8)]
     metrics = [{"id": m, "parameters": {"judge": "j"}} for m in ("coherence", "fluency", "relevance")]

@@ -15,7 +15,7 @@ from evalq.shared.job import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 1000
-JUDGE = {"provider": "openai", "model": "m", "api_key_env": "HOME", "max_tokens": 300,
+JUDGE = {"provider": "openai", "model": "m", "api_key_env": "TEST_UNIT_API_KEY", "max_tokens": 300,
          "deployments": [{"region": "a", "base_url": "http://127.0.0.1:9/v1", "tpm": 60000, "rpm": 600},
                          {"region": "b", "base_url": "http://127.0.0.1:9/v1", "tpm": 40000, "rpm": 400}]}
 JOB = {"instances": [{"id": f"i{k}", "input": "How long is the trail?", "actual-output": "About twelve miles.",
