@@ -22,12 +22,14 @@ broker_option = click.option(
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """evalq: distributed evaluation of LLM applications."""
+    from evalq.shared import bounds
     from evalq.shared.config import Settings
     from evalq.shared.limits import Limits
 
     # every EVALQ_* number is read up front: a bad one is reported before anything starts
     Settings.from_env()
     Limits.from_env()
+    bounds.check_env()
 
 
 @cli.command()
@@ -116,6 +118,9 @@ def metrics(as_json: bool) -> None:
             if not field.is_required():
                 default = field.get_default(call_default_factory=True)
                 entry["default"] = default.model_dump(mode="json") if hasattr(default, "model_dump") else default
+            longest = next((m.max_length for m in field.metadata if getattr(m, "max_length", None)), None)
+            if longest is not None:  # items of a list, characters of a string (evalq.shared.bounds)
+                entry["max_length"] = longest
             params.append(entry)
         rows.append({"id": spec.id, "queue": spec.queue, "aggregation": spec.aggregation,
                      "requires": list(spec.requires), "description": spec.description,
@@ -128,7 +133,8 @@ def metrics(as_json: bool) -> None:
         click.echo(f"    {row['description']}")
         for p in row["parameters"]:
             value = "(required)" if p["required"] else f"= {json.dumps(p['default'])}"
-            click.echo(f"    - {p['name']}: {p['type']} {value}  {p['description']}")
+            longest = f" (at most {p['max_length']})" if "max_length" in p else ""
+            click.echo(f"    - {p['name']}: {p['type']}{longest} {value}  {p['description']}")
         if not row["parameters"]:
             click.echo("    (no parameters)")
 

@@ -22,6 +22,7 @@ from evalq.shared.aggregate import chunk_part
 from evalq.shared.errors import Deferred, MetricError, Skipped
 from evalq.shared.model import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
+from evalq.workers.item_budget import bounded
 from evalq.workers.stages import span
 
 log = logging.getLogger("evalq.worker")
@@ -112,7 +113,7 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
     ``Skipped`` marks the item as not run. An instance marked
     ``NOT_GENERATED`` is recorded with that outcome and not scored.
     """
-    fn = spec.load()
+    fn = bounded(spec, spec.load())  # EVALQ_ITEM_TIMEOUT per item (evalq.workers.item_budget)
     extra = ((prepared,) if spec.prepare else ()) + ((judge,) if spec.calls_endpoint else ())
     outcomes: list = [inst.pop(NOT_GENERATED, None) for inst in instances]
     ready = [i for i, outcome in enumerate(outcomes) if outcome is None]

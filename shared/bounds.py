@@ -1,0 +1,57 @@
+"""Bounded work per item: a job's parameters and its instance text come from someone
+else, so what one item may cost a worker is bounded, in three ways.
+
+- Parameter sizes, checked at validation (exit 2, naming the entry and the
+  parameter): the constants below, used by the parameter models
+  (``evalq.shared.params``, ``evalq.shared.judges``). A list or string a metric
+  repeats for every item (BLEU weights, a rubric's criteria and examples) cannot
+  make each item cost more than a few such entries.
+- Tokens per text for metrics quadratic in them (ROUGE-L and ROUGE-Lsum: a
+  longest common subsequence is tokens x tokens): ``EVALQ_MAX_ROUGE_L_TOKENS``
+  (default 2,000; measured about 0.75 s per answer and reference pair at that
+  length on one core). A longer text is an error on that item, saying so.
+- A time budget per item, ``EVALQ_ITEM_TIMEOUT`` (seconds, default 30) for
+  metrics computed in the worker's own process (cpu metrics, plugins), enforced
+  with a timer signal (``evalq.workers.item_budget``). Metrics that call a model
+  (judges, the model under test) are bounded by their endpoint's ``timeout`` and
+  ``max_retries`` instead; batch metrics (bertscore) by their chunk.
+
+0 turns either setting off. Both are read where items are scored (cpu workers)
+and checked up front by every ``evalq`` command, like every ``EVALQ_*`` number.
+"""
+
+from __future__ import annotations
+
+from evalq.shared.config import env_number
+
+# --- parameter sizes (validation) -------------------------------------------------
+MAX_BLEU_ORDER = 10          # BLEU weights: one per n-gram order, orders 1 to 10
+MAX_NAME_CHARS = 128         # a judge's name as a metric parameter names it
+MAX_CRITERIA_CHARS = 10_000  # a rubric's criteria, sent with every item
+MAX_EXAMPLES = 22            # a rubric's few-shot examples: two per point of the largest (11-point) scale
+MAX_EXAMPLE_CHARS = 4_000    # each text of an example (output, input, reason), sent with every item
+MAX_PATH_CHARS = 4_096       # a model folder or baseline file (Linux PATH_MAX)
+MAX_LANG_CHARS = 35          # a language tag (BCP 47 tags are at most 35 characters)
+MAX_DEVICE_CHARS = 16        # cpu, cuda:N, mps
+MAX_BATCH_SIZE = 4_096       # bertscore sentences per forward pass
+MAX_THREADS = 256            # bertscore's (unused) nthreads
+
+# --- runtime (workers) ---------------------------------------------------------------
+ITEM_TIMEOUT_ENV, ITEM_TIMEOUT_DEFAULT = "EVALQ_ITEM_TIMEOUT", 30.0
+ROUGE_L_TOKENS_ENV, ROUGE_L_TOKENS_DEFAULT = "EVALQ_MAX_ROUGE_L_TOKENS", 2_000
+
+
+def item_timeout() -> float:
+    """Seconds one item of an in-process metric may take (0: no budget)."""
+    return env_number(ITEM_TIMEOUT_ENV, ITEM_TIMEOUT_DEFAULT)
+
+
+def rouge_l_max_tokens() -> int:
+    """Tokens (rouge-score's) a text may have for ROUGE-L/Lsum (0: no limit)."""
+    return env_number(ROUGE_L_TOKENS_ENV, ROUGE_L_TOKENS_DEFAULT)
+
+
+def check_env() -> None:
+    """Read every setting here once: a bad value is a JobError before anything starts."""
+    item_timeout()
+    rouge_l_max_tokens()
