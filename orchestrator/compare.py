@@ -2,8 +2,9 @@
 
 A run is read from its output location (directory or S3 prefix):
 ``results.json`` for the entries and their parameters, ``log.jsonl`` for the
-item values, paired across runs by instance id. Each entry's items become named
-numbers (its *fields*): ``mean`` for numeric scores and judge ratings,
+item values (each line names its entry by its position in results.json,
+``evalq.shared.loglines``), paired across runs by instance id. Each entry's
+items become named numbers (its *fields*): ``mean`` for numeric scores and judge ratings,
 ``defect_rate`` (1 for a defect, 0 otherwise) for safety metrics, and one field
 per number for metrics whose result is an object (``rouge.rouge1``,
 ``bertscore.f1``). A jailbreak's injected variant is left out.
@@ -70,6 +71,7 @@ def _passes(result: Any, head: dict, aggregation: str) -> bool | None:
 
 def load_run(location: str) -> Run:
     import evalq.shared.metrics  # noqa: F401  (the registry: how each metric aggregates)
+    from evalq.shared.loglines import entry_index, entry_slot
     from evalq.shared.registry import REGISTRY
     from evalq.shared.storage import Destination, open_binary, read_lines
 
@@ -82,9 +84,7 @@ def load_run(location: str) -> Run:
     if not isinstance(results, list):
         raise JobError(f"{dest.path('results.json')}: expected evalq's list of metric results")
     keys = _entry_keys(results)
-    by_head = {}
-    for key, m in zip(keys, results):
-        by_head.setdefault((m["metric"], m.get("name"), json.dumps(m["parameters"], sort_keys=True)), []).append(key)
+    index = entry_index(results)
     values: dict[str, dict[str, dict[str, float]]] = {k: {} for k in keys}
     passed: dict[str, dict[str, bool]] = {k: {} for k in keys}
     categories: dict[str, str] = {}
@@ -92,14 +92,14 @@ def load_run(location: str) -> Run:
         line = json.loads(text)
         if line.get("metric") == "generate" or line.get("variant") is not None or "result" not in line:
             continue
-        candidates = by_head.get((line["metric"], line.get("name"), json.dumps(line["parameters"], sort_keys=True)))
-        if not candidates:
+        slot = entry_slot(line, results, index)
+        if slot is None:
             continue
+        key, head = keys[slot], results[slot]  # the entry's parameters are in results.json, not on the line
         iid = str(line["instance_id"])
-        key = next((k for k in candidates if iid not in values[k]), candidates[-1])
         aggregation = REGISTRY.get(line["metric"]).aggregation if line["metric"] in REGISTRY else "mean"
-        values[key][iid] = _fields(line["result"], line, aggregation)
-        ok = _passes(line["result"], line, aggregation)
+        values[key][iid] = _fields(line["result"], head, aggregation)
+        ok = _passes(line["result"], head, aggregation)
         if ok is not None:
             passed[key][iid] = ok
         if isinstance(line.get("category"), str):

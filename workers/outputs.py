@@ -4,6 +4,8 @@ directory (of the worker that runs the callback) or an S3 prefix:
 - ``results.json``: HarpIA's list, one aggregate per enabled metric entry;
 - ``log.jsonl``: one line per (instance, metric entry), after one line per
   generated output (``"metric": "generate"``) when the model under test ran;
+  a line names its entry (``evalq.shared.loglines``), whose parameters
+  results.json and run.json carry once;
 - ``run.json``: what ran: job id, status, source, dataset and how it was
   read, bad records skipped, the generation stage's summary, times and versions.
 
@@ -21,6 +23,7 @@ import redis
 
 from evalq.shared import keys
 from evalq.shared.job import entry_head as head
+from evalq.shared.loglines import log_head
 from evalq.shared.model import GENERATE
 from evalq.shared.storage import Destination
 from evalq.workers.stages import entry_chunks
@@ -97,9 +100,10 @@ def _log_entries(r: redis.Redis, spec: dict, job_id: str,
     per (metric entry, instance), entry by entry in job order, instances in job order."""
     missing = {"skipped": "the job was cancelled"} if cancelled else {"error": "no result recorded"}
     runs = ([(GENERATE, spec[GENERATE])] if GENERATE in spec else []) + list(spec["metrics"].items())
+    slots = {key: slot for slot, key in enumerate(spec["metrics"])}
     for key, entry in runs:
         n = entry.get("span", spec["n_instances"]) if key != GENERATE else spec["n_instances"]
-        head_obj = head(entry)
+        head_obj = log_head(entry, slots.get(key))
         head_json = json.dumps(head_obj, ensure_ascii=False)[1:-1]
         rkey = keys.results(job_id, key)
         for start in range(0, n, LOG_BATCH):

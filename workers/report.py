@@ -17,6 +17,7 @@ import random
 from typing import Any, Callable, Iterable
 
 from evalq.shared.aggregate import flag, numbers, score, severities
+from evalq.shared.loglines import entry_index, entry_slot
 
 RESERVOIR = 20_000
 WORST = 10
@@ -78,10 +79,6 @@ def histogram(values: list[float], title: str) -> str:
 
 # --- the run report -------------------------------------------------------------------
 
-def _entry_key(head: dict) -> tuple:
-    return head["metric"], head.get("name"), json.dumps(head["parameters"], sort_keys=True)
-
-
 def record_view(record: dict) -> tuple[dict[str, float], float | None]:
     """What the report takes from one item record: the numbers it samples for the
     histograms, and how bad the item is (higher: worse; ``inf`` for an error; None:
@@ -140,9 +137,7 @@ class ReportBuilder:
 
     def __init__(self, summary: list[dict], run: dict, worst: int = WORST):
         self.summary, self.run, self.worst = summary, run, worst
-        self.index = {}
-        for i, m in enumerate(summary):
-            self.index.setdefault(_entry_key(m), []).append(i)
+        self.index = entry_index(summary)
         self.samples: list[dict[str, list[float]]] = [{} for _ in summary]
         self.seen: list[dict[str, int]] = [{} for _ in summary]
         self.heaps: list[list] = [[] for _ in summary]
@@ -152,10 +147,9 @@ class ReportBuilder:
     def add(self, line: dict, position: int | None = None) -> None:
         if line.get("metric") == "generate" or line.get("variant") is not None:
             return
-        slots = self.index.get((line["metric"], line.get("name"), json.dumps(line["parameters"], sort_keys=True)))
-        if not slots:
+        i = entry_slot(line, self.summary, self.index)
+        if i is None:
             return
-        i = slots[0]
         self._counter += 1
         fields, badness = record_view(line)
         for name, v in fields.items():

@@ -114,25 +114,27 @@ def test_one_result_per_enabled_entry_in_job_order(ran):
     assert results[2]["parameters"] == {"weights": [0.5, 0.5], "smoothing_function": "method3", "auto_reweigh": True}
     assert [r["parameters"]["idf"] for r in results if r["metric"] == "bertscore"] == [False, True]
     assert all(r["n"] == len(INSTANCES) and r["n_errors"] == 0 for r in results), results
-    # one line per (instance, entry), entry by entry, each carrying its entry's parameters
+    # one line per (instance, entry), entry by entry, each naming its entry (its parameters: results.json)
     assert len(log) == len(results) * len(INSTANCES)
     for k, result in enumerate(results):
         lines = log[k * len(INSTANCES):(k + 1) * len(INSTANCES)]
         assert [line["instance_id"] for line in lines] == [i["id"] for i in INSTANCES]
-        assert all(line["metric"] == result["metric"] and line["parameters"] == result["parameters"]
+        assert all(line["metric"] == result["metric"] and line["entry"] == k and "parameters" not in line
                    and line.get("name") == result.get("name") for line in lines)
 
 
-def _lines(log: list[dict], metric: str, **params) -> list[dict]:
+def _lines(ran: tuple[list[dict], list[dict]], metric: str, **params) -> list[dict]:
+    """The log lines of the entry with these parameters (found in results.json by the line's ``entry``)."""
+    results, log = ran
     return [line for line in log if line["metric"] == metric
-            and all(line["parameters"][k] == v for k, v in params.items())]
+            and all(results[line["entry"]]["parameters"][k] == v for k, v in params.items())]
 
 
 def test_each_bleu_equals_nltk_with_its_parameters(ran):
     results, log = ran
     for params, result in ((BLEU_A, results[0]), (BLEU_B, results[2])):
         expected = _bleu(params)
-        got = [line["result"] for line in _lines(log, "bleu", weights=[float(w) for w in params["weights"]])]
+        got = [line["result"] for line in _lines(ran, "bleu", weights=[float(w) for w in params["weights"]])]
         assert got == pytest.approx(expected, abs=1e-12)
         assert result["score"] == pytest.approx(sum(expected) / len(expected), abs=1e-12)
     assert _bleu(BLEU_A) != pytest.approx(_bleu(BLEU_B))  # the two entries really differ
@@ -142,7 +144,7 @@ def test_each_rouge_equals_rouge_score_with_its_parameters(ran):
     results, log = ran
     for params, result in ((ROUGE_A, results[1]), (ROUGE_B, results[5])):
         expected = _rouge(params)
-        lines = _lines(log, "rouge", rouge_types=params["rouge_types"])
+        lines = _lines(ran, "rouge", rouge_types=params["rouge_types"])
         assert len(lines) == len(INSTANCES)
         for line, ref in zip(lines, expected):
             for rtype in params["rouge_types"]:
@@ -156,7 +158,7 @@ def test_bertscore_with_and_without_idf_equals_bert_score(ran):
     results, log = ran
     for idf, result in ((False, results[3]), (True, results[6])):
         expected = _bertscore(idf)
-        got = [line["result"]["f1"] for line in _lines(log, "bertscore", idf=idf)]
+        got = [line["result"]["f1"] for line in _lines(ran, "bertscore", idf=idf)]
         assert got == pytest.approx(expected, abs=1e-4)
         assert result["score"]["f1"] == pytest.approx(sum(expected) / len(expected), abs=1e-4)
     assert _bertscore(False) != pytest.approx(_bertscore(True), abs=1e-3)
@@ -165,7 +167,7 @@ def test_bertscore_with_and_without_idf_equals_bert_score(ran):
 def test_judge_metric_twice_with_different_thresholds(ran):
     results, log = ran
     for threshold, result in ((3, results[4]), (5, results[7])):
-        lines = _lines(log, "coherence", threshold=threshold)
+        lines = _lines(ran, "coherence", threshold=threshold)
         assert [line["result"]["score"] for line in lines] == SCORES
         assert result["score"]["mean"] == pytest.approx(sum(SCORES) / len(SCORES))
         assert result["score"]["pass_rate"] == pytest.approx(sum(s >= threshold for s in SCORES) / len(SCORES))
