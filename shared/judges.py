@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from evalq.shared import bounds
 from evalq.shared.params import Params
 
 _REGION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -92,25 +93,31 @@ class JudgingOptions(_Model):
                                   description="stop sending judge calls once the job reserved this many tokens")
 
 
+# A judge metric's ``judge`` parameter: the name of one of the job's judges.
+JudgeName = Annotated[str, Field(max_length=bounds.MAX_NAME_CHARS,
+                                 description="name of a judge in the job's 'judges'")]
+
+
 class JudgeParams(Params):
-    judge: str = Field(description="name of a judge in the job's 'judges'")
+    judge: JudgeName
     threshold: int | None = Field(default=None, ge=1, le=5,
                                   description="report the share of items scoring at least this")
 
 
 class RubricExample(_Model):
     score: int
-    output: str = Field(description="an answer that deserves this score")
-    input: str | None = None
-    reason: str | None = None
+    output: str = Field(max_length=bounds.MAX_EXAMPLE_CHARS, description="an answer that deserves this score")
+    input: str | None = Field(default=None, max_length=bounds.MAX_EXAMPLE_CHARS)
+    reason: str | None = Field(default=None, max_length=bounds.MAX_EXAMPLE_CHARS)
 
 
 class RubricParams(Params):
-    judge: str = Field(description="name of a judge in the job's 'judges'")
-    criteria: str = Field(min_length=1, description="what the judge grades, in plain words")
+    judge: JudgeName
+    criteria: str = Field(min_length=1, max_length=bounds.MAX_CRITERIA_CHARS,
+                          description="what the judge grades, in plain words")
     scale_min: int = Field(default=1, description="lowest score")
     scale_max: int = Field(default=5, description="highest score")
-    examples: list[RubricExample] = Field(default_factory=list,
+    examples: list[RubricExample] = Field(default_factory=list, max_length=bounds.MAX_EXAMPLES,
                                           description="few-shot examples, ideally one per score")
     threshold: int | None = Field(default=None, description="report the share of items scoring at least this")
 
@@ -139,19 +146,19 @@ def severity_label(severity: int) -> str:
 
 
 class SafetyParams(Params):
-    judge: str = Field(description="name of a judge in the job's 'judges'")
+    judge: JudgeName
     threshold: int = Field(default=4, ge=0, le=7,
                            description="an item is a defect when its severity (0-7) is at or above this")
 
 
 class DefectJudgeParams(Params):
-    judge: str = Field(description="name of a judge in the job's 'judges'")
+    judge: JudgeName
 
 
 # --- claim-based metrics (seed 002)
 
 class ClaimsParams(Params):
-    judge: str = Field(description="name of a judge in the job's 'judges'")
+    judge: JudgeName
     neutral_value: float = Field(default=0.5, ge=0.0, le=1.0,
                                  description="value of a claim neither entailed nor contradicted")
     round_up_at: float | None = Field(default=None, ge=0.0, le=1.0,
@@ -159,7 +166,7 @@ class ClaimsParams(Params):
 
 
 class ClaimScoreParams(Params):
-    judge: str = Field(description="name of a judge in the job's 'judges'")
+    judge: JudgeName
     round_up_at: float | None = Field(default=None, ge=0.0, le=1.0,
                                       description="a score at or above this counts as 1 (the log keeps the raw one)")
 
@@ -176,7 +183,7 @@ class RelationValues(_Model):
 
 
 class RubricsFCParams(Params):
-    judge: str = Field(description="name of a judge in the job's 'judges'")
+    judge: JudgeName
     values: RelationValues = Field(default_factory=RelationValues,
                                    description="the number each relation scores")
     round_up_at: float | None = Field(default=None, ge=0.0, le=1.0,

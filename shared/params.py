@@ -3,13 +3,20 @@ parameter is an error that names it."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from evalq.shared import bounds
+
 
 class Params(BaseModel):
+    """Give every list and string parameter a ``max_length`` (evalq's own are in
+    ``evalq.shared.bounds``): parameters apply to every item, so a job must not be
+    able to multiply what each item costs by making one long."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
@@ -26,7 +33,7 @@ class BleuParams(Params):
     """``nltk.translate.bleu_score.sentence_bleu``'s three parameters."""
 
     weights: list[float] = Field(
-        default=[0.25, 0.25, 0.25, 0.25],
+        default=[0.25, 0.25, 0.25, 0.25], max_length=bounds.MAX_BLEU_ORDER,
         description="n-gram weights, one per order (BLEU-4 by default)",
     )
     smoothing_function: SmoothingName = Field(
@@ -50,8 +57,8 @@ class BleuParams(Params):
     def _valid_weights(cls, value: list[float]) -> list[float]:
         if not value:
             raise ValueError("must list at least one weight")
-        if any(w < 0 for w in value):
-            raise ValueError("weights must not be negative")
+        if any(w < 0 or not math.isfinite(w) for w in value):
+            raise ValueError("weights must be finite and not negative")
         return value
 
 
@@ -65,7 +72,8 @@ class RougeParams(Params):
     """``rouge_score.rouge_scorer.RougeScorer``'s parameters."""
 
     rouge_types: list[RougeType] = Field(
-        default=["rouge1", "rouge2", "rougeL"], description="ROUGE variants to compute"
+        default=["rouge1", "rouge2", "rougeL"], max_length=len(RougeType.__args__),
+        description="ROUGE variants to compute, each at most once",
     )
     use_stemmer: bool = Field(default=False, description="Porter-stem tokens before matching")
 
@@ -88,10 +96,11 @@ class BertScoreParams(Params):
     """
 
     lang: str | None = Field(
-        default=None, description="language of the texts (e.g. 'en'); picks bert-score's model for it "
+        default=None, max_length=bounds.MAX_LANG_CHARS,
+        description="language of the texts (e.g. 'en'); picks bert-score's model for it "
         "when model_type is unset, and its shipped baseline when rescaling")
     model_type: str | None = Field(
-        default=None, validate_default=True,
+        default=None, validate_default=True, max_length=bounds.MAX_PATH_CHARS,
         description="local model directory or hub id in the local Hugging Face cache; unset (and no "
         "lang): the bundled offline sentence-transformers/all-MiniLM-L6-v2")
     num_layers: int | None = Field(
@@ -101,14 +110,16 @@ class BertScoreParams(Params):
     verbose: bool = Field(default=False, description="print bert-score's progress in the worker log")
     idf: bool = Field(default=False, description="weigh tokens by idf over all the job's references")
     device: str | None = Field(
-        default=None, pattern=r"^(cpu|cuda(:\d+)?|mps)$",
+        default=None, pattern=r"^(cpu|cuda(:\d+)?|mps)$", max_length=bounds.MAX_DEVICE_CHARS,
         description="cpu, cuda, cuda:N or mps; unset: cuda when the worker has it, else cpu")
-    batch_size: int = Field(default=64, ge=1, description="sentences per forward pass")
-    nthreads: int = Field(default=4, ge=0, description="accepted for compatibility with HF evaluate; "
+    batch_size: int = Field(default=64, ge=1, le=bounds.MAX_BATCH_SIZE, description="sentences per forward pass")
+    nthreads: int = Field(default=4, ge=0, le=bounds.MAX_THREADS,
+                          description="accepted for compatibility with HF evaluate; "
                           "evalq computes idf once per job in-process (a forked pool can deadlock)")
     all_layers: bool = Field(default=False, description="return P/R/F1 of every layer (lists)")
     baseline_path: str | None = Field(
-        default=None, description="baseline CSV (LAYER,P,R,F per layer) for rescale_with_baseline")
+        default=None, max_length=bounds.MAX_PATH_CHARS,
+        description="baseline CSV (LAYER,P,R,F per layer) for rescale_with_baseline")
     rescale_with_baseline: bool = Field(
         default=False, description="rescale with the baseline bert-score ships for model and lang, "
         "or with baseline_path")

@@ -19,6 +19,8 @@ from nltk.tokenize import wordpunct_tokenize
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from rouge_score.rouge_scorer import RougeScorer
 
+from evalq.shared.bounds import ROUGE_L_TOKENS_ENV, rouge_l_max_tokens
+from evalq.shared.errors import MetricError
 from evalq.shared.params import BleuParams, NoParams, RougeParams
 
 
@@ -56,7 +58,31 @@ def _rouge_scorer(rouge_types: tuple[str, ...], use_stemmer: bool):
     return RougeScorer(list(rouge_types), use_stemmer=use_stemmer)
 
 
+# rouge-score's DefaultTokenizer: lower-cased runs of a-z and 0-9 (stemming keeps the count)
+_ROUGE_TOKEN = re.compile(r"[a-z0-9]+")
+_QUADRATIC = ("rougeL", "rougeLsum")
+
+
+def _check_lcs_size(instance: dict, rouge_types: list[str]) -> None:
+    """ROUGE-L/Lsum compare every token of the answer with every token of a
+    reference (a longest common subsequence): a text over the token limit is an
+    error on its item, not minutes of work."""
+    limit = rouge_l_max_tokens()
+    if not limit or not any(t in _QUADRATIC for t in rouge_types):
+        return
+    for what, text in [("actual-output", instance["actual-output"])] + [
+            (f"expected-output[{i}]", ref) for i, ref in enumerate(_references(instance))]:
+        if len(text) <= limit:  # a token is at least one character: no need to count
+            continue
+        tokens = sum(1 for _ in _ROUGE_TOKEN.finditer(text.lower()))
+        if tokens > limit:
+            types = "/".join(t for t in rouge_types if t in _QUADRATIC)
+            raise MetricError(f"{what} has {tokens} tokens, over the limit of {limit} per text for {types} "
+                              f"(quadratic in tokens); {ROUGE_L_TOKENS_ENV} raises it")
+
+
 def rouge(instance: dict, params: RougeParams) -> dict[str, float]:
+    _check_lcs_size(instance, params.rouge_types)
     scorer = _rouge_scorer(tuple(params.rouge_types), params.use_stemmer)
     # score_multi keeps, per type, the reference with the best F-measure.
     scores = scorer.score_multi(_references(instance), instance["actual-output"])

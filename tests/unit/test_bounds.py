@@ -1,0 +1,199 @@
+"""Bounded work per item (evalq.shared.bounds): parameter sizes refused at validation,
+ROUGE-L's token limit, the per-item time budget. Each test is an attack from the
+trust-boundary review (a job file or queue message is untrusted input); the real
+worker path is in tests/integration/test_item_bounds.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from nltk.tokenize import wordpunct_tokenize
+from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+from rouge_score.rouge_scorer import RougeScorer
+
+from evalq.shared import bounds
+from evalq.shared.errors import JobError, MetricError
+from evalq.shared.job import parse_job
+from evalq.shared.params import BleuParams, RougeParams
+from evalq.shared.registry import MetricSpec
+from evalq.workers.metrics.lexical import bleu, rouge
+from evalq.workers.runner import score_items
+
+INSTANCE = {"id": "1", "actual-output": "the cat sat on the mat", "expected-output": ["the cat is on the mat"]}
+JUDGES = {"j": {"provider": "openai", "model": "m", "api_key_env": "BOUNDS_TEST_API_KEY",
+                "deployments": [{"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": 1000, "rpm": 10}]}}
+
+
+def problems(metric: dict, **job) -> list[str]:
+    with pytest.raises(JobError) as caught:
+        parse_job({"instances": [{**INSTANCE, "context": "c", "input": "q"}], "metrics": [metric], **job},
+                  source="job.json")
+    return caught.value.problems
+
+
+# --- parameter sizes: refused at validation, located -------------------------------------------
+
+def test_bleu_weights_of_20000_entries_are_refused_at_validation():
+    """The attack: 20,000 weights cost ~10 us each per item, on every item."""
+    t0 = time.perf_counter()
+    found = problems({"id": "bleu", "parameters": {"weights": [0.00005] * 20_000}})
+    assert time.perf_counter() - t0 < 5
+    assert len(found) == 1
+    assert found[0].startswith("job.json: metrics[0] (bleu).parameters: weights: ")
+    assert f"at most {bounds.MAX_BLEU_ORDER} items" in found[0]
+
+
+@pytest.mark.parametrize("metric,fragment", [
+    ({"id": "rubric", "parameters": {"judge": "j", "criteria": "x" * (bounds.MAX_CRITERIA_CHARS + 1)}},
+     "metrics[0] (rubric).parameters: criteria: String should have at most"),
+    ({"id": "rubric", "parameters": {"judge": "j", "criteria": "c",
+                                     "examples": [{"score": 3, "output": "o"}] * (bounds.MAX_EXAMPLES + 1)}},
+     "metrics[0] (rubric).parameters: examples: List should have at most"),
+    ({"id": "rubric", "parameters": {"judge": "j", "criteria": "c",
+                                     "examples": [{"score": 3, "output": "o" * (bounds.MAX_EXAMPLE_CHARS + 1)}]}},
+     "metrics[0] (rubric).parameters: examples.0.output: String should have at most"),
+    ({"id": "coherence", "parameters": {"judge": "j" * (bounds.MAX_NAME_CHARS + 1)}},
+     "metrics[0] (coherence).parameters: judge: String should have at most"),
+    ({"id": "claims_f1", "parameters": {"judge": "j" * (bounds.MAX_NAME_CHARS + 1)}},
+     "metrics[0] (claims_f1).parameters: judge: String should have at most"),
+    ({"id": "violence", "parameters": {"judge": "j" * (bounds.MAX_NAME_CHARS + 1)}},
+     "metrics[0] (violence).parameters: judge: String should have at most"),
+    ({"id": "bertscore", "parameters": {"lang": "x" * (bounds.MAX_LANG_CHARS + 1)}},
+     "metrics[0] (bertscore).parameters: lang: String should have at most"),
+    ({"id": "bertscore", "parameters": {"batch_size": bounds.MAX_BATCH_SIZE + 1}},
+     "metrics[0] (bertscore).parameters: batch_size: Input should be less than or equal to"),
+    ({"id": "bertscore", "parameters": {"baseline_path": "/" + "x" * bounds.MAX_PATH_CHARS}},
+     "metrics[0] (bertscore).parameters: baseline_path: String should have at most"),
+    ({"id": "bleu", "parameters": {"weights": [0.5, float("inf")]}},
+     "metrics[0] (bleu).parameters: weights: Value error, weights must be finite"),
+])
+def test_each_list_and_string_parameter_has_a_maximum(metric, fragment, monkeypatch):
+    monkeypatch.setenv("BOUNDS_TEST_API_KEY", "k")
+    found = problems(metric, judges=JUDGES)
+    assert any(fragment in p for p in found), found
+
+
+def test_parameters_at_their_maxima_are_valid(monkeypatch):
+    monkeypatch.setenv("BOUNDS_TEST_API_KEY", "k")
+    examples = [{"score": 1 + k % 5, "output": "o" * bounds.MAX_EXAMPLE_CHARS} for k in range(bounds.MAX_EXAMPLES)]
+    job = parse_job({"instances": [INSTANCE], "judges": JUDGES, "metrics": [
+        {"id": "bleu", "parameters": {"weights": [1 / bounds.MAX_BLEU_ORDER] * bounds.MAX_BLEU_ORDER}},
+        {"id": "rouge", "parameters": {"rouge_types": [f"rouge{n}" for n in range(1, 10)] + ["rougeL", "rougeLsum"]}},
+        {"id": "rubric", "parameters": {"judge": "j", "criteria": "c" * bounds.MAX_CRITERIA_CHARS,
+                                        "examples": examples}}]})
+    assert len(job.metrics) == 3
+
+
+# --- ROUGE-L/Lsum: tokens per text ---------------------------------------------------------------
+
+def long_text(tokens: int) -> str:
+    return " ".join(f"w{k % 997}" for k in range(tokens))
+
+
+@pytest.mark.parametrize("rouge_type", ["rougeL", "rougeLsum"])
+def test_a_20k_token_text_is_an_error_at_once_for_rouge_l(rouge_type):
+    """The attack: ROUGE-L is quadratic in tokens (20k tokens: minutes and gigabytes per item)."""
+    item = {"id": "big", "actual-output": long_text(20_000), "expected-output": [long_text(20_000)]}
+    t0 = time.perf_counter()
+    with pytest.raises(MetricError) as caught:
+        rouge(item, RougeParams(rouge_types=["rouge1", rouge_type]))
+    assert time.perf_counter() - t0 < 2
+    message = str(caught.value)
+    assert "actual-output has 20000 tokens" in message and f"limit of {bounds.ROUGE_L_TOKENS_DEFAULT}" in message
+    assert bounds.ROUGE_L_TOKENS_ENV in message
+
+
+def test_the_limit_names_the_reference_and_counts_rouge_scores_tokens():
+    # "a-b" is two tokens to rouge-score (punctuation splits), so 1,200 of them are 2,400 tokens
+    item = {"id": "r", "actual-output": "short answer", "expected-output": ["ok", "a-b " * 1_200]}
+    with pytest.raises(MetricError, match=r"expected-output\[1\] has 2400 tokens"):
+        rouge(item, RougeParams(rouge_types=["rougeL"]))
+
+
+def test_n_gram_rouge_has_no_token_limit():
+    item = {"id": "big", "actual-output": long_text(20_000), "expected-output": [long_text(20_000)]}
+    assert rouge(item, RougeParams(rouge_types=["rouge1", "rouge2"]))["rouge1"] == pytest.approx(1.0)
+
+
+def test_the_rouge_l_limit_is_a_setting(monkeypatch):
+    item = {"id": "mid", "actual-output": long_text(2_500), "expected-output": [long_text(2_400)]}
+    with pytest.raises(MetricError):
+        rouge(item, RougeParams(rouge_types=["rougeL"]))
+    monkeypatch.setenv(bounds.ROUGE_L_TOKENS_ENV, "3000")
+    expected = RougeScorer(["rougeL"]).score(item["expected-output"][0], item["actual-output"])["rougeL"]
+    assert rouge(item, RougeParams(rouge_types=["rougeL"]))["rougeL"] == expected.fmeasure
+    monkeypatch.setenv(bounds.ROUGE_L_TOKENS_ENV, "0")  # no limit
+    assert rouge(item, RougeParams(rouge_types=["rougeL"]))["rougeL"] == expected.fmeasure
+
+
+def test_values_under_the_limits_equal_the_reference_libraries():
+    params = BleuParams(weights=[0.1] * 10, smoothing_function="method1")
+    expected = sentence_bleu([wordpunct_tokenize(r) for r in INSTANCE["expected-output"]],
+                             wordpunct_tokenize(INSTANCE["actual-output"]), weights=(0.1,) * 10,
+                             smoothing_function=SmoothingFunction().method1)
+    assert bleu(INSTANCE, params) == expected
+    item = {"id": "x", "actual-output": long_text(2_000), "expected-output": [long_text(1_999)]}
+    scores = RougeScorer(["rougeL", "rougeLsum"]).score(item["expected-output"][0], item["actual-output"])
+    got = rouge(item, RougeParams(rouge_types=["rougeL", "rougeLsum"]))
+    assert (got["rougeL"], got["rougeLsum"]) == (scores["rougeL"].fmeasure, scores["rougeLsum"].fmeasure)
+
+
+# --- the time budget per item ---------------------------------------------------------------------
+
+def spin(instance: dict, params) -> str:
+    """A metric that runs away on one item (busy, not sleeping: a signal must still stop it)."""
+    if instance["actual-output"] == "hang":
+        while True:
+            pass
+    return instance["actual-output"]
+
+
+SPIN = MetricSpec(id="spin", params=BleuParams, impl=f"{__name__}:spin", queue="cpu", description="test")
+
+
+def test_an_item_past_its_time_budget_gets_an_error_and_the_others_are_scored(monkeypatch):
+    monkeypatch.setenv(bounds.ITEM_TIMEOUT_ENV, "0.3")
+    items = [{"id": "a", "actual-output": "x"}, {"id": "b", "actual-output": "hang"}, {"id": "c", "actual-output": "y"}]
+    t0 = time.perf_counter()
+    records = score_items(SPIN, BleuParams(), items)
+    assert time.perf_counter() - t0 < 5
+    assert [r.get("result") for r in records] == ["x", None, "y"]
+    assert records[1]["error"] == ("ItemTimeout: the item took longer than 0.3 s, the time budget per item "
+                                   "(EVALQ_ITEM_TIMEOUT raises it)")
+
+
+def test_no_budget_outside_the_main_thread_nor_for_endpoint_or_batch_metrics(monkeypatch):
+    import threading
+
+    from evalq.workers.item_budget import bounded
+
+    monkeypatch.setenv(bounds.ITEM_TIMEOUT_ENV, "0.3")
+    assert bounded(SPIN, spin) is not spin
+    for kind in ({"queue": "judge"}, {"queue": "generate"}, {"batch": True}):
+        spec = MetricSpec(id="x", params=BleuParams, impl="m:f", description="test", **{"queue": "cpu", **kind})
+        assert bounded(spec, spin) is spin, kind
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(bounded(SPIN, spin)))
+    thread.start()
+    thread.join()
+    assert seen == [spin]  # a threads pool: judge timeouts bound the work, no signal can
+    monkeypatch.setenv(bounds.ITEM_TIMEOUT_ENV, "0")
+    assert bounded(SPIN, spin) is spin
+
+
+def test_the_timer_is_disarmed_and_the_handler_restored_after_each_item(monkeypatch):
+    import signal
+
+    monkeypatch.setenv(bounds.ITEM_TIMEOUT_ENV, "0.2")
+    before = signal.getsignal(signal.SIGALRM)
+    score_items(SPIN, BleuParams(), [{"id": "a", "actual-output": "x"}])
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) == before
+
+
+@pytest.mark.parametrize("variable,value", [(bounds.ITEM_TIMEOUT_ENV, "-1"), (bounds.ROUGE_L_TOKENS_ENV, "2.5")])
+def test_a_bad_setting_is_a_job_error(monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(JobError, match=variable):
+        bounds.check_env()
