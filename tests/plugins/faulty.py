@@ -4,6 +4,8 @@ They exercise the real plugin path; what they compute is deliberately trivial:
 - ``fail_on``: raises for instances whose actual-output contains "FAIL".
 - ``slow_len``: sleeps, then returns the answer's length (mid-job kills land
   while tasks are running).
+- ``hang_on``: sleeps ``seconds`` on instances whose actual-output contains
+  "HANG" (a metric that runs away on some items), else scores 1.
 - ``stubborn``: asks to be deferred ``defers`` times, then hits ``blips``
   Redis errors, then scores the number of calls (counted in a file: the worker's
   processes share nothing else).
@@ -56,6 +58,12 @@ def slow_len(instance: dict, params: SlowParams) -> int:
     return len(instance["actual-output"])
 
 
+def hang_on(instance: dict, params: SlowParams) -> float:
+    if "HANG" in instance["actual-output"]:
+        time.sleep(params.seconds)
+    return 1.0
+
+
 if "fail_on" not in REGISTRY:
     from evalq.shared.params import NoParams
 
@@ -65,3 +73,5 @@ if "fail_on" not in REGISTRY:
                                  queue="cpu", chunk_size=1, description="test: deferred, then Redis blips"))
     REGISTRY.register(MetricSpec(id="slow_len", params=SlowParams, impl="tests.plugins.faulty:slow_len",
                                  queue="cpu", chunk_size=2, description="test: slow length"))
+    REGISTRY.register(MetricSpec(id="hang_on", params=SlowParams, impl="tests.plugins.faulty:hang_on",
+                                 queue="cpu", description="test: sleeps on 'HANG'"))
