@@ -19,9 +19,7 @@ from evalq.workers.metrics.quality import parse_rating
     ('{"reason": "clear", "score": 4}', (4, "clear")),
     ('```json\n{"score": 2, "reason": "thin"}\n```', (2, "thin")),
     ("Reason: well argued.\nScore: 5", (5, "well argued.")),
-    ("I would give this 3/5.", (3, "I would give this 3/5.")),
-    ("Rating: 4 stars", (4, "Rating: 4 stars")),
-    ("# Overall Reason\nok\n# Result\n2", (2, "# Overall Reason")),
+    ("reason: fine\nSCORE : 3", (3, "fine")),
     ("4", (4, "")),
     ('{"score": "5", "reason": "r"}', (5, "r")),
     ('{"score": 4.0, "reason": "r"}', (4, "r")),
@@ -31,7 +29,10 @@ def test_parse_rating_forms(text, expected):
 
 
 @pytest.mark.parametrize("text", ["", "no idea", "score: 9", '{"score": 0}', '{"score": 3.5}',
-                                  '{"score": true}', "Score: 2.5"])
+                                  '{"score": true}', "Score: 2.5",
+                                  # verdicts an answer can end with, so a judge quoting it would too:
+                                  # only a last line of exactly "Score: N" counts (tests/unit/test_verdicts.py)
+                                  "I would give this 3/5.", "Rating: 4 stars", "# Overall Reason\nok\n# Result\n2"])
 def test_parse_rating_rejects(text):
     assert parse_rating(text, 1, 5) is None
 
