@@ -164,6 +164,8 @@ def test_output_that_cannot_be_a_directory_exits_2_before_running(tmp_path):
     ("EVALQ_SWEEP_INTERVAL", "nan", "a number >= 0"),
     ("EVALQ_VISIBILITY_TIMEOUT", "1.5", "a whole number >= 0"),
     ("EVALQ_MAX_JOB_BYTES", "-5", "a whole number >= 0"),
+    ("EVALQ_ITEM_TIMEOUT", "-1", "a number >= 0"),
+    ("EVALQ_MAX_ROUGE_L_TOKENS", "2.5", "a whole number >= 0"),
 ])
 def test_a_bad_numeric_setting_is_named_with_exit_2(tmp_path, variable, value, expected):
     job = write_job(tmp_path / "job.json", [{"id": "a", "actual-output": "x", "expected-output": ["x"]}],
