@@ -29,7 +29,7 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
             broker_url, check = broker, (lambda: None)
         else:
             cluster = stack.enter_context(EmbeddedCluster(job.queues, concurrency=concurrency,
-                                                          env=_embedded_env(job)))
+                                                          env=_embedded_env(job, dest)))
             broker_url, check = cluster.broker_url, cluster.check
         r = submit.connect(broker_url)
         if broker:
@@ -48,17 +48,23 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
                 submit.delete_job(r, job_id, [m.key for m in job.runs])
 
 
-def _embedded_env(job: Job) -> dict[str, str]:
-    """Embedded mode: the user is the operator, so without an ``EVALQ_ENDPOINTS``
-    of their own the workers may send keys to the endpoints the job names."""
+def _embedded_env(job: Job, dest: Destination) -> dict[str, str]:
+    """Embedded mode: the user is the operator, so without lists of their own
+    (``EVALQ_ENDPOINTS``, ``EVALQ_S3_ENDPOINTS``, ``EVALQ_S3_PREFIXES``) the workers
+    may send keys to the endpoints the job names and reach the S3 places it names."""
     import os
 
+    from evalq.shared.egress import job_places
     from evalq.shared.endpoints import ENV, job_endpoints
 
-    if ENV in os.environ:
-        return {}
     configs = list(job.judges.values()) + ([job.model] if hasattr(job.model, "deployments") else [])
-    return {ENV: job_endpoints(configs)}
+    env = {ENV: job_endpoints(configs)}
+    places = job_places(job, dest.uri)
+    if dest.endpoint_url:
+        places["EVALQ_S3_ENDPOINTS"] = ",".join(filter(None, [places["EVALQ_S3_ENDPOINTS"],
+                                                               dest.endpoint_url.rstrip("/")]))
+    env.update(places)
+    return {k: v for k, v in env.items() if k not in os.environ}
 
 
 def finished(r, job_id: str, status: str) -> list[dict]:

@@ -25,7 +25,7 @@ import redis
 
 from evalq.shared import keys
 from evalq.shared.config import CONTROL_QUEUE, JOBS_QUEUE, Settings
-from evalq.shared.errors import EvalqError, JobError
+from evalq.shared.errors import InfraError, JobError
 
 log = logging.getLogger("evalq.jobs")
 
@@ -78,7 +78,8 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
     try:
         if bad_reply_to:
             raise JobError(bad_reply_to)
-        job, out = _parse(request)
+        job, out = _readable(parse_request, request)
+        spec = _readable(submit.job_spec, job, request.get("chunk_size"), out, request_id, reply_to)
     except JobError as exc:
         errors = list(exc.problems)
         r.set(keys.status(job_id), "invalid", ex=ttl)
@@ -89,13 +90,27 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
                                                         errors, None)))
         log.warning("request %s: invalid job: %s", request_id or message_id, "; ".join(errors[:3]))
         return {"job_id": job_id, "status": "invalid", "errors": errors}
-    spec = submit.job_spec(job, request.get("chunk_size"), out, request_id, reply_to)
     spec["message_id"] = message_id
     submit.store_job(r, job, spec, job_id=job_id)
     submit.start(r, broker_url, job_id, spec)
     log.info("job %s: submitted (%d instances, %d metric entries)", job_id, spec["n_instances"],
              len(spec["metrics"]))
     return {"job_id": job_id, "status": "running"}
+
+
+def _readable(step, *args):
+    """Run a step of reading a request; whatever it raises that is not a located
+    problem (RecursionError, a library's ValueError, ...) still answers the request
+    ``invalid`` with the reason, so no request is left without a reply or a status."""
+    try:
+        return step(*args)
+    except JobError:
+        raise
+    except InfraError as exc:  # S3 unreachable, say: the pipeline is told, not left waiting
+        raise JobError(f"request: could not be read: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - untrusted input: any failure is the request's
+        log.warning("request could not be read", exc_info=True)
+        raise JobError(f"request: could not be read: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 def _answer_duplicate(r: redis.Redis, job_id: str, status: str, request: dict, first: dict | None) -> dict:
@@ -113,64 +128,56 @@ def _answer_duplicate(r: redis.Redis, job_id: str, status: str, request: dict, f
     return {"job_id": job_id, "status": status, "duplicate": True}
 
 
-def request_roots() -> list:
-    """Directories a request may name local files under (``EVALQ_REQUEST_ROOTS``,
-    separated by ``:``); none by default: a request's files come from S3."""
-    import os
-    from pathlib import Path
-
-    return [Path(p).expanduser().resolve() for p in os.environ.get("EVALQ_REQUEST_ROOTS", "").split(":") if p]
+MAX_CHUNK_SIZE = 10_000  # items per task: a bigger chunk holds a worker past any sane visibility timeout
 
 
-def _parse(request: dict):
-    """The request's job and destination, validated; JobError lists every problem."""
+def parse_request(request: dict):
+    """The request's job and destination, validated; JobError lists every problem.
+
+    Everything a request names is checked before it is opened: local files under
+    ``EVALQ_REQUEST_ROOTS``, S3 places and endpoints against the operator's lists
+    (``evalq.shared.egress``), and the job document itself by the one bounded reader.
+    """
     from evalq.orchestrator.submit import destination
-    from evalq.shared.job import outside_roots, parse_job, read_json
-    from evalq.shared.storage import is_s3, open_binary
+    from evalq.shared.egress import request_roots, roots_problem, s3_problem
+    from evalq.shared.job import parse_job
+    from evalq.shared.limits import check_inline, read_document
+    from evalq.shared.storage import is_s3
 
     roots = request_roots()
 
-    def check_local(uri: str, where: str) -> None:
-        if outside_roots(uri, roots):
-            raise JobError(f"{where}: {uri} is outside the directories this cluster reads and writes "
-                           f"(EVALQ_REQUEST_ROOTS: {', '.join(map(str, roots)) or 'none'}); use S3")
+    def check_place(uri: str, endpoint_url: str | None, where: str) -> None:
+        problem = s3_problem(uri, endpoint_url) if is_s3(uri) else roots_problem(uri, roots)
+        if problem:
+            raise JobError(f"{where}: {problem}")
 
     unknown = sorted(set(request) - set(REQUEST_FIELDS))
     if unknown:
-        raise JobError([f"request: unknown field {k!r} (fields: {', '.join(REQUEST_FIELDS)})" for k in unknown])
+        raise JobError([f"request: unknown field {str(k)[:80]!r} (fields: {', '.join(REQUEST_FIELDS)})"
+                        for k in unknown[:10]])
+    chunk_size = request.get("chunk_size")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                   or not 1 <= chunk_size <= MAX_CHUNK_SIZE):
+        raise JobError(f"request.chunk_size: expected a whole number from 1 to {MAX_CHUNK_SIZE}, "
+                       f"got {json.dumps(chunk_size)[:80]}")
     has_job, has_uri = request.get("job") is not None, request.get("job_uri") is not None
     if has_job == has_uri:
         raise JobError("request: give exactly one of 'job' (the job object) or 'job_uri' (a path or s3:// URI)")
     if has_job:
-        from evalq.shared.limits import Limits, too_deep
-
-        depth = Limits.from_env().json_depth
-        if too_deep(request["job"], depth):
-            raise JobError(f"request.job: JSON nested deeper than {depth} levels (EVALQ_MAX_JSON_DEPTH)")
+        check_inline(request["job"], "request.job")
         job = parse_job(request["job"], source="request.job", roots=roots)
     else:
         uri = request["job_uri"]
-        if not isinstance(uri, str) or not uri:
+        if not isinstance(uri, str) or not uri or len(uri) > 1024:
             raise JobError("request.job_uri: expected a path or an s3:// URI")
-        if is_s3(uri):
-            try:
-                with open_binary(uri) as f:
-                    raw = json.loads(f.read().decode("utf-8"))
-            except json.JSONDecodeError as exc:
-                raise JobError(f"{uri}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-            except (EvalqError, UnicodeDecodeError) as exc:
-                raise JobError(f"{uri}: {exc}") from None
-            job = parse_job(raw, source=uri, roots=roots)
-        else:
-            check_local(uri, "request.job_uri")
-            job = parse_job(read_json(uri), source=uri, roots=roots)
+        check_place(uri, None, "request.job_uri")
+        job = parse_job(read_document(uri), source=uri, roots=roots)
     out = request.get("out")
-    if out is not None and (not isinstance(out, str) or not out):
+    if out is not None and (not isinstance(out, str) or not out or len(out) > 1024):
         raise JobError("request.out: expected a directory or an s3://bucket/prefix/")
     dest = destination(job, out)
     if dest is None:
         raise JobError("request.out: missing, and the job has no output.uri; say where the outputs go")
-    check_local(dest.uri, "request.out" if out is not None else "output.uri")
+    check_place(dest.uri, dest.endpoint_url, "request.out" if out is not None else "output.uri")
     dest.check()
     return job, dest
-

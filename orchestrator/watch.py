@@ -132,22 +132,88 @@ def recovery(r: redis.Redis, job_id: str) -> dict | None:
     return out or None
 
 
+# Tasks whose first argument is a job id: a job's own messages.
+JOB_TASKS = frozenset({"evalq.score_chunk", "evalq.finalize", "evalq.generated"})
+SCAN_PAGE = 1000
+_unreadable_seen: set[str] = set()  # messages already logged as unreadable (logged once each)
+
+
+class Unreadable(ValueError):
+    """A message on a queue or in ``unacked`` that is not a readable kombu message."""
+
+
+def message_job(raw: bytes) -> str | None:
+    """The job id a kombu message on a queue list (or an ``unacked`` entry: ``[message,
+    exchange, routing key]``) is for; None for any other task. Unreadable: not a message."""
+    try:
+        message = json.loads(raw)
+        if isinstance(message, list):
+            message = message[0]
+        if isinstance(message, str):
+            message = json.loads(message)
+        headers = message.get("headers") or {}
+        if headers.get("task") not in JOB_TASKS:
+            return None
+        body = message["body"]
+        if (message.get("properties") or {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body, validate=True)
+        args = json.loads(body)[0]  # task protocol 2: [args, kwargs, embed]
+        job = args[0] if isinstance(args, list) and args else None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
+        raise Unreadable(f"{type(exc).__name__}: {exc}") from None
+    return job if isinstance(job, str) else None
+
+
+def _skip_unreadable(raw: bytes, where: str, exc: Exception) -> None:
+    tag = f"{where}:{hash(raw)}"
+    if tag not in _unreadable_seen:
+        if len(_unreadable_seen) > 10_000:
+            _unreadable_seen.clear()
+        _unreadable_seen.add(tag)
+        log.warning("sweeper: skipping a message in %s that is not a readable task (%s)", where, exc)
+
+
+def busy_jobs(r: redis.Redis, queues: set[str], candidates: set[str]) -> set[str]:
+    """Which of ``candidates`` have a message of their own queued on ``queues`` or delivered
+    and not yet acknowledged. Each message is read (honouring kombu's ``body_encoding``) and
+    counted for the job its arguments name, so one stuck or foreign message blinds no job, and
+    another job's backlog on a shared queue does not hide a job whose own messages were lost."""
+    found: set[str] = set()
+
+    def look(raw: bytes, where: str) -> bool:
+        try:
+            job = message_job(raw)
+        except Unreadable as exc:
+            _skip_unreadable(raw, where, exc)
+            return False
+        if job in candidates:
+            found.add(job)
+        return found >= candidates
+
+    for _, raw in r.hscan_iter("unacked", count=SCAN_PAGE):  # kombu's delivered-but-unacknowledged messages
+        if look(raw, "unacked"):
+            return found
+    for queue in sorted(queues):
+        start = 0
+        while True:
+            page = r.lrange(queue, start, start + SCAN_PAGE - 1)
+            for raw in page:
+                if look(raw, queue):
+                    return found
+            if len(page) < SCAN_PAGE:
+                break
+            start += SCAN_PAGE
+    return found
+
+
+def job_queues(spec: dict) -> set[str]:
+    runs = ([spec[GENERATE]] if GENERATE in spec else []) + list(spec["metrics"].values())
+    return {q for entry in runs for q in entry_queues(entry)}
+
+
 def idle(r: redis.Redis, spec: dict, job_id: str) -> bool:
     """Nothing of the job waits in its queues or sits unacknowledged with a worker."""
-    runs = ([spec[GENERATE]] if GENERATE in spec else []) + list(spec["metrics"].values())
-    if any(r.llen(q) for q in {q for entry in runs for q in entry_queues(entry)}):
-        return False
-    needle = job_id.encode()
-    for raw in r.hvals("unacked"):  # kombu's delivered-but-unacknowledged messages
-        try:
-            message = json.loads(raw)[0]  # [raw message, exchange, routing key]
-            if isinstance(message, str):
-                message = json.loads(message)
-            if needle in base64.b64decode(message.get("body", "")):
-                return False
-        except (ValueError, TypeError, IndexError, AttributeError):
-            return False  # cannot tell: assume it is ours
-    return True
+    return job_id not in busy_jobs(r, job_queues(spec), {job_id})
 
 
 def sweep(r: redis.Redis, broker_url: str, timing: Timing, now: float | None = None) -> list[str]:

@@ -108,8 +108,22 @@ def _with_weights(name: str, path: str) -> tuple[str, str]:
     return name, path
 
 
-def resolve_model(model_type: str | None, lang: str | None) -> tuple[str, str]:
-    """(name, local directory) of the model a parameter set means; ValueError if absent."""
+def _local(path: str, roots) -> str | None:
+    """``path`` expanded, or None when ``roots`` is given (a queue request: untrusted)
+    and the path lies outside them: such a path is never looked at, so no answer tells
+    whether it exists."""
+    local = os.path.expanduser(path)
+    if roots is not None:
+        from evalq.shared.egress import outside_roots
+
+        if outside_roots(local, roots):
+            return None
+    return local
+
+
+def resolve_model(model_type: str | None, lang: str | None, roots=None) -> tuple[str, str]:
+    """(name, local directory) of the model a parameter set means; ValueError if absent.
+    With ``roots`` (a queue request), a local directory must lie under them."""
     if model_type is None:
         if lang is None:
             return BUNDLED_MODEL, bundled_model_dir()
@@ -124,8 +138,11 @@ def resolve_model(model_type: str | None, lang: str | None) -> tuple[str, str]:
         return _with_weights(name, path)
     if model_type in BUNDLED_ALIASES:
         return model_type, bundled_model_dir()
-    local = os.path.expanduser(model_type)
-    if os.path.isdir(local):
+    local = _local(model_type, roots)
+    if local is None and (model_type.startswith((".", "~")) or os.path.isabs(model_type)):
+        raise ValueError(f"model_type {model_type!r}: a local model directory in a queue request must "
+                         "lie under EVALQ_REQUEST_ROOTS")
+    if local is not None and os.path.isdir(local):
         if not os.path.isfile(os.path.join(local, "config.json")):
             raise ValueError(f"model directory {model_type!r} has no config.json; "
                              "it is not a Hugging Face model directory")
@@ -170,10 +187,14 @@ def resolve_layers(name: str, path: str, num_layers: int | None) -> int:
 
 
 def resolve_baseline(name: str, path: str, lang: str | None, baseline_path: str | None,
-                     num_layers: int, all_layers: bool) -> str:
-    """The baseline file rescaling reads; ValueError when there is none that fits."""
+                     num_layers: int, all_layers: bool, roots=None) -> str:
+    """The baseline file rescaling reads; ValueError when there is none that fits.
+    With ``roots`` (a queue request), ``baseline_path`` must lie under them."""
     if baseline_path is not None:
-        file = os.path.expanduser(baseline_path)
+        file = _local(baseline_path, roots)
+        if file is None:
+            raise ValueError(f"baseline_path {baseline_path!r}: a file in a queue request must lie under "
+                             "EVALQ_REQUEST_ROOTS")
     else:
         if lang is None:
             raise ValueError("rescaling needs lang (to find the baseline bert-score ships for "

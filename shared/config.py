@@ -83,8 +83,18 @@ def redis_client(url: str, **kwargs):
 
 
 def safe_url(url: str | None) -> str:
-    """A Redis URL fit to print: the password (or user:password) replaced by ***."""
-    if not url or "@" not in url:
-        return url or ""
+    """A Redis URL fit to print: the password (or user:password) replaced by ***, and so is
+    any secret in the query string (redis-py also reads ``?password=``)."""
+    if not url:
+        return ""
+    from urllib.parse import parse_qsl, urlencode
+
+    head, sep, query = url.partition("?")
+    if sep:
+        pairs = [(k, "***" if k.lower() in ("password", "username", "ssl_password") else v)
+                 for k, v in parse_qsl(query, keep_blank_values=True)]
+        url = head + "?" + urlencode(pairs, safe="*/:")
+    if "@" not in head:
+        return url
     scheme, _, rest = url.partition("://")
     return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

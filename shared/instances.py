@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from evalq.shared.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
 from evalq.shared.errors import JobError, kind as _kind
-from evalq.shared.limits import Limits, TooDeep, loads, size
-from evalq.shared.storage import LineError, open_binary, read_lines
+from evalq.shared.limits import Limits, OverLimit, loads, read_document
+from evalq.shared.storage import LineError, read_lines
 
 MAX_BAD_SHOWN = 20  # bad records quoted in run.json when they are skipped
 
@@ -256,22 +256,10 @@ def _records(spec: DatasetSpec) -> Iterator[tuple[int, str, Any]]:
                 yield number, record_place(spec, number), loads(text, limits.json_depth)
             except json.JSONDecodeError as exc:
                 yield number, record_place(spec, number), RecordError(f"invalid JSON at column {exc.colno}: {exc.msg}")
-            except TooDeep as exc:
+            except OverLimit as exc:
                 yield number, record_place(spec, number), RecordError(str(exc))
         return
-    with open_binary(uri, spec.endpoint_url) as stream:
-        try:
-            data = stream.read(limits.job_bytes + 1)
-        except (OSError, EOFError) as exc:
-            raise JobError(f"{uri}: cannot read: {exc}") from None
-    if len(data) > limits.job_bytes:
-        raise JobError(f"{uri}: larger than {size(limits.job_bytes)} once decompressed (EVALQ_MAX_JOB_BYTES); "
-                       "use a JSON Lines dataset, which is streamed")
-    try:
-        doc = loads(data, limits.json_depth)
-    except (json.JSONDecodeError, UnicodeDecodeError, TooDeep) as exc:
-        where = f"{uri}:{exc.lineno}:{exc.colno}" if isinstance(exc, json.JSONDecodeError) else uri
-        raise JobError(f"{where}: invalid JSON: {getattr(exc, 'msg', exc)}") from None
+    doc = read_document(uri, spec.endpoint_url, hint="use a JSON Lines dataset, which is streamed")
     if spec.format == "harpia":
         if not isinstance(doc, dict) or not isinstance(doc.get("instances"), list):
             raise JobError(f"{uri}: format harpia expects an object with an 'instances' list")

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 import evalq.shared.metrics  # noqa: F401  (registers the built-in metrics)
 from evalq.shared.dataset import DatasetSpec, JailbreakSpec, OutputSpec
+from evalq.shared.egress import roots_problem, s3_problem
 from evalq.shared.errors import JobError, kind as _kind
 from evalq.shared.instances import BadRecords, InstanceChecker, load_dataset, record_place, report_duplicates
 from evalq.shared.judges import JudgeConfig, JudgingOptions
@@ -31,6 +32,7 @@ MAX_PROBLEMS = 25
 JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging", "jailbreak"}
 JAILBREAK = "jailbreak"  # the ``variant`` of an injected instance
 METRIC_KEYS = {"id", "enable", "parameters", "name"}
+MAX_NAME = 200  # an entry's name is on every log line of the entry
 
 
 @dataclass(frozen=True)
@@ -161,28 +163,13 @@ class _Problems:
 
 
 def read_json(path: str | Path) -> Any:
-    """Parse a JSON file; a syntax error names the file, line and column."""
-    from evalq.shared.limits import Limits, TooDeep, loads, size
+    """Parse a JSON job file (gzipped or not), bounded like every job document;
+    a syntax error names the file, line and column."""
+    from evalq.shared.limits import read_document
 
-    limits = Limits.from_env()
-    p = Path(path)
-    try:
-        if p.stat().st_size > limits.job_bytes:
-            raise JobError(f"{path}: larger than {size(limits.job_bytes)} (EVALQ_MAX_JOB_BYTES); put the "
-                           "instances in a JSON Lines dataset, which is streamed")
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise JobError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise JobError(f"{path}: is a directory, expected a JSON job file") from None
-    except UnicodeDecodeError as exc:
-        raise JobError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    try:
-        return loads(text, limits.json_depth)
-    except json.JSONDecodeError as exc:
-        raise JobError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    except TooDeep as exc:
-        raise JobError(f"{path}: {exc}") from None
+    if Path(path).expanduser().is_dir():
+        raise JobError(f"{path}: is a directory, expected a JSON job file")
+    return read_document(str(path), hint="put the instances in a JSON Lines dataset, which is streamed")
 
 
 def load_job(path: str | Path) -> Job:
@@ -204,6 +191,8 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None) 
     judging = _parse_model(JudgingOptions, raw.get("judging", {}), "judging", problems) or JudgingOptions()
     model = _parse_model_section(raw.get("model"), problems)
     output = _parse_model(OutputSpec, raw["output"], "output", problems) if "output" in raw else None
+    if output is not None:
+        _s3_allowed(output, "output", problems)
     metrics = _parse_metrics(raw.get("metrics"), problems)
     metrics = _resolve_judges(metrics, judges, problems)
     if isinstance(model, EndpointModel):
@@ -262,7 +251,8 @@ def _add_jailbreak(raw: Any, job: Job, problems: _Problems) -> None:
     injected_inputs: dict[str, str] | None = None
     if spec.dataset is not None:
         dataset = _relative_to_job(spec.dataset, job.source)
-        if not _within_roots(dataset.uri, "jailbreak.dataset.uri", problems):
+        if (not _within_roots(dataset.uri, "jailbreak.dataset.uri", problems)
+                or not _s3_allowed(dataset, "jailbreak.dataset", problems)):
             return
         checker = InstanceChecker({"input": ["jailbreak"]}, generating=False)
         loaded = load_dataset(dataset, checker, lambda where, msg: problems.add(f"jailbreak: {where}", msg),
@@ -297,20 +287,19 @@ def _add_jailbreak(raw: Any, job: Job, problems: _Problems) -> None:
     job.jailbreak = spec
 
 
-def outside_roots(uri: str, roots: list[Path]) -> bool:
-    """A local path (resolved, links followed) that is not under any of ``roots``."""
-    if is_s3(uri):
-        return False
-    path = Path(uri).expanduser().resolve()
-    return not any(path == root or root in path.parents for root in roots)
-
-
 def _within_roots(uri: str, where: str, problems: _Problems) -> bool:
-    if problems.roots is None or not outside_roots(uri, problems.roots):
-        return True
-    problems.add(where, f"{uri} is outside the directories this cluster reads and writes "
-                        f"(EVALQ_REQUEST_ROOTS: {', '.join(map(str, problems.roots)) or 'none'}); use S3")
-    return False
+    problem = roots_problem(uri, problems.roots) if problems.roots is not None else None
+    if problem:
+        problems.add(where, problem)
+    return problem is None
+
+
+def _s3_allowed(spec, where: str, problems: _Problems) -> bool:
+    """An S3 dataset or output the operator's lists allow (checked again at every read and write)."""
+    problem = s3_problem(spec.uri, spec.endpoint_url) if is_s3(spec.uri) else None
+    if problem:
+        problems.add(where, problem)
+    return problem is None
 
 
 def _check_endpoints(config, where: str, problems: _Problems) -> None:
@@ -363,10 +352,11 @@ def _load_instances(raw: dict, job: Job, problems: _Problems) -> None:
                   for n, i in enumerate(job.instances) if isinstance(i, dict))
     else:
         dataset = _parse_model(DatasetSpec, raw["dataset"], "dataset", problems)
-        if dataset is None or problems.items:  # a typo elsewhere is not worth reading a big file for
+        if dataset is None:
             return
         dataset = _relative_to_job(dataset, job.source)
-        if not _within_roots(dataset.uri, "dataset.uri", problems):
+        allowed = _within_roots(dataset.uri, "dataset.uri", problems) and _s3_allowed(dataset, "dataset", problems)
+        if not allowed or problems.items:  # a typo elsewhere is not worth reading a big file for
             return
         loaded = load_dataset(dataset, checker, problems.add, MAX_PROBLEMS)
         job.dataset, job.instances, job.mapping, job.bad_records = dataset, loaded.instances, loaded.mapping, loaded.bad
@@ -479,14 +469,16 @@ def _parse_metrics(raw: Any, problems: _Problems) -> list[MetricRun]:
             problems.add(f"{where}.parameters", f"expected an object, got {_kind(params_raw)}")
             continue
         try:
-            params = spec.params.model_validate(params_raw)
+            # a queue request's local paths (bertscore's model_type, baseline_path) must lie under its roots
+            params = spec.params.model_validate(params_raw, context={"roots": problems.roots})
         except ValidationError as exc:
             for message in _param_errors(exc, spec):
                 problems.add(f"{where}.parameters", message)
             continue
         name = entry.get("name")
-        if name is not None and (not isinstance(name, str) or not name.strip()):
-            problems.add(where, f"'name' must be a non-empty string, got {json.dumps(name)}")
+        if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME):
+            problems.add(where, f"'name' must be a non-empty string of at most {MAX_NAME} characters, "
+                         f"got {json.dumps(name)[:80]}")
             continue
         if not enable:  # validated, not run
             continue
@@ -520,6 +512,8 @@ def _param_errors(exc: ValidationError, spec: MetricSpec) -> list[str]:
                             f"(parameters of {spec.id}: {listing})")
         else:
             got = json.dumps(err.get("input"), default=str)
+            if len(got) > 200:  # a refused parameter may be huge: say what it was, not all of it
+                got = got[:200] + f"... ({len(got):,} characters)"
             messages.append(f"{loc}: {err['msg']} (got {got})")
     return messages
 

@@ -130,7 +130,7 @@ class BertScoreParams(Params):
     def _model_exists(cls, value, info):
         from evalq.shared import bertscore
 
-        _as_param_error(bertscore.resolve_model, value, info.data.get("lang"))
+        _as_param_error(bertscore.resolve_model, value, info.data.get("lang"), _roots(info))
         return value
 
     @field_validator("num_layers")
@@ -145,9 +145,15 @@ class BertScoreParams(Params):
 
     @field_validator("baseline_path")
     @classmethod
-    def _baseline_file_exists(cls, value):
+    def _baseline_file_exists(cls, value, info):
         import os
 
+        if value is not None and _roots(info) is not None:
+            from evalq.shared.egress import outside_roots
+
+            if outside_roots(value, _roots(info)):  # a queue request: never look outside the roots
+                raise PydanticCustomError("bertscore", "{path}: a file in a queue request must lie under "
+                                          "EVALQ_REQUEST_ROOTS", {"path": value})
         if value is not None and not os.path.isfile(os.path.expanduser(value)):
             raise PydanticCustomError("bertscore", "no such file: {path}", {"path": value})
         return value
@@ -163,8 +169,14 @@ class BertScoreParams(Params):
             name, path = bertscore.resolve_model(data["model_type"], data["lang"])
             layers = bertscore.resolve_layers(name, path, data["num_layers"])
             _as_param_error(bertscore.resolve_baseline, name, path, data["lang"],
-                            data["baseline_path"], layers, data["all_layers"])
+                            data["baseline_path"], layers, data["all_layers"], _roots(info))
         return value
+
+
+def _roots(info) -> list | None:
+    """The request roots a queue request's parameters are validated under (None: a job
+    file the operator runs), passed as pydantic's validation context by the job parser."""
+    return (info.context or {}).get("roots")
 
 
 def _as_param_error(check, *args):

@@ -36,9 +36,15 @@ def split_s3(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def s3_client(endpoint_url: str | None = None):
+def s3_client(uri: str, endpoint_url: str | None = None):
+    """A client for reaching ``uri``; refused (JobError) unless the operator's lists
+    allow that place and endpoint (``evalq.shared.egress``): nothing is signed or sent."""
     import boto3
     from botocore.config import Config
+
+    from evalq.shared.egress import check_s3
+
+    check_s3(uri, endpoint_url)
 
     config = Config(connect_timeout=10, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"})
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
@@ -98,18 +104,29 @@ class _BodyReader(io.RawIOBase):
         super().close()
 
 
-def open_binary(uri: str, endpoint_url: str | None = None) -> IO[bytes]:
-    """A buffered binary stream of the (decompressed) content at ``uri``."""
+def open_binary(uri: str, endpoint_url: str | None = None, max_bytes: int | None = None,
+                limit_name: str = "") -> IO[bytes]:
+    """A buffered binary stream of the (decompressed) content at ``uri``. With
+    ``max_bytes``, a stored object or file larger than that is refused before it is read."""
+    from evalq.shared.limits import size
+
+    stored = None
     if is_s3(uri):
         bucket, key = split_s3(uri)
         if not key:
             raise JobError(f"{uri}: expected s3://bucket/key, not a bucket")
         with s3_errors(uri):
-            body = s3_client(endpoint_url).get_object(Bucket=bucket, Key=key)["Body"]
+            reply = s3_client(uri, endpoint_url).get_object(Bucket=bucket, Key=key)
+        body, stored = reply["Body"], reply.get("ContentLength")
+        if max_bytes is not None and stored is not None and stored > max_bytes:
+            body.close()
+            raise JobError(f"{uri}: larger than {size(max_bytes)} ({limit_name}); not read")
         raw: IO[bytes] = io.BufferedReader(_BodyReader(body, uri), READ_BUFFER)
     else:
         path = Path(uri).expanduser()
         try:
+            if max_bytes is not None and path.is_file() and path.stat().st_size > max_bytes:
+                raise JobError(f"{uri}: larger than {size(max_bytes)} ({limit_name}); not read")
             raw = open(path, "rb", buffering=READ_BUFFER)
         except FileNotFoundError:
             raise JobError(f"{uri}: no such file") from None
@@ -192,7 +209,7 @@ class Destination:
             return
         bucket, _ = split_s3(self.uri)
         with s3_errors(f"s3://{bucket}", not_found="no such bucket"):
-            s3_client(self.endpoint_url).head_bucket(Bucket=bucket)
+            s3_client(self.uri, self.endpoint_url).head_bucket(Bucket=bucket)
 
     @contextlib.contextmanager
     def open_text(self, name: str) -> Iterator[IO[str]]:
@@ -214,4 +231,4 @@ class Destination:
             bucket, prefix = split_s3(self.uri)
             key = f"{prefix.rstrip('/')}/{name}" if prefix.strip("/") else name
             with s3_errors(self.path(name)):
-                s3_client(self.endpoint_url).upload_file(f.name, bucket, key)
+                s3_client(self.path(name), self.endpoint_url).upload_file(f.name, bucket, key)

@@ -22,6 +22,9 @@ PLUGINS = "tests.plugins.faulty,tests.plugins.echo_runner"
 os.environ.setdefault("EVALQ_PLUGINS", PLUGINS)
 # the test clusters' workers may send test keys to loopback only (judge-sim, moto)
 os.environ.setdefault("EVALQ_ENDPOINTS", "*=http://127.0.0.1:*")
+# ... and reach S3 (moto) on loopback only, in any bucket there
+os.environ.setdefault("EVALQ_S3_ENDPOINTS", "http://127.0.0.1:*")
+os.environ.setdefault("EVALQ_S3_PREFIXES", "s3://*")
 # a key variable that is always set, for jobs that are validated but never call out
 os.environ.setdefault("TEST_UNIT_API_KEY", "unit-test-key")
 # embedded runs keep their judge cache here, not in the user's ~/.cache

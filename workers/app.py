@@ -99,3 +99,34 @@ def client_app(broker_url: str) -> Celery:
         _clients[broker_url].conf.update(_conf(Settings.from_env(), broker_url))
         _clients[broker_url].conf.result_backend = f"evalq.workers.app:SubmitOnlyRedisBackend+{broker_url}"
     return _clients[broker_url]
+
+
+def drop_unreadable_messages() -> None:
+    """Make a worker drop (and log) a message it cannot even parse, instead of stopping.
+
+    kombu's Redis transport parses each popped message (JSON, then the base64 body)
+    outside Celery's handling of bad messages, so one raw LPUSH of garbage onto a queue
+    (anyone who can send a job request can do that) stopped the worker with
+    "Unrecoverable error". The message has already left the list when this runs: it is
+    not a task, and dropping it loses nothing a producer sent as one.
+    """
+    import logging
+
+    from kombu.transport import redis as kombu_redis
+
+    channel = kombu_redis.Channel
+    if getattr(channel._brpop_read, "evalq_guarded", False):
+        return
+    read = channel._brpop_read
+    log = logging.getLogger("evalq.worker")
+
+    def guarded(self, **options):
+        try:
+            return read(self, **options)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            log.warning("dropped a message that is not a readable task (%s: %s)", type(exc).__name__,
+                        str(exc)[:200])
+            return True
+
+    guarded.evalq_guarded = True
+    channel._brpop_read = guarded

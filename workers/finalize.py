@@ -142,8 +142,10 @@ def _expire(pipe, job_id: str, spec: dict) -> None:
 
 
 def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status: str) -> list[str]:
-    """Write the outputs; a destination that fails gets them in ``out/<job id>`` instead
-    (in the callback worker's directory): the work is never lost to it."""
+    """Write the outputs; a destination that fails, or that the operator's lists do not
+    allow (the stored spec is not trusted: it is checked again here), gets them in the
+    operator's fallback directory instead: the work is never lost to it."""
+    from evalq.shared.egress import destination_problem, fallback_dir
     from evalq.shared.errors import EvalqError
     from evalq.shared.storage import Destination
     from evalq.workers.outputs import run_info, write_outputs
@@ -151,7 +153,10 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
     stage = r.get(keys.stage_summary(job_id, GENERATE))
     run = run_info(spec, job_id, json.loads(stage) if stage else None, status)
     dest = Destination(spec["out"], spec.get("out_endpoint_url"))
+    refused = destination_problem(dest.uri, dest.endpoint_url)
     try:
+        if refused:
+            raise EvalqError(f"not written there: {refused}")
         write_outputs(r, spec, job_id, summary, run, dest)
         return []
     except redis.RedisError:
@@ -159,7 +164,7 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
     except Exception as exc:  # noqa: BLE001  (S3 and file system errors of every kind: never lose the work)
         if not isinstance(exc, (EvalqError, OSError)):
             exc = f"{type(exc).__name__}: {exc}"
-        fallback = Destination(f"out/{job_id}")
+        fallback = Destination(fallback_dir(job_id))
         log.error("job %s: writing to %s failed (%s); writing to %s", job_id, dest, exc, fallback)
         try:
             write_outputs(r, spec, job_id, summary, run, fallback)

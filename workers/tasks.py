@@ -6,7 +6,7 @@ import functools
 import logging
 
 import redis
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from evalq.shared import keys
 from evalq.shared.config import JOBS_QUEUE, Settings
@@ -107,6 +107,18 @@ def submit_job(self, **request) -> dict:
 
 
 _sweepers: list = []
+
+
+@worker_init.connect
+def cluster_worker(**_) -> None:
+    """A worker is the cluster: S3 places and endpoints not listed by the operator are
+    refused (``evalq.shared.egress``), in this process and the pool children it forks;
+    and a queue message it cannot parse is dropped, not a reason to stop."""
+    from evalq.shared.egress import enforce_on_cluster
+    from evalq.workers.app import drop_unreadable_messages
+
+    enforce_on_cluster()
+    drop_unreadable_messages()
 
 
 @worker_ready.connect

@@ -146,8 +146,8 @@ def test_names_are_optional_but_distinct_and_non_empty():
         {"id": "bleu", "name": "x"}, {"id": "rouge", "name": "x"}, {"id": "f1_score", "name": ""},
         {"id": "exact_match", "name": 3, "enable": False}]})
     assert "metrics[1] (rouge): name 'x' is already used by metrics[0]" in text
-    assert "metrics[2] (f1_score): 'name' must be a non-empty string, got \"\"" in text
-    assert "metrics[3] (exact_match): 'name' must be a non-empty string, got 3" in text
+    assert "metrics[2] (f1_score): 'name' must be a non-empty string of at most 200 characters, got \"\"" in text
+    assert "metrics[3] (exact_match): 'name' must be a non-empty string of at most 200 characters, got 3" in text
 
 
 def test_missing_field_names_a_repeated_metric_once():

@@ -1,0 +1,124 @@
+"""Where a job's files may be read and written (EVALQ_S3_ENDPOINTS, EVALQ_S3_PREFIXES,
+EVALQ_REQUEST_ROOTS), and the smaller holes of the attacker's pass: paths a request's
+parameters may probe, passwords in URLs, README examples that must work."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from evalq.shared.egress import S3Policy, job_places, s3_problem
+from evalq.shared.errors import JobError
+from evalq.shared.job import parse_job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def policy(endpoints=None, prefixes=None, cluster=True) -> S3Policy:
+    env = {k: v for k, v in (("EVALQ_S3_ENDPOINTS", endpoints), ("EVALQ_S3_PREFIXES", prefixes)) if v is not None}
+    return S3Policy.from_env(env, cluster=cluster)
+
+
+@pytest.mark.parametrize("uri,endpoint,allowed", [
+    ("s3://evals/in/data.jsonl", None, True),
+    ("s3://evals/in/sub/data.jsonl", None, True),
+    ("s3://evals/input/data.jsonl", None, False),       # a prefix is whole segments
+    ("s3://evals/in/../secret", None, False),
+    ("s3://evals-x/in/data.jsonl", None, False),
+    ("s3://nightly-a/out/run1/results.json", None, True),  # a wildcard bucket
+    ("s3://nightly-a/other/results.json", None, False),
+    ("s3://evals/in/data.jsonl", "https://minio.internal:9000", True),
+    ("s3://evals/in/data.jsonl", "https://minio.internal:9001", False),
+    ("s3://evals/in/data.jsonl", "http://169.254.169.254", False),
+    ("s3://evals/in/data.jsonl", "https://minio.internal:9000@evil.example", False),
+])
+def test_places_and_endpoints(uri, endpoint, allowed):
+    p = policy("https://minio.internal:9000", "s3://evals/in/, s3://nightly-*/out")
+    assert (s3_problem(uri, endpoint, p) is None) is allowed
+
+
+def test_the_cluster_default_is_aws_only_and_no_bucket():
+    p = policy(cluster=True)
+    assert "AWS's own endpoints only" in p.endpoint_problem("http://127.0.0.1:9000")
+    assert p.endpoint_problem(None) is None
+    assert "EVALQ_S3_PREFIXES: none" in p.place_problem("s3://any/key")
+    # the evalq command a person runs: the job's own places (read with the person's credentials)
+    assert s3_problem("s3://any/key", "http://127.0.0.1:9000", policy(cluster=False)) is None
+
+
+def test_embedded_mode_lists_exactly_the_jobs_own_places(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"id": 1, "actual-output": "a", "expected-output": ["a"]}\n')
+    job = parse_job({"dataset": {"uri": str(data)}, "metrics": [{"id": "exact_match"}],
+                     "output": {"uri": "s3://results/nightly/", "endpoint_url": "http://127.0.0.1:9000/"}})
+    places = job_places(job)
+    p = policy(places["EVALQ_S3_ENDPOINTS"], places["EVALQ_S3_PREFIXES"])
+    assert s3_problem("s3://results/nightly/results.json", "http://127.0.0.1:9000", p) is None
+    assert s3_problem("s3://results/other/results.json", "http://127.0.0.1:9000", p) is not None
+    assert s3_problem("s3://results/nightly/results.json", "http://127.0.0.1:9001", p) is not None
+
+
+def test_validation_names_the_refused_place(monkeypatch):
+    monkeypatch.setenv("EVALQ_S3_ENDPOINTS", "http://127.0.0.1:9000")
+    monkeypatch.setenv("EVALQ_S3_PREFIXES", "s3://evals/in/")
+    with pytest.raises(JobError) as exc:
+        parse_job({"dataset": {"uri": "s3://v2/credentials/role", "format": "jsonl",
+                               "endpoint_url": "http://10.0.0.1"},
+                   "metrics": [{"id": "exact_match"}], "output": {"uri": "s3://elsewhere/out/"}})
+    text = str(exc.value)
+    assert "dataset: S3 endpoint http://10.0.0.1 is not one this cluster may use" in text
+    assert "output: s3://elsewhere/out/ is not a place this cluster may read or write" in text
+
+
+@pytest.mark.parametrize("field,value", [("model_type", "/root/.ssh/id_rsa"), ("model_type", "/nonexistent/x"),
+                                         ("model_type", "~/models/m"), ("baseline_path", "/etc/passwd"),
+                                         ("baseline_path", "/nonexistent.csv")])
+def test_a_requests_bertscore_paths_probe_nothing_outside_the_roots(tmp_path, field, value):
+    """Before: errors told whether /root/.ssh/id_rsa exists, a file's line count, its first
+    byte. Now a request's path outside the roots gets one answer whether it exists or not."""
+    params = {field: value}
+    if field == "baseline_path":
+        params["rescale_with_baseline"] = True
+    raw = {"instances": [{"id": 1, "actual-output": "a", "expected-output": ["a"]}],
+           "metrics": [{"id": "bertscore", "parameters": params}]}
+    with pytest.raises(JobError) as exc:
+        parse_job(raw, roots=[tmp_path])
+    text = str(exc.value)
+    assert "EVALQ_REQUEST_ROOTS" in text and "no such file" not in text and "rows" not in text, text
+
+
+def test_paths_under_the_roots_are_still_read(tmp_path):
+    baseline = tmp_path / "baseline.csv"
+    baseline.write_text("LAYER,P,R,F\n" + "".join(f"{i},0.1,0.1,0.1\n" for i in range(7)))
+    raw = {"instances": [{"id": 1, "actual-output": "a", "expected-output": ["a"]}],
+           "metrics": [{"id": "bertscore", "parameters": {"baseline_path": str(baseline),
+                                                          "rescale_with_baseline": True}}]}
+    assert parse_job(raw, roots=[tmp_path]).metrics[0].params.baseline_path == str(baseline)
+
+
+@pytest.mark.parametrize("url,secret", [
+    ("redis://:hunter2@redis:6379/0", "hunter2"),
+    ("redis://user:hunter2@redis:6379/0", "hunter2"),
+    ("redis://redis:6379/0?password=hunter2&db=1", "hunter2"),
+    ("rediss://redis:6380/0?ssl_cert_reqs=required&password=hun%40ter2", "hun"),
+    ("redis://redis:6379/0?username=admin&password=hunter2", "admin"),
+])
+def test_safe_url_hides_passwords_wherever_the_url_carries_them(url, secret):
+    from evalq.shared.config import safe_url
+
+    shown = safe_url(url)
+    assert secret not in shown and "***" in shown and "redis" in shown
+
+
+def test_the_readmes_reply_to_examples_are_accepted():
+    """Before: the README's own example (reply_to "evalq:replies:nightly") was refused, so a
+    client following it waited for ever."""
+    from evalq.orchestrator.service import reply_to_problem
+
+    readme = (ROOT / "README.md").read_text()
+    names = re.findall(r'"reply_to":\s*"([^"]+)"', readme) + re.findall(r"BLPOP (\S+)", readme)
+    assert names
+    for name in names:
+        assert reply_to_problem(name) is None, name
