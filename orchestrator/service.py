@@ -47,6 +47,12 @@ def reply_to_problem(name) -> str | None:
     return None
 
 
+def request_id_problem(value) -> str | None:
+    if value is None or (isinstance(value, (str, int)) and not isinstance(value, bool) and 0 < len(str(value)) <= 200):
+        return None
+    return "request.request_id: expected a string (or whole number) of 1 to 200 characters"
+
+
 def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **request: Any) -> dict:
     from evalq.orchestrator import submit
     from evalq.workers.finalize import reply_document
@@ -57,6 +63,9 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
     bad_reply_to = reply_to_problem(reply_to) if reply_to is not None else None
     if bad_reply_to:
         reply_to = None  # nothing is pushed to it, not even the answer "invalid"
+    bad_request_id = request_id_problem(request_id)
+    if bad_request_id:
+        request_id = None  # not an idempotency key: the message id is
     idem = keys.request(str(request_id) if request_id is not None else f"message:{message_id}")
     job_id = submit.new_job_id()
     if not r.set(idem, job_id, nx=True, ex=ttl):
@@ -76,8 +85,8 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
             return {"job_id": job_id, "status": status or "running"}
         log.info("job %s: request redelivered before the job was stored; storing it again", job_id)
     try:
-        if bad_reply_to:
-            raise JobError(bad_reply_to)
+        if bad_reply_to or bad_request_id:
+            raise JobError([p for p in (bad_reply_to, bad_request_id) if p])
         job, out = _readable(parse_request, request)
         spec = _readable(submit.job_spec, job, request.get("chunk_size"), out, request_id, reply_to)
     except JobError as exc:

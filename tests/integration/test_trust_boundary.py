@@ -314,3 +314,10 @@ def test_garbage_on_a_queue_is_dropped_and_the_worker_goes_on(cluster):
     assert doc["status"] == "done", doc
     assert cluster["worker"].poll() is None  # still running
     assert "dropped a message that is not a readable task" in cluster["worker"].log_path.read_text()
+
+
+@pytest.mark.parametrize("request_id", [{"a": 1}, "x" * 201, "", True])
+def test_a_request_id_that_is_no_key_is_answered_invalid(cluster, request_id):
+    doc = ask(cluster, job={"instances": INSTANCES, "metrics": EXACT}, out=str(cluster["roots"] / "out-h"),
+              request_id=request_id)
+    assert_invalid(doc, "request.request_id: expected a string (or whole number) of 1 to 200 characters")
