@@ -55,7 +55,7 @@ def request_id_problem(value) -> str | None:
 
 def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **request: Any) -> dict:
     from evalq.orchestrator import submit
-    from evalq.workers.finalize import reply_document
+    from evalq.workers.finalize import reply_document, request_key
 
     ttl = Settings.from_env().result_ttl
     request_id = request.get("request_id")
@@ -73,12 +73,12 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
         spec_raw = r.get(keys.spec(job_id))
         status = (r.get(keys.status(job_id)) or b"").decode()
         if status == "invalid":
-            return _answer_duplicate(r, job_id, status, {**request, "reply_to": reply_to}, first=None)
+            return _answer_duplicate(r, job_id, message_id, {**request, "reply_to": reply_to})
         if spec_raw is not None:
             spec = json.loads(spec_raw)
             if request_id is not None and spec.get("message_id") != message_id:
                 # another request with the same id: answered with the first job, not started again
-                return _answer_duplicate(r, job_id, status, {**request, "reply_to": reply_to}, first=spec)
+                return _answer_duplicate(r, job_id, message_id, {**request, "reply_to": reply_to})
             # this very message, redelivered: carry on where the first delivery stopped
             log.info("job %s: request redelivered; continuing its submission", job_id)
             submit.start(r, broker_url, job_id, spec)
@@ -94,9 +94,13 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
         r.set(keys.status(job_id), "invalid", ex=ttl)
         r.set(keys.error(job_id), json.dumps(errors), ex=ttl)
         r.zadd(keys.JOBS, {job_id: time.time()})
-        if reply_to:
-            r.rpush(reply_to, json.dumps(reply_document(request_id, job_id, "invalid", request.get("out"),
-                                                        errors, None)))
+        if reply_to:  # answered here, and marked so: a redelivery of this message gets nothing more
+            pipe = r.pipeline(transaction=True)
+            pipe.rpush(reply_to, json.dumps(reply_document(request_id, job_id, "invalid", request.get("out"),
+                                                           errors, None)))
+            pipe.sadd(keys.replied(job_id), request_key(message_id))
+            pipe.expire(keys.replied(job_id), ttl)
+            pipe.execute()
         log.warning("request %s: invalid job: %s", request_id or message_id, "; ".join(errors[:3]))
         return {"job_id": job_id, "status": "invalid", "errors": errors}
     spec["message_id"] = message_id
@@ -122,17 +126,19 @@ def _readable(step, *args):
         raise JobError(f"request: could not be read: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
-def _answer_duplicate(r: redis.Redis, job_id: str, status: str, request: dict, first: dict | None) -> dict:
+def _answer_duplicate(r: redis.Redis, job_id: str, message_id: str, request: dict) -> dict:
     """A second request with a known ``request_id``: no new job. Its ``reply_to``
-    (when another list than the first's) gets the end document too: now if the
-    job has ended, else when it ends."""
+    (whichever list, the first's too) gets the end document: now if the job has
+    ended, else when it ends; a redelivery of this message gets nothing more."""
     from evalq.workers.finalize import reply_targets_add, replay
 
     reply_to = request.get("reply_to")
-    if reply_to and (first is None or reply_to != first.get("reply_to")):
-        reply_targets_add(r, job_id, reply_to)
-        if status in ("done", "failed", "cancelled", "invalid"):
-            replay(r, job_id, request.get("request_id"), status)
+    if reply_to:
+        reply_targets_add(r, job_id, message_id, reply_to)
+    # read after adding: a job that ended meanwhile has answered it, or is answered here
+    status = (r.get(keys.status(job_id)) or b"").decode()
+    if reply_to and status in ("done", "failed", "cancelled", "invalid"):
+        replay(r, job_id, request.get("request_id"), status)
     log.info("request %s: already job %s (%s); not started again", request.get("request_id"), job_id, status)
     return {"job_id": job_id, "status": status, "duplicate": True}
 

@@ -16,8 +16,9 @@ several of them):
     evalq:{J}:plan           HASH    per stage S: S:total (chunks), S:sent (chunks sent so far), S:fired
     evalq:{J}:chunks:{S}     SET     chunks of stage S that are finished (``<metric key>:<start>``)
     evalq:{J}:error          STRING  why a job failed (its outputs could not be written, say)
-    evalq:{J}:reply_targets  SET     further reply_to lists (of duplicate requests)
-    evalq:{J}:replied        SET     reply_to lists already answered (each gets exactly one document)
+    evalq:{J}:reply_targets  SET     JSON ``[message id, reply_to]`` of each duplicate request (its own document)
+    evalq:{J}:replied        SET     requests already answered, one document each: ``first`` (the job's own
+                                     ``reply_to``), ``msg:<message id>`` (a duplicate request)
     evalq:{J}:watch          HASH    what the lookers-after saw and did (evalq.orchestrator.watch)
     evalq:jobs               ZSET    job id -> submission time, for ``evalq status``
     evalq:request:{R}        STRING  job id of idempotency key R (a request id, else the message id)

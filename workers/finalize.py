@@ -175,25 +175,47 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
 
 def reply(r: redis.Redis, job_id: str, spec: dict, status: str, errors: list[str],
           results: list[dict] | None, request_id: str | None = None) -> int:
-    """Push the end document to the job's ``reply_to`` list and those of duplicate
-    requests: exactly one per list, whatever runs twice. Returns how many were pushed."""
-    targets = ([spec["reply_to"]] if spec.get("reply_to") else []) + \
-        sorted(t.decode() for t in r.smembers(keys.reply_targets(job_id)))
+    """Push the end document to the ``reply_to`` of every request of the job (the
+    first, whose list is in the spec, and each duplicate): exactly one per request,
+    whatever runs twice (a re-run callback, a redelivered message). Two requests
+    naming the same list get two documents. Returns how many were pushed."""
+    targets = ([(FIRST_REQUEST, spec["reply_to"])] if spec.get("reply_to") else []) + \
+        sorted(_reply_target(m) for m in r.smembers(keys.reply_targets(job_id)))
     if not targets:
         return 0
     doc = json.dumps(reply_document(spec.get("request_id", request_id), job_id, status, spec.get("out"),
                                     errors, results), ensure_ascii=False)
     pushed = 0
-    for target in targets:
-        if r.sadd(keys.replied(job_id), target):
+    for request, target in targets:
+        if r.sadd(keys.replied(job_id), request):
             r.rpush(target, doc)
             pushed += 1
     r.expire(keys.replied(job_id), spec.get("ttl") or 7 * 24 * 3600)
     return pushed
 
 
-def reply_targets_add(r: redis.Redis, job_id: str, target: str) -> None:
-    r.sadd(keys.reply_targets(job_id), target)
+# What ``replied`` holds for the job's first request; a duplicate's is ``msg:<its message id>``.
+FIRST_REQUEST = "first"
+
+
+def _reply_target(member: bytes) -> tuple[str, str]:
+    """(request, reply list) of a ``reply_targets`` member; a member written before
+    requests were told apart is a bare list name, answered once as before."""
+    text = member.decode()
+    if text.startswith("["):
+        message_id, target = json.loads(text)
+        return request_key(message_id), target
+    return text, text
+
+
+def request_key(message_id: str) -> str:
+    return f"msg:{message_id}"
+
+
+def reply_targets_add(r: redis.Redis, job_id: str, message_id: str, target: str) -> None:
+    """Answer the duplicate request carried by message ``message_id`` on ``target``
+    when the job ends (a redelivery of that message adds nothing new)."""
+    r.sadd(keys.reply_targets(job_id), json.dumps([message_id, target]))
     r.expire(keys.reply_targets(job_id), 7 * 24 * 3600)
 
 

@@ -98,6 +98,37 @@ def test_the_same_request_id_starts_one_job(redis_url, service, tmp_path):
     assert r.get(keys.request(request_id)).decode() == a["job_id"]
 
 
+def test_a_request_repeated_on_the_same_list_gets_its_own_reply(redis_url, service, tmp_path):
+    """A pipeline that lost the first reply asks again on the same list: one document
+    per request, each when the job ends; a re-run final callback and a redelivered
+    message push nothing more."""
+    from evalq.shared.config import CONTROL_QUEUE
+
+    r = redis.Redis.from_url(redis_url)
+    request_id, reply_to = f"req-{uuid.uuid4().hex}", f"replies:{uuid.uuid4().hex}"
+    job = {"instances": INSTANCES, "metrics": [{"id": "slow_len", "parameters": {"seconds": 0.05}}]}
+    send(redis_url, job=job, out=str(tmp_path / "a"), request_id=request_id, reply_to=reply_to)
+    send(redis_url, job=job, out=str(tmp_path / "a"), request_id=request_id, reply_to=reply_to)
+    a, b = await_reply(r, reply_to), await_reply(r, reply_to, timeout=30)
+    assert a == b and a["status"] == "done" and a["results"]  # both sent when the job ended
+    results = tmp_path / "a" / "results.json"
+    written = results.stat().st_mtime_ns
+    pipeline_app(redis_url).send_task("evalq.finalize", args=(a["job_id"],), queue=CONTROL_QUEUE)
+    deadline = time.monotonic() + 30
+    while results.stat().st_mtime_ns == written:  # the callback ran again: it rewrites the outputs
+        assert time.monotonic() < deadline, "the re-sent final callback did not run"
+        time.sleep(0.1)
+    # a third request after the end is answered at once; the same message delivered again is not
+    message_id = uuid.uuid4().hex
+    for _ in range(2):
+        pipeline_app(redis_url).send_task("evalq.submit_job", queue="evalq.jobs", task_id=message_id,
+                                          kwargs={"job": job, "out": str(tmp_path / "c"), "request_id": request_id,
+                                                  "reply_to": reply_to})
+    assert await_reply(r, reply_to, timeout=30)["job_id"] == a["job_id"]
+    time.sleep(1.0)
+    assert r.llen(reply_to) == 0
+
+
 @pytest.mark.parametrize("request_kwargs,fragment", [
     ({"job": {"instances": INSTANCES, "metrics": [{"id": "bleue"}]}, "out": "/tmp/x"},
      "request.job: metrics[0] (bleue): unknown metric 'bleue'; did you mean 'bleu'?"),
