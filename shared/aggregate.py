@@ -44,6 +44,7 @@ class MeanAggregator:
         self._sum: dict[str, float] = {}
         self._sumsq: dict[str, float] = {}
         self._count: dict[str, int] = {}
+        self._binary: dict[str, int] = {}  # values that are 0 or 1: all of them -> a Wilson interval
         self._scalar = True
 
     def add(self, record: dict[str, Any]) -> None:
@@ -60,10 +61,11 @@ class MeanAggregator:
                 self._sum[key] = self._sum.get(key, 0.0) + v
                 self._sumsq[key] = self._sumsq.get(key, 0.0) + v * v
                 self._count[key] = self._count.get(key, 0) + 1
+                self._binary[key] = self._binary.get(key, 0) + (v in (0, 1))
 
     def state(self) -> dict[str, Any]:
         return {"n": self.n, "n_errors": self.n_errors, "n_skipped": self.n_skipped, "sum": self._sum,
-                "sumsq": self._sumsq, "count": self._count, "scalar": self._scalar}
+                "sumsq": self._sumsq, "count": self._count, "binary": self._binary, "scalar": self._scalar}
 
     def merge(self, state: dict[str, Any]) -> None:
         self.n += state["n"]
@@ -73,13 +75,19 @@ class MeanAggregator:
             self._sum[key] = self._sum.get(key, 0.0) + value
             self._sumsq[key] = self._sumsq.get(key, 0.0) + state.get("sumsq", {}).get(key, 0.0)
             self._count[key] = self._count.get(key, 0) + state["count"][key]
+            # a part without "binary" (written before it was kept) takes the normal interval
+            self._binary[key] = self._binary.get(key, 0) + state.get("binary", {}).get(key, 0)
         self._scalar = self._scalar and state["scalar"]
 
-    def intervals(self) -> list[float] | dict[str, list[float] | None] | None:
-        """95% interval of each mean: mean +- 1.96 standard errors (``evalq.shared.stats``)."""
-        from evalq.shared.stats import mean_interval
+    def intervals(self, bounds: tuple[float, float] | None = None
+                  ) -> list[float] | dict[str, list[float] | None] | None:
+        """95% interval of each mean, within ``bounds`` (the registry entry's range):
+        Wilson for 0/1 values, else mean +- 1.96 standard errors clipped to the range
+        (``evalq.shared.stats.score_interval``)."""
+        from evalq.shared.stats import score_interval
 
-        cis = {k: mean_interval(self._count[k], self._sum[k], self._sumsq.get(k, 0.0)) for k in self._sum}
+        cis = {k: score_interval(self._count[k], self._sum[k], self._sumsq.get(k, 0.0),
+                                 self._binary.get(k, 0) == self._count[k], bounds) for k in self._sum}
         if self._scalar:
             return cis.get("")
         return cis or None
@@ -195,11 +203,13 @@ class RatingAggregator(MeanAggregator):
     def score(self) -> dict[str, Any] | None:
         if self.n == 0:
             return None
-        from evalq.shared.stats import mean_interval, wilson
+        from evalq.shared.stats import score_interval, wilson
 
         total = sum(k * c for k, c in self.counts.items())
-        out: dict[str, Any] = {"mean": total / self.n,
-                               "ci95": mean_interval(self.n, total, sum(k * k * c for k, c in self.counts.items())),
+        scale = (self.params.get("scale_min", 1), self.params.get("scale_max", 5))
+        ci = score_interval(self.n, total, sum(k * k * c for k, c in self.counts.items()),
+                            scale == (0, 1), scale)
+        out: dict[str, Any] = {"mean": total / self.n, "ci95": ci,
                                "distribution": {str(k): c for k, c in sorted(self.counts.items())}}
         threshold = self.params.get("threshold")
         if threshold is not None:

@@ -3,13 +3,18 @@ implementations are named by path and imported by workers on first use."""
 
 from __future__ import annotations
 
+import math
+
 from evalq.shared.judges import (ClaimScoreParams, ClaimsParams, DefectJudgeParams, JudgeParams, RubricParams,
                                  RubricsFCParams, SafetyParams)
 from evalq.shared.params import BertScoreParams, BleuParams, NoParams, RougeParams
 from evalq.shared.registry import REGISTRY, MetricSpec
 
+UNIT = (0.0, 1.0)  # scores that are shares or similarities
+
 REGISTRY.register(MetricSpec(
     id="bleu",
+    bounds=UNIT,
     params=BleuParams,
     impl="evalq.workers.metrics.lexical:bleu",
     queue="cpu",
@@ -21,6 +26,7 @@ REGISTRY.register(MetricSpec(
 
 REGISTRY.register(MetricSpec(
     id="rouge",
+    bounds=UNIT,
     params=RougeParams,
     impl="evalq.workers.metrics.lexical:rouge",
     queue="cpu",
@@ -32,6 +38,7 @@ REGISTRY.register(MetricSpec(
 
 REGISTRY.register(MetricSpec(
     id="f1_score",
+    bounds=UNIT,
     params=NoParams,
     impl="evalq.workers.metrics.lexical:f1_score",
     queue="cpu",
@@ -41,6 +48,7 @@ REGISTRY.register(MetricSpec(
 
 REGISTRY.register(MetricSpec(
     id="exact_match",
+    bounds=UNIT,
     params=NoParams,
     impl="evalq.workers.metrics.lexical:exact_match",
     queue="cpu",
@@ -50,6 +58,8 @@ REGISTRY.register(MetricSpec(
 
 REGISTRY.register(MetricSpec(
     id="bertscore",
+    # cosine similarities: at most 1; below 0 is possible (rescaled with a baseline, most of all)
+    bounds=(-math.inf, 1.0),
     params=BertScoreParams,
     impl="evalq.workers.metrics.bertscore:bertscore",
     queue="gpu",
@@ -137,7 +147,7 @@ _CLAIMS = [
 for _id, _params, _needs, _description in _CLAIMS:
     REGISTRY.register(MetricSpec(
         id=_id, params=_params, impl=f"evalq.workers.metrics.claims:{_id}", queue="judge", requires=_needs,
-        chunk_size=2, memo=True, description=_description))
+        bounds=UNIT, chunk_size=2, memo=True, description=_description))
 
 REGISTRY.register(MetricSpec(
     id="informationless", params=DefectJudgeParams, impl="evalq.workers.metrics.claims:informationless",

@@ -46,6 +46,9 @@ class MetricSpec:
     description: str
     aggregation: Aggregation = "mean"
     higher_is_better: bool = True
+    # the range every number of an item's result lies in (None: unbounded); a
+    # mean's interval is clipped to it (ratings: their scale; 0/1 values: Wilson)
+    bounds: tuple[float, float] | None = None
     # instance fields that must be present (and non-empty for expected-output)
     requires: tuple[str, ...] = ("actual-output",)
     batch: bool = False

@@ -4,6 +4,8 @@
 - ``mean_interval``: mean +- 1.96 standard errors from mergeable moments
   (count, sum, sum of squares), what the final callback can afford for a
   million items;
+- ``score_interval``: a metric's interval from those moments: Wilson when every
+  value is 0 or 1, else the normal one clipped to the metric's range;
 - ``bootstrap_mean``: a percentile bootstrap interval of a mean over instances;
 - ``paired``: for two runs' values on the same instances, the mean difference,
   a paired-bootstrap 95% interval, and a two-sided paired permutation test
@@ -41,6 +43,18 @@ def mean_interval(n: int, total: float, total_sq: float, z: float = Z95) -> list
     var = max(0.0, (total_sq - n * mean * mean) / (n - 1))
     half = z * math.sqrt(var / n)
     return [mean - half, mean + half]
+
+
+def score_interval(n: int, total: float, total_sq: float, binary: bool,
+                   bounds: tuple[float, float] | None = None) -> list[float] | None:
+    """The 95% interval of a mean that never leaves the values the metric can take:
+    Wilson when every value is 0 or 1 (``total`` is then the count of ones), else the
+    normal interval clipped to ``bounds`` (the metric's range, when it has one)."""
+    ci = wilson(round(total), n) if binary else mean_interval(n, total, total_sq)
+    if ci is None or bounds is None:
+        return ci
+    lo, hi = bounds
+    return [min(max(ci[0], lo), hi), max(min(ci[1], hi), lo)]
 
 
 def _percentiles(values: list[float], lo: float = 0.025, hi: float = 0.975) -> list[float]:

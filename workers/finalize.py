@@ -55,7 +55,7 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     counts = _counts(overall)
     out = {**entry_head(entry), "score": counts.pop("score")}
     if metric.aggregation in ("mean", "distribution") and overall.n:
-        out["ci95"] = overall.intervals()  # beside the score (ratings and defect rates carry theirs inside it)
+        out["ci95"] = overall.intervals(metric.bounds)  # beside the score (ratings and defect rates carry theirs inside it)
     out.update({"elapsed_time": round(elapsed, 6), **counts})
     if by_category:
         out["categories"] = {c: _counts(by_category[c]) for c in sorted(by_category)}

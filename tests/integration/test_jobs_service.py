@@ -14,7 +14,7 @@ import pytest
 import redis
 from celery import Celery
 
-from evalq.shared import keys
+from evalq.shared import keys, stats
 from tests.conftest import ROOT, evalq, start_worker, stop_worker, wait_for_worker
 
 pytestmark = pytest.mark.integration
@@ -73,6 +73,7 @@ def test_message_in_files_and_one_reply_out(redis_url, service, tmp_path):
     assert doc["results"] == results
     assert [m["metric"] for m in results] == ["exact_match", "f1_score"]
     assert results[0]["score"] == pytest.approx(0.5) and results[0]["n"] == 10
+    assert results[0]["ci95"] == pytest.approx(stats.wilson(5, 10))  # 0/1 values: Wilson, never past [0, 1]
     log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
     assert len(log) == 20
     run = json.loads((tmp_path / "out" / "run.json").read_text())

@@ -227,3 +227,59 @@ def test_cpu_chunks_are_sized_by_the_entry_and_fixed_sizes_stay():
     assert sizes(300) == {"bleu": 250, "bertscore": 512}
     assert sizes(60_000) == {"bleu": 600, "bertscore": 512}
     assert sizes(300, chunk_size=7) == {"bleu": 7, "bertscore": 7}  # --chunk-size wins
+
+
+def _wilson_textbook(k: int, n: int) -> list[float]:
+    """Wilson score interval from its formula (Wilson 1927), z from scipy."""
+    from scipy.stats import norm
+
+    z, p = norm.ppf(0.975), k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return [centre - half, centre + half]
+
+
+def test_a_0_1_metric_gets_the_wilson_interval_merged_from_its_chunks():
+    from evalq.shared.aggregate import chunk_part, merge_parts
+
+    # issue 21: exact_match at 0.10 over 30 items was [-0.0092, 0.2092] (normal interval)
+    records = [{"result": int(i < 3)} for i in range(30)]
+    parts = [chunk_part("mean", {}, records[i:i + 7]) for i in range(0, 30, 7)]
+    merged, _, _ = merge_parts("mean", {}, parts)
+    spec = REGISTRY.get("exact_match")
+    assert merged.intervals(spec.bounds) == pytest.approx(_wilson_textbook(3, 30))
+    assert merged.intervals() == pytest.approx(_wilson_textbook(3, 30))  # 0/1 values: Wilson, declared or not
+    # all zeros: a real interval, not [0, 0]
+    zeros, _, _ = merge_parts("mean", {}, [chunk_part("mean", {}, [{"result": 0}] * 12)])
+    assert zeros.intervals() == pytest.approx(_wilson_textbook(0, 12))
+
+
+@pytest.mark.parametrize("metric_id,result", [
+    ("bleu", lambda i: 0.9 if i == 0 else 0.0),
+    ("f1_score", lambda i: {"f1": 1.0 if i else 0.6, "precision": 0.02 if i == 0 else 0.0}),
+    ("rouge", lambda i: {"rouge1": 0.97 + 0.03 * (i % 2)}),
+])
+def test_a_bounded_score_interval_stays_in_its_range(metric_id, result):
+    from evalq.shared.aggregate import chunk_part, merge_parts
+
+    spec = REGISTRY.get(metric_id)
+    lo, hi = spec.bounds
+    records = [{"result": result(i)} for i in range(10)]
+    merged, _, _ = merge_parts(spec.aggregation, {}, [chunk_part(spec.aggregation, {}, records)])
+    cis = merged.intervals(spec.bounds)
+    for ci in (cis.values() if isinstance(cis, dict) else [cis]):
+        assert lo <= ci[0] <= ci[1] <= hi
+
+
+def test_a_rating_interval_stays_on_its_scale():
+    from evalq.shared.aggregate import RatingAggregator
+
+    agg = RatingAggregator({"scale_min": 1, "scale_max": 5})
+    for k in [5] * 9 + [4]:
+        agg.add({"result": {"score": k, "reason": ""}})
+    lo, hi = agg.score()["ci95"]
+    assert 1 <= lo <= hi <= 5
+    binary = RatingAggregator({"scale_min": 0, "scale_max": 1})
+    for k in [1] * 27 + [0] * 3:
+        binary.add({"result": {"score": k, "reason": ""}})
+    assert binary.score()["ci95"] == pytest.approx(_wilson_textbook(27, 30))
