@@ -3,7 +3,7 @@
 They exercise the real plugin path; what they compute is deliberately trivial:
 - ``fail_on``: raises for instances whose actual-output contains "FAIL".
 - ``slow_len``: sleeps, then returns the answer's length (mid-job kills land
-  while tasks are running).
+  while tasks are running; ``started`` names a file that shows they are).
 - ``hang_on``: sleeps ``seconds`` on instances whose actual-output contains
   "HANG" (a metric that runs away on some items), else scores 1.
 - ``stubborn``: asks to be deferred ``defers`` times, then hits ``blips``
@@ -24,6 +24,8 @@ from evalq.shared.registry import REGISTRY, MetricSpec
 
 class SlowParams(Params):
     seconds: float = Field(default=0.05)
+    started: str | None = Field(default=None, description="a file each item appends to as it starts: a test "
+                                "sees work under way")
 
 
 class StubbornParams(Params):
@@ -54,6 +56,9 @@ def fail_on(instance: dict, params) -> float:
 
 
 def slow_len(instance: dict, params: SlowParams) -> int:
+    if params.started:
+        with open(params.started, "a") as f:
+            f.write(f"{instance['id']}\n")
     time.sleep(params.seconds)
     return len(instance["actual-output"])
 
