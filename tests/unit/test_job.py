@@ -42,6 +42,16 @@ def test_invalid_json_names_line_and_column(tmp_path):
     assert info.value.problems[0].startswith(f"{path}:2:14: invalid JSON")
 
 
+def test_an_id_of_5000_digits_is_a_located_problem_not_a_traceback(tmp_path):
+    # more digits than Python converts (sys.get_int_max_str_digits): a JobError, so exit 2 at the CLI
+    path = tmp_path / "job.json"
+    path.write_text('{"instances": [{"id": ' + "7" * 5000 + ', "actual-output": "a", "expected-output": ["a"]}], '
+                    '"metrics": [{"id": "exact_match"}]}')
+    with pytest.raises(JobError) as info:
+        load_job(path)
+    assert info.value.problems[0].startswith(f"{path}: a number with too many digits")
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(JobError, match="no such file"):
         load_job(tmp_path / "nope.json")
