@@ -10,6 +10,9 @@ several of them):
     evalq:{J}:time:{M}       HASH    chunk start -> seconds spent scoring that chunk
     evalq:{J}:part:{M}       HASH    chunk start -> JSON aggregate of the chunk's items (mergeable kinds)
     evalq:{J}:view:{M}       HASH    chunk start -> JSON of what report.html needs of the chunk (worst items, sample)
+    evalq:{J}:kept:{M}       HASH    instance index -> JSON ``{"record": ...}`` of an item scored in a chunk that
+                                     has not ended, or ``{"replies": {sha: reply}}`` of its calls answered so far
+                                     (``evalq.workers.keeping``); the chunk's end moves records to ``res:{M}``
     evalq:{J}:summary        STRING  JSON list of aggregated metric results (results.json)
     evalq:{J}:stage:{S}      STRING  JSON summary of a stage that is not a metric (S = generate)
     evalq:{J}:status         STRING  running | generated | done | failed | cancelled
@@ -60,6 +63,10 @@ def instances(job_id: str) -> str:
 
 def results(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:res:{metric_key}"
+
+
+def kept(job_id: str, metric_key: str) -> str:
+    return f"{job_prefix(job_id)}:kept:{metric_key}"
 
 
 def parts(job_id: str, metric_key: str) -> str:
@@ -154,5 +161,6 @@ def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
             replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
             chunks_done(job_id, "generate"), chunks_done(job_id, "metrics")]
     for m in metric_keys:
-        keys += [results(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m), accounting(job_id, m)]
+        keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m),
+                 accounting(job_id, m)]
     return keys

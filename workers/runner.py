@@ -2,7 +2,9 @@
 from Redis, score each item (a failure is recorded on that item), and write
 item records idempotently. The same path runs metrics and the generation
 stage (the model under test answering prompts); aggregation is in
-``evalq.workers.finalize``."""
+``evalq.workers.finalize``. An item that cost a model call is kept the moment
+it is scored (``evalq.workers.keeping``), so a chunk run again pays only for
+calls that were in flight."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ import redis
 import evalq.shared.metrics  # noqa: F401  (registers the built-in metrics)
 from evalq.shared import keys
 from evalq.shared.aggregate import chunk_part
+from evalq.shared.config import Settings
 from evalq.shared.errors import Deferred, MetricError, Skipped
 from evalq.shared.model import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
+from evalq.workers import keeping
 from evalq.workers.item_budget import bounded
 from evalq.workers.stages import span
 
@@ -82,7 +86,8 @@ def _endpoint_config(r: redis.Redis, job_id: str, name: str):
     return JudgeConfig.model_validate(spec["judges"][name]), options
 
 
-def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, deployment: str | None):
+def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, deployment: str | None,
+                    keeper: keeping.ItemKeeper | None = None):
     """What a judge metric or the generation stage calls: a JudgeClient, or a ModelRunner."""
     from evalq.shared.model import PythonModel
     from evalq.workers.judge.client import JudgeClient
@@ -94,7 +99,8 @@ def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, d
 
         return python_runner(config)
     memo = metric_key != GENERATE and REGISTRY.get(job_spec(r, job_id)["metrics"][metric_key]["id"]).memo
-    client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment, memo=memo)
+    client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment, memo=memo,
+                         keeper=keeper)
     if metric_key == GENERATE:
         from evalq.workers.generate import EndpointRunner
 
@@ -103,20 +109,23 @@ def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, d
 
 
 def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: Any = None,
-                judge: Any = None) -> list[dict]:
+                judge: Any = None, human: str | None = None,
+                keeper: keeping.ItemKeeper | None = None) -> list[dict]:
     """Score instances; an exception becomes an ``error`` on that item only.
 
     Metrics with a ``prepare`` hook get its result, judge metrics a judge
     client, as further arguments. ``Deferred`` propagates (the task
-    re-schedules) carrying the records made so far in ``partial``, and so
-    does a Redis connection error (a judge client's budget call, say);
-    ``Skipped`` marks the item as not run. An instance marked
-    ``NOT_GENERATED`` is recorded with that outcome and not scored.
+    re-schedules), and so does a Redis connection error (a judge client's
+    budget call, say); ``Skipped`` marks the item as not run. An instance
+    marked ``NOT_GENERATED`` is recorded with that outcome and not scored.
+    Records carry the instance's grade for ``human`` (``human.<key>``); a
+    ``keeper`` gets each item's record as soon as the item is scored.
     """
     fn = bounded(spec, spec.load())  # EVALQ_ITEM_TIMEOUT per item (evalq.workers.item_budget)
     extra = ((prepared,) if spec.prepare else ()) + ((judge,) if spec.calls_endpoint else ())
     outcomes: list = [inst.pop(NOT_GENERATED, None) for inst in instances]
     ready = [i for i, outcome in enumerate(outcomes) if outcome is None]
+    records: list[dict | None] = [None] * len(instances)
     if spec.batch:
         try:
             results = fn([instances[i] for i in ready], params, *extra) if ready else []
@@ -126,37 +135,40 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
             outcomes[i] = result
     else:
         for i in ready:
+            if keeper is not None:
+                keeper.begin(i)
             try:
                 outcomes[i] = fn(instances[i], params, *extra)
-            except Deferred as exc:
-                exc.partial = _records(spec, instances[:i], outcomes[:i])
-                raise
-            except REDIS_BLIPS:
-                raise  # the broker, not the item: the task is retried
+            except (Deferred, *REDIS_BLIPS):
+                raise  # not the item's fault: the task re-schedules, or is retried
             except Exception as exc:
                 outcomes[i] = exc
-    return _records(spec, instances, outcomes)
+            if keeper is not None:
+                records[i] = _record(spec, instances[i], outcomes[i], human)
+                keeper.done(records[i])
+    return [record if record is not None else _record(spec, inst, outcome, human)
+            for record, inst, outcome in zip(records, instances, outcomes)]
 
 
-def _records(spec: MetricSpec, instances: list[dict], outcomes: list) -> list[dict]:
-    records = []
-    for inst, outcome in zip(instances, outcomes):
-        # instance_id first: the orchestrator splices log lines after it (orchestrator.outputs)
-        record: dict[str, Any] = {"instance_id": inst["id"]}
-        if isinstance(inst.get("category"), str):
-            record["category"] = inst["category"]
-        if inst.get("variant") is not None:
-            record["variant"] = inst["variant"]
-        if isinstance(outcome, Skipped):
-            record["skipped"] = str(outcome)
-        elif isinstance(outcome, Exception):
-            record["error"] = f"{type(outcome).__name__}: {outcome}"
-            log.warning("item %r of %s failed: %s", inst["id"], spec.id,
-                        "".join(traceback.format_exception_only(outcome)).strip())
-        else:
-            record["result"] = outcome
-        records.append(record)
-    return records
+def _record(spec: MetricSpec, inst: dict, outcome: Any, human: str | None) -> dict:
+    # instance_id first: the orchestrator splices log lines after it (orchestrator.outputs)
+    record: dict[str, Any] = {"instance_id": inst["id"]}
+    if isinstance(inst.get("category"), str):
+        record["category"] = inst["category"]
+    if inst.get("variant") is not None:
+        record["variant"] = inst["variant"]
+    if isinstance(outcome, Skipped):
+        record["skipped"] = str(outcome)
+    elif isinstance(outcome, Exception):
+        record["error"] = f"{type(outcome).__name__}: {outcome}"
+        log.warning("item %r of %s failed: %s", inst["id"], spec.id,
+                    "".join(traceback.format_exception_only(outcome)).strip())
+    else:
+        record["result"] = outcome
+    grades = inst.get("human")
+    if human is not None and isinstance(grades, dict) and human in grades:
+        record["human"] = grades[human]
+    return record
 
 
 def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: int,
@@ -164,28 +176,37 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     spec, params, prepared = _metric(r, job_id, metric_key)
     spec.load()  # imports stay out of the timing below
     positions = list(range(start, stop))
+    kept: dict[int, dict] = {}
     if spec.calls_endpoint:
-        # A re-scheduled or redelivered chunk does not pay twice for items
-        # already recorded.
-        done = r.hmget(keys.results(job_id, metric_key), [str(p) for p in positions])
-        positions = [p for p, rec in zip(positions, done) if rec is None]
+        # A re-scheduled or redelivered chunk pays for no item already recorded
+        # or kept, nor again for a call of an item that was answered.
+        recorded, kept = keeping.earlier(r, job_id, metric_key, positions)
+        positions = [p for p in positions if p not in recorded and "record" not in kept.get(p, {})]
     instances = _instances(r, job_id, positions)
     if metric_key == GENERATE:  # only instances without an output are generated
-        kept = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
-        positions, instances = [p for p, _ in kept], [inst for _, inst in kept]
+        wanted = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
+        positions, instances = [p for p, _ in wanted], [inst for _, inst in wanted]
     elif GENERATE in job_spec(r, job_id):
         _with_generated(r, job_id, positions, instances)
-    judge = endpoint_client(r, job_id, metric_key, params, deployment) if spec.calls_endpoint else None
+    keeper = judge = None
+    if spec.calls_endpoint:
+        keeper = keeping.ItemKeeper(r, job_id, metric_key, positions,
+                                    {p: k["replies"] for p, k in kept.items() if "replies" in k},
+                                    job_spec(r, job_id).get("ttl") or Settings.from_env().result_ttl)
+        judge = endpoint_client(r, job_id, metric_key, params, deployment, keeper)
     human = _human_key(r, job_id, metric_key)
     t0 = time.perf_counter()
     try:
-        records = _with_human(score_items(spec, params, instances, prepared, judge), instances, human)
-    except Deferred as exc:
-        _write(r, job_id, metric_key, start, positions, _with_human(exc.partial, instances, human),
-               time.perf_counter() - t0)
+        records = score_items(spec, params, instances, prepared, judge, human, keeper)
+    except Deferred:
+        _write(r, job_id, metric_key, start, {}, time.perf_counter() - t0)  # its items are kept
         raise
+    finally:
+        if keeper is not None:
+            keeper.flush()  # the counters of an item cut short
     elapsed = time.perf_counter() - t0
-    items = _chunk_records(r, job_id, metric_key, start, stop, dict(zip(positions, records)))
+    new = {p: k["record"] for p, k in kept.items() if "record" in k} | dict(zip(positions, records))
+    items = _chunk_records(r, job_id, metric_key, start, stop, dict(new))
     part = chunk_part(spec.aggregation, params.model_dump(mode="json"), [rec for _, rec in items])
     view = None
     if metric_key != GENERATE:  # what report.html needs of the chunk, so the final callback parses no record
@@ -193,7 +214,8 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
 
         whole = job_spec(r, job_id)
         view = chunk_view(items, span(whole, whole["metrics"][metric_key]), seed=start)
-    _write(r, job_id, metric_key, start, positions, records, elapsed, part, view)
+    _write(r, job_id, metric_key, start, new, elapsed, part, view,
+           kept=range(start, stop) if spec.calls_endpoint else range(0))
     # Deterministic return value: the chord join stores it, and a redelivered
     # run must produce the very same entry.
     return {"metric": metric_key, "start": start, "n": stop - start}
@@ -205,16 +227,6 @@ def _human_key(r: redis.Redis, job_id: str, metric_key: str) -> str | None:
         return None
     entry = job_spec(r, job_id)["metrics"][metric_key]
     return entry.get("name") or entry["id"]
-
-
-def _with_human(records: list[dict], instances: list[dict], key: str | None) -> list[dict]:
-    """Put the instance's human grade for this entry (``human.<key>``) on its record."""
-    if key is not None:
-        for record, inst in zip(records, instances):
-            grades = inst.get("human")
-            if isinstance(grades, dict) and key in grades:
-                record["human"] = grades[key]
-    return records
 
 
 def _instances(r: redis.Redis, job_id: str, positions: list[int]) -> list[dict]:
@@ -255,13 +267,15 @@ def _chunk_records(r: redis.Redis, job_id: str, metric_key: str, start: int, sto
     return [(p, new[p]) for p in sorted(new)]
 
 
-def _write(r: redis.Redis, job_id: str, metric_key: str, start: int, positions: list[int],
-           records: list[dict], elapsed: float, part: dict | None = None, view: dict | None = None) -> None:
+def _write(r: redis.Redis, job_id: str, metric_key: str, start: int, records: dict[int, dict], elapsed: float,
+           part: dict | None = None, view: dict | None = None, kept: range = range(0)) -> None:
     pipe = r.pipeline(transaction=True)
     if records:
         # HSET by instance position: a redelivered chunk overwrites, it never adds.
         pipe.hset(keys.results(job_id, metric_key),
-                  mapping={str(p): json.dumps(rec, ensure_ascii=False) for p, rec in zip(positions, records)})
+                  mapping={str(p): json.dumps(rec, ensure_ascii=False) for p, rec in records.items()})
+    if kept:  # the chunk's records are written: what was kept of its items goes
+        pipe.hdel(keys.kept(job_id, metric_key), *(str(p) for p in kept))
     if part is not None:  # likewise by chunk
         pipe.hset(keys.parts(job_id, metric_key), str(start), json.dumps(part))
     if view is not None:

@@ -6,14 +6,14 @@ import functools
 import logging
 
 import redis
-from celery.signals import worker_init, worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_process_shutdown, worker_ready, worker_shutdown
 
 from evalq.shared import keys
 from evalq.shared.config import JOBS_QUEUE, Settings
 from evalq.shared.errors import Deferred
 from evalq.shared.model import GENERATE
 from evalq.workers import finalize as aggregation
-from evalq.workers import runner, stages
+from evalq.workers import keeping, runner, stages
 from evalq.workers.app import app
 
 log = logging.getLogger("evalq.worker")
@@ -140,3 +140,12 @@ def start_sweeper(sender, **_) -> None:
 def stop_sweeper(**_) -> None:
     for sweeper in _sweepers:
         sweeper.stop()
+
+
+def write_held(**_) -> None:
+    """Item records held while Redis was away get a last chance before the process goes."""
+    keeping.WRITE_BEHIND.drain(timeout=10.0)
+
+
+worker_shutdown.connect(write_held)
+worker_process_shutdown.connect(write_held)

@@ -10,7 +10,10 @@ Order of business for every request:
    Retry-After pauses the deployment for every worker; 408/409/5xx, timeouts
    and connection errors retry with backoff (tenacity), bounded by the judge's
    ``max_retries``; exhausted retries raise ``JudgeError`` (an item error).
-Every call, cache hit and 429 is counted per (job, metric).
+Every call, cache hit and 429 is counted per (job, metric). Run by a chunk,
+the client keeps each reply as ``evalq.workers.keeping`` says (an item's
+answered calls are never paid again) and its counters ride the keeper's round
+trips instead of one of their own per call.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from evalq.shared.errors import Deferred, MetricError, Skipped
 from evalq.shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id
 from evalq.workers.judge.budget import Budget, Reservation
 from evalq.workers.judge.tokens import estimate_prompt_tokens
+from evalq.workers.keeping import DOWN, WRITE_BEHIND, ItemKeeper, Op, execute
 
 log = logging.getLogger("evalq.judge")
 
@@ -122,9 +126,11 @@ class JudgeClient:
     """Judge calls for one (job, metric) with one judge configuration."""
 
     def __init__(self, r: redis.Redis, job_id: str, metric_key: str, name: str, judge: JudgeConfig,
-                 options: JudgingOptions, preferred: str | None = None, memo: bool = False):
+                 options: JudgingOptions, preferred: str | None = None, memo: bool = False,
+                 keeper: ItemKeeper | None = None):
         self.r = r
         self.memo = memo
+        self.keeper = keeper
         self.job_id = job_id
         self.metric_key = metric_key
         self.name = name
@@ -141,12 +147,13 @@ class JudgeClient:
     def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating") -> Reply:
         request = self._request(messages, schema, schema_name)
         digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
-        if self.memo:
+        kept = self.keeper.reply(digest) if self.keeper is not None else None
+        if kept is None and self.memo:
             kept = self._memo_or_claim(digest)
-            if kept is not None:
-                self._count(None, reused=1)
-                data = json.loads(kept)
-                return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True)
+        if kept is not None:
+            self._count(None, reused=1)
+            data = json.loads(kept)
+            return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True)
         try:
             return self._complete(request, messages, digest)
         finally:
@@ -158,6 +165,9 @@ class JudgeClient:
         the call: while another thread or worker is making it, wait for its reply
         rather than pay for the same call (claims shared by concurrent metrics)."""
         memo, claim = keys.judge_memo(self.job_id), keys.judge_memo_claim(self.job_id, digest)
+        held = WRITE_BEHIND.held(memo, [digest])  # kept by this process while Redis was away
+        if held:
+            return held[digest]
         hold = int(self.judge.timeout * (self.judge.max_retries + 1)) + 30
         deadline = time.monotonic() + hold
         while True:
@@ -183,21 +193,34 @@ class JudgeClient:
                 return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True)
         extra = json.dumps({k: v for k, v in request.items() if k in ("response_format", "tools")})
         estimate = estimate_prompt_tokens(messages, extra)
+        if self.keeper is not None:
+            self.keeper.before_call()
         reply = self._call_with_retries(request, estimate)
         raw = json.dumps({"content": reply.content, "tool_arguments": reply.tool_arguments, "usage": reply.usage})
-        if self.options.cache:
-            self.r.set(keys.judge_cache(digest), raw, ex=self.options.cache_ttl)
         self._keep(digest, raw)
+        if self.options.cache:  # a round trip of its own (as ever): the cache lives outside the job's hash slot
+            WRITE_BEHIND.write(self.r, [("set", (keys.judge_cache(digest), raw, self.options.cache_ttl))])
         return reply
 
     def _keep(self, digest: str, raw: str | bytes) -> None:
-        if self.memo:
+        if self.memo:  # at once: other threads and workers may be waiting for this reply
             from evalq.shared.config import Settings
 
-            pipe = self.r.pipeline(transaction=False)
-            pipe.hset(keys.judge_memo(self.job_id), digest, raw)
-            pipe.expire(keys.judge_memo(self.job_id), Settings.from_env().result_ttl)
-            pipe.execute()
+            memo = keys.judge_memo(self.job_id)
+            self._write([("hset", (memo, digest, raw)), ("expire", (memo, Settings.from_env().result_ttl))],
+                        now=True)
+        elif self.keeper is not None:
+            self.keeper.answered(digest, raw if isinstance(raw, str) else raw.decode())
+
+    def _write(self, ops: list[Op], now: bool = False) -> None:
+        """With a keeper, ``ops`` join its next round trip (``now``: this one, or are
+        held while Redis is away); without one they are written at once."""
+        if self.keeper is None:
+            execute(self.r, ops)
+        elif now:
+            self.keeper.flush(*ops)
+        else:
+            self.keeper.add(ops)
 
     # -- internals --------------------------------------------------------------
     def _request(self, messages: list[dict], schema: dict | None, schema_name: str) -> dict:
@@ -241,7 +264,7 @@ class JudgeClient:
             try:
                 response = _sdk(self.judge, deployment).chat.completions.create(**body)
             finally:  # the reply (or error) is back: the budget counts the call from now
-                budget.settle(reservation)
+                _bookkeeping(budget.settle, reservation)
         except openai.RateLimitError as exc:
             wait = _retry_after(exc)
             budget.pause(wait)
@@ -257,10 +280,10 @@ class JudgeClient:
                 self._failed(deployment, budget)
             raise
         self._last_failed = None
-        budget.succeeded()
+        _bookkeeping(budget.succeeded)
         usage = response.usage.model_dump() if response.usage else {}
         if usage.get("prompt_tokens"):
-            budget.observe(estimate, usage["prompt_tokens"])
+            _bookkeeping(budget.observe, estimate, usage["prompt_tokens"])
         self._count(deployment.region, calls=1, prompt_tokens=usage.get("prompt_tokens", 0),
                     completion_tokens=usage.get("completion_tokens", 0), reserved_tokens=reserved)
         choice = response.choices[0].message
@@ -318,13 +341,22 @@ class JudgeClient:
         """Add to the job's accounting of this metric entry: totals, and per region
         (fields ``<region>/<name>``) for what a deployment answered."""
         key = keys.accounting(self.job_id, self.metric_key)
-        pipe = self.r.pipeline(transaction=False)
+        ops: list[Op] = []
         for name, value in fields.items():
             if value:
-                pipe.hincrby(key, name, int(value))
+                ops.append(("hincrby", (key, name, int(value))))
                 if region is not None:
-                    pipe.hincrby(key, f"{region}/{name}", int(value))
-        pipe.execute()
+                    ops.append(("hincrby", (key, f"{region}/{name}", int(value))))
+        self._write(ops)
+
+
+def _bookkeeping(step, *args) -> None:
+    """A budget update after a call: skipped while Redis is away, so that the reply
+    paid for is kept (held until Redis is back) rather than lost with the error."""
+    try:
+        step(*args)
+    except DOWN as exc:
+        log.info("budget bookkeeping skipped, Redis is unreachable: %s", exc)
 
 
 def _short(text: str, limit: int = 200) -> str:

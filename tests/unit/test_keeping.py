@@ -1,0 +1,112 @@
+"""Write-behind of kept replies while Redis is away (evalq.workers.keeping), with no
+broker: a stand-in client that refuses connections while told Redis is down."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from evalq.shared import keys
+from evalq.workers.keeping import ItemKeeper, WriteBehind
+
+
+class Store:
+    """Enough of a redis-py client for the keeper: pipelines of hset, hincrby and
+    expire, applied all at once, refused while ``down`` is set."""
+
+    def __init__(self):
+        self.down = threading.Event()
+        self.hashes: dict[str, dict[str, object]] = {}
+        self.round_trips = 0
+
+    def pipeline(self, transaction: bool = True) -> "Pipe":
+        return Pipe(self)
+
+
+class Pipe:
+    def __init__(self, store: Store):
+        self.store, self.ops = store, []
+
+    def hset(self, key, field, value):
+        self.ops.append(lambda h: h.setdefault(key, {}).__setitem__(field, value))
+
+    def hincrby(self, key, field, amount):
+        self.ops.append(lambda h: h.setdefault(key, {}).__setitem__(field, h.get(key, {}).get(field, 0) + amount))
+
+    def expire(self, key, seconds):
+        pass
+
+    def execute(self):
+        self.store.round_trips += 1
+        if self.store.down.is_set():
+            raise redis.ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
+        for op in self.ops:
+            op(self.store.hashes)
+
+
+def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_reply_answered_while_redis_is_down_is_held_then_written_once():
+    store, behind = Store(), WriteBehind(first_wait=0.01, longest_wait=0.05)
+    kept = keys.kept("J", "coherence@0")
+    keeper = ItemKeeper(store, "J", "coherence@0", [40, 41], {}, ttl=60, write_behind=behind)
+    keeper.begin(0)
+    keeper.add([("hincrby", (keys.accounting("J", "coherence@0"), "calls", 1))])
+    keeper.done({"instance_id": "a", "result": {"score": 4}})
+    assert store.round_trips == 1  # the record rides with the call's counters
+    store.down.set()
+    keeper.begin(1)
+    keeper.answered("sha-b", '{"content": "Score: 2"}')
+    keeper.add([("hincrby", (keys.accounting("J", "coherence@0"), "calls", 1))])
+    keeper.done({"instance_id": "b", "result": {"score": 2}})
+    # held in the process, and readable by a run of the chunk in it
+    assert behind.pending() == 1
+    assert behind.held(kept, ["40", "41"]) == {"41": '{"record": {"instance_id": "b", "result": {"score": 2}}}'}
+    assert set(store.hashes[kept]) == {"40"}
+    store.down.clear()
+    assert behind.drain(timeout=5)
+    assert set(store.hashes[kept]) == {"40", "41"}
+    assert store.hashes[keys.accounting("J", "coherence@0")]["calls"] == 2  # counted once each
+
+
+def test_writes_made_while_others_are_held_land_after_them():
+    store, behind = Store(), WriteBehind(first_wait=0.01, longest_wait=0.05)
+    store.down.set()
+    assert not behind.write(store, [("hset", ("h", "7", "replies"))])
+    store.down.clear()  # back, but the older write is still held: the newer one waits behind it
+    behind.write(store, [("hset", ("h", "7", "record"))])
+    assert behind.drain(timeout=5)
+    assert store.hashes["h"]["7"] == "record"
+
+
+def test_an_item_of_several_calls_keeps_its_answered_calls_before_paying_for_the_next():
+    store, behind = Store(), WriteBehind()
+    earlier = {5: {"sha-1": "first reply"}}
+    keeper = ItemKeeper(store, "J", "rubric@1", [5], earlier, ttl=60, write_behind=behind)
+    keeper.begin(0)
+    assert keeper.reply("sha-1") == "first reply" and keeper.reply("sha-2") is None
+    keeper.before_call()
+    assert store.round_trips == 0  # nothing new to keep: no round trip
+    keeper.answered("sha-2", "second reply")
+    keeper.before_call()
+    assert store.round_trips == 1
+    assert store.hashes[keys.kept("J", "rubric@1")]["5"] == \
+        '{"replies": {"sha-1": "first reply", "sha-2": "second reply"}}'
+
+
+def test_the_flusher_stops_when_nothing_is_held_and_starts_again_when_needed():
+    store, behind = Store(), WriteBehind(first_wait=0.01, longest_wait=0.05)
+    for _ in range(2):
+        store.down.set()
+        behind.write(store, [("hincrby", ("acct", "calls", 1))])
+        time.sleep(0.05)
+        store.down.clear()
+        wait_until(lambda: behind.pending() == 0)
+    assert store.hashes["acct"]["calls"] == 2
