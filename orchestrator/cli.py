@@ -221,15 +221,19 @@ def submit(job_file: Path, out: str | None, request_id: str | None, reply_to: st
 @broker_option
 @click.option("--stall-timeout", type=float, default=None, help="Give up after this long without progress.")
 def wait(job_id: str, broker: str | None, stall_timeout: float | None) -> None:
-    """Wait for a job to end; exit code as `run`'s (0 done, 1 failed or cancelled)."""
+    """Wait for a job to end; exit code as `run`'s (0 done, 1 failed or cancelled).
+
+    Rides out Redis restarts (up to the stall timeout, else 300 s)."""
     from evalq.orchestrator import submit as submitting
+    from evalq.orchestrator.outage import Outage
     from evalq.orchestrator.runner import finished
 
     broker = _need_broker(broker)
-    r = submitting.connect(broker)
+    outage = Outage(broker, stall_timeout or 300)
+    r = submitting.connect(broker, outage)
     status = submitting.wait(r, broker, job_id, on_progress=lambda n: None, check=lambda: None,
-                             stall_timeout=stall_timeout)
-    finished(r, job_id, status)
+                             stall_timeout=stall_timeout, outage=outage)
+    outage.call(finished, r, job_id, status)
     click.echo(f"job {job_id}: {status}", err=True)
 
 
@@ -272,14 +276,18 @@ def resume(job_id: str, broker: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
               help="Without JOB: how many recent jobs.")
-def status(job_id: str | None, broker: str | None, as_json: bool, limit: int) -> None:
+@click.option("--stall-timeout", type=float, default=60.0, show_default=True,
+              help="Give up (exit 1) when Redis stays unreachable this long.")
+def status(job_id: str | None, broker: str | None, as_json: bool, limit: int, stall_timeout: float) -> None:
     """Running and recent jobs, or one job in detail."""
     from evalq.orchestrator import jobs
     from evalq.orchestrator import submit as submitting
+    from evalq.orchestrator.outage import Outage
 
     broker = _need_broker(broker)
-    r = submitting.connect(broker)
-    info = jobs.job_status(r, job_id) if job_id else jobs.recent(r, limit)
+    outage = Outage(broker, stall_timeout)
+    r = submitting.connect(broker, outage)
+    info = outage.call(jobs.job_status, r, job_id) if job_id else outage.call(jobs.recent, r, limit)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
@@ -453,6 +461,14 @@ def main() -> None:
         sys.exit(3)
     except InfraError as exc:
         click.echo(f"evalq: {exc}", err=True)
+        sys.exit(1)
+    except Exception as exc:
+        from evalq.orchestrator.outage import away
+
+        if not away(exc):
+            raise
+        # a command that does not wait (submit, cancel, resume) met an unreachable Redis
+        click.echo(f"evalq: Redis is unreachable: {exc}", err=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import sys
 
+from evalq.orchestrator.outage import Outage
 from evalq.shared.errors import InfraError
 from evalq.shared.job import Job
 from evalq.shared.storage import Destination
@@ -37,11 +38,12 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
         total = job.n_to_generate + sum(job.span(m) for m in job.metrics)
         bar = stack.enter_context(_progress(total, enabled=progress))
         job_id = submit.submit(r, broker_url, job, chunk_size, out=dest)
+        outage = Outage(broker_url, stall_timeout or 300)  # Redis away: ride it out, as long as a stall
         try:
             status = submit.wait(r, broker_url, job_id, on_progress=bar, check=check,
-                                 stall_timeout=stall_timeout)
+                                 stall_timeout=stall_timeout, outage=outage)
             bar(total)
-            return finished(r, job_id, status)
+            return outage.call(finished, r, job_id, status)
         finally:
             if not broker:
                 # the private Redis keeps only what outlives a job (judge cache, budgets)

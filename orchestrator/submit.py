@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Iterator
 
 import redis
 
+from evalq.orchestrator.outage import Outage
 from evalq.shared import keys
 from evalq.shared.config import Settings
 from evalq.shared.errors import InfraError
@@ -116,12 +117,17 @@ def destination(job: Job, out: str | None) -> Destination | None:
     return Destination(out, endpoint)
 
 
-def connect(broker_url: str) -> redis.Redis:
+def connect(broker_url: str, outage: Outage | None = None) -> redis.Redis:
+    """A client for the broker's Redis, checked with a ping (ridden out through
+    ``outage`` for a client that waits)."""
     from evalq.shared.config import redis_client, safe_url
 
     r = redis_client(broker_url, socket_connect_timeout=5, socket_timeout=60)
     try:
-        r.ping()
+        if outage is not None:
+            outage.call(r.ping)
+        else:
+            r.ping()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise InfraError(f"cannot reach broker {safe_url(broker_url)}: {exc}") from None
     except redis.ResponseError as exc:
@@ -203,7 +209,8 @@ def delete_job(r: redis.Redis, job_id: str, metric_keys: list[str]) -> None:
 
 
 def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[int], None],
-         check: Callable[[], None], poll: float = 0.25, stall_timeout: float | None = None) -> str:
+         check: Callable[[], None], poll: float = 0.25, stall_timeout: float | None = None,
+         outage: Outage | None = None) -> str:
     """Poll until the job reaches a final status (set by its last callback); returns it.
 
     ``check`` raises InfraError when the workers are gone (embedded mode);
@@ -211,52 +218,47 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     While it waits, the client looks after the job as the cluster's sweeper
     does (``evalq.orchestrator.watch``): a stage whose callback was lost gets
     it again, a job whose messages were lost gets its unfinished chunks again.
+    Every Redis access rides out an outage (``outage``; by default up to the
+    stall timeout, else 300 s), which does not count as a stall.
     """
-    from evalq.orchestrator.watch import Timing, items_done, look_after
-    from evalq.workers.stages import run_keys
+    from evalq.orchestrator.watch import Timing
 
-    spec = json.loads(r.get(keys.spec(job_id)) or "null")
+    outage = outage or Outage(broker_url, stall_timeout or 300)
+    spec = json.loads(outage.call(r.get, keys.spec(job_id)) or "null")
     if spec is None:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     timing = Timing.from_env()
-    metric_keys = run_keys(spec)
     last_done, last_change = -1, time.monotonic()
-    outage_since: float | None = None
     while True:
-        try:
-            counts = items_done(r, job_id, metric_keys)
-        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
-            # the broker restarts (its AOF brings the job back): wait for it, within bounds
-            now = time.monotonic()
-            outage_since = outage_since or now
-            if now - outage_since > (stall_timeout or 300):
-                raise InfraError(f"job {job_id}: the broker has been unreachable for "
-                                 f"{now - outage_since:.0f} s: {exc}") from None
-            if outage_since == now:
-                print(f"evalq: the broker is unreachable ({exc}); waiting for it", file=sys.stderr)
-            time.sleep(1.0)
-            continue
-        if outage_since is not None:
-            print("evalq: the broker is back", file=sys.stderr)
-            outage_since = None
-            last_change = time.monotonic()
-        done = sum(counts.values())
+        done, status, actions = outage.call(_look, r, broker_url, job_id, spec, timing)
         on_progress(done)
-        status = (r.get(keys.status(job_id)) or b"").decode()
         if status in TERMINAL:
             return status
         if not status:
             raise InfraError(f"job {job_id}: its keys are gone from Redis (expired or deleted)")
         check()
-        for action in look_after(r, broker_url, job_id, spec, status, counts, timing):
+        for action in actions:
             print(f"evalq: {action}", file=sys.stderr)
         now = time.monotonic()
+        last_change = max(last_change, outage.ended_at)  # time Redis was away is no stall
         if done != last_done:
             last_done, last_change = done, now
         elif stall_timeout and now - last_change > stall_timeout:
             raise InfraError(f"job {job_id}: no progress for {stall_timeout:.0f} s "
                              f"({done} items done); are workers consuming the job's queues?")
         time.sleep(poll)
+
+
+def _look(r: redis.Redis, broker_url: str, job_id: str, spec: dict, timing) -> tuple[int, str, list[str]]:
+    """One look at a job being waited on: (items done, status, steps taken to look after it)."""
+    from evalq.orchestrator.watch import items_done, look_after
+    from evalq.workers.stages import run_keys
+
+    counts = items_done(r, job_id, run_keys(spec))
+    status = (r.get(keys.status(job_id)) or b"").decode()
+    if not status or status in TERMINAL:
+        return sum(counts.values()), status, []
+    return sum(counts.values()), status, look_after(r, broker_url, job_id, spec, status, counts, timing)
 
 
 def summaries(r: redis.Redis, job_id: str) -> tuple[list[dict], dict | None]:
