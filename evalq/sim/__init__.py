@@ -89,6 +89,9 @@ requests only: ``requests``, ``ok``, ``rate_limited`` (429s, of which
 Once nothing is in flight, ``requests`` is the sum of ok, rate_limited,
 errors.total, unauthorized and bad_request. ``POST /stats/reset`` zeroes them;
 ``?limits=1`` also empties the rate-limit window and forgets ``-once`` requests.
+``JudgeSim(per_request=True).answered()`` counts the replies each distinct request
+got (by the sha256 of its model and body), so a client that pays twice for one
+request shows.
 
 Authentication: a key must be sent (``Authorization: Bearer ...`` or ``api-key``);
 any key is accepted unless the sim was given ``api_key``, then others get 401

@@ -326,6 +326,8 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._sleep(delay)
             state.add(**({"malformed": 1} if fault == "malformed" else {"ok": 1}))
+            if sim.per_request:
+                state.answer(req_key)
         message, finish, per_choice = reply
         choices = [(i, message, finish) for i in range(n)]
         completion_tokens = per_choice * n

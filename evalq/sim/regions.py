@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 
@@ -70,6 +70,7 @@ class RegionState:
         self.window_tokens = 0
         self.in_flight = 0
         self.counts = dict.fromkeys(_COUNTERS, 0)
+        self.answered: Counter[str] = Counter()  # request sha -> replies (JudgeSim(per_request=True))
 
     def _prune(self, now: float) -> None:
         while self.entries and self.entries[0][0] <= now - self.window:
@@ -113,6 +114,10 @@ class RegionState:
             for key, delta in deltas.items():
                 self.counts[key] += delta
 
+    def answer(self, request: str) -> None:
+        with self.lock:
+            self.answered[request] += 1
+
     def enter(self) -> None:
         with self.lock:
             self.counts["requests"] += 1
@@ -146,6 +151,7 @@ class RegionState:
     def reset(self, clear_limits: bool) -> None:
         with self.lock:
             self.counts = dict.fromkeys(_COUNTERS, 0)
+            self.answered.clear()
             self.counts["peak_in_flight"] = self.in_flight
             if clear_limits:
                 self.entries.clear()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from typing import Sequence, TextIO
 
 from evalq.sim.faults import Faults
@@ -21,7 +22,8 @@ class JudgeSim:
                  jitter: float = 0.0, fault_rates: Faults | None = None,
                  window_seconds: float = 60.0, seed: int = 0, api_key: str | None = None,
                  models: Sequence[str] = (DEFAULT_MODEL,),
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS, log: TextIO | None = None) -> None:
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, log: TextIO | None = None,
+                 per_request: bool = False) -> None:
         regions = list(regions) if regions else [Region("local")]
         names = [r.name for r in regions]
         if len(set(names)) != len(names):
@@ -41,6 +43,7 @@ class JudgeSim:
         self.models = list(models) or [DEFAULT_MODEL]
         self.default_max_tokens = default_max_tokens
         self.log = log
+        self.per_request = per_request
         self._states = {r.name: RegionState(r, self.window_seconds, seed) for r in regions}
         self._servers: dict[str, RegionServer] = {}
         self._threads: list[threading.Thread] = []
@@ -124,6 +127,15 @@ class JudgeSim:
                 raise KeyError(f"unknown region {region!r}")
             return one(region)
         return {name: one(name) for name in self._states}
+
+    def answered(self, region: str | None = None) -> dict[str, int]:
+        """With ``per_request=True``: how many replies (200s) each distinct request got,
+        by its sha256, in one region or all; a request answered twice was paid twice."""
+        total: Counter[str] = Counter()
+        for name in ([region] if region is not None else list(self._states)):
+            with self._states[name].lock:
+                total.update(self._states[name].answered)
+        return dict(total)
 
     def reset_stats(self, region: str | None = None, *, clear_limits: bool = False) -> None:
         """Zero the counters (and peaks) of one region or all. ``clear_limits`` also

@@ -612,3 +612,16 @@ def test_field_markers_set_reply_properties_by_name_or_path(client):
 def test_echo_marker_repeats_the_last_user_message_in_a_plain_reply(client):
     r = client.chat.completions.create(model="m", messages=user("Say it [[sim:echo]] [[sim:severity=5]]"))
     assert r.choices[0].message.content == "Say it [[sim:severity=5]]"
+
+
+def test_per_request_counts_show_a_request_paid_twice():
+    with JudgeSim([Region("a"), Region("b")], per_request=True) as sim:
+        for region, text in (("a", "one"), ("a", "two"), ("b", "one")):
+            oai(sim, region).chat.completions.create(model="judge-sim", messages=user(text))
+        counts = sim.answered()
+        assert sorted(counts.values()) == [1, 2] and sim.answered("a") == dict.fromkeys(sim.answered("a"), 1)
+        sim.reset_stats()
+        assert sim.answered() == {}
+    with JudgeSim() as plain:  # off by default: a long-running sim keeps no per-request state
+        oai(plain, "local").chat.completions.create(model="judge-sim", messages=user("one"))
+        assert plain.answered() == {}
