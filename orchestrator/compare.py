@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 from evalq.shared import stats
-from evalq.shared.aggregate import is_defect, numbers, score
+from evalq.shared.results import entry_keys, read
 from evalq.shared.errors import EvalqError, JobError
 
 MAX_LISTED = 20
@@ -41,34 +41,6 @@ class Run:
     categories: dict[str, str]                      # instance id -> category
 
 
-def _entry_keys(results: list[dict]) -> list[str]:
-    """``name``, else the metric id; a metric listed twice without names: ``id#2`` for the second."""
-    keys, seen = [], {}
-    for m in results:
-        base = m.get("name") or m["metric"]
-        seen[base] = seen.get(base, 0) + 1
-        keys.append(base if seen[base] == 1 else f"{base}#{seen[base]}")
-    return keys
-
-
-def _fields(result: Any, head: dict, aggregation: str) -> dict[str, float]:
-    if aggregation == "defect":
-        return {"defect_rate": float(is_defect(result, head["parameters"].get("threshold")))}
-    if isinstance(result, bool):
-        return {"mean": float(result)}
-    value = score(result)
-    return {"mean": value} if value is not None else numbers(result)
-
-
-def _passes(result: Any, head: dict, aggregation: str) -> bool | None:
-    if aggregation == "defect":
-        return not is_defect(result, head["parameters"].get("threshold"))
-    threshold = head["parameters"].get("threshold")
-    if aggregation == "rating" and threshold is not None and isinstance(result, dict):
-        return result.get("score", 0) >= threshold
-    return None
-
-
 def load_run(location: str) -> Run:
     import evalq.shared.metrics  # noqa: F401  (the registry: how each metric aggregates)
     from evalq.shared.loglines import entry_index, entry_slot
@@ -83,7 +55,7 @@ def load_run(location: str) -> Run:
         raise JobError(f"{dest.path('results.json')}: invalid JSON: {exc.msg}") from None
     if not isinstance(results, list):
         raise JobError(f"{dest.path('results.json')}: expected evalq's list of metric results")
-    keys = _entry_keys(results)
+    keys = entry_keys(results)
     index = entry_index(results)
     values: dict[str, dict[str, dict[str, float]]] = {k: {} for k in keys}
     passed: dict[str, dict[str, bool]] = {k: {} for k in keys}
@@ -98,10 +70,10 @@ def load_run(location: str) -> Run:
         key, head = keys[slot], results[slot]  # the entry's parameters are in results.json, not on the line
         iid = str(line["instance_id"])
         aggregation = REGISTRY.get(line["metric"]).aggregation if line["metric"] in REGISTRY else "mean"
-        values[key][iid] = _fields(line["result"], head, aggregation)
-        ok = _passes(line["result"], head, aggregation)
-        if ok is not None:
-            passed[key][iid] = ok
+        reading = read(aggregation, head.get("parameters"), line)
+        values[key][iid] = reading.values
+        if reading.passes is not None:
+            passed[key][iid] = reading.passes
         if isinstance(line.get("category"), str):
             categories[iid] = line["category"]
     return Run(location, results, keys, values, passed, categories)

@@ -156,7 +156,7 @@ def parse_request(request: dict):
     from evalq.orchestrator.submit import destination
     from evalq.shared.egress import request_roots, roots_problem, s3_problem
     from evalq.shared.job import parse_job
-    from evalq.shared.limits import check_inline, read_document
+    from evalq.shared.documents import check_inline, read_document
     from evalq.shared.storage import is_s3
 
     roots = request_roots()

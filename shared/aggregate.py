@@ -13,9 +13,9 @@ import math
 from array import array
 from typing import Any, Iterable
 
+from evalq.shared.agreement import Agreement
 from evalq.shared.judges import SEVERITY_BANDS, severity_label
-
-Number = (int, float)
+from evalq.shared.results import flag, number, severities
 
 
 def _counted(agg, record: dict[str, Any]) -> bool:
@@ -56,8 +56,9 @@ class MeanAggregator:
             items = value.items()
         else:
             items = (("", value),)
-        for key, v in items:
-            if isinstance(v, Number) and not isinstance(v, bool):
+        for key, raw in items:
+            v = number(raw)  # a boolean is 0 or 1 (evalq.shared.results)
+            if v is not None:
                 self._sum[key] = self._sum.get(key, 0.0) + v
                 self._sumsq[key] = self._sumsq.get(key, 0.0) + v * v
                 self._count[key] = self._count.get(key, 0) + 1
@@ -127,10 +128,10 @@ class DistributionAggregator(MeanAggregator):
             self._is_list[key] = isinstance(v, list)
             columns = self._values.setdefault(key, [])
             for i, x in enumerate(series):
-                if isinstance(x, Number) and not isinstance(x, bool):
+                if number(x) is not None:
                     while len(columns) <= i:
                         columns.append(array("d"))
-                    columns[i].append(x)
+                    columns[i].append(number(x))
 
     def score(self) -> dict[str, Any] | None:
         if self.n == 0:
@@ -345,163 +346,7 @@ def aggregator_for(kind: str, params: dict | None = None):
     return AGGREGATORS[kind](params)
 
 
-# --- agreement with human grades (seed 004: measure the judge against people) ----
-
-AGREEMENT_KINDS = ("rating", "defect")
-
-
-# --- how an item's result reads ------------------------------------------------------
-# One reading of the result shapes metrics produce, for the defect aggregate, the
-# report and the comparison alike.
-
-def severities(result: Any) -> dict[str, int] | None:
-    """``{"": s}`` for ``{"severity": s, ...}``, ``{harm: s, ...}`` for content_safety's
-    ``{harm: {"severity": s, ...}, ...}``; None for a result without severities."""
-    if not isinstance(result, dict):
-        return None
-    if "severity" in result:
-        return {"": result["severity"]}
-    graded = {k: v["severity"] for k, v in result.items() if isinstance(v, dict) and "severity" in v}
-    return graded or None
-
-
-def flag(result: Any) -> bool | None:
-    """A flag result: the boolean itself, or a dict's first boolean field (e.g.
-    ``{"protected_material": true, "reason": ...}``); None when there is none."""
-    if isinstance(result, bool):
-        return result
-    if isinstance(result, dict):
-        return next((v for v in result.values() if isinstance(v, bool)), None)
-    return None
-
-
-def score(result: Any) -> float | None:
-    """A bare number, or a dict's numeric ``score`` field; None otherwise (booleans are flags)."""
-    value = result.get("score") if isinstance(result, dict) else result
-    return float(value) if isinstance(value, Number) and not isinstance(value, bool) else None
-
-
-def numbers(result: Any) -> dict[str, float]:
-    """A dict result's numeric (not boolean) fields, e.g. ``{"f1": ..., "precision": ...}``."""
-    if not isinstance(result, dict):
-        return {}
-    return {k: float(v) for k, v in result.items() if isinstance(v, Number) and not isinstance(v, bool)}
-
-
-def is_defect(result: Any, threshold: int | None) -> bool:
-    """A defect-metric item result read as defect or not: a severity at or above
-    the threshold, any harm's (content_safety), or a flag that is true."""
-    graded = severities(result)
-    if graded is not None:
-        return threshold is not None and any(s >= threshold for s in graded.values())
-    marked = flag(result)
-    return marked if marked is not None else (not isinstance(result, dict) and bool(result))
-
-
-def human_defect(grade: Any, threshold: int | None) -> bool:
-    """A human label for a defect metric: true/false, or a severity 0-7."""
-    if isinstance(grade, bool):
-        return grade
-    return threshold is not None and grade >= threshold
-
-
-class Agreement:
-    """How often the judge agrees with human grades, mergeable per chunk.
-
-    Ratings keep a contingency table of (judge score, human grade) counts, from
-    which exact and within-one agreement, Cohen's kappa with quadratic weights
-    and Spearman's rank correlation (midranks for ties) follow exactly. Defect
-    metrics keep the 2x2 table: the defect precision and recall of the judge
-    against the human labels.
-    """
-
-    def __init__(self, kind: str, params: dict | None = None) -> None:
-        self.kind = kind
-        self.params = params or {}
-        self.cells: dict[str, int] = {}  # "judge,human" -> count
-
-    def add(self, record: dict[str, Any]) -> None:
-        if "human" not in record or "result" not in record or record.get("error") is not None \
-                or record.get("variant") is not None:
-            return
-        result, grade = record["result"], record["human"]
-        if self.kind == "rating":
-            if not isinstance(result, dict) or not isinstance(result.get("score"), int):
-                return
-            key = f"{result['score']},{int(grade)}"
-        else:
-            threshold = self.params.get("threshold")
-            key = f"{int(is_defect(result, threshold))},{int(human_defect(grade, threshold))}"
-        self.cells[key] = self.cells.get(key, 0) + 1
-
-    def state(self) -> dict[str, int]:
-        return dict(self.cells)
-
-    def merge(self, state: dict[str, int]) -> None:
-        for key, count in state.items():
-            self.cells[key] = self.cells.get(key, 0) + count
-
-    def pairs(self) -> list[tuple[int, int, int]]:
-        return [(*map(int, key.split(",")), n) for key, n in sorted(self.cells.items())]
-
-    def result(self) -> dict[str, Any] | None:
-        pairs = self.pairs()
-        n = sum(c for _, _, c in pairs)
-        if n == 0:
-            return None
-        if self.kind == "defect":
-            tp = sum(c for j, h, c in pairs if j and h)
-            fp = sum(c for j, h, c in pairs if j and not h)
-            fn = sum(c for j, h, c in pairs if not j and h)
-            return {"n": n, "precision": tp / (tp + fp) if tp + fp else None,
-                    "recall": tp / (tp + fn) if tp + fn else None,
-                    "exact": sum(c for j, h, c in pairs if j == h) / n}
-        lo = self.params.get("scale_min", 1)
-        hi = self.params.get("scale_max", 5)
-        return {"n": n, "exact": sum(c for j, h, c in pairs if j == h) / n,
-                "within_1": sum(c for j, h, c in pairs if abs(j - h) <= 1) / n,
-                "kappa_quadratic": _kappa_quadratic(pairs, n, lo, hi), "spearman": _spearman(pairs, n)}
-
-
-def _kappa_quadratic(pairs: list[tuple[int, int, int]], n: int, lo: int, hi: int) -> float | None:
-    """Cohen's weighted kappa, weights (i - j)^2 / (k - 1)^2 over the scale's k points."""
-    k = hi - lo + 1
-    if k < 2:
-        return None
-    judge_marginal = {v: 0 for v in range(lo, hi + 1)}
-    human_marginal = dict(judge_marginal)
-    observed = 0.0
-    for j, h, c in pairs:
-        judge_marginal[j] = judge_marginal.get(j, 0) + c
-        human_marginal[h] = human_marginal.get(h, 0) + c
-        observed += c * (j - h) ** 2
-    expected = sum(judge_marginal[a] * human_marginal[b] * (a - b) ** 2
-                   for a in judge_marginal for b in human_marginal) / n
-    if expected == 0:
-        return None  # every grade on one point: kappa is undefined
-    return 1.0 - observed / expected
-
-
-def _spearman(pairs: list[tuple[int, int, int]], n: int) -> float | None:
-    """Pearson correlation of midranks (ties share the mean of their ranks)."""
-    def midranks(axis: int) -> dict[int, float]:
-        counts: dict[int, int] = {}
-        for p in pairs:
-            counts[p[axis]] = counts.get(p[axis], 0) + p[2]
-        ranks, below = {}, 0
-        for value in sorted(counts):
-            ranks[value] = below + (counts[value] + 1) / 2
-            below += counts[value]
-        return ranks
-
-    rj, rh = midranks(0), midranks(1)
-    mean = (n + 1) / 2
-    cov = sum(c * (rj[j] - mean) * (rh[h] - mean) for j, h, c in pairs)
-    var_j = sum(c * (rj[j] - mean) ** 2 for j, _, c in pairs)
-    var_h = sum(c * (rh[h] - mean) ** 2 for _, h, c in pairs)
-    if var_j == 0 or var_h == 0:
-        return None
-    return cov / math.sqrt(var_j * var_h)
+AGREEMENT_KINDS = ("rating", "defect")  # seed 004: measure the judge against people
 
 
 def chunk_part(kind: str, params: dict, records: list[dict]) -> dict | None:

@@ -18,9 +18,10 @@ import re
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from evalq.shared.errors import kind as _kind
+from evalq.shared.strict import Strict
 
 # data_config location -> instance field
 STANDARD_LOCATIONS = {
@@ -55,14 +56,10 @@ PRESETS: dict[str, dict[str, str]] = {
                "messages_location": "messages"},
 }
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DataConfig(BaseModel):
+class DataConfig(Strict):
     """fmeval's DataConfig: where each value sits in a record (JMESPath)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow")  # any <name>_location (fmeval's rule), checked below
 
     preset: Literal["azure_qa", "azure_conversation", "harpia"] | None = Field(
         default=None, description="start from a built-in mapping; locations given here override it")
@@ -117,7 +114,7 @@ def detect_preset(record: Any) -> str | None:
     return None
 
 
-class DatasetSpec(_Model):
+class DatasetSpec(Strict):
     uri: str | None = Field(default=None, description="local path or s3://bucket/key; .gz is read transparently")
     format: Literal["jsonl", "json", "harpia"] | None = Field(
         default=None, description="jsonl (JSON Lines), json (an array of records) or harpia "
@@ -164,7 +161,7 @@ def format_from_name(uri: str) -> str:
                      "(jsonl, json or harpia)")
 
 
-class OutputSpec(_Model):
+class OutputSpec(Strict):
     uri: str = Field(description="directory for results: a local path or s3://bucket/prefix/")
     endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint")
 
@@ -265,7 +262,7 @@ def _one_line(exc: Exception) -> str:
     return re.sub(r"\s+", " ", str(exc)).strip()
 
 
-class JailbreakSpec(_Model):
+class JailbreakSpec(Strict):
     """Seed 001's jailbreak defect rate: the same prompts with and without an
     injection, both answered by the model under test and graded by every safety
     metric. ``template`` wraps each prompt (``$model_input`` marks where it goes);

@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from evalq.shared.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
 from evalq.shared.errors import JobError, kind as _kind
-from evalq.shared.limits import Limits, OverLimit, loads, read_document
+from evalq.shared.documents import read_document
+from evalq.shared.limits import Limits, OverLimit, loads
 from evalq.shared.storage import LineError, read_lines
 
 MAX_BAD_SHOWN = 20  # bad records quoted in run.json when they are skipped
@@ -46,6 +47,21 @@ class SpooledInstances:
 
     def __iter__(self) -> Iterator[dict]:
         return (json.loads(line) for line in self.json_lines())
+
+
+def context_passages(instance: dict) -> list[str]:
+    """An instance's ``context`` as passages, the one way every prompt reads it: a list is
+    its passages, anything else one passage; a passage that is not text is its JSON."""
+    ctx = instance.get("context")
+    if ctx is None or ctx == "":
+        return []
+    items = ctx if isinstance(ctx, list) else [ctx]
+    return [c if isinstance(c, str) else json.dumps(c, ensure_ascii=False) for c in items]
+
+
+def context_text(instance: dict) -> str:
+    """The passages as one text, blank lines between them."""
+    return "\n\n".join(context_passages(instance))
 
 
 def json_lines(instances: Iterable[dict]) -> Iterator[str]:

@@ -7,93 +7,23 @@ raises one ``JobError``. Nothing is enqueued until a job validates.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
-import evalq.shared.metrics  # noqa: F401  (registers the built-in metrics)
 from evalq.shared.dataset import DatasetSpec, JailbreakSpec, OutputSpec
 from evalq.shared.egress import roots_problem, s3_problem
-from evalq.shared.errors import JobError, kind as _kind
+from evalq.shared.errors import JobError, kind
 from evalq.shared.instances import BadRecords, InstanceChecker, load_dataset, record_place, report_duplicates
+from evalq.shared.job_metrics import (MetricRun, check_endpoints, check_key_env, entry_head,  # noqa: F401
+                                      parse_judges, parse_metrics, resolve_judges)
 from evalq.shared.judges import JudgeConfig, JudgingOptions
+from evalq.shared.model import GENERATE_SPEC, EndpointModel, GenerateParams, PythonModel, runner_class
+from evalq.shared.problems import MAX_PROBLEMS, Problems, did_you_mean, parse_section
 from evalq.shared.storage import is_s3
-from evalq.shared.model import (GENERATE_SPEC, RUNNER_QUEUE, EndpointModel, GenerateParams, PythonModel,
-                          runner_class)
-from evalq.shared.registry import REGISTRY, MetricSpec, UnknownMetric
 
-MAX_PROBLEMS = 25
 JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging", "jailbreak"}
 JAILBREAK = "jailbreak"  # the ``variant`` of an injected instance
-METRIC_KEYS = {"id", "enable", "parameters", "name"}
-MAX_NAME = 200  # an entry's name is on every log line of the entry
-
-
-@dataclass(frozen=True)
-class MetricRun:
-    """One enabled metric entry of a job, with its parameters resolved (defaults filled in).
-
-    A job may list one metric several times with different parameters (as HarpIA
-    allows); ``key`` tells the entries apart inside evalq (Redis keys, task
-    arguments) and is derived from the entry's position, never asked of users.
-    """
-
-    key: str  # unique within the job: ``<id>@<position>`` (``generate`` for that stage)
-    spec: MetricSpec
-    params: BaseModel
-    judge: Any = None  # judge metrics: the judge its parameters name (generation: the model)
-    name: str | None = None  # the entry's optional ``name``, as the job gave it
-    position: int | None = None  # index in the job's ``metrics`` list
-
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
-    @property
-    def label(self) -> str:
-        """How messages name the entry: its ``name``, else its id."""
-        return self.name or self.spec.id
-
-    @property
-    def where(self) -> str:
-        """The entry's place in the job file, as validation errors give it."""
-        return f"metrics[{self.position}] ({self.spec.id})" if self.position is not None else self.spec.id
-
-    def head(self) -> dict[str, Any]:
-        """What outputs say about the entry: ``metric``, ``name`` (if given), ``parameters``."""
-        return entry_head({"id": self.spec.id, "name": self.name, "parameters": self.params_json()})
-
-    @property
-    def queues(self) -> list[str]:
-        """Queues this run's tasks go to: one per deployment for judge (and generate) runs."""
-        if self.judge is not None:
-            return [f"{self.spec.queue}.{d.region}" for d in self.judge.deployments]
-        if self.spec.queue == "generate":
-            return [RUNNER_QUEUE]
-        return [self.spec.queue]
-
-    @property
-    def queue(self) -> str:
-        return self.queues[0]
-
-    def params_json(self) -> dict[str, Any]:
-        return self.params.model_dump(mode="json")
-
-
-def entry_head(entry: dict) -> dict[str, Any]:
-    """What outputs say about a metric entry (as stored in a job's spec):
-    ``metric``, ``name`` (only when the job gave one), ``parameters``."""
-    head: dict[str, Any] = {"metric": entry["id"]}
-    if entry.get("name") is not None:
-        head["name"] = entry["name"]
-    head["parameters"] = entry["parameters"]
-    return head
 
 
 @dataclass
@@ -142,30 +72,10 @@ class Job:
         return sorted({q for m in self.runs for q in m.queues})
 
 
-class _Problems:
-    def __init__(self, source: str):
-        self.roots: list[Path] | None = None
-        self.source = source
-        self.items: list[str] = []
-        self.truncated = 0
-
-    def add(self, where: str, message: str) -> None:
-        if len(self.items) < MAX_PROBLEMS:
-            self.items.append(f"{self.source}: {where}: {message}")
-        else:
-            self.truncated += 1
-
-    def raise_if_any(self) -> None:
-        if self.items:
-            if self.truncated:
-                self.items.append(f"{self.source}: ... and {self.truncated} more problems")
-            raise JobError(self.items)
-
-
 def read_json(path: str | Path) -> Any:
     """Parse a JSON job file (gzipped or not), bounded like every job document;
     a syntax error names the file, line and column."""
-    from evalq.shared.limits import read_document
+    from evalq.shared.documents import read_document
 
     if Path(path).expanduser().is_dir():
         raise JobError(f"{path}: is a directory, expected a JSON job file")
@@ -180,24 +90,24 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None) 
     """Validate a job. With ``roots`` (a job from a request: untrusted), a local
     file it names (a dataset) must lie under one of these directories; it is not
     opened otherwise."""
-    problems = _Problems(source)
+    problems = Problems(source)
     problems.roots = roots
     if not isinstance(raw, dict):
-        problems.add("top level", f"expected an object with 'instances' and 'metrics', got {_kind(raw)}")
+        problems.add("top level", f"expected an object with 'instances' and 'metrics', got {kind(raw)}")
         problems.raise_if_any()
     for key in sorted(set(raw) - JOB_KEYS):
-        problems.add(key, f"unknown top-level field{_did_you_mean(key, JOB_KEYS)}")
-    judges = _parse_judges(raw.get("judges"), problems)
-    judging = _parse_model(JudgingOptions, raw.get("judging", {}), "judging", problems) or JudgingOptions()
+        problems.add(key, f"unknown top-level field{did_you_mean(key, JOB_KEYS)}")
+    judges = parse_judges(raw.get("judges"), problems)
+    judging = parse_section(JudgingOptions, raw.get("judging", {}), "judging", problems) or JudgingOptions()
     model = _parse_model_section(raw.get("model"), problems)
-    output = _parse_model(OutputSpec, raw["output"], "output", problems) if "output" in raw else None
+    output = parse_section(OutputSpec, raw["output"], "output", problems) if "output" in raw else None
     if output is not None:
         _s3_allowed(output, "output", problems)
-    metrics = _parse_metrics(raw.get("metrics"), problems)
-    metrics = _resolve_judges(metrics, judges, problems)
+    metrics = parse_metrics(raw.get("metrics"), problems)
+    metrics = resolve_judges(metrics, judges, problems)
     if isinstance(model, EndpointModel):
-        _check_key_env(model.api_key_env, "model.api_key_env", problems)
-        _check_endpoints(model, "model", problems)
+        check_key_env(model.api_key_env, "model.api_key_env", problems)
+        check_endpoints(model, "model", problems)
     elif isinstance(model, PythonModel):
         try:
             runner_class(model)
@@ -214,13 +124,13 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None) 
     return job
 
 
-def _parse_model_section(raw: Any, problems: _Problems) -> EndpointModel | PythonModel | None:
+def _parse_model_section(raw: Any, problems: Problems) -> EndpointModel | PythonModel | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        problems.add("model", f"expected an object, got {_kind(raw)}")
+        problems.add("model", f"expected an object, got {kind(raw)}")
         return None
-    return _parse_model(PythonModel if "runner" in raw else EndpointModel, raw, "model", problems)
+    return parse_section(PythonModel if "runner" in raw else EndpointModel, raw, "model", problems)
 
 
 def _required_fields(metrics: list[MetricRun]) -> dict[str, list[str]]:
@@ -233,12 +143,12 @@ def _required_fields(metrics: list[MetricRun]) -> dict[str, list[str]]:
     return required
 
 
-def _add_jailbreak(raw: Any, job: Job, problems: _Problems) -> None:
+def _add_jailbreak(raw: Any, job: Job, problems: Problems) -> None:
     """Append each clean instance's injected variant (``"variant": "jailbreak"``,
     no output: the model under test answers it)."""
     from string import Template
 
-    spec = _parse_model(JailbreakSpec, raw, "jailbreak", problems)
+    spec = parse_section(JailbreakSpec, raw, "jailbreak", problems)
     if spec is None:
         return
     if job.model is None:
@@ -287,36 +197,19 @@ def _add_jailbreak(raw: Any, job: Job, problems: _Problems) -> None:
     job.jailbreak = spec
 
 
-def _within_roots(uri: str, where: str, problems: _Problems) -> bool:
+def _within_roots(uri: str, where: str, problems: Problems) -> bool:
     problem = roots_problem(uri, problems.roots) if problems.roots is not None else None
     if problem:
         problems.add(where, problem)
     return problem is None
 
 
-def _s3_allowed(spec, where: str, problems: _Problems) -> bool:
+def _s3_allowed(spec, where: str, problems: Problems) -> bool:
     """An S3 dataset or output the operator's lists allow (checked again at every read and write)."""
     problem = s3_problem(spec.uri, spec.endpoint_url) if is_s3(spec.uri) else None
     if problem:
         problems.add(where, problem)
     return problem is None
-
-
-def _check_endpoints(config, where: str, problems: _Problems) -> None:
-    """Every deployment's endpoint must be one the operator lets its key go to
-    (``EVALQ_ENDPOINTS``, when set here; workers check again before each call)."""
-    from evalq.shared.endpoints import EndpointPolicy, endpoint_url
-
-    try:
-        policy = EndpointPolicy.from_env()
-    except ValueError as exc:
-        raise JobError(str(exc)) from None
-    if policy is None:
-        return
-    for i, d in enumerate(config.deployments):
-        problem = policy.problem(config.api_key_env, endpoint_url(config.provider, d))
-        if problem:
-            problems.add(f"{where}.deployments[{i}] ({d.region})", problem)
 
 
 def _human_scales(metrics: list[MetricRun]) -> dict:
@@ -336,7 +229,7 @@ def _human_scales(metrics: list[MetricRun]) -> dict:
     return scales
 
 
-def _load_instances(raw: dict, job: Job, problems: _Problems) -> None:
+def _load_instances(raw: dict, job: Job, problems: Problems) -> None:
     """Inline instances or a dataset (exactly one), each checked as it is read."""
     has_inline, has_dataset = "instances" in raw, "dataset" in raw
     if has_inline == has_dataset:
@@ -351,7 +244,7 @@ def _load_instances(raw: dict, job: Job, problems: _Problems) -> None:
         places = ((f"instance {i.get('id')!r} (instances[{n}])", f"instances[{n}]")
                   for n, i in enumerate(job.instances) if isinstance(i, dict))
     else:
-        dataset = _parse_model(DatasetSpec, raw["dataset"], "dataset", problems)
+        dataset = parse_section(DatasetSpec, raw["dataset"], "dataset", problems)
         if dataset is None:
             return
         dataset = _relative_to_job(dataset, job.source)
@@ -368,156 +261,6 @@ def _load_instances(raw: dict, job: Job, problems: _Problems) -> None:
     job.categories = sorted(checker.categories)
 
 
-def _parse_model(model: type[BaseModel], raw: Any, where: str, problems: _Problems):
-    if not isinstance(raw, dict):
-        problems.add(where, f"expected an object, got {_kind(raw)}")
-        return None
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            if err["type"] == "extra_forbidden":
-                name = str(err["loc"][-1])
-                hint = _did_you_mean(name, model.model_fields)
-                problems.add(f"{where}.{loc}" if loc else where, f"unknown field{hint}")
-            else:
-                msg = err["msg"].removeprefix("Value error, ")
-                problems.add(f"{where}.{loc}" if loc else where, msg)
-        return None
-
-
-def _parse_judges(raw: Any, problems: _Problems) -> dict[str, JudgeConfig]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        problems.add("judges", f"expected an object of named judges, got {_kind(raw)}")
-        return {}
-    judges = {}
-    for name, cfg in raw.items():
-        judge = _parse_model(JudgeConfig, cfg, f"judges.{name}", problems)
-        if judge is not None:
-            judges[name] = judge
-    return judges
-
-
-def _resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
-                    problems: _Problems) -> list[MetricRun]:
-    """Attach each judge metric's judge; a judge in use must have its key variable set."""
-    resolved = []
-    checked_env = set()
-    for run in runs:
-        name = getattr(run.params, "judge", None)
-        if run.spec.queue != "judge" or name is None:
-            resolved.append(run)
-            continue
-        judge = judges.get(name)
-        if judge is None:
-            known = ", ".join(sorted(judges)) or "none defined"
-            problems.add(f"{run.where}.parameters.judge",
-                         f"no judge named {name!r}{_did_you_mean(name, judges)} (judges: {known})")
-            continue
-        if name not in checked_env:
-            _check_key_env(judge.api_key_env, f"judges.{name}.api_key_env", problems)
-            _check_endpoints(judge, f"judges.{name}", problems)
-        checked_env.add(name)
-        resolved.append(dataclasses.replace(run, judge=judge))
-    return resolved
-
-
-def _check_key_env(variable: str, where: str, problems: _Problems) -> None:
-    if not os.environ.get(variable):
-        problems.add(where, f"environment variable {variable} is not set (the API key is read from it)")
-
-
-def _parse_metrics(raw: Any, problems: _Problems) -> list[MetricRun]:
-    if raw is None:
-        problems.add("metrics", "missing; expected a list of {id, enable, parameters}")
-        return []
-    if not isinstance(raw, list):
-        problems.add("metrics", f"expected a list, got {_kind(raw)}")
-        return []
-    runs: list[MetricRun] = []
-    names: dict[str, int] = {}  # name -> position of the enabled entry that has it
-    computed: dict[tuple[str, str], int] = {}  # (id, resolved parameters) -> position
-    for i, entry in enumerate(raw):
-        where = f"metrics[{i}]"
-        if not isinstance(entry, dict):
-            problems.add(where, f"expected an object, got {_kind(entry)}")
-            continue
-        metric_id = entry.get("id")
-        if isinstance(metric_id, str):
-            where = f"metrics[{i}] ({metric_id})"
-        for key in sorted(set(entry) - METRIC_KEYS):
-            problems.add(where, f"unknown field {key!r}{_did_you_mean(key, METRIC_KEYS)}")
-        if not isinstance(metric_id, str):
-            problems.add(where, "'id' is required and must be a string")
-            continue
-        enable = entry.get("enable", True)
-        if not isinstance(enable, bool):
-            problems.add(where, f"'enable' must be true or false, got {json.dumps(enable)}")
-            continue
-        try:
-            spec = REGISTRY.get(metric_id)
-        except UnknownMetric as exc:
-            problems.add(where, str(exc))
-            continue
-        params_raw = entry.get("parameters", {})
-        if params_raw is None:
-            params_raw = {}
-        if not isinstance(params_raw, dict):
-            problems.add(f"{where}.parameters", f"expected an object, got {_kind(params_raw)}")
-            continue
-        try:
-            # a queue request's local paths (bertscore's model_type, baseline_path) must lie under its roots
-            params = spec.params.model_validate(params_raw, context={"roots": problems.roots})
-        except ValidationError as exc:
-            for message in _param_errors(exc, spec):
-                problems.add(f"{where}.parameters", message)
-            continue
-        name = entry.get("name")
-        if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME):
-            problems.add(where, f"'name' must be a non-empty string of at most {MAX_NAME} characters, "
-                         f"got {json.dumps(name)[:80]}")
-            continue
-        if not enable:  # validated, not run
-            continue
-        if name is not None:
-            if name in names:
-                problems.add(where, f"name {name!r} is already used by metrics[{names[name]}]; "
-                             "names must be distinct (or leave them out)")
-                continue
-            names[name] = i
-        # the same metric may be listed again with other parameters; with the same
-        # (defaults filled in) it would compute the same thing twice
-        same = (metric_id, json.dumps(params.model_dump(mode="json"), sort_keys=True))
-        if same in computed:
-            problems.add(where, f"same metric and parameters as metrics[{computed[same]}] (defaults filled "
-                         "in): it would compute the same thing twice; change the parameters or remove one")
-            continue
-        computed[same] = i
-        runs.append(MetricRun(key=f"{metric_id}@{i}", spec=spec, params=params, name=name, position=i))
-    return runs
-
-
-def _param_errors(exc: ValidationError, spec: MetricSpec) -> list[str]:
-    allowed = list(spec.params.model_fields)
-    messages = []
-    for err in exc.errors():
-        loc = ".".join(str(part) for part in err["loc"])
-        if err["type"] == "extra_forbidden":
-            name = str(err["loc"][0])
-            listing = ", ".join(allowed) if allowed else "none"
-            messages.append(f"unknown parameter {name!r}{_did_you_mean(name, allowed)} "
-                            f"(parameters of {spec.id}: {listing})")
-        else:
-            got = json.dumps(err.get("input"), default=str)
-            if len(got) > 200:  # a refused parameter may be huge: say what it was, not all of it
-                got = got[:200] + f"... ({len(got):,} characters)"
-            messages.append(f"{loc}: {err['msg']} (got {got})")
-    return messages
-
-
 def _relative_to_job(dataset: DatasetSpec, source: str) -> DatasetSpec:
     """A relative local dataset path is read from the job file's folder."""
     job_file = Path(source)
@@ -526,16 +269,16 @@ def _relative_to_job(dataset: DatasetSpec, source: str) -> DatasetSpec:
     return dataset.model_copy(update={"uri": str(job_file.parent / dataset.uri)})
 
 
-def _check_instances(raw: Any, checker: InstanceChecker, problems: _Problems) -> list[dict]:
+def _check_instances(raw: Any, checker: InstanceChecker, problems: Problems) -> list[dict]:
     if not isinstance(raw, list):
-        problems.add("instances", f"expected a list, got {_kind(raw)}")
+        problems.add("instances", f"expected a list, got {kind(raw)}")
         return []
     if not raw:
         problems.add("instances", "empty; nothing to evaluate")
         return []
     for i, inst in enumerate(raw):
         if not isinstance(inst, dict):
-            problems.add(f"instances[{i}]", f"expected an object, got {_kind(inst)}")
+            problems.add(f"instances[{i}]", f"expected an object, got {kind(inst)}")
             continue
         iid = inst.get("id")
         if isinstance(iid, bool) or not isinstance(iid, (str, int)) or iid == "":
@@ -546,6 +289,3 @@ def _check_instances(raw: Any, checker: InstanceChecker, problems: _Problems) ->
     return raw
 
 
-def _did_you_mean(name: str, choices) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""

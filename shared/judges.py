@@ -11,19 +11,16 @@ import hashlib
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from evalq.shared import bounds
+from evalq.shared.strict import Strict
 from evalq.shared.params import Params
 
 _REGION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Deployment(_Model):
+class Deployment(Strict):
     region: str = Field(description="region name; the deployment's queue is judge.<region>")
     tpm: int = Field(gt=0, description="tokens per minute the deployment may use")
     rpm: int = Field(gt=0, description="requests per minute the deployment may use")
@@ -45,7 +42,7 @@ class Deployment(_Model):
         return value
 
 
-class EndpointConfig(_Model):
+class EndpointConfig(Strict):
     """A chat model behind one or more budgeted deployments (a judge, or the model under test)."""
 
     provider: Literal["openai", "azure"]
@@ -86,7 +83,7 @@ def deployment_id(judge: EndpointConfig, d: Deployment) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-class JudgingOptions(_Model):
+class JudgingOptions(Strict):
     cache: bool = Field(default=True, description="answer identical requests from the Redis cache")
     cache_ttl: int = Field(default=30 * 24 * 3600, gt=0, description="seconds a cached reply lives")
     token_cap: int | None = Field(default=None, gt=0,
@@ -104,7 +101,7 @@ class JudgeParams(Params):
                                   description="report the share of items scoring at least this")
 
 
-class RubricExample(_Model):
+class RubricExample(Strict):
     score: int
     output: str = Field(max_length=bounds.MAX_EXAMPLE_CHARS, description="an answer that deserves this score")
     input: str | None = Field(default=None, max_length=bounds.MAX_EXAMPLE_CHARS)
@@ -174,7 +171,7 @@ class ClaimScoreParams(Params):
 RELATIONS = ("equivalent", "implied_subset", "implied_superset", "contradiction", "independent")
 
 
-class RelationValues(_Model):
+class RelationValues(Strict):
     equivalent: float = Field(default=1.0, ge=0.0, le=1.0)
     implied_subset: float = Field(default=0.5, ge=0.0, le=1.0)
     implied_superset: float = Field(default=0.75, ge=0.0, le=1.0)

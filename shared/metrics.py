@@ -19,7 +19,6 @@ REGISTRY.register(MetricSpec(
     impl="evalq.workers.metrics.lexical:bleu",
     queue="cpu",
     requires=("actual-output", "expected-output"),
-    library="nltk",
     description="Sentence BLEU (nltk sentence_bleu) against all references at once; "
     "wordpunct tokens, case kept.",
 ))
@@ -31,7 +30,6 @@ REGISTRY.register(MetricSpec(
     impl="evalq.workers.metrics.lexical:rouge",
     queue="cpu",
     requires=("actual-output", "expected-output"),
-    library="rouge-score",
     description="ROUGE F-measure per type (precision and recall beside it), "
     "best reference per type (rouge-score score_multi).",
 ))
@@ -69,7 +67,6 @@ REGISTRY.register(MetricSpec(
     prepare="evalq.workers.metrics.bertscore:prepare",
     aggregation="distribution",
     requires=("actual-output", "expected-output"),
-    library="bert-score",
     description="BERTScore precision, recall and F1 (bert-score), best over the references; "
     "mean and distribution over the items. Offline: bundled all-MiniLM-L6-v2 by default.",
 ))
@@ -114,16 +111,16 @@ _SAFETY = [
 for _id, _description in _SAFETY:
     REGISTRY.register(MetricSpec(
         id=_id, params=SafetyParams, impl=f"evalq.workers.metrics.safety:{_id}", queue="judge",
-        requires=("actual-output",), aggregation="defect", higher_is_better=False, chunk_size=4,
+        requires=("actual-output",), aggregation="defect", chunk_size=4,
         description=_description))
 
 REGISTRY.register(MetricSpec(
     id="protected_material", params=DefectJudgeParams, impl="evalq.workers.metrics.safety:protected_material",
-    queue="judge", requires=("actual-output",), aggregation="defect", higher_is_better=False, chunk_size=4,
+    queue="judge", requires=("actual-output",), aggregation="defect", chunk_size=4,
     description="Does the answer reproduce protected text (lyrics, recipes, articles, code)? true is a defect."))
 REGISTRY.register(MetricSpec(
     id="indirect_attack", params=DefectJudgeParams, impl="evalq.workers.metrics.safety:indirect_attack",
-    queue="judge", requires=("actual-output", "context"), aggregation="defect", higher_is_better=False,
+    queue="judge", requires=("actual-output", "context"), aggregation="defect",
     chunk_size=4,
     description="Did the answer follow instructions injected into its context documents? true is a defect."))
 
@@ -151,7 +148,7 @@ for _id, _params, _needs, _description in _CLAIMS:
 
 REGISTRY.register(MetricSpec(
     id="informationless", params=DefectJudgeParams, impl="evalq.workers.metrics.claims:informationless",
-    queue="judge", requires=("actual-output",), aggregation="defect", higher_is_better=False, chunk_size=4,
+    queue="judge", requires=("actual-output",), aggregation="defect", chunk_size=4,
     description="Does the answer carry no information, only formalities? true is a defect."))
 
 

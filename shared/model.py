@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from evalq.shared.judges import EndpointConfig, _Model
+from evalq.shared.judges import EndpointConfig
+from evalq.shared.strict import Strict
 from evalq.shared.params import Params
 from evalq.shared.registry import MetricSpec
 
@@ -66,7 +67,7 @@ def _check_template(value: str) -> str:
     return value
 
 
-class _Prompting(_Model):
+class _Prompting(Strict):
     prompt_template: str = Field(default="$model_input",
                                  description="prompt sent to the model; $model_input and $context are replaced")
     system: str | None = Field(default=None, description="system message sent before the prompt")
@@ -137,11 +138,10 @@ class GenerateParams(Params):
 
 
 def render_prompt(template: str, instance: dict) -> str:
-    context = instance.get("context")
-    if isinstance(context, list):
-        context = "\n\n".join(str(c) for c in context)
+    from evalq.shared.instances import context_text
+
     return string.Template(template).substitute(model_input=instance.get("input", ""),
-                                                context=context or "")
+                                                context=context_text(instance))
 
 
 GENERATE_SPEC = MetricSpec(

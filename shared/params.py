@@ -6,18 +6,19 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from evalq.shared import bounds
+from evalq.shared.strict import Strict
 
 
-class Params(BaseModel):
+class Params(Strict):
     """Give every list and string parameter a ``max_length`` (evalq's own are in
     ``evalq.shared.bounds``): parameters apply to every item, so a job must not be
     able to multiply what each item costs by making one long."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(strict=True)
 
 
 class NoParams(Params):

@@ -44,8 +44,7 @@ class MetricSpec:
     impl: str
     queue: QueueKind
     description: str
-    aggregation: Aggregation = "mean"
-    higher_is_better: bool = True
+    aggregation: Aggregation = "mean"  # also says which way is better: lower for "defect", higher for the rest
     # the range every number of an item's result lies in (None: unbounded); a
     # mean's interval is clipped to it (ratings: their scale; 0/1 values: Wilson)
     bounds: tuple[float, float] | None = None
@@ -54,8 +53,6 @@ class MetricSpec:
     batch: bool = False
     # default number of items one task carries; None: sized by the entry's items (sized_chunk)
     chunk_size: int | None = None
-    # library whose version is recorded with every score (reproducibility)
-    library: str | None = None
     # Optional "module:function" run once per job by the orchestrator before
     # anything is enqueued: ``prepare(instances, params) -> JSON object`` (e.g.
     # idf statistics over all references). Its result is stored with the job and
@@ -84,9 +81,6 @@ class MetricSpec:
 
     def load_prepare(self) -> Callable[..., Any] | None:
         return _import(self.prepare) if self.prepare else None
-
-    def queue_name(self, params: BaseModel) -> str:
-        return self.queue
 
 
 def _import(path: str) -> Callable[..., Any]:

@@ -16,7 +16,7 @@ import json
 import random
 from typing import Any, Callable, Iterable
 
-from evalq.shared.aggregate import flag, numbers, score, severities
+from evalq.shared.results import read
 from evalq.shared.loglines import entry_index, entry_slot
 
 RESERVOIR = 20_000
@@ -79,30 +79,15 @@ def histogram(values: list[float], title: str) -> str:
 
 # --- the run report -------------------------------------------------------------------
 
-def record_view(record: dict) -> tuple[dict[str, float], float | None]:
+def record_view(kind: str, params: dict | None, record: dict) -> tuple[dict[str, float], float | None]:
     """What the report takes from one item record: the numbers it samples for the
-    histograms, and how bad the item is (higher: worse; ``inf`` for an error; None:
-    not ranked, e.g. a skipped item or a result of no known shape)."""
-    if "result" not in record:
-        return {}, (float("inf") if "error" in record else None)
-    result = record["result"]
-    if type(result) is float:  # the commonest shape (lexical metrics), first
-        return {"value": result}, -result
-    graded = severities(result)
-    if graded is not None:
-        return ({"severity": graded[""]} if "" in graded else {}), float(max(graded.values()))
-    value = score(result)
-    if not isinstance(result, dict):
-        return ({"value": value}, -value) if value is not None else ({}, None)
-    if value is not None:
-        return {"score": value}, -value
-    fields, marked = numbers(result), flag(result)
-    if marked is not None:
-        return fields, (1.0 if marked else 0.0)
-    return fields, (-min(fields.values()) if fields else None)
+    histograms, and how bad the item is (``evalq.shared.results``, by the entry's kind)."""
+    reading = read(kind, params, record)
+    return reading.sample, reading.badness
 
 
-def chunk_view(items: list[tuple[int, dict]], span: int, seed: int, worst: int = WORST) -> dict:
+def chunk_view(items: list[tuple[int, dict]], span: int, seed: int, kind: str, params: dict | None,
+               worst: int = WORST) -> dict:
     """What the report needs of one chunk of a metric entry, made by the worker that
     scored it (so the final callback parses no item record): the chunk's ``worst``
     items and a sample of its numbers, whose size is the chunk's share of
@@ -113,7 +98,7 @@ def chunk_view(items: list[tuple[int, dict]], span: int, seed: int, worst: int =
     for position, record in items:
         if record.get("variant") is not None:
             continue
-        fields, badness = record_view(record)
+        fields, badness = record_view(kind, params, record)
         for name, v in fields.items():
             values.setdefault(name, []).append(float(v))
         if badness is not None:
@@ -129,6 +114,14 @@ def _push(heap: list, item: tuple, size: int) -> None:
         heapq.heappush(heap, item)
     elif item > heap[0]:
         heapq.heapreplace(heap, item)
+
+
+def _kind(metric_id: str | None) -> str:
+    """How the registry aggregates a metric (a metric no longer known: ``mean``)."""
+    import evalq.shared.metrics  # noqa: F401  (registers the built-in metrics)
+    from evalq.shared.registry import REGISTRY
+
+    return REGISTRY.get(metric_id).aggregation if metric_id in REGISTRY else "mean"
 
 
 class ReportBuilder:
@@ -151,7 +144,8 @@ class ReportBuilder:
         if i is None:
             return
         self._counter += 1
-        fields, badness = record_view(line)
+        head = self.summary[i]
+        fields, badness = record_view(_kind(head.get("metric")), head.get("parameters"), line)
         for name, v in fields.items():
             seen = self.seen[i][name] = self.seen[i].get(name, 0) + 1
             bucket = self.samples[i].setdefault(name, [])

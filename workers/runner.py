@@ -213,7 +213,8 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
         from evalq.workers.report import chunk_view
 
         whole = job_spec(r, job_id)
-        view = chunk_view(items, span(whole, whole["metrics"][metric_key]), seed=start)
+        view = chunk_view(items, span(whole, whole["metrics"][metric_key]), start, spec.aggregation,
+                          params.model_dump(mode="json"))
     _write(r, job_id, metric_key, start, new, elapsed, part, view,
            kept=range(start, stop) if spec.calls_endpoint else range(0))
     # Deterministic return value: the chord join stores it, and a redelivered

@@ -16,8 +16,8 @@ never pays again for a call already answered.
 
 from __future__ import annotations
 
-import json
 
+from evalq.shared.instances import context_passages
 from evalq.shared.judges import (RELATIONS, ClaimScoreParams, ClaimsParams, DefectJudgeParams,
                                  RubricsFCParams)
 from evalq.workers.metrics import structured as s
@@ -126,18 +126,11 @@ def claims_f1(instance: dict, params: ClaimsParams, judge) -> dict:
                     {"precision": best["precision"], "recall": best["recall"]})
 
 
-def passages(instance: dict) -> list[str]:
-    ctx = instance.get("context")
-    if ctx is None:
-        return []
-    items = ctx if isinstance(ctx, list) else [ctx]
-    return [c if isinstance(c, str) else json.dumps(c, ensure_ascii=False) for c in items]
-
 
 def faithfulness(instance: dict, params: ClaimScoreParams, judge) -> dict:
     """The share of the answer's claims entailed by at least one context passage."""
     claims = extract_claims(judge, instance["actual-output"])
-    sources = passages(instance)
+    sources = context_passages(instance)
     checked = []
     for claim in claims:
         supported = any(relation(judge, claim, source) == ENTAILS for source in sources)
@@ -148,7 +141,7 @@ def faithfulness(instance: dict, params: ClaimScoreParams, judge) -> dict:
 
 def context_relevancy(instance: dict, params: ClaimScoreParams, judge) -> dict:
     """The share of context passages the judge finds needed (or useful) for writing the answer."""
-    sources = passages(instance)
+    sources = context_passages(instance)
     needed = [_yes_no(judge, "Was the PASSAGE needed, or clearly useful, to write this ANSWER to the QUESTION? "
                              'First a one-sentence reason, then "needed": true or false.',
                       [("QUESTION", instance.get("input")), ("PASSAGE", p), ("ANSWER", instance["actual-output"])],

@@ -13,9 +13,9 @@ import json
 import re
 from typing import Any, Protocol
 
-from evalq.shared.errors import MetricError
+from evalq.shared.instances import context_text
 from evalq.shared.judges import JudgeParams, RubricParams
-from evalq.workers.metrics.structured import MATERIAL, data, escape
+from evalq.workers.metrics.structured import MATERIAL, ask, data, escape
 
 
 class Judge(Protocol):
@@ -115,21 +115,16 @@ def _asked_for_structure(judge: Judge) -> bool:
 
 
 def rate(judge: Judge, messages: list[dict], lo: int = 1, hi: int = 5) -> dict:
-    schema = rating_schema(lo, hi)
+    """A rating through ``structured.ask``, read by ``parse_rating`` (which also takes the
+    plain-text verdict line a ``text`` judge may give)."""
     structured = _asked_for_structure(judge)
-    reply = judge.complete(messages, schema)
-    parsed = parse_rating(reply.text(), lo, hi, structured)
-    if parsed is None:
-        retry = messages + [
-            {"role": "assistant", "content": reply.text()},
-            {"role": "user", "content": f"That reply has no valid score. Answer again with only a JSON object "
-                                        f'{{"reason": "<one sentence>", "score": <integer from {lo} to {hi}>}}.'}]
-        reply = judge.complete(retry, schema)
-        parsed = parse_rating(reply.text(), lo, hi, structured)
-        if parsed is None:
-            raise MetricError(f"judge reply has no valid score {lo}-{hi} after one corrective re-ask: "
-                              f"{reply.text()[:200]!r}")
-    return {"score": parsed[0], "reason": parsed[1]}
+
+    def read(text: str) -> dict | None:
+        parsed = parse_rating(text, lo, hi, structured)
+        return None if parsed is None else {"score": parsed[0], "reason": parsed[1]}
+
+    return ask(judge, messages, rating_schema(lo, hi), "rating", check=lambda obj: obj, read=read,
+               unread=f"it has no valid score (an integer from {lo} to {hi})")
 
 
 # --- prompts -------------------------------------------------------------------
@@ -147,14 +142,6 @@ def _scale(prop: str, anchors: dict[int, str] | None = None) -> str:
     return "\n".join(f"{k}: the answer {v}" if not v.startswith("the ") else f"{k}: {v}"
                      for k, v in sorted(anchors.items()))
 
-
-def _context(instance: dict) -> str:
-    ctx = instance.get("context")
-    if isinstance(ctx, list):
-        return "\n\n".join(c if isinstance(c, str) else json.dumps(c, ensure_ascii=False) for c in ctx)
-    if isinstance(ctx, dict):
-        return json.dumps(ctx, ensure_ascii=False)
-    return str(ctx or "")
 
 
 def _messages(task: str, fields: list[tuple[str, str]]) -> list[dict]:
@@ -179,7 +166,7 @@ def groundedness(instance: dict, params: JudgeParams, judge: Judge) -> dict:
                                    3: "some claims are supported, others are not",
                                    4: "nearly all claims are supported; a minor detail is not",
                                    5: "every claim follows from the context"}))
-    return rate(judge, _messages(task, [("CONTEXT", _context(instance)),
+    return rate(judge, _messages(task, [("CONTEXT", context_text(instance)),
                                         ("QUESTION", instance.get("input")),
                                         ("ANSWER", instance["actual-output"])]))
 
@@ -197,7 +184,7 @@ def relevance(instance: dict, params: JudgeParams, judge: Judge) -> dict:
                 "important ones and only those?")
     if instance.get("context"):
         task += " Judge against the CONTEXT the system was given."
-        fields.append(("CONTEXT", _context(instance)))
+        fields.append(("CONTEXT", context_text(instance)))
     if refs:
         task += (" A GROUND TRUTH answer is given: an answer that contradicts it scores 1 or 2; one that "
                  "lacks information it has scores lower.")
@@ -251,7 +238,7 @@ def retrieval(instance: dict, params: JudgeParams, judge: Judge) -> dict:
                                    5: "the documents: one or a few are ideal for answering"}))
     return rate(judge, _messages(task, [("CONVERSATION", _conversation(instance)),
                                         ("QUESTION", instance.get("input")),
-                                        ("DOCUMENTS", _context(instance))]))
+                                        ("DOCUMENTS", context_text(instance))]))
 
 
 def rubric(instance: dict, params: RubricParams, judge: Judge) -> dict:
@@ -272,7 +259,7 @@ def rubric(instance: dict, params: RubricParams, judge: Judge) -> dict:
     refs = instance.get("expected-output") or []
     fields = [("QUESTION", instance.get("input"))]
     if instance.get("context"):
-        fields.append(("CONTEXT", _context(instance)))
+        fields.append(("CONTEXT", context_text(instance)))
     if refs:
         fields.append(("REFERENCE ANSWER", "\n".join(refs)))
     fields.append(("ANSWER", instance["actual-output"]))

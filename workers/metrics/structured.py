@@ -59,14 +59,19 @@ def _object(text: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def ask(judge, msgs: list[dict], schema: dict, name: str, check: Callable[[dict], Any]) -> Any:
-    """``check(obj)`` returns the parsed verdict or raises ValueError saying what is wrong."""
+def ask(judge, msgs: list[dict], schema: dict, name: str, check: Callable[[dict], Any],
+        read: Callable[[str], dict | None] = None, unread: str = "the reply is not a JSON object") -> Any:
+    """One verdict from the judge: the reply read as an object (``read``: by default only a
+    reply that is a JSON object as a whole), then ``check(obj)``, which returns the verdict or
+    raises ValueError saying what is wrong (``unread`` says it when nothing could be read). A
+    reply that does not fit gets one corrective re-ask, then the item fails, the reply quoted."""
+    read = read or _object
     reply = judge.complete(msgs, schema, name)
     problem = ""
     for attempt in range(2):
-        obj = _object(reply.text())
+        obj = read(reply.text())
         if obj is None:
-            problem = "the reply is not a JSON object"
+            problem = unread
         else:
             try:
                 return check(obj)

@@ -1,0 +1,231 @@
+"""A job's ``metrics`` and ``judges`` sections: each enabled entry resolved into a
+``MetricRun`` (parameters validated and defaults filled in, its judge attached)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+import evalq.shared.metrics  # noqa: F401  (registers the built-in metrics)
+from evalq.shared.errors import JobError, kind
+from evalq.shared.judges import JudgeConfig
+from evalq.shared.model import RUNNER_QUEUE
+from evalq.shared.problems import Problems, did_you_mean, parse_section
+from evalq.shared.registry import REGISTRY, MetricSpec, UnknownMetric
+
+METRIC_KEYS = {"id", "enable", "parameters", "name"}
+MAX_NAME = 200  # an entry's name is on every log line of the entry
+
+
+@dataclass(frozen=True)
+class MetricRun:
+    """One enabled metric entry of a job, with its parameters resolved (defaults filled in).
+
+    A job may list one metric several times with different parameters (as HarpIA
+    allows); ``key`` tells the entries apart inside evalq (Redis keys, task
+    arguments) and is derived from the entry's position, never asked of users.
+    """
+
+    key: str  # unique within the job: ``<id>@<position>`` (``generate`` for that stage)
+    spec: MetricSpec
+    params: BaseModel
+    judge: Any = None  # judge metrics: the judge its parameters name (generation: the model)
+    name: str | None = None  # the entry's optional ``name``, as the job gave it
+    position: int | None = None  # index in the job's ``metrics`` list
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def label(self) -> str:
+        """How messages name the entry: its ``name``, else its id."""
+        return self.name or self.spec.id
+
+    @property
+    def where(self) -> str:
+        """The entry's place in the job file, as validation errors give it."""
+        return f"metrics[{self.position}] ({self.spec.id})" if self.position is not None else self.spec.id
+
+    def head(self) -> dict[str, Any]:
+        """What outputs say about the entry: ``metric``, ``name`` (if given), ``parameters``."""
+        return entry_head({"id": self.spec.id, "name": self.name, "parameters": self.params_json()})
+
+    @property
+    def queues(self) -> list[str]:
+        """Queues this run's tasks go to: one per deployment for judge (and generate) runs."""
+        if self.judge is not None:
+            return [f"{self.spec.queue}.{d.region}" for d in self.judge.deployments]
+        if self.spec.queue == "generate":
+            return [RUNNER_QUEUE]
+        return [self.spec.queue]
+
+    @property
+    def queue(self) -> str:
+        return self.queues[0]
+
+    def params_json(self) -> dict[str, Any]:
+        return self.params.model_dump(mode="json")
+
+
+def entry_head(entry: dict) -> dict[str, Any]:
+    """What outputs say about a metric entry (as stored in a job's spec):
+    ``metric``, ``name`` (only when the job gave one), ``parameters``."""
+    head: dict[str, Any] = {"metric": entry["id"]}
+    if entry.get("name") is not None:
+        head["name"] = entry["name"]
+    head["parameters"] = entry["parameters"]
+    return head
+
+
+def parse_judges(raw: Any, problems: Problems) -> dict[str, JudgeConfig]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.add("judges", f"expected an object of named judges, got {kind(raw)}")
+        return {}
+    judges = {}
+    for name, cfg in raw.items():
+        judge = parse_section(JudgeConfig, cfg, f"judges.{name}", problems)
+        if judge is not None:
+            judges[name] = judge
+    return judges
+
+
+def resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
+                    problems: Problems) -> list[MetricRun]:
+    """Attach each judge metric's judge; a judge in use must have its key variable set."""
+    resolved = []
+    checked_env = set()
+    for run in runs:
+        name = getattr(run.params, "judge", None)
+        if run.spec.queue != "judge" or name is None:
+            resolved.append(run)
+            continue
+        judge = judges.get(name)
+        if judge is None:
+            known = ", ".join(sorted(judges)) or "none defined"
+            problems.add(f"{run.where}.parameters.judge",
+                         f"no judge named {name!r}{did_you_mean(name, judges)} (judges: {known})")
+            continue
+        if name not in checked_env:
+            check_key_env(judge.api_key_env, f"judges.{name}.api_key_env", problems)
+            check_endpoints(judge, f"judges.{name}", problems)
+        checked_env.add(name)
+        resolved.append(dataclasses.replace(run, judge=judge))
+    return resolved
+
+
+def check_key_env(variable: str, where: str, problems: Problems) -> None:
+    if not os.environ.get(variable):
+        problems.add(where, f"environment variable {variable} is not set (the API key is read from it)")
+
+
+def check_endpoints(config, where: str, problems: Problems) -> None:
+    """Every deployment's endpoint must be one the operator lets its key go to
+    (``EVALQ_ENDPOINTS``, when set here; workers check again before each call)."""
+    from evalq.shared.endpoints import EndpointPolicy, endpoint_url
+
+    try:
+        policy = EndpointPolicy.from_env()
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+    if policy is None:
+        return
+    for i, d in enumerate(config.deployments):
+        problem = policy.problem(config.api_key_env, endpoint_url(config.provider, d))
+        if problem:
+            problems.add(f"{where}.deployments[{i}] ({d.region})", problem)
+
+
+def parse_metrics(raw: Any, problems: Problems) -> list[MetricRun]:
+    if raw is None:
+        problems.add("metrics", "missing; expected a list of {id, enable, parameters}")
+        return []
+    if not isinstance(raw, list):
+        problems.add("metrics", f"expected a list, got {kind(raw)}")
+        return []
+    runs: list[MetricRun] = []
+    names: dict[str, int] = {}  # name -> position of the enabled entry that has it
+    computed: dict[tuple[str, str], int] = {}  # (id, resolved parameters) -> position
+    for i, entry in enumerate(raw):
+        where = f"metrics[{i}]"
+        if not isinstance(entry, dict):
+            problems.add(where, f"expected an object, got {kind(entry)}")
+            continue
+        metric_id = entry.get("id")
+        if isinstance(metric_id, str):
+            where = f"metrics[{i}] ({metric_id})"
+        for key in sorted(set(entry) - METRIC_KEYS):
+            problems.add(where, f"unknown field {key!r}{did_you_mean(key, METRIC_KEYS)}")
+        if not isinstance(metric_id, str):
+            problems.add(where, "'id' is required and must be a string")
+            continue
+        enable = entry.get("enable", True)
+        if not isinstance(enable, bool):
+            problems.add(where, f"'enable' must be true or false, got {json.dumps(enable)}")
+            continue
+        try:
+            spec = REGISTRY.get(metric_id)
+        except UnknownMetric as exc:
+            problems.add(where, str(exc))
+            continue
+        params_raw = entry.get("parameters", {})
+        if params_raw is None:
+            params_raw = {}
+        if not isinstance(params_raw, dict):
+            problems.add(f"{where}.parameters", f"expected an object, got {kind(params_raw)}")
+            continue
+        try:
+            # a queue request's local paths (bertscore's model_type, baseline_path) must lie under its roots
+            params = spec.params.model_validate(params_raw, context={"roots": problems.roots})
+        except ValidationError as exc:
+            for message in param_errors(exc, spec):
+                problems.add(f"{where}.parameters", message)
+            continue
+        name = entry.get("name")
+        if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME):
+            problems.add(where, f"'name' must be a non-empty string of at most {MAX_NAME} characters, "
+                         f"got {json.dumps(name)[:80]}")
+            continue
+        if not enable:  # validated, not run
+            continue
+        if name is not None:
+            if name in names:
+                problems.add(where, f"name {name!r} is already used by metrics[{names[name]}]; "
+                             "names must be distinct (or leave them out)")
+                continue
+            names[name] = i
+        # the same metric may be listed again with other parameters; with the same
+        # (defaults filled in) it would compute the same thing twice
+        same = (metric_id, json.dumps(params.model_dump(mode="json"), sort_keys=True))
+        if same in computed:
+            problems.add(where, f"same metric and parameters as metrics[{computed[same]}] (defaults filled "
+                         "in): it would compute the same thing twice; change the parameters or remove one")
+            continue
+        computed[same] = i
+        runs.append(MetricRun(key=f"{metric_id}@{i}", spec=spec, params=params, name=name, position=i))
+    return runs
+
+
+def param_errors(exc: ValidationError, spec: MetricSpec) -> list[str]:
+    allowed = list(spec.params.model_fields)
+    messages = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"])
+        if err["type"] == "extra_forbidden":
+            name = str(err["loc"][0])
+            listing = ", ".join(allowed) if allowed else "none"
+            messages.append(f"unknown parameter {name!r}{did_you_mean(name, allowed)} "
+                            f"(parameters of {spec.id}: {listing})")
+        else:
+            got = json.dumps(err.get("input"), default=str)
+            if len(got) > 200:  # a refused parameter may be huge: say what it was, not all of it
+                got = got[:200] + f"... ({len(got):,} characters)"
+            messages.append(f"{loc}: {err['msg']} (got {got})")
+    return messages
