@@ -118,11 +118,16 @@ def destination(job: Job, out: str | None) -> Destination | None:
 
 
 def connect(broker_url: str, outage: Outage | None = None) -> redis.Redis:
-    """A client for the broker's Redis, checked with a ping (ridden out through
-    ``outage`` for a client that waits)."""
+    """A client for the broker's Redis, checked with a ping. A client that waits
+    rides out an outage through ``outage`` alone (redis-py's own retries off), so it
+    says at once that Redis is unreachable."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     from evalq.shared.config import redis_client, safe_url
 
-    r = redis_client(broker_url, socket_connect_timeout=5, socket_timeout=60)
+    retries = {"retry": Retry(NoBackoff(), 0)} if outage is not None else {}
+    r = redis_client(broker_url, socket_connect_timeout=5, socket_timeout=60, **retries)
     try:
         if outage is not None:
             outage.call(r.ping)
