@@ -4,7 +4,7 @@ Same pairs, model, layer, batch size and device both ways, in the same run:
 
 - in-process: ``BERTScorer(...).score(cands, refs, batch_size=...)`` on all
   pairs at once (model loaded and warmed up beforehand, not timed);
-- pipeline: ``evalq.orchestrator.runner.run_job`` against an embedded cluster (private
+- pipeline: ``evalq.cli.run.run_job`` against an embedded cluster (private
   Redis plus one gpu-queue worker, as ``evalq run`` starts it). The worker is
   warmed up with a small job first (it loads the model on its first chunk);
   the timed run then covers validation-free submission, the idf prepare step,
@@ -148,8 +148,8 @@ def main() -> None:
     import torch
     from bert_score import BERTScorer
 
-    import evalq.orchestrator.runner as runner
-    from evalq.orchestrator.embedded import EmbeddedCluster
+    import evalq.cli.run as runner
+    from evalq.cli.embedded import EmbeddedCluster
     from evalq.shared.job import parse_job
     from evalq.shared.registry import REGISTRY
     from evalq.shared import bertscore as bs

@@ -51,7 +51,7 @@ def synthetic(n: int, seed: int = 7) -> list[dict]:
 
 
 def in_process(instances: list[dict]) -> float:
-    import evalq.shared.metrics  # noqa: F401
+    import evalq.shared.catalogue  # noqa: F401
     from evalq.shared.registry import REGISTRY
 
     runs = []
@@ -66,7 +66,7 @@ def in_process(instances: list[dict]) -> float:
 
 
 def distributed(job_path: Path, out: Path, chunk_size: int | None) -> tuple[float, int]:
-    cmd = [sys.executable, "-m", "evalq.orchestrator.cli", "run", str(job_path), "--out", str(out), "-q"]
+    cmd = [sys.executable, "-m", "evalq.cli", "run", str(job_path), "--out", str(out), "-q"]
     if chunk_size:
         cmd += ["--chunk-size", str(chunk_size)]
     peak = [0]
@@ -96,7 +96,7 @@ def report_pass(out: Path) -> float:
     """Seconds `evalq report` takes to rebuild report.html from the run's outputs (every
     log line parsed once): what the final callback no longer pays, since the workers keep
     each chunk's view of the report."""
-    from evalq.workers.report import report_from_outputs
+    from evalq.orchestrator.report import report_from_outputs
 
     t0 = time.perf_counter()
     report_from_outputs(str(out))

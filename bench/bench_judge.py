@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evalq.orchestrator.embedded import EmbeddedRedis  # noqa: E402
+from evalq.cli.embedded import EmbeddedRedis  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
-from evalq.orchestrator.runner import run_job  # noqa: E402
+from evalq.cli.run import run_job  # noqa: E402
 from evalq.shared.job import parse_job  # noqa: E402
 
 # tpm, rpm: enough for ~200 and ~100 calls per window, as real deployments
@@ -40,7 +40,7 @@ KEY_ENV = "BENCH_JUDGE_API_KEY"
 def start_worker(url: str, logdir: Path, name: str) -> subprocess.Popen:
     queues = ",".join(f"judge.{r}" for r in REGIONS)
     log = open(logdir / f"{name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "worker", "--broker", url, "--queues",
+    return subprocess.Popen([sys.executable, "-m", "evalq.cli", "worker", "--broker", url, "--queues",
                              queues, "--concurrency", "8", "-n", f"{name}@%h", "-l", "WARNING"],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evalq.orchestrator.embedded import EmbeddedCluster  # noqa: E402
-from evalq.orchestrator.runner import run_job  # noqa: E402
+from evalq.cli.embedded import EmbeddedCluster  # noqa: E402
+from evalq.cli.run import run_job  # noqa: E402
 from evalq.shared.job import parse_job  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
 

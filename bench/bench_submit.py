@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evalq.orchestrator.embedded import EmbeddedRedis  # noqa: E402
+from evalq.cli.embedded import EmbeddedRedis  # noqa: E402
 
 KEY_ENV = "BENCH_SUBMIT_API_KEY"
 
@@ -84,7 +84,7 @@ def main() -> None:
     job_file = work / "job.json"
     job_file.write_text(json.dumps(job))
     env = {**os.environ, KEY_ENV: "not-a-real-key"}
-    evalq = [sys.executable, "-m", "evalq.orchestrator.cli"]
+    evalq = [sys.executable, "-m", "evalq.cli"]
 
     chord_out = subprocess.run([sys.executable, "-c", CHORD, str(n)], capture_output=True, text=True, check=True)
     chord_s, chord_rss = map(float, chord_out.stdout.split())

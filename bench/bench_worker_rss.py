@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("EVALQ_ENDPOINTS", "*=http://127.0.0.1:*")
 
-from evalq.orchestrator.embedded import EmbeddedRedis  # noqa: E402
+from evalq.cli.embedded import EmbeddedRedis  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
 
 KEY_ENV = "BENCH_RSS_API_KEY"
@@ -56,7 +56,7 @@ class Sampler(threading.Thread):
 
 def start(url: str, queues: str, concurrency: int, name: str, logdir: Path) -> subprocess.Popen:
     log = open(logdir / f"{name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "worker", "--queues", queues,
+    return subprocess.Popen([sys.executable, "-m", "evalq.cli", "worker", "--queues", queues,
                              "--concurrency", str(concurrency), "-n", f"{name}@%h", "-l", "WARNING",
                              *(["--no-control"] if queues != "evalq.jobs" else [])],
                             cwd=ROOT, env={**os.environ, "EVALQ_BROKER_URL": url, KEY_ENV: "bench"},
@@ -94,7 +94,7 @@ def main() -> None:
                          "judging": {"cache": False},
                          "metrics": [{"id": "coherence", "parameters": {"judge": "sim"}},
                                      {"id": "content_safety", "parameters": {"judge": "sim"}}]}
-            evalq = [sys.executable, "-m", "evalq.orchestrator.cli"]
+            evalq = [sys.executable, "-m", "evalq.cli"]
             env = {**os.environ, "EVALQ_BROKER_URL": redis.url, KEY_ENV: "bench"}
             for name, job in (("cpu", cpu_job), ("judge", judge_job)):
                 path = work / f"{name}.json"

@@ -1,6 +1,6 @@
 """``python -m evalq``: the same as the ``evalq`` command."""
 
-from evalq.orchestrator.cli import main
+from evalq.cli import main
 
 if __name__ == "__main__":
     main()

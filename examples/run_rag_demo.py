@@ -34,7 +34,7 @@ def main() -> int:
         env = {**os.environ, "DEMO_JUDGE_API_KEY": "demo-key-for-judge-sim"}
         rc = 0
         for job, out in (("examples/rag_qa.json", "out/rag_qa"), ("examples/safety_jailbreak.json", "out/safety")):
-            cmd = [sys.executable, "-m", "evalq.orchestrator.cli", "run", job, "--out", out]
+            cmd = [sys.executable, "-m", "evalq.cli", "run", job, "--out", out]
             rc = rc or subprocess.call(cmd, cwd=ROOT, env=env)
         if rc == 0:
             violence = json.loads((ROOT / "out/safety/results.json").read_text())[0]["score"]

@@ -1,4 +1,5 @@
-"""Operating jobs on a cluster: status (one job, or the recent ones), cancel and resume."""
+"""Operating jobs on a cluster: status (one job, or the recent ones) and cancel (resume is
+``evalq.orchestrator.watch``'s: it is what the sweeper does)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import redis
 
 from evalq.shared import keys
 from evalq.shared.errors import InfraError
-from evalq.shared.model import GENERATE
-from evalq.workers.stages import entry_queues
+from evalq.shared.model_under_test import GENERATE
+from evalq.shared.spec import entry_queues
+from evalq.shared.status import FINAL, Status
 
-FINAL = ("done", "failed", "cancelled", "invalid")
 
 
 def _status(r: redis.Redis, job_id: str) -> str:
@@ -22,49 +23,19 @@ def _status(r: redis.Redis, job_id: str) -> str:
 def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
     """Mark the job cancelled (workers drop its pending tasks unrun) and have its
     partial outputs written, with ``"status": "cancelled"`` in run.json."""
-    from evalq.workers.app import client_app
-    from evalq.workers.stages import METRICS_STAGE, fire_callback
+    from evalq.orchestrator.app import client_app
+    from evalq.orchestrator.stages import fire_callback
+    from evalq.shared.spec import METRICS_STAGE
 
     status = _status(r, job_id)
     if not status:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     if status in FINAL:
         return status
-    r.set(keys.status(job_id), "cancelled", keepttl=True)
+    r.set(keys.status(job_id), Status.CANCELLED, keepttl=True)
     # the final callback writes what was recorded; chunks in flight may still finish
     fire_callback(client_app(broker_url), r, job_id, METRICS_STAGE, force=True)
-    return "cancelled"
-
-
-def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
-    """Re-send what a running job is missing: after a broker restart that lost
-    queued tasks, or a callback that never ran.
-
-    The chunks of the current stage that have not finished are sent again
-    (a chunk's finish is recorded in Redis, so the plan says which); finished
-    chunks are not, and a judge chunk sent again skips the items it already
-    recorded, so no judge call is paid twice. A stage whose chunks have all
-    finished gets its callback again (callbacks are idempotent).
-    """
-    from evalq.workers.app import client_app
-    from evalq.workers.stages import CALLBACKS, current_stage, fire_callback, send_stage, stage_complete
-
-    status = _status(r, job_id)
-    if not status:
-        raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
-    if status in FINAL:
-        return {"job_id": job_id, "status": status, "stage": None, "sent": 0, "callback": None}
-    raw_spec = r.get(keys.spec(job_id))
-    if raw_spec is None:
-        raise InfraError(f"job {job_id}: its spec is gone from Redis; it cannot be resumed")
-    spec = json.loads(raw_spec)
-    app = client_app(broker_url)
-    stage = current_stage(spec, status)
-    if stage_complete(r, job_id, stage):
-        fire_callback(app, r, job_id, stage, force=True)
-        return {"job_id": job_id, "status": status, "stage": stage, "sent": 0, "callback": CALLBACKS[stage]}
-    sent = send_stage(app, r, job_id, spec, stage, skip_done=True)
-    return {"job_id": job_id, "status": status, "stage": stage, "sent": sent, "callback": None}
+    return Status.CANCELLED
 
 
 def job_status(r: redis.Redis, job_id: str) -> dict:
@@ -75,7 +46,7 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     info: dict = {"job_id": job_id, "status": status}
     raw_spec = r.get(keys.spec(job_id))
-    if status == "invalid" or raw_spec is None:
+    if status == Status.INVALID or raw_spec is None:
         raw_error = r.get(keys.error(job_id))
         if raw_error:
             info["errors"] = json.loads(raw_error)
@@ -100,7 +71,7 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
         if entry.get("name"):
             row["name"] = entry["name"]
         if acct:
-            from evalq.workers.finalize import judge_accounting
+            from evalq.orchestrator.finalize import judge_accounting
 
             row["judge"] = judge_accounting(acct)
         entries.append(row)

@@ -26,6 +26,7 @@ import redis
 from evalq.shared import keys
 from evalq.shared.config import CONTROL_QUEUE, JOBS_QUEUE, Settings
 from evalq.shared.errors import InfraError, JobError
+from evalq.shared.status import FINAL, Status
 
 log = logging.getLogger("evalq.jobs")
 
@@ -55,7 +56,7 @@ def request_id_problem(value) -> str | None:
 
 def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **request: Any) -> dict:
     from evalq.orchestrator import submit
-    from evalq.workers.finalize import reply_document, request_key
+    from evalq.orchestrator.finalize import reply_document, request_key
 
     ttl = Settings.from_env().result_ttl
     request_id = request.get("request_id")
@@ -72,7 +73,7 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
         job_id = r.get(idem).decode()
         spec_raw = r.get(keys.spec(job_id))
         status = (r.get(keys.status(job_id)) or b"").decode()
-        if status == "invalid":
+        if status == Status.INVALID:
             return _answer_duplicate(r, job_id, message_id, {**request, "reply_to": reply_to})
         if spec_raw is not None:
             spec = json.loads(spec_raw)
@@ -82,7 +83,7 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
             # this very message, redelivered: carry on where the first delivery stopped
             log.info("job %s: request redelivered; continuing its submission", job_id)
             submit.start(r, broker_url, job_id, spec)
-            return {"job_id": job_id, "status": status or "running"}
+            return {"job_id": job_id, "status": status or Status.RUNNING}
         log.info("job %s: request redelivered before the job was stored; storing it again", job_id)
     try:
         if bad_reply_to or bad_request_id:
@@ -91,24 +92,24 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
         spec = _readable(submit.job_spec, job, request.get("chunk_size"), out, request_id, reply_to)
     except JobError as exc:
         errors = list(exc.problems)
-        r.set(keys.status(job_id), "invalid", ex=ttl)
+        r.set(keys.status(job_id), Status.INVALID, ex=ttl)
         r.set(keys.error(job_id), json.dumps(errors), ex=ttl)
         r.zadd(keys.JOBS, {job_id: time.time()})
         if reply_to:  # answered here, and marked so: a redelivery of this message gets nothing more
             pipe = r.pipeline(transaction=True)
-            pipe.rpush(reply_to, json.dumps(reply_document(request_id, job_id, "invalid", request.get("out"),
+            pipe.rpush(reply_to, json.dumps(reply_document(request_id, job_id, Status.INVALID, request.get("out"),
                                                            errors, None)))
             pipe.sadd(keys.replied(job_id), request_key(message_id))
             pipe.expire(keys.replied(job_id), ttl)
             pipe.execute()
         log.warning("request %s: invalid job: %s", request_id or message_id, "; ".join(errors[:3]))
-        return {"job_id": job_id, "status": "invalid", "errors": errors}
+        return {"job_id": job_id, "status": Status.INVALID, "errors": errors}
     spec["message_id"] = message_id
     submit.store_job(r, job, spec, job_id=job_id)
     submit.start(r, broker_url, job_id, spec)
     log.info("job %s: submitted (%d instances, %d metric entries)", job_id, spec["n_instances"],
              len(spec["metrics"]))
-    return {"job_id": job_id, "status": "running"}
+    return {"job_id": job_id, "status": Status.RUNNING}
 
 
 def _readable(step, *args):
@@ -130,14 +131,14 @@ def _answer_duplicate(r: redis.Redis, job_id: str, message_id: str, request: dic
     """A second request with a known ``request_id``: no new job. Its ``reply_to``
     (whichever list, the first's too) gets the end document: now if the job has
     ended, else when it ends; a redelivery of this message gets nothing more."""
-    from evalq.workers.finalize import reply_targets_add, replay
+    from evalq.orchestrator.finalize import reply_targets_add, replay
 
     reply_to = request.get("reply_to")
     if reply_to:
         reply_targets_add(r, job_id, message_id, reply_to)
     # read after adding: a job that ended meanwhile has answered it, or is answered here
     status = (r.get(keys.status(job_id)) or b"").decode()
-    if reply_to and status in ("done", "failed", "cancelled", "invalid"):
+    if reply_to and status in FINAL:
         replay(r, job_id, request.get("request_id"), status)
     log.info("request %s: already job %s (%s); not started again", request.get("request_id"), job_id, status)
     return {"job_id": job_id, "status": status, "duplicate": True}

@@ -1,49 +1,44 @@
-"""Put a validated job on the cluster, and follow it.
+"""Put a validated job on the cluster.
 
 The job's instances and spec go to Redis once; each task names a chunk of
 instance positions for one metric entry, so messages stay small whatever the
 instances hold (and Flower shows readable arguments). From then on the cluster
-owns the job (``evalq.workers.stages``): the last chunk of a stage sends its
+owns the job (``evalq.orchestrator.stages``): the last chunk of a stage sends its
 callback, the generation callback sends the metrics stage, and the final
-callback writes the outputs. Whoever submitted may wait, or go away.
+callback writes the outputs. Whoever submitted may wait (``evalq.cli.wait``), or go away.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+
 import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import redis
 
-from evalq.orchestrator.outage import Outage
 from evalq.shared import keys
 from evalq.shared.config import Settings
 from evalq.shared.errors import InfraError
 from evalq.shared.instances import json_lines
 from evalq.shared.job import Job, MetricRun
-from evalq.shared.model import GENERATE, RUNNER_QUEUE
+from evalq.shared.model_under_test import GENERATE
 from evalq.shared.registry import sized_chunk
 from evalq.shared.storage import Destination
-from evalq.workers.stages import GENERATE_STAGE, METRICS_STAGE, Chunk, plan as plan_spec  # noqa: F401
+from evalq.shared.spec import GENERATE_STAGE, METRICS_STAGE, Chunk, plan as plan_spec  # noqa: F401
+from evalq.shared.status import Status
 
 PUSH_BATCH = 5000
-TERMINAL = ("done", "failed", "cancelled")
 
 
 def run_entry(m: MetricRun, chunk_size: int | None, items: int) -> dict:
     """How a run's chunks are planned: its size, queue and (judges, endpoint models) regions."""
-    entry: dict = {"chunk_size": max(1, chunk_size or m.spec.chunk_size or sized_chunk(items))}
+    entry: dict = {"chunk_size": max(1, chunk_size or m.spec.chunk_size or sized_chunk(items)), **m.routing()}
     if m.judge is not None:
-        entry["queue"] = m.spec.queue
-        entry["regions"] = [[d.region, d.tpm] for d in m.judge.deployments]
         entry["rotation"] = GENERATE if m.key == GENERATE else getattr(m.params, "judge", m.key)
-    else:
-        entry["queue"] = RUNNER_QUEUE if m.spec.queue == "generate" else m.spec.queue
     return entry
 
 
@@ -117,29 +112,6 @@ def destination(job: Job, out: str | None) -> Destination | None:
     return Destination(out, endpoint)
 
 
-def connect(broker_url: str, outage: Outage | None = None) -> redis.Redis:
-    """A client for the broker's Redis, checked with a ping. A client that waits
-    rides out an outage through ``outage`` alone (redis-py's own retries off), so it
-    says at once that Redis is unreachable."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    from evalq.shared.config import redis_client, safe_url
-
-    retries = {"retry": Retry(NoBackoff(), 0)} if outage is not None else {}
-    r = redis_client(broker_url, socket_connect_timeout=5, socket_timeout=60, **retries)
-    try:
-        if outage is not None:
-            outage.call(r.ping)
-        else:
-            r.ping()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise InfraError(f"cannot reach broker {safe_url(broker_url)}: {exc}") from None
-    except redis.ResponseError as exc:
-        raise InfraError(f"broker {safe_url(broker_url)} refused: {exc}") from None
-    return r
-
-
 def new_job_id() -> str:
     return uuid.uuid4().hex[:16]
 
@@ -163,7 +135,7 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None) -
         pipe.expire(ikey, ttl)
         # the spec last: a job with a spec has all its instances
         pipe.set(keys.spec(job_id), json.dumps(spec), ex=ttl)
-        pipe.set(keys.status(job_id), "running", ex=ttl)
+        pipe.set(keys.status(job_id), Status.RUNNING, ex=ttl)
         pipe.zadd(keys.JOBS, {job_id: time.time()})
         pipe.execute()
     except redis.RedisError as exc:
@@ -185,8 +157,8 @@ def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
 
 def start(r: redis.Redis, broker_url: str, job_id: str, spec: dict) -> None:
     """Send the job's first stage; the cluster does the rest."""
-    from evalq.workers.app import client_app
-    from evalq.workers.stages import send_stage
+    from evalq.orchestrator.app import client_app
+    from evalq.orchestrator.stages import send_stage
 
     stage = GENERATE_STAGE if GENERATE in spec else METRICS_STAGE
     try:
@@ -211,59 +183,6 @@ def delete_job(r: redis.Redis, job_id: str, metric_keys: list[str]) -> None:
         r.zrem(keys.JOBS, job_id)
     except redis.RedisError:
         pass
-
-
-def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[int], None],
-         check: Callable[[], None], poll: float = 0.25, stall_timeout: float | None = None,
-         outage: Outage | None = None) -> str:
-    """Poll until the job reaches a final status (set by its last callback); returns it.
-
-    ``check`` raises InfraError when the workers are gone (embedded mode);
-    ``stall_timeout`` bounds how long no item may finish before giving up.
-    While it waits, the client looks after the job as the cluster's sweeper
-    does (``evalq.orchestrator.watch``): a stage whose callback was lost gets
-    it again, a job whose messages were lost gets its unfinished chunks again.
-    Every Redis access rides out an outage (``outage``; by default up to the
-    stall timeout, else 300 s), which does not count as a stall.
-    """
-    from evalq.orchestrator.watch import Timing
-
-    outage = outage or Outage(broker_url, stall_timeout or 300)
-    spec = json.loads(outage.call(r.get, keys.spec(job_id)) or "null")
-    if spec is None:
-        raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
-    timing = Timing.from_env()
-    last_done, last_change = -1, time.monotonic()
-    while True:
-        done, status, actions = outage.call(_look, r, broker_url, job_id, spec, timing)
-        on_progress(done)
-        if status in TERMINAL:
-            return status
-        if not status:
-            raise InfraError(f"job {job_id}: its keys are gone from Redis (expired or deleted)")
-        check()
-        for action in actions:
-            print(f"evalq: {action}", file=sys.stderr)
-        now = time.monotonic()
-        last_change = max(last_change, outage.ended_at)  # time Redis was away is no stall
-        if done != last_done:
-            last_done, last_change = done, now
-        elif stall_timeout and now - last_change > stall_timeout:
-            raise InfraError(f"job {job_id}: no progress for {stall_timeout:.0f} s "
-                             f"({done} items done); are workers consuming the job's queues?")
-        time.sleep(poll)
-
-
-def _look(r: redis.Redis, broker_url: str, job_id: str, spec: dict, timing) -> tuple[int, str, list[str]]:
-    """One look at a job being waited on: (items done, status, steps taken to look after it)."""
-    from evalq.orchestrator.watch import items_done, look_after
-    from evalq.workers.stages import run_keys
-
-    counts = items_done(r, job_id, run_keys(spec))
-    status = (r.get(keys.status(job_id)) or b"").decode()
-    if not status or status in TERMINAL:
-        return sum(counts.values()), status, []
-    return sum(counts.values()), status, look_after(r, broker_url, job_id, spec, status, counts, timing)
 
 
 def summaries(r: redis.Redis, job_id: str) -> tuple[list[dict], dict | None]:

@@ -31,11 +31,12 @@ from dataclasses import dataclass
 
 import redis
 
-from evalq.orchestrator.jobs import FINAL, resume_job
+from evalq.orchestrator.stages import fire_callback
 from evalq.shared import keys
 from evalq.shared.config import Settings
-from evalq.shared.model import GENERATE
-from evalq.workers.stages import current_stage, entry_queues, fire_callback, run_keys, stage_items, stage_runs
+from evalq.shared.errors import InfraError
+from evalq.shared.spec import current_stage, job_queues, run_keys, stage_items, stage_runs
+from evalq.shared.status import FINAL
 
 log = logging.getLogger("evalq.sweeper")
 
@@ -77,7 +78,7 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
                counts: dict[str, int], timing: Timing, now: float | None = None) -> list[str]:
     """One look at a running job: records its progress and takes the step it needs,
     if any. Returns what was done, as sentences for a log."""
-    from evalq.workers.app import client_app
+    from evalq.orchestrator.app import client_app
 
     now = server_time(r) if now is None else now
     key, ttl = keys.watch(job_id), int(spec.get("ttl") or Settings.from_env().result_ttl)
@@ -111,6 +112,41 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
                        f"re-sent {outcome['sent']} unfinished chunk(s)"
                        + (" and the stage's callback" if outcome["callback"] else ""))
     return actions
+
+
+def _status(r: redis.Redis, job_id: str) -> str:
+    return (r.get(keys.status(job_id)) or b"").decode()
+
+
+def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
+    """Re-send what a running job is missing: after a broker restart that lost
+    queued tasks, or a callback that never ran.
+
+    The chunks of the current stage that have not finished are sent again
+    (a chunk's finish is recorded in Redis, so the plan says which); finished
+    chunks are not, and a judge chunk sent again skips the items it already
+    recorded, so no judge call is paid twice. A stage whose chunks have all
+    finished gets its callback again (callbacks are idempotent).
+    """
+    from evalq.orchestrator.app import client_app
+    from evalq.orchestrator.stages import CALLBACKS, send_stage, stage_complete
+
+    status = _status(r, job_id)
+    if not status:
+        raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
+    if status in FINAL:
+        return {"job_id": job_id, "status": status, "stage": None, "sent": 0, "callback": None}
+    raw_spec = r.get(keys.spec(job_id))
+    if raw_spec is None:
+        raise InfraError(f"job {job_id}: its spec is gone from Redis; it cannot be resumed")
+    spec = json.loads(raw_spec)
+    app = client_app(broker_url)
+    stage = current_stage(spec, status)
+    if stage_complete(r, job_id, stage):
+        fire_callback(app, r, job_id, stage, force=True)
+        return {"job_id": job_id, "status": status, "stage": stage, "sent": 0, "callback": CALLBACKS[stage]}
+    sent = send_stage(app, r, job_id, spec, stage, skip_done=True)
+    return {"job_id": job_id, "status": status, "stage": stage, "sent": sent, "callback": None}
 
 
 def recovery(r: redis.Redis, job_id: str) -> dict | None:
@@ -204,11 +240,6 @@ def busy_jobs(r: redis.Redis, queues: set[str], candidates: set[str]) -> set[str
                 break
             start += SCAN_PAGE
     return found
-
-
-def job_queues(spec: dict) -> set[str]:
-    runs = ([spec[GENERATE]] if GENERATE in spec else []) + list(spec["metrics"].values())
-    return {q for entry in runs for q in entry_queues(entry)}
 
 
 def idle(r: redis.Redis, spec: dict, job_id: str) -> bool:

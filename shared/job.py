@@ -18,7 +18,7 @@ from evalq.shared.instances import BadRecords, InstanceChecker, load_dataset, re
 from evalq.shared.job_metrics import (MetricRun, check_endpoints, check_key_env, entry_head,  # noqa: F401
                                       parse_judges, parse_metrics, resolve_judges)
 from evalq.shared.judges import JudgeConfig, JudgingOptions
-from evalq.shared.model import GENERATE_SPEC, EndpointModel, GenerateParams, PythonModel, runner_class
+from evalq.shared.model_under_test import GENERATE_SPEC, EndpointModel, GenerateParams, PythonModel, runner_class
 from evalq.shared.problems import MAX_PROBLEMS, Problems, did_you_mean, parse_section
 from evalq.shared.storage import is_s3
 

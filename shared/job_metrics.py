@@ -11,10 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-import evalq.shared.metrics  # noqa: F401  (registers the built-in metrics)
+import evalq.shared.catalogue  # noqa: F401  (registers the built-in metrics)
 from evalq.shared.errors import JobError, kind
 from evalq.shared.judges import JudgeConfig
-from evalq.shared.model import RUNNER_QUEUE
+from evalq.shared.model_under_test import RUNNER_QUEUE
+from evalq.shared.spec import entry_queues
 from evalq.shared.problems import Problems, did_you_mean, parse_section
 from evalq.shared.registry import REGISTRY, MetricSpec, UnknownMetric
 
@@ -56,14 +57,17 @@ class MetricRun:
         """What outputs say about the entry: ``metric``, ``name`` (if given), ``parameters``."""
         return entry_head({"id": self.spec.id, "name": self.name, "parameters": self.params_json()})
 
+    def routing(self) -> dict[str, Any]:
+        """Where the run's chunks go, as its spec entry says it: ``queue`` (the kind, or a
+        queue of its own) and, for runs with deployments, their ``regions`` (``[name, TPM]``)."""
+        if self.judge is not None:
+            return {"queue": self.spec.queue, "regions": [[d.region, d.tpm] for d in self.judge.deployments]}
+        return {"queue": RUNNER_QUEUE if self.spec.queue == "generate" else self.spec.queue}
+
     @property
     def queues(self) -> list[str]:
-        """Queues this run's tasks go to: one per deployment for judge (and generate) runs."""
-        if self.judge is not None:
-            return [f"{self.spec.queue}.{d.region}" for d in self.judge.deployments]
-        if self.spec.queue == "generate":
-            return [RUNNER_QUEUE]
-        return [self.spec.queue]
+        """Queues this run's tasks go to (named by ``evalq.shared.spec``, as the cluster names them)."""
+        return entry_queues(self.routing())
 
     @property
     def queue(self) -> str:

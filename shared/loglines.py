@@ -1,5 +1,5 @@
 """How a ``log.jsonl`` line names its metric entry: written by the final callback
-(``evalq.workers.outputs``), read by ``evalq report`` and ``evalq compare``.
+(``evalq.orchestrator.outputs``), read by ``evalq report`` and ``evalq compare``.
 
 A line carries ``metric``, ``name`` (when the job gave one) and ``entry``, the
 entry's position in results.json (and in run.json's ``metrics``), never the

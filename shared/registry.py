@@ -4,7 +4,7 @@ A ``MetricSpec`` carries everything about a metric: its typed parameter model,
 where its pure implementation lives (a lazy ``"module:attr"`` path, so the CLI
 never imports NLTK or torch), which queue kind runs it, which instance fields it
 needs and how its per-item results aggregate. Adding a metric is one function,
-one parameter model, one entry in ``evalq.shared.metrics`` and one test file.
+one parameter model, one entry in ``evalq.shared.catalogue`` and one test file.
 """
 
 from __future__ import annotations

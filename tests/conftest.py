@@ -37,7 +37,7 @@ def redis_url(tmp_path_factory):
     if explicit:
         yield explicit
         return
-    from evalq.orchestrator.embedded import EmbeddedRedis
+    from evalq.cli.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
     server.start()
@@ -50,7 +50,7 @@ def start_worker(broker_url: str, queues: str, logdir: Path, concurrency: int = 
     name = name or f"w{uuid.uuid4().hex[:6]}"
     log = open(logdir / f"{name}.log", "ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "evalq.orchestrator.cli", "worker", "--broker", broker_url, "--queues", queues,
+        [sys.executable, "-m", "evalq.cli", "worker", "--broker", broker_url, "--queues", queues,
          "--concurrency", str(concurrency), "--hostname", f"{name}@%h", "--loglevel", "INFO"],
         cwd=ROOT, env={**os.environ, "EVALQ_PLUGINS": PLUGINS, **(env or {})},
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -59,7 +59,7 @@ def start_worker(broker_url: str, queues: str, logdir: Path, concurrency: int = 
 
 
 def wait_for_worker(broker_url: str, name_prefix: str, timeout: float = 30) -> None:
-    from evalq.workers.app import client_app
+    from evalq.orchestrator.app import client_app
 
     app = client_app(broker_url)
     deadline = time.monotonic() + timeout
@@ -94,7 +94,7 @@ def cpu_worker(redis_url, tmp_path_factory):
 
 def evalq(*args: str, env: dict | None = None, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
     """Run the evalq CLI as a subprocess, as a user would."""
-    return subprocess.run([sys.executable, "-m", "evalq.orchestrator.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "evalq.cli", *args], cwd=ROOT,
                           env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout, **kw)
 

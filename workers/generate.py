@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from evalq.shared.errors import MetricError
-from evalq.shared.model import GenerateParams, ModelRunner, PythonModel, render_prompt, runner_class
+from evalq.shared.model_under_test import GenerateParams, ModelRunner, PythonModel, render_prompt, runner_class
 
 
 def generate(instance: dict, params: GenerateParams, runner: ModelRunner) -> dict:

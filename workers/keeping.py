@@ -1,7 +1,7 @@
 """Keeping what a paid call bought the moment it is bought, even while Redis is away.
 
 A chunk's records go to ``res:{M}`` with its aggregate part when the chunk ends
-(``evalq.workers.runner``). A judge or generation item costs a call, so each
+(``evalq.workers.chunk``). A judge or generation item costs a call, so each
 item's record is kept as soon as the item is scored, under ``kept:{M}``
 (``evalq.shared.keys``), and the replies of an item's answered calls are kept
 there before the item pays for another call (a corrective re-ask, say). A chunk

@@ -17,16 +17,13 @@ import time
 import traceback
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from evalq.sim.faults import INJECTED_RETRY_AFTER_S, parse_markers
 from evalq.sim.regions import RegionState
 from evalq.sim.replies import BadRequest, build_choice
 from evalq.sim.tokens import count_prompt_tokens
-
-if TYPE_CHECKING:
-    from evalq.sim.server import JudgeSim
 
 HOST = "127.0.0.1"
 
@@ -39,7 +36,8 @@ class RegionServer(ThreadingHTTPServer):
     request_queue_size = 256
     allow_reuse_address = True
 
-    def __init__(self, sim: JudgeSim, state: RegionState) -> None:
+    def __init__(self, sim: Any, state: RegionState) -> None:
+        # sim: the JudgeSim serving this region (evalq.sim.server, which imports this module)
         self.sim, self.state = sim, state
         self.conns: set[socket.socket] = set()
         self.handler_threads: set[threading.Thread] = set()

@@ -136,7 +136,7 @@ def test_chaos_drill_pays_again_only_calls_in_flight_and_wait_rides_out_redis(tm
             submitted = evalq("submit", str(job), "--out", str(tmp_path / "out"), "--broker", url, env=CLUSTER_ENV)
             assert submitted.returncode == 0, submitted.stderr
             job_id = submitted.stdout.strip()
-            waiting = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "wait", job_id, "--broker",
+            waiting = subprocess.Popen([sys.executable, "-m", "evalq.cli", "wait", job_id, "--broker",
                                         url, "--stall-timeout", "120"], cwd=ROOT, env={**os.environ, **CLUSTER_ENV},
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             # six workers (pool children included) and Redis once, each at a seeded point of the judge's progress
@@ -153,7 +153,7 @@ def test_chaos_drill_pays_again_only_calls_in_flight_and_wait_rides_out_redis(tm
 
                     in_flight_at_redis_kill = in_flight_across(sim, outage)
                     # a status asked for while Redis is away answers once it is back
-                    status = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "status", job_id,
+                    status = subprocess.Popen([sys.executable, "-m", "evalq.cli", "status", job_id,
                                                "--broker", url], cwd=ROOT, env={**os.environ, **CLUSTER_ENV},
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                     time.sleep(3.0)
@@ -199,7 +199,7 @@ def test_a_reply_answered_while_redis_is_down_is_written_when_it_is_back(tmp_pat
     from evalq.orchestrator import submit
     from evalq.shared import keys
     from evalq.shared.job import load_job
-    from evalq.workers import runner
+    from evalq.workers import chunk
     from evalq.workers.keeping import WRITE_BEHIND
 
     monkeypatch.setenv(KEY_ENV, KEY)
@@ -219,7 +219,7 @@ def test_a_reply_answered_while_redis_is_down_is_written_when_it_is_back(tmp_pat
 
         def run() -> None:
             try:
-                outcome["value"] = runner.run_chunk(r, job_id, "coherence@0", 0, 4)
+                outcome["value"] = chunk.run_chunk(r, job_id, "coherence@0", 0, 4)
             except Exception as exc:  # surfaced below
                 outcome["error"] = exc
 

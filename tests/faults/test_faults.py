@@ -50,7 +50,7 @@ def recorded(r: redis.Redis) -> int:
 
 
 def private_redis(tmp_path: Path, port: int | None = None, aof: bool = False) -> tuple[subprocess.Popen, int]:
-    from evalq.orchestrator.embedded import free_port
+    from evalq.cli.embedded import free_port
     from tests.integration.test_redis_auth_tls import redis_binary
 
     port = port or free_port()
@@ -104,7 +104,7 @@ def test_redis_killed_and_restarted_with_aof_mid_job(tmp_path):
     worker = start_worker(url, "cpu", tmp_path, concurrency=2, name=f"aof{uuid.uuid4().hex[:4]}", env=FAST_REDELIVERY)
     try:
         wait_for_worker(url, worker.log_path.stem)
-        cli = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "run", str(job), "--out",
+        cli = subprocess.Popen([sys.executable, "-m", "evalq.cli", "run", str(job), "--out",
                                 str(tmp_path / "out"), "--broker", url, "-q"], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         r = redis.Redis(port=port)
@@ -242,7 +242,7 @@ def test_s3_failing_the_output_upload_leaves_the_outputs_locally(tmp_path):
         raw = json.loads(job.read_text())
         raw["output"] = {"uri": "s3://doomed/run/", "endpoint_url": url}
         job.write_text(json.dumps(raw))
-        cli = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "run", str(job), "-q"], cwd=tmp_path,
+        cli = subprocess.Popen([sys.executable, "-m", "evalq.cli", "run", str(job), "-q"], cwd=tmp_path,
                                env={**os.environ, **AWS, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(2.0)  # checked and running: now the bucket goes away
         client.delete_bucket(Bucket="doomed")

@@ -18,7 +18,7 @@ import uuid
 import pytest
 import redis
 
-from evalq.orchestrator.embedded import free_port
+from evalq.cli.embedded import free_port
 from evalq.shared import keys
 from tests.conftest import PLUGINS, ROOT, evalq, start_worker, stop_worker, wait_for_worker
 from tests.faults.test_faults import FAST_REDELIVERY, comparable, slow_job, wait_until
@@ -75,7 +75,7 @@ def test_a_worker_partitioned_past_the_visibility_timeout(netns, tmp_path):
     local_url, remote_url = f"redis://127.0.0.1:{port}/0", f"redis://{host_ip}:{port}/0"
     log = open(tmp_path / "cut-off.log", "wb")
     cut_off = subprocess.Popen(
-        ["ip", "netns", "exec", name, sys.executable, "-m", "evalq.orchestrator.cli", "worker", "--broker", remote_url,
+        ["ip", "netns", "exec", name, sys.executable, "-m", "evalq.cli", "worker", "--broker", remote_url,
          "--queues", "cpu", "--concurrency", "2", "--hostname", "cutoff@%h"],
         cwd=ROOT, env={**os.environ, "EVALQ_PLUGINS": PLUGINS, **FAST_REDELIVERY}, stdout=log,
         stderr=subprocess.STDOUT, start_new_session=True)

@@ -96,7 +96,7 @@ def test_invalid_bertscore_parameters_exit_2(tmp_path, command, params, fragment
 
 
 def test_gpu_worker_is_solo_and_prefetches_one(redis_url, tmp_path):
-    from evalq.workers.app import client_app
+    from evalq.orchestrator.app import client_app
 
     name = f"gpu{uuid.uuid4().hex[:6]}"
     proc = start_worker(redis_url, "gpu", tmp_path, concurrency=4, name=name)

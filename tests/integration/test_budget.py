@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from evalq.sim import JudgeSim, Region
-from evalq.orchestrator.runner import run_job
+from evalq.cli.run import run_job
 from evalq.shared.job import parse_job
 from tests.conftest import read_log, read_results, start_worker, stop_worker, wait_for_worker
 from evalq.workers.judge.budget import BUCKET, MARGIN, Budget

@@ -134,7 +134,7 @@ def test_ctrl_c_stops_everything_it_started(tmp_path):
     # 30 s an item: the job cannot end before the interrupt, however fast or loaded the machine
     job = write_job(tmp_path / "job.json", instances,
                     [{"id": "slow_len", "parameters": {"seconds": 30, "started": str(started)}}])
-    proc = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "run", str(job), "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "evalq.cli", "run", str(job), "--out",
                              str(tmp_path / "o"), "-q"], cwd=ROOT,
                             env={**os.environ, "EVALQ_TEST_MARKER": marker},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -16,7 +16,7 @@ import uuid
 import pytest
 import requests
 
-from evalq.orchestrator.embedded import free_port
+from evalq.cli.embedded import free_port
 from evalq.sim import JudgeSim, Region
 from tests.conftest import ROOT, evalq, read_log, read_results
 
@@ -278,7 +278,7 @@ def test_planning_a_million_lines_keeps_memory_flat(tmp_path):
                     buf = io.BytesIO()
             f.write(buf.getvalue())
         job = write_job(tmp_path, {"dataset": {"uri": str(data)}, "metrics": [{"id": "exact_match"}]})
-        proc = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "validate", str(job)], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "evalq.cli", "validate", str(job)], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ps, peak = psutil.Process(proc.pid), 0
         while proc.poll() is None:

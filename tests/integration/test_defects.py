@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from evalq.orchestrator.runner import run_job
+from evalq.cli.run import run_job
 from evalq.shared.job import parse_job
 from evalq.sim import JudgeSim, Region
 from tests.conftest import evalq, read_log, start_worker, stop_worker, wait_for_worker

@@ -45,7 +45,7 @@ def start_flower(tmp_path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     tmp_path/flower.log; returns (process, base URL) once it answers."""
     port = free_port()
     log = open(tmp_path / "flower.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "flower", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "evalq.cli", "flower", "--port", str(port)],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, **env, "EVALQ_FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"},
                             start_new_session=True)
@@ -113,7 +113,7 @@ def test_flower_shows_the_jobs_tasks_to_those_with_credentials(redis_url, cpu_wo
 ])
 def test_flower_refuses_to_start_without_credentials(redis_url, args, env, fragment):
     clean = {k: v for k, v in os.environ.items() if k != "EVALQ_FLOWER_BASIC_AUTH"}
-    proc = subprocess.run([sys.executable, "-m", "evalq.orchestrator.cli", "flower", "--broker", redis_url, *args],
+    proc = subprocess.run([sys.executable, "-m", "evalq.cli", "flower", "--broker", redis_url, *args],
                           cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert fragment in proc.stderr

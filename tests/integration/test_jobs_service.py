@@ -215,7 +215,7 @@ def test_the_job_finishes_when_the_cli_that_ran_it_is_killed(redis_url, service,
     r = redis.Redis.from_url(redis_url)
     job_file = slow_job_file(tmp_path, "k", 60, "abcd", 0.03)
     out = tmp_path / "out"
-    cli = subprocess.Popen([sys.executable, "-m", "evalq.orchestrator.cli", "run", str(job_file), "--out", str(out),
+    cli = subprocess.Popen([sys.executable, "-m", "evalq.cli", "run", str(job_file), "--out", str(out),
                             "--broker", redis_url, "-q"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     job_id = None

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from evalq.sim import Faults, JudgeSim, Region
-from evalq.orchestrator.runner import run_job
+from evalq.cli.run import run_job
 from evalq.shared.job import parse_job
 from tests.conftest import evalq, read_log, read_results, start_worker, stop_worker, wait_for_worker
 
@@ -217,7 +217,7 @@ def test_judge_name_and_config_are_checked(sim, tmp_path):
 
 
 def test_a_failing_deployment_is_drained_to_the_others(sim, judge_worker, redis_url, tmp_path):
-    from evalq.orchestrator.embedded import free_port
+    from evalq.cli.embedded import free_port
     from evalq.workers.judge.budget import FAIL_THRESHOLD
 
     cfg = judges(sim, regions=("lab",))["sim"]

@@ -11,7 +11,7 @@ from nltk.tokenize import wordpunct_tokenize
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from rouge_score.rouge_scorer import RougeScorer
 
-from evalq.orchestrator.runner import run_job
+from evalq.cli.run import run_job
 from evalq.shared import keys
 from evalq.shared.job import parse_job
 from tests.conftest import read_log, read_results
@@ -106,8 +106,8 @@ def test_redis_blips_after_many_deferrals_are_still_retried(redis_url, cpu_worke
 def test_summary_from_chunk_parts_equals_summary_from_items(redis_url, cpu_worker, tmp_path):
     import redis
 
-    from evalq.workers.finalize import finalize
-    from evalq.workers.runner import job_spec
+    from evalq.orchestrator.finalize import finalize
+    from evalq.shared.spec import stored_spec as job_spec
 
     instances = [{**inst, "category": "xy"[i % 2]} for i, inst in enumerate(synthetic(23, seed=4))]
     instances[5]["actual-output"] = "FAIL here"

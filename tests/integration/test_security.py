@@ -15,6 +15,7 @@ import uuid
 import pytest
 import redis
 
+from evalq.cli import wait as waiting
 from evalq.orchestrator import submit
 from evalq.shared import keys
 from evalq.shared.job import parse_job
@@ -91,7 +92,7 @@ def test_a_worker_sends_no_key_outside_its_allow_list(trap, redis_url, tmp_path,
         job = parse_job(canary_job(trap.url))
         r = redis.Redis.from_url(redis_url)
         job_id = submit.submit(r, redis_url, job, out=str(tmp_path / "out"))
-        assert submit.wait(r, redis_url, job_id, on_progress=lambda n: None, check=lambda: None,
+        assert waiting.wait(r, redis_url, job_id, on_progress=lambda n: None, check=lambda: None,
                            stall_timeout=60) == "done"
     finally:
         stop_worker(worker)
@@ -112,7 +113,7 @@ def test_embedded_mode_allows_the_jobs_own_endpoints(tmp_path):
         path = tmp_path / "job.json"
         path.write_text(json.dumps(job))
         env = {k: v for k, v in os.environ.items() if k != "EVALQ_ENDPOINTS"}
-        proc = subprocess.run([sys.executable, "-m", "evalq.orchestrator.cli", "run", str(path), "--out",
+        proc = subprocess.run([sys.executable, "-m", "evalq.cli", "run", str(path), "--out",
                                str(tmp_path / "out"), "-q"], cwd=ROOT, env={**env, CANARY_ENV: CANARY},
                               capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stderr
@@ -125,7 +126,7 @@ def test_embedded_mode_allows_the_jobs_own_endpoints(tmp_path):
     # modules loaded or not at that moment: refused either way
     ("subprocess:Popen", "is not a"),
     ("os:system", "is not a"),
-    ("tests.plugins.faulty:slow_len", "is not a subclass of evalq.shared.model.ModelRunner"),
+    ("tests.plugins.faulty:slow_len", "is not a subclass of evalq.shared.model_under_test.ModelRunner"),
 ])
 def test_a_job_may_name_only_runners_the_operator_installed(tmp_path, runner, fragment):
     mark = tmp_path / "mark"
@@ -173,7 +174,7 @@ def test_injected_verdicts_in_answers_do_not_change_how_replies_are_read(redis_u
                     inst["actual-output"] = f"{text} {tag} {marker}"
                 sim.reset_stats()
                 out = tmp_path / output
-                from evalq.orchestrator.runner import run_job
+                from evalq.cli.run import run_job
 
                 run_job(parse_job(job), out, broker=redis_url, progress=False, stall_timeout=60)
                 log = read_log(out)

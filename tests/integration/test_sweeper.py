@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 
-from evalq.orchestrator.embedded import EmbeddedRedis
+from evalq.cli.embedded import EmbeddedRedis
 from evalq.shared import keys
 from tests.conftest import evalq, read_log, read_results, start_worker, stop_worker, wait_for_worker
 

@@ -17,7 +17,7 @@ import uuid
 import pytest
 import redis
 
-from evalq.orchestrator.embedded import EmbeddedRedis
+from evalq.cli.embedded import EmbeddedRedis
 from evalq.shared import keys
 from tests.conftest import evalq, start_worker, stop_worker, wait_for_worker
 from tests.integration.test_datasets import AWS, start_moto
@@ -256,7 +256,7 @@ def test_idleness_is_read_from_the_jobs_own_messages(redis_url):
     """A unit of the sweeper against a real Redis: base64 and plain bodies are read, an
     unreadable message counts for no job, another job's message does not make a job busy."""
     from evalq.orchestrator.watch import busy_jobs
-    from evalq.workers.app import client_app
+    from evalq.orchestrator.app import client_app
 
     r = redis.Redis.from_url(redis_url)
     queue = f"cpu-test-{uuid.uuid4().hex[:6]}"
@@ -281,7 +281,7 @@ def test_a_forged_destination_is_refused_by_the_final_callback(cluster, trap, ta
     and the outputs go to the operator's fallback directory under the first root."""
     from evalq.orchestrator import submit as submitting
     from evalq.shared.job import parse_job
-    from evalq.workers.app import client_app
+    from evalq.orchestrator.app import client_app
 
     r = cluster["r"]
     job = parse_job({"instances": INSTANCES, "metrics": EXACT})

@@ -11,8 +11,8 @@ import psutil
 import pytest
 import redis
 
-from evalq.orchestrator.embedded import EmbeddedRedis
-from evalq.orchestrator.runner import run_job
+from evalq.cli.embedded import EmbeddedRedis
+from evalq.cli.run import run_job
 from evalq.shared import keys
 from evalq.shared.job import parse_job
 from tests.conftest import read_log, read_results, start_worker, stop_worker, wait_for_worker
@@ -101,8 +101,9 @@ def test_a_stage_left_one_chunk_short_is_finalized_anyway(redis_url, cpu_worker,
     # a broker restart, say), the waiting orchestrator sees every item
     # recorded and sends the callback itself. Here the stage is told it has one
     # chunk more than it does, so the last chunk cannot send the callback.
+    from evalq.cli import wait as waiting
     from evalq.orchestrator import submit
-    from evalq.workers.app import client_app
+    from evalq.orchestrator.app import client_app
 
     monkeypatch.setenv("EVALQ_CALLBACK_GRACE", "1")
     instances = [{"id": f"x{i}", "actual-output": "y" * (i % 3), "expected-output": ["y"]} for i in range(9)]
@@ -115,7 +116,7 @@ def test_a_stage_left_one_chunk_short_is_finalized_anyway(redis_url, cpu_worker,
     for chunk in submit.plan(job, chunk_size=4):
         app.send_task("evalq.score_chunk", args=(job_id, chunk.metric_key, chunk.start, chunk.stop),
                       queue=chunk.queue)
-    assert submit.wait(r, redis_url, job_id, on_progress=lambda n: None, check=lambda: None,
+    assert waiting.wait(r, redis_url, job_id, on_progress=lambda n: None, check=lambda: None,
                        stall_timeout=60) == "done"
     assert (tmp_path / "out" / "results.json").exists()
     summary, _ = submit.summaries(r, job_id)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import evalq.shared.metrics  # noqa: F401
+import evalq.shared.catalogue  # noqa: F401
 from evalq.shared.aggregate import DistributionAggregator, MeanAggregator, aggregator_for
 from evalq.shared.errors import JobError
 from evalq.shared.job import parse_job
@@ -18,7 +18,7 @@ from evalq.shared.registry import REGISTRY
 from tests.conftest import ROOT
 from evalq.shared import bertscore as models
 from evalq.workers.metrics import bertscore as bs
-from evalq.workers.runner import score_items
+from evalq.workers.chunk import score_items
 
 bert_score = pytest.importorskip("bert_score")
 
@@ -331,7 +331,7 @@ def test_registry_entry():
 
 
 def test_gpu_worker_is_one_solo_process_with_prefetch_one():
-    from evalq.orchestrator.workerargs import worker_argv
+    from evalq.cli.workerargs import worker_argv
 
     for concurrency in (None, 4):
         argv = worker_argv(["gpu"], concurrency=concurrency)

@@ -18,7 +18,7 @@ from evalq.shared.job import parse_job
 from evalq.shared.params import BleuParams, RougeParams
 from evalq.shared.registry import MetricSpec
 from evalq.workers.metrics.lexical import bleu, rouge
-from evalq.workers.runner import score_items
+from evalq.workers.chunk import score_items
 
 INSTANCE = {"id": "1", "actual-output": "the cat sat on the mat", "expected-output": ["the cat is on the mat"]}
 JUDGES = {"j": {"provider": "openai", "model": "m", "api_key_env": "BOUNDS_TEST_API_KEY",

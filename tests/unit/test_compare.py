@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evalq.orchestrator.compare import compare, evaluate_gates, load_run, parse_gate
+from evalq.cli.compare import compare, evaluate_gates, load_run, parse_gate
 from evalq.shared import stats
 from evalq.shared.errors import JobError
 
@@ -145,7 +145,7 @@ def test_malformed_gates(text):
 
 
 def evalq(*args):
-    return subprocess.run([sys.executable, "-m", "evalq.orchestrator.cli", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "evalq.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -12,7 +12,7 @@ import pytest
 from evalq.shared.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
 from evalq.shared.errors import JobError
 from evalq.shared.job import parse_job
-from evalq.shared.model import render_prompt
+from evalq.shared.model_under_test import render_prompt
 
 CONVERSATION = {"id": "c1", "messages": [
     {"role": "user", "content": "How do I check my order?"},

@@ -119,7 +119,7 @@ def test_keda_objects_scale_existing_workers_on_their_own_queues(overlay):
 
 def cli_accepts(args: list[str]) -> None:
     """Parse a container's evalq arguments with the real CLI (click), without running it."""
-    from evalq.orchestrator.cli import cli
+    from evalq.cli import cli
 
     command = cli.commands[args[0]]
     command.make_context(args[0], list(args[1:]))

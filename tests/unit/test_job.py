@@ -205,8 +205,8 @@ def test_judge_chunks_spread_over_deployments_by_tpm(monkeypatch):
 
 
 def test_embedded_workers_include_a_jobs_consumer_without_changing_pools():
-    from evalq.orchestrator.embedded import _worker_groups
-    from evalq.orchestrator.workerargs import worker_argv
+    from evalq.cli.embedded import _worker_groups
+    from evalq.cli.workerargs import worker_argv
 
     groups = _worker_groups(["judge.eu", "judge.us", "cpu", "evalq.jobs"])
     assert groups == {"judge": ["judge.eu", "judge.us", "evalq.jobs"], "cpu": ["cpu"]}

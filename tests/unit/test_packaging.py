@@ -59,20 +59,20 @@ def test_wheel_holds_every_module_of_the_code_folders(wheel):
 def test_wheel_entry_point_and_imports(wheel, tmp_path):
     with zipfile.ZipFile(wheel) as z:
         entry = next(n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt"))
-        assert "evalq = evalq.orchestrator.cli:main" in z.read(entry).decode()
+        assert "evalq = evalq.cli:main" in z.read(entry).decode()
         z.extractall(tmp_path / "site")
     # the unpacked wheel first on the path, run from a folder without the repository's
     # top-level folders: the packages import from the wheel's layout
-    code = ("import evalq.orchestrator.cli, evalq.workers.app, evalq.shared.job, evalq.sim, evalq.workers.tasks; "
+    code = ("import evalq.cli, evalq.orchestrator.app, evalq.shared.job, evalq.sim, evalq.workers.tasks; "
             "import importlib.util as u; "
-            "print(evalq.orchestrator.cli.__file__); "
+            "print(evalq.cli.__file__); "
             "print([n for n in ('orchestrator', 'workers', 'shared') if u.find_spec(n) is not None])")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={**{k: v for k, v in os.environ.items() if k != "EVALQ_PLUGINS"},
                                "PYTHONPATH": str(tmp_path / "site")})
     assert proc.returncode == 0, proc.stderr
     first, second = proc.stdout.splitlines()
-    assert first.startswith(str(tmp_path / "site" / "evalq" / "orchestrator"))
+    assert first.startswith(str(tmp_path / "site" / "evalq" / "cli"))
     assert second == "[]"
 
 

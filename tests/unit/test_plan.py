@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evalq.orchestrator.capacity import plan_job
+from evalq.cli.capacity import plan_job
 from evalq.shared.job import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ JOB = {"instances": [{"id": f"i{k}", "input": "How long is the trail?", "actual-
 
 def test_plan_against_a_hand_computation():
     from evalq.shared.judges import JudgeParams
-    from evalq.workers.judge.tokens import estimate_prompt_tokens
+    from evalq.shared.tokens import estimate_prompt_tokens
     from evalq.workers.metrics import quality
 
     plan = plan_job(parse_job(JOB), window_s=6 * 3600)
@@ -60,14 +60,14 @@ def test_a_window_too_short_for_the_tpm_is_said_and_more_cpu_work_needs_more_wor
 def test_the_cli(tmp_path):
     path = tmp_path / "job.json"
     path.write_text(json.dumps(JOB))
-    out = subprocess.run([sys.executable, "-m", "evalq.orchestrator.cli", "plan", str(path), "--window", "30s",
+    out = subprocess.run([sys.executable, "-m", "evalq.cli", "plan", str(path), "--window", "30s",
                           "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert plan["window_s"] == 30 and plan["binding"]["fits_window"] is False
-    text = subprocess.run([sys.executable, "-m", "evalq.orchestrator.cli", "plan", str(path), "--window", "6h"],
+    text = subprocess.run([sys.executable, "-m", "evalq.cli", "plan", str(path), "--window", "6h"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert text.returncode == 0 and "binding constraint: j's TPM" in text.stdout
-    bad = subprocess.run([sys.executable, "-m", "evalq.orchestrator.cli", "plan", str(path), "--window", "soon"],
+    bad = subprocess.run([sys.executable, "-m", "evalq.cli", "plan", str(path), "--window", "soon"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr

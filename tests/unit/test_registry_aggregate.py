@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-import evalq.shared.metrics  # noqa: F401
+import evalq.shared.catalogue  # noqa: F401
 from evalq.shared.aggregate import MeanAggregator
 from evalq.shared.params import NoParams
 from evalq.shared.registry import REGISTRY, MetricSpec, Registry, UnknownMetric

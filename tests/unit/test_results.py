@@ -34,7 +34,7 @@ def test_each_kind_reads_one_way(kind, params, record, values, passes):
 
 def test_a_boolean_metric_has_the_same_mean_in_results_and_in_compare(tmp_path):
     """Before: a metric returning a bool got ``score: null`` in results.json but a mean in compare."""
-    from evalq.orchestrator.compare import load_run, summary
+    from evalq.cli.compare import load_run, summary
 
     records = [{"instance_id": f"i{n}", "result": n % 3 == 0} for n in range(9)]
     agg = aggregator_for("mean")

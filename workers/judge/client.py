@@ -26,7 +26,6 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import openai
@@ -35,9 +34,10 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from evalq.shared import keys
 from evalq.shared.errors import Deferred, MetricError, Skipped
+from evalq.shared.judge_reply import Reply
 from evalq.shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id
 from evalq.workers.judge.budget import Budget, Reservation
-from evalq.workers.judge.tokens import estimate_prompt_tokens
+from evalq.shared.tokens import estimate_prompt_tokens
 from evalq.workers.keeping import DOWN, WRITE_BEHIND, ItemKeeper, Op, execute
 
 log = logging.getLogger("evalq.judge")
@@ -49,17 +49,6 @@ SAFETY = 0.99        # reserve at most this share of a deployment's TPM/RPM
 
 class JudgeError(MetricError):
     """The judge could not produce a reply for this item."""
-
-
-@dataclass
-class Reply:
-    content: str | None
-    tool_arguments: str | None
-    usage: dict = field(default_factory=dict)
-    cached: bool = False
-
-    def text(self) -> str:
-        return self.tool_arguments if self.tool_arguments is not None else (self.content or "")
 
 
 class _RateLimited(Exception):

@@ -41,9 +41,9 @@ class _Recorder:
         self.tokens = 0
 
     def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating"):
-        from evalq.sim.replies import schema_value
-        from evalq.workers.judge.client import Reply
-        from evalq.workers.judge.tokens import estimate_prompt_tokens
+        from evalq.shared.judge_reply import Reply
+        from evalq.shared.schema_values import schema_value
+        from evalq.shared.tokens import estimate_prompt_tokens
 
         extra = json.dumps(schema) if schema is not None else ""
         self.calls += 1
@@ -94,7 +94,7 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
             if m.spec.id == "generate":
                 if "actual-output" in inst:
                     continue
-                from evalq.shared.model import render_prompt
+                from evalq.shared.model_under_test import render_prompt
 
                 recorder.complete([{"role": "user", "content": render_prompt(m.params.prompt_template, inst)}])
                 continue

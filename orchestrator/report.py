@@ -118,7 +118,7 @@ def _push(heap: list, item: tuple, size: int) -> None:
 
 def _kind(metric_id: str | None) -> str:
     """How the registry aggregates a metric (a metric no longer known: ``mean``)."""
-    import evalq.shared.metrics  # noqa: F401  (registers the built-in metrics)
+    import evalq.shared.catalogue  # noqa: F401  (registers the built-in metrics)
     from evalq.shared.registry import REGISTRY
 
     return REGISTRY.get(metric_id).aggregation if metric_id in REGISTRY else "mean"

@@ -17,10 +17,10 @@ from evalq.shared import keys
 from evalq.shared.aggregate import AGGREGATORS, AGREEMENT_KINDS, Agreement, aggregator_for, merge_parts
 from evalq.shared.config import Settings
 from evalq.shared.job import entry_head
-from evalq.shared.model import GENERATE, GENERATE_SPEC
+from evalq.shared.model_under_test import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
-from evalq.workers.runner import job_spec
-from evalq.workers.stages import run_keys
+from evalq.shared.spec import run_keys, stored_spec
+from evalq.shared.status import Status, status_of
 
 log = logging.getLogger("evalq.worker")
 
@@ -94,21 +94,21 @@ def _counts(agg) -> dict:
     return out
 
 
-def finalize(r: redis.Redis, job_id: str, status: str = "done") -> dict:
+def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     """The job's last step: aggregate every metric entry into the results.json
     content, write the outputs to the job's ``out`` (when it has one), set the
     final status and answer ``reply_to``. Idempotent: a second run rewrites the
     same files, and the reply is pushed once."""
-    spec = job_spec(r, job_id)
-    if r.get(keys.status(job_id)) == b"cancelled":
-        status = "cancelled"
+    spec = stored_spec(r, job_id)
+    if status_of(r, job_id) == Status.CANCELLED:
+        status = Status.CANCELLED
     summary = [summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]), entry.get("span", spec["n_instances"]))
                for key, entry in spec["metrics"].items()]
     r.set(keys.summary(job_id), json.dumps(summary))
     errors: list[str] = []
     if spec.get("out"):
         errors = _write(r, spec, job_id, summary, status)
-    final = "failed" if errors else status
+    final = Status.FAILED if errors else status
     pipe = r.pipeline(transaction=True)
     if errors:
         pipe.set(keys.error(job_id), "; ".join(errors))
@@ -124,13 +124,13 @@ def fail(r: redis.Redis, job_id: str, error: str) -> dict:
     spec = json.loads(r.get(keys.spec(job_id)) or "{}")
     pipe = r.pipeline(transaction=True)
     pipe.set(keys.error(job_id), error)
-    pipe.set(keys.status(job_id), "failed")
+    pipe.set(keys.status(job_id), Status.FAILED)
     if spec:
         _expire(pipe, job_id, spec)
     pipe.execute()
     if spec:
-        reply(r, job_id, spec, "failed", [error], None)
-    return {"job": job_id, "status": "failed"}
+        reply(r, job_id, spec, Status.FAILED, [error], None)
+    return {"job": job_id, "status": Status.FAILED}
 
 
 def _expire(pipe, job_id: str, spec: dict) -> None:
@@ -148,7 +148,7 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
     from evalq.shared.egress import destination_problem, fallback_dir
     from evalq.shared.errors import EvalqError
     from evalq.shared.storage import Destination
-    from evalq.workers.outputs import run_info, write_outputs
+    from evalq.orchestrator.outputs import run_info, write_outputs
 
     stage = r.get(keys.stage_summary(job_id, GENERATE))
     run = run_info(spec, job_id, json.loads(stage) if stage else None, status)
@@ -223,12 +223,12 @@ def replay(r: redis.Redis, job_id: str, request_id: str | None, status: str) -> 
     """Answer reply lists added after the job ended (duplicate requests)."""
     spec = json.loads(r.get(keys.spec(job_id)) or "{}")
     raw_error = (r.get(keys.error(job_id)) or b"").decode()
-    if status == "invalid":
+    if status == Status.INVALID:
         errors = json.loads(raw_error) if raw_error else []
     else:
         errors = [raw_error] if raw_error else []
     summary = r.get(keys.summary(job_id))
-    results = json.loads(summary) if summary and status in ("done", "cancelled") else None
+    results = json.loads(summary) if summary and status in (Status.DONE, Status.CANCELLED) else None
     return reply(r, job_id, spec, status, errors, results, request_id)
 
 
@@ -241,7 +241,7 @@ def reply_document(request_id: str | None, job_id: str | None, status: str, out:
 def generated(r: redis.Redis, job_id: str) -> dict:
     """Callback of the generation stage: its summary, then status ``generated``
     (the orchestrator submits the metrics on seeing it)."""
-    spec = job_spec(r, job_id)
+    spec = stored_spec(r, job_id)
     entry = spec[GENERATE]
     summary = summarize(r, job_id, GENERATE, entry, GENERATE_SPEC, entry["n_items"])
     score = summary.pop("score") or {}  # means over the outputs: only log probabilities are numbers
@@ -249,6 +249,6 @@ def generated(r: redis.Redis, job_id: str) -> dict:
         summary["mean_log_probability"] = score["log_probability"]
     pipe = r.pipeline(transaction=True)
     pipe.set(keys.stage_summary(job_id, GENERATE), json.dumps(summary))
-    pipe.set(keys.status(job_id), "generated")
+    pipe.set(keys.status(job_id), Status.GENERATED)
     pipe.execute()
-    return {"job": job_id, "status": "generated"}
+    return {"job": job_id, "status": Status.GENERATED}

@@ -42,7 +42,7 @@ class Run:
 
 
 def load_run(location: str) -> Run:
-    import evalq.shared.metrics  # noqa: F401  (the registry: how each metric aggregates)
+    import evalq.shared.catalogue  # noqa: F401  (the registry: how each metric aggregates)
     from evalq.shared.loglines import entry_index, entry_slot
     from evalq.shared.registry import REGISTRY
     from evalq.shared.storage import Destination, open_binary, read_lines

@@ -2,7 +2,7 @@
 from Redis, score each item (a failure is recorded on that item), and write
 item records idempotently. The same path runs metrics and the generation
 stage (the model under test answering prompts); aggregation is in
-``evalq.workers.finalize``. An item that cost a model call is kept the moment
+``evalq.orchestrator.finalize``. An item that cost a model call is kept the moment
 it is scored (``evalq.workers.keeping``), so a chunk run again pays only for
 calls that were in flight."""
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import traceback
 from functools import lru_cache
@@ -18,16 +17,16 @@ from typing import Any
 
 import redis
 
-import evalq.shared.metrics  # noqa: F401  (registers the built-in metrics)
+import evalq.shared.catalogue  # noqa: F401  (registers the built-in metrics)
 from evalq.shared import keys
 from evalq.shared.aggregate import chunk_part
 from evalq.shared.config import Settings
 from evalq.shared.errors import Deferred, MetricError, Skipped
-from evalq.shared.model import GENERATE, GENERATE_SPEC
+from evalq.shared.model_under_test import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
 from evalq.workers import keeping
 from evalq.workers.item_budget import bounded
-from evalq.workers.stages import span
+from evalq.shared.spec import span, stored_spec
 
 log = logging.getLogger("evalq.worker")
 
@@ -38,35 +37,12 @@ REDIS_BLIPS = (redis.ConnectionError, redis.TimeoutError)
 # the outcome its metrics record instead of a score.
 NOT_GENERATED = "__not_generated__"
 
-_clients: dict[tuple[int, str], redis.Redis] = {}
-
-
-def redis_client(celery_app) -> redis.Redis:
-    """One connection pool per process and URL (created after fork, never shared)."""
-    url = celery_app.conf.broker_url
-    key = (os.getpid(), url)
-    if key not in _clients:
-        from evalq.shared.config import redis_client as connect
-
-        _clients[key] = connect(url)
-    return _clients[key]
-
-
-@lru_cache(maxsize=64)
-def job_spec(r: redis.Redis, job_id: str) -> dict:
-    # A job's spec never changes once submitted, so it is cached per process.
-    raw = r.get(keys.spec(job_id))
-    if raw is None:
-        raise LookupError(f"job {job_id} has no spec in Redis (expired or never submitted)")
-    return json.loads(raw)
-
-
 @lru_cache(maxsize=256)
 def _metric(r: redis.Redis, job_id: str, metric_key: str) -> tuple[MetricSpec, Any, Any]:
     if metric_key == GENERATE:
-        entry, spec = job_spec(r, job_id)["generate"], GENERATE_SPEC
+        entry, spec = stored_spec(r, job_id)["generate"], GENERATE_SPEC
     else:
-        entry = job_spec(r, job_id)["metrics"][metric_key]
+        entry = stored_spec(r, job_id)["metrics"][metric_key]
         spec = REGISTRY.get(entry["id"])
     return spec, spec.params.model_validate(entry["parameters"]), entry.get("prepared")
 
@@ -75,9 +51,9 @@ def _metric(r: redis.Redis, job_id: str, metric_key: str) -> tuple[MetricSpec, A
 def _endpoint_config(r: redis.Redis, job_id: str, name: str):
     """A judge's configuration, or the model under test's (``generate``)."""
     from evalq.shared.judges import JudgeConfig, JudgingOptions
-    from evalq.shared.model import parse_model_config
+    from evalq.shared.model_under_test import parse_model_config
 
-    spec = job_spec(r, job_id)
+    spec = stored_spec(r, job_id)
     options = JudgingOptions.model_validate(spec["judging"])
     if name == GENERATE:
         model = parse_model_config(spec["model"])
@@ -89,7 +65,7 @@ def _endpoint_config(r: redis.Redis, job_id: str, name: str):
 def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, deployment: str | None,
                     keeper: keeping.ItemKeeper | None = None):
     """What a judge metric or the generation stage calls: a JudgeClient, or a ModelRunner."""
-    from evalq.shared.model import PythonModel
+    from evalq.shared.model_under_test import PythonModel
     from evalq.workers.judge.client import JudgeClient
 
     name = GENERATE if metric_key == GENERATE else params.judge
@@ -98,7 +74,7 @@ def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, d
         from evalq.workers.generate import python_runner
 
         return python_runner(config)
-    memo = metric_key != GENERATE and REGISTRY.get(job_spec(r, job_id)["metrics"][metric_key]["id"]).memo
+    memo = metric_key != GENERATE and REGISTRY.get(stored_spec(r, job_id)["metrics"][metric_key]["id"]).memo
     client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment, memo=memo,
                          keeper=keeper)
     if metric_key == GENERATE:
@@ -186,13 +162,13 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     if metric_key == GENERATE:  # only instances without an output are generated
         wanted = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
         positions, instances = [p for p, _ in wanted], [inst for _, inst in wanted]
-    elif GENERATE in job_spec(r, job_id):
+    elif GENERATE in stored_spec(r, job_id):
         _with_generated(r, job_id, positions, instances)
     keeper = judge = None
     if spec.calls_endpoint:
         keeper = keeping.ItemKeeper(r, job_id, metric_key, positions,
                                     {p: k["replies"] for p, k in kept.items() if "replies" in k},
-                                    job_spec(r, job_id).get("ttl") or Settings.from_env().result_ttl)
+                                    stored_spec(r, job_id).get("ttl") or Settings.from_env().result_ttl)
         judge = endpoint_client(r, job_id, metric_key, params, deployment, keeper)
     human = _human_key(r, job_id, metric_key)
     t0 = time.perf_counter()
@@ -210,15 +186,14 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     part = chunk_part(spec.aggregation, params.model_dump(mode="json"), [rec for _, rec in items])
     view = None
     if metric_key != GENERATE:  # what report.html needs of the chunk, so the final callback parses no record
-        from evalq.workers.report import chunk_view
+        from evalq.orchestrator.report import chunk_view
 
-        whole = job_spec(r, job_id)
+        whole = stored_spec(r, job_id)
         view = chunk_view(items, span(whole, whole["metrics"][metric_key]), start, spec.aggregation,
                           params.model_dump(mode="json"))
     _write(r, job_id, metric_key, start, new, elapsed, part, view,
            kept=range(start, stop) if spec.calls_endpoint else range(0))
-    # Deterministic return value: the chord join stores it, and a redelivered
-    # run must produce the very same entry.
+    # A small, deterministic summary: a redelivered run returns the very same one.
     return {"metric": metric_key, "start": start, "n": stop - start}
 
 
@@ -226,7 +201,7 @@ def _human_key(r: redis.Redis, job_id: str, metric_key: str) -> str | None:
     """The name human grades use for this entry (its ``name``, else its metric id)."""
     if metric_key == GENERATE:
         return None
-    entry = job_spec(r, job_id)["metrics"][metric_key]
+    entry = stored_spec(r, job_id)["metrics"][metric_key]
     return entry.get("name") or entry["id"]
 
 

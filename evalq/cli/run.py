@@ -6,10 +6,12 @@ import contextlib
 import json
 import sys
 
-from evalq.orchestrator.outage import Outage
+from evalq.cli import wait as waiting
+from evalq.cli.outage import Outage
 from evalq.shared.errors import InfraError
 from evalq.shared.job import Job
 from evalq.shared.storage import Destination
+from evalq.shared.status import Status
 
 
 def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_size: int | None = None,
@@ -21,7 +23,7 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
     and its files still appear (``evalq status``/``wait`` follow it).
     """
     from evalq.orchestrator import submit
-    from evalq.orchestrator.embedded import EmbeddedCluster
+    from evalq.cli.embedded import EmbeddedCluster
 
     dest = out if isinstance(out, Destination) else Destination(str(out))
     dest.check()  # an unwritable destination is found before any work is done
@@ -32,7 +34,7 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
             cluster = stack.enter_context(EmbeddedCluster(job.queues, concurrency=concurrency,
                                                           env=_embedded_env(job, dest)))
             broker_url, check = cluster.broker_url, cluster.check
-        r = submit.connect(broker_url)
+        r = waiting.connect(broker_url)
         if broker:
             _warn_missing_workers(broker_url, job.queues)
         total = job.n_to_generate + sum(job.span(m) for m in job.metrics)
@@ -40,7 +42,7 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
         job_id = submit.submit(r, broker_url, job, chunk_size, out=dest)
         outage = Outage(broker_url, stall_timeout or 300)  # Redis away: ride it out, as long as a stall
         try:
-            status = submit.wait(r, broker_url, job_id, on_progress=bar, check=check,
+            status = waiting.wait(r, broker_url, job_id, on_progress=bar, check=check,
                                  stall_timeout=stall_timeout, outage=outage)
             bar(total)
             return outage.call(finished, r, job_id, status)
@@ -73,10 +75,10 @@ def finished(r, job_id: str, status: str) -> list[dict]:
     """The results of a job that ended; InfraError when it failed or was cancelled."""
     from evalq.shared import keys
 
-    if status == "failed":
+    if status == Status.FAILED:
         error = (r.get(keys.error(job_id)) or b"unknown error").decode()
         raise InfraError(f"job {job_id} failed: {error}")
-    if status == "cancelled":
+    if status == Status.CANCELLED:
         raise InfraError(f"job {job_id} was cancelled; partial outputs were written")
     return json.loads(r.get(keys.summary(job_id)))
 
@@ -100,7 +102,7 @@ def _progress(total: int, enabled: bool):
 
 def _warn_missing_workers(broker_url: str, queues: list[str]) -> None:
     """In cluster mode, say so when no worker consumes a queue the job needs."""
-    from evalq.workers.app import client_app
+    from evalq.orchestrator.app import client_app
 
     app = client_app(broker_url)
     try:

@@ -16,12 +16,12 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from evalq.shared.judges import EndpointConfig
+from evalq.shared.spec import GENERATE
 from evalq.shared.strict import Strict
 from evalq.shared.params import Params
 from evalq.shared.registry import MetricSpec
 
 # The stage's key in the job spec and in Redis (a reserved metric id).
-GENERATE = "generate"
 RUNNER_QUEUE = "generate.local"
 PLACEHOLDERS = {"model_input", "context"}
 
@@ -124,7 +124,7 @@ def runner_class(model: PythonModel) -> type:
     except Exception as exc:  # ImportError, AttributeError, or the module's own failure
         raise ValueError(f"cannot import {ref!r}: {type(exc).__name__}: {exc}") from None
     if not (isinstance(obj, type) and issubclass(obj, ModelRunner)) and ref not in _REGISTERED:
-        raise ValueError(f"{ref!r} is not a subclass of evalq.shared.model.ModelRunner (nor registered "
+        raise ValueError(f"{ref!r} is not a subclass of evalq.shared.model_under_test.ModelRunner (nor registered "
                          "with register_runner)")
     return obj
 

@@ -141,7 +141,7 @@ class LocalWorker:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "evalq.orchestrator.cli", "worker", "--broker", self.broker_url,
+        cmd = [sys.executable, "-m", "evalq.cli", "worker", "--broker", self.broker_url,
                "--queues", ",".join(self.queues), "--hostname", f"{self.name}@%h",
                "--loglevel", "WARNING"]
         if self.concurrency:

@@ -1,9 +1,9 @@
 """A job's stages (generation, then metrics) as streams of chunk tasks with a
-per-stage counter, instead of Celery chords.
-
-A chord's header lives whole in the sender's memory (a million instances of a
-judge metric at 4 items per task is 250,000 signatures) and its join counter
-can come up short when a worker dies at the wrong moment. Here:
+per-stage counter, and the chunk-completion protocol workers call
+(``chunk_finished``). Not Celery chords: a chord's header lives whole in the
+sender's memory (a million instances of a judge metric at 4 items per task is
+250,000 signatures) and its join counter can come up short when a worker dies
+at the wrong moment. Here:
 
 - the plan is a generator over the spec stored in Redis, so the orchestrator,
   the ``evalq.jobs`` worker or a stage callback can send any stage in bounded
@@ -20,116 +20,17 @@ can come up short when a worker dies at the wrong moment. Here:
 from __future__ import annotations
 
 import itertools
-import math
 import time
-from typing import Iterator, NamedTuple
 
 import redis
 
 from evalq.shared import keys
 from evalq.shared.config import CONTROL_QUEUE
-from evalq.shared.model import GENERATE
+from evalq.shared.spec import GENERATE_STAGE, METRICS_STAGE, plan, stage_of, stage_total
+from evalq.shared.status import Status, status_of
 
-GENERATE_STAGE, METRICS_STAGE = "generate", "metrics"
 CALLBACKS = {GENERATE_STAGE: "evalq.generated", METRICS_STAGE: "evalq.finalize"}
 SEND_BATCH = 1000  # chunks sent between two ``S:sent`` checkpoints
-
-
-class Chunk(NamedTuple):
-    metric_key: str
-    queue: str
-    start: int
-    stop: int
-    deployment: str | None = None  # judge metrics: the region whose queue it goes to
-
-    @property
-    def id(self) -> str:
-        return f"{self.metric_key}:{self.start}"
-
-
-def stage_of(metric_key: str) -> str:
-    return GENERATE_STAGE if metric_key == GENERATE else METRICS_STAGE
-
-
-def stage_runs(spec: dict, stage: str) -> list[tuple[str, dict]]:
-    """(metric key, spec entry) of each run of a stage, in job order."""
-    if stage == GENERATE_STAGE:
-        return [(GENERATE, spec[GENERATE])] if GENERATE in spec else []
-    return list(spec["metrics"].items())
-
-
-def span(spec: dict, entry: dict) -> int:
-    """Instance positions (from the first) a run covers: all, unless a jailbreak's
-    injected variants are for the safety metrics only."""
-    return entry.get("span", spec["n_instances"])
-
-
-def run_keys(spec: dict) -> list[str]:
-    """Every run's key, in stage order: the generation stage's, then the metric entries'."""
-    return [key for stage in (GENERATE_STAGE, METRICS_STAGE) for key, _ in stage_runs(spec, stage)]
-
-
-def current_stage(spec: dict, status: str) -> str:
-    """The stage a running job is in: generation, until its callback marks the job ``generated``."""
-    return GENERATE_STAGE if GENERATE in spec and status != "generated" else METRICS_STAGE
-
-
-def entry_chunks(spec: dict, entry: dict) -> int:
-    """How many chunks a run is planned in."""
-    return math.ceil(span(spec, entry) / entry["chunk_size"])
-
-
-def stage_total(spec: dict, stage: str) -> int:
-    return sum(entry_chunks(spec, entry) for _, entry in stage_runs(spec, stage))
-
-
-def stage_items(spec: dict, stage: str) -> int:
-    """Items the stage records when complete (the generation stage: only those without an output)."""
-    if stage == GENERATE_STAGE:
-        return spec[GENERATE]["n_items"] if GENERATE in spec else 0
-    return sum(span(spec, entry) for entry in spec["metrics"].values())
-
-
-def plan(spec: dict, stage: str) -> Iterator[Chunk]:
-    """The stage's chunks, lazily and always in the same order.
-
-    A run with ``regions`` (judge metrics, an endpoint model) spreads its chunks
-    over its deployments in proportion to their TPM (smooth weighted round
-    robin, one rotation per judge shared by all its metrics); at run time a
-    worker still moves calls to a deployment with spare budget.
-    """
-    rotations: dict[str, Iterator[str]] = {}
-    for key, entry in stage_runs(spec, stage):
-        n = span(spec, entry)
-        size = entry["chunk_size"]
-        regions = None
-        if entry.get("regions"):
-            regions = rotations.setdefault(entry["rotation"], _weighted(entry["regions"]))
-        for start in range(0, n, size):
-            region = next(regions) if regions else None
-            yield Chunk(key, queue_of(entry, region), start, min(start + size, n), region)
-
-
-def queue_of(entry: dict, region: str | None) -> str:
-    """The queue a run's chunk goes to: ``<kind>.<region>`` for runs with regions."""
-    return f"{entry['queue']}.{region}" if region else entry["queue"]
-
-
-def entry_queues(entry: dict) -> list[str]:
-    """Every queue a run's chunks may go to."""
-    return [queue_of(entry, region) for region, _ in entry.get("regions") or [[None, 0]]]
-
-
-def _weighted(regions: list[list]) -> Iterator[str]:
-    weights = {region: tpm for region, tpm in regions}
-    current = dict.fromkeys(weights, 0)
-    total = sum(weights.values())
-    while True:
-        for region, w in weights.items():
-            current[region] += w
-        best = max(current, key=current.get)
-        current[best] -= total
-        yield best
 
 
 def send_stage(app, r: redis.Redis, job_id: str, spec: dict, stage: str,
@@ -162,7 +63,7 @@ def send_stage(app, r: redis.Redis, job_id: str, spec: dict, stage: str,
             batch = list(itertools.islice(chunks, SEND_BATCH))
             if not batch:
                 break
-            if r.get(keys.status(job_id)) == b"cancelled":
+            if status_of(r, job_id) == Status.CANCELLED:
                 return sent
             # one pipelined round trip per batch (messages and their task-sent
             # events), not two per task: 250k tasks go in seconds, not minutes

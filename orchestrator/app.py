@@ -1,13 +1,15 @@
-"""The Celery application. JSON only, late acks, redelivery on worker loss.
+"""The cluster's Celery application: JSON only, late acks, redelivery on worker loss.
 
-Workers take the broker URL from ``EVALQ_BROKER_URL``; the orchestrator sends
-through ``client_app(url)``. The result backend is the same
-Redis: the chord's join state lives there, item results do not (see
-``evalq.shared.keys``).
+Its tasks are the orchestrator's (``evalq.orchestrator.tasks``) and the workers'
+(``evalq.workers.tasks``), named in ``include``: the orchestrator sends tasks by name
+and imports no worker code. Workers take the broker URL from ``EVALQ_BROKER_URL``;
+clients send through ``client_app(url)``. Task results are not kept (job state lives
+in Redis under ``evalq.shared.keys``), so the result backend only serves Flower.
 """
 
 from __future__ import annotations
 
+import redis
 from celery import Celery
 from celery.backends.redis import RedisBackend
 
@@ -77,7 +79,7 @@ def _conf(settings: Settings, broker_url: str | None) -> dict:
 
 def make_app(broker_url: str | None = None) -> Celery:
     settings = Settings.from_env()
-    celery_app = Celery("evalq", include=["evalq.workers.tasks"])
+    celery_app = Celery("evalq", include=["evalq.workers.tasks", "evalq.orchestrator.tasks"])
     celery_app.conf.update(_conf(settings, broker_url or settings.broker_url))
     return celery_app
 
@@ -97,8 +99,25 @@ def client_app(broker_url: str) -> Celery:
     if broker_url not in _clients:
         _clients[broker_url] = Celery("evalq", set_as_current=False)
         _clients[broker_url].conf.update(_conf(Settings.from_env(), broker_url))
-        _clients[broker_url].conf.result_backend = f"evalq.workers.app:SubmitOnlyRedisBackend+{broker_url}"
+        _clients[broker_url].conf.result_backend = f"evalq.orchestrator.app:SubmitOnlyRedisBackend+{broker_url}"
     return _clients[broker_url]
+
+
+_redis: dict[tuple[int, str], "redis.Redis"] = {}
+
+
+def app_redis(celery_app) -> "redis.Redis":
+    """The job state's Redis (the broker's) for tasks of ``celery_app``: one connection pool
+    per process and URL, created after fork, never shared."""
+    import os
+
+    from evalq.shared.config import redis_client
+
+    url = celery_app.conf.broker_url
+    key = (os.getpid(), url)
+    if key not in _redis:
+        _redis[key] = redis_client(url)
+    return _redis[key]
 
 
 def drop_unreadable_messages() -> None:

@@ -24,18 +24,19 @@ import redis
 from evalq.shared import keys
 from evalq.shared.job import entry_head as head
 from evalq.shared.loglines import log_head
-from evalq.shared.model import GENERATE
+from evalq.shared.model_under_test import GENERATE
 from evalq.shared.storage import Destination
-from evalq.workers.stages import entry_chunks
+from evalq.shared.spec import entry_chunks
+from evalq.shared.status import Status
 
 LOG_BATCH = 2000
 
 
 def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], run: dict,
                   dest: Destination) -> None:
-    from evalq.workers.report import ReportBuilder
+    from evalq.orchestrator.report import ReportBuilder
 
-    cancelled = run.get("status") == "cancelled"
+    cancelled = run.get("status") == Status.CANCELLED
     report = ReportBuilder(summary, run)
     # Entries whose chunks all left a view (workers make one per chunk) are reported from
     # those; the others (a chunk given up, a cancelled job) from their log lines.
@@ -67,7 +68,7 @@ def _instances_at(r: redis.Redis, job_id: str, positions: list[int]) -> dict[int
     return {p: json.loads(raw) for p, raw in zip(positions, pipe.execute()) if raw is not None}
 
 
-def run_info(spec: dict, job_id: str, generation: dict | None, status: str = "done") -> dict:
+def run_info(spec: dict, job_id: str, generation: dict | None, status: str = Status.DONE) -> dict:
     from importlib.metadata import version
 
     info: dict = {"job_id": job_id, "status": status, "source": spec["source"],

@@ -1,0 +1,5 @@
+"""``python -m evalq.cli``: the evalq command."""
+
+from evalq.cli import main
+
+main()

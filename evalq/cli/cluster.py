@@ -1,0 +1,173 @@
+"""Commands on a cluster's jobs: submit, wait, status, cancel, resume, and Flower."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from evalq.cli import wait as waiting
+from evalq.cli.common import broker_option, cli, destination_for, need_broker
+from evalq.shared.errors import JobError
+
+@cli.command()
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", default=None, metavar="DIR|s3://BUCKET/PREFIX/",
+              help="Where the cluster writes the outputs [default: the job's output.uri, else "
+                   "out/<job name>, absolute, on the callback worker's file system].")
+@click.option("--request-id", default=None, help="Idempotency key: the same id never starts a second job.")
+@click.option("--reply-to", default=None, metavar="LIST", help="Redis list that gets the end document.")
+@broker_option
+@click.option("--chunk-size", type=click.IntRange(min=1), default=None, envvar="EVALQ_CHUNK_SIZE",
+              help="Items per task [default: per metric].")
+def submit(job_file: Path, out: str | None, request_id: str | None, reply_to: str | None,
+           broker: str | None, chunk_size: int | None) -> None:
+    """Validate JOB_FILE and hand it to the cluster; prints the job id and returns at once."""
+    from evalq.orchestrator import submit as submitting
+    from evalq.shared import keys
+    from evalq.shared.config import Settings
+    from evalq.shared.job import load_job
+
+    from evalq.orchestrator.service import reply_to_problem
+
+    broker = need_broker(broker)
+    job = load_job(job_file)
+    if reply_to is not None and reply_to_problem(reply_to):
+        raise JobError(reply_to_problem(reply_to).replace("request.reply_to", "--reply-to"))
+    dest = destination_for(job, out, job_file)
+    dest.check()
+    r = waiting.connect(broker)
+    job_id = submitting.new_job_id()
+    if request_id is not None and not r.set(keys.request(request_id), job_id, nx=True,
+                                            ex=Settings.from_env().result_ttl):
+        known = r.get(keys.request(request_id)).decode()
+        click.echo(known)
+        click.echo(f"request {request_id} is already job {known}; not started again", err=True)
+        return
+    submitting.submit(r, broker, job, chunk_size, out=dest, request_id=request_id, reply_to=reply_to,
+                      job_id=job_id)
+    click.echo(job_id)
+
+
+@cli.command()
+@click.argument("job_id")
+@broker_option
+@click.option("--stall-timeout", type=float, default=None, help="Give up after this long without progress.")
+def wait(job_id: str, broker: str | None, stall_timeout: float | None) -> None:
+    """Wait for a job to end; exit code as `run`'s (0 done, 1 failed or cancelled).
+
+    Rides out Redis restarts (up to the stall timeout, else 300 s)."""
+    from evalq.cli.outage import Outage
+    from evalq.cli.run import finished
+
+    broker = need_broker(broker)
+    outage = Outage(broker, stall_timeout or 300)
+    r = waiting.connect(broker, outage)
+    status = waiting.wait(r, broker, job_id, on_progress=lambda n: None, check=lambda: None,
+                             stall_timeout=stall_timeout, outage=outage)
+    outage.call(finished, r, job_id, status)
+    click.echo(f"job {job_id}: {status}", err=True)
+
+
+@cli.command()
+@click.argument("job_id")
+@broker_option
+def cancel(job_id: str, broker: str | None) -> None:
+    """Cancel a job: its pending tasks are dropped unrun; partial outputs are written."""
+    from evalq.orchestrator.jobs import cancel_job
+
+    broker = need_broker(broker)
+    click.echo(f"job {job_id}: {cancel_job(waiting.connect(broker), broker, job_id)}")
+
+
+@cli.command()
+@click.argument("job_id")
+@broker_option
+def resume(job_id: str, broker: str | None) -> None:
+    """Re-send what a running job is missing (after a broker restart or a lost callback).
+
+    Finished chunks are not sent again and recorded judge items are not re-paid."""
+    from evalq.orchestrator.watch import resume_job
+
+    broker = need_broker(broker)
+    done = resume_job(waiting.connect(broker), broker, job_id)
+    if done["stage"] is None:
+        click.echo(f"job {job_id}: {done['status']}; nothing to resume")
+    elif done["callback"]:
+        click.echo(f"job {job_id}: every chunk of the {done['stage']} stage has finished; "
+                   f"sent its callback ({done['callback']}) again")
+    else:
+        click.echo(f"job {job_id}: re-sent {done['sent']} unfinished chunk(s) of the {done['stage']} stage")
+
+
+@cli.command()
+@click.argument("job_id", required=False)
+@broker_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Without JOB: how many recent jobs.")
+@click.option("--stall-timeout", type=float, default=60.0, show_default=True,
+              help="Give up (exit 1) when Redis stays unreachable this long.")
+def status(job_id: str | None, broker: str | None, as_json: bool, limit: int, stall_timeout: float) -> None:
+    """Running and recent jobs, or one job in detail."""
+    from evalq.orchestrator import jobs
+    from evalq.cli.outage import Outage
+
+    broker = need_broker(broker)
+    outage = Outage(broker, stall_timeout)
+    r = waiting.connect(broker, outage)
+    info = outage.call(jobs.job_status, r, job_id) if job_id else outage.call(jobs.recent, r, limit)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    else:
+        click.echo(jobs.render(info, one=bool(job_id)))
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@cli.command()
+@broker_option
+@click.option("--address", default="127.0.0.1", show_default=True, help="Interface Flower listens on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=5555, show_default=True)
+@click.option("--basic-auth", envvar="EVALQ_FLOWER_BASIC_AUTH", default=None, metavar="USER:PASSWORD[,...]",
+              help="Required credentials (env EVALQ_FLOWER_BASIC_AUTH; prefer the variable: a command "
+                   "line is visible to every user of the machine).")
+@click.option("--no-auth", is_flag=True, help="No credentials: allowed only on a loopback address.")
+@click.option("--url-prefix", default=None, help="Serve under this path (behind a reverse proxy).")
+def flower(broker: str | None, address: str, port: int, basic_auth: str | None, no_auth: bool,
+           url_prefix: str | None) -> None:
+    """Start Flower on the cluster's broker, behind basic auth.
+
+    Flower shows every task as it is sent, runs and ends; a chunk task's
+    arguments are its job id, metric entry and instance range."""
+    broker = need_broker(broker)
+    env = {**os.environ, "EVALQ_BROKER_URL": broker}
+    for name in [k for k in env if k.startswith("FLOWER_")]:
+        del env[name]  # evalq's options decide, not stray Flower settings
+    if basic_auth and no_auth:
+        raise click.UsageError("--no-auth and --basic-auth (or EVALQ_FLOWER_BASIC_AUTH) exclude each other")
+    if basic_auth:
+        pairs = basic_auth.split(",")
+        if not all(":" in p and all(p.split(":", 1)) for p in pairs):
+            raise click.UsageError("--basic-auth / EVALQ_FLOWER_BASIC_AUTH: expected USER:PASSWORD, several "
+                                   "separated by commas (a password may not contain a comma)")
+        env["FLOWER_BASIC_AUTH"] = basic_auth  # by environment: never on a command line
+    elif no_auth:
+        if address not in LOOPBACK:
+            raise click.UsageError(f"--no-auth is allowed only on a loopback address ({', '.join(LOOPBACK)}), "
+                                   f"not {address!r}: anyone who reaches Flower can revoke tasks")
+        env["FLOWER_UNAUTHENTICATED_API"] = "true"
+    else:
+        raise click.UsageError("Flower needs credentials: set EVALQ_FLOWER_BASIC_AUTH=USER:PASSWORD (or "
+                               "--basic-auth); --no-auth is allowed on a loopback address only")
+    argv = [sys.executable, "-m", "celery", "-A", "evalq.orchestrator.app:app", "flower",
+            f"--address={address}", f"--port={port}"]
+    if url_prefix:
+        argv.append(f"--url_prefix={url_prefix}")
+    os.execvpe(argv[0], argv, env)
+
+

@@ -1,0 +1,58 @@
+"""What every ``evalq`` command shares: the command group (which reads every
+``EVALQ_*`` number up front), the ``--broker`` option, and how a job and its
+destination are shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from evalq.shared.errors import InfraError
+
+broker_option = click.option(
+    "--broker", envvar="EVALQ_BROKER_URL", default=None, metavar="URL",
+    help="Redis URL of a running cluster (env EVALQ_BROKER_URL). Without it, `run` starts "
+         "an embedded Redis and local workers.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """evalq: distributed evaluation of LLM applications."""
+    from evalq.shared import bounds
+    from evalq.shared.config import Settings
+    from evalq.shared.limits import Limits
+
+    # every EVALQ_* number is read up front: a bad one is reported before anything starts
+    Settings.from_env()
+    Limits.from_env()
+    bounds.check_env()
+
+
+def need_broker(broker: str | None) -> str:
+    if not broker:
+        raise InfraError("this command needs a cluster: --broker URL or EVALQ_BROKER_URL")
+    return broker
+
+
+def destination_for(job, out: str | None, job_file: Path):
+    from evalq.orchestrator.submit import destination
+
+    return destination(job, out) or destination(job, str(Path("out") / job_file.stem))
+
+
+def describe(job, job_file: Path, err: bool = True) -> None:
+    """What validation found, beyond 'valid': where instances came from, what is skipped."""
+    if job.dataset is not None:
+        click.echo(f"{job_file}: dataset {job.dataset.uri} ({job.dataset.format}; {job.mapping})", err=err)
+    if job.bad_records.count:
+        shown = job.bad_records.shown[0]
+        click.echo(f"{job_file}: skipped {job.bad_records.count} bad record(s) (on_bad_record: skip), "
+                   f"e.g. {shown['where']}: {'; '.join(shown['errors'])}", err=err)
+    if job.n_to_generate:
+        click.echo(f"{job_file}: the model generates {job.n_to_generate} missing output(s) first", err=err)
+    if job.categories:
+        shown = ", ".join(job.categories[:10]) + (", ..." if len(job.categories) > 10 else "")
+        click.echo(f"{job_file}: {len(job.categories)} categories: {shown}", err=err)
+
+

@@ -1,0 +1,218 @@
+"""Commands that run on the user's machine: run a job (embedded or on a cluster), validate
+it, list metrics, plan capacity, build a report, compare runs, start a worker."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from evalq.cli.common import broker_option, cli, describe, destination_for
+from evalq.shared.errors import InfraError, JobError
+
+@cli.command()
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", default=None, metavar="DIR|s3://BUCKET/PREFIX/",
+              help="Where results.json, log.jsonl and run.json go [default: the job's output.uri, "
+                   "else out/<job name>].")
+@broker_option
+@click.option("--chunk-size", type=click.IntRange(min=1), default=None, envvar="EVALQ_CHUNK_SIZE",
+              help="Items per task [default: per metric; cpu: 250 to 1,000 by the entry's items].")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Embedded mode: processes per cpu worker [default: CPU count].")
+@click.option("--stall-timeout", type=float, default=900.0, show_default=True,
+              help="Give up (exit 1) when no item finishes for this many seconds.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | None,
+        concurrency: int | None, stall_timeout: float, quiet: bool) -> None:
+    """Validate JOB_FILE, run it, write results.json, log.jsonl and run.json."""
+    from evalq.cli.run import run_job
+    from evalq.shared.job import load_job
+
+    job = load_job(job_file)
+    dest = destination_for(job, out, job_file)
+    if not quiet:
+        describe(job, job_file)
+    summary = run_job(job, dest, broker=broker, chunk_size=chunk_size, concurrency=concurrency,
+                      stall_timeout=stall_timeout, progress=not quiet)
+    errors = sum(m["n_errors"] for m in summary)
+    click.echo(f"wrote {dest.path('results.json')}, log.jsonl and run.json"
+               + (f" ({errors} item(s) failed; see 'error' in the log)" if errors else ""), err=True)
+
+
+@cli.command()
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+def validate(job_file: Path) -> None:
+    """Check JOB_FILE (and its dataset) without running it."""
+    from collections import Counter
+
+    from evalq.orchestrator.submit import plan
+    from evalq.shared.job import load_job
+
+    job = load_job(job_file)
+    describe(job, job_file, err=False)
+    repeated = {m.id for m in job.metrics if sum(o.id == m.id for o in job.metrics) > 1}
+    metrics = ", ".join(f"{m.label} (metrics[{m.position}], {m.spec.queue})" if m.id in repeated
+                        else f"{m.label} ({m.spec.queue})" for m in job.metrics)
+    per_queue = Counter(chunk.queue for chunk in plan(job, runs=job.runs))
+    tasks = ", ".join(f"{n} on {q}" for q, n in sorted(per_queue.items()))
+    click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}; tasks: {tasks}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def metrics(as_json: bool) -> None:
+    """List metric ids, their parameters (types, defaults) and queue."""
+    import evalq.shared.catalogue  # noqa: F401
+    from evalq.shared.registry import REGISTRY
+
+    rows = []
+    for spec in REGISTRY.all():
+        params = []
+        for name, field in spec.params.model_fields.items():
+            entry = {"name": name, "type": _type_name(field.annotation),
+                     "required": field.is_required(), "description": field.description or ""}
+            if not field.is_required():
+                default = field.get_default(call_default_factory=True)
+                entry["default"] = default.model_dump(mode="json") if hasattr(default, "model_dump") else default
+            longest = next((m.max_length for m in field.metadata if getattr(m, "max_length", None)), None)
+            if longest is not None:  # items of a list, characters of a string (evalq.shared.bounds)
+                entry["max_length"] = longest
+            params.append(entry)
+        rows.append({"id": spec.id, "queue": spec.queue, "aggregation": spec.aggregation,
+                     "requires": list(spec.requires), "description": spec.description,
+                     "parameters": params})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['id']}  [queue: {row['queue']}; needs: {', '.join(row['requires'])}]")
+        click.echo(f"    {row['description']}")
+        for p in row["parameters"]:
+            value = "(required)" if p["required"] else f"= {json.dumps(p['default'])}"
+            longest = f" (at most {p['max_length']})" if "max_length" in p else ""
+            click.echo(f"    - {p['name']}: {p['type']}{longest} {value}  {p['description']}")
+        if not row["parameters"]:
+            click.echo("    (no parameters)")
+
+
+def _type_name(annotation) -> str:
+    text = getattr(annotation, "__name__", None) if not getattr(annotation, "__args__", None) else None
+    return text or str(annotation).replace("typing.", "")
+
+
+@cli.command()
+@click.option("--queues", "-Q", required=True,
+              help="Comma-separated queues to consume: cpu, gpu, judge.<region>.")
+@broker_option
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=None,
+              help="Processes (or threads) [default: CPU count; the gpu solo pool always runs 1].")
+@click.option("--pool", type=click.Choice(["prefork", "solo", "threads"]), default=None,
+              help="Celery pool [default: prefork for cpu, solo for gpu].")
+@click.option("--hostname", "-n", default=None, help="Worker node name (Celery's -n).")
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option("--no-control", is_flag=True,
+              help="Do not consume the control queue (job aggregation callbacks).")
+def worker(queues: str, broker: str | None, concurrency: int | None, pool: str | None,
+           hostname: str | None, loglevel: str, no_control: bool) -> None:
+    """Start a worker for some queues (wraps `celery worker`)."""
+    if not broker:
+        raise InfraError("evalq worker needs --broker or EVALQ_BROKER_URL")
+    from evalq.cli.workerargs import worker_argv
+
+    os.environ["EVALQ_BROKER_URL"] = broker
+    from evalq.orchestrator.app import app
+
+    argv = worker_argv([q.strip() for q in queues.split(",") if q.strip()], concurrency=concurrency,
+                       pool=pool, hostname=hostname, loglevel=loglevel, control=not no_control)
+    app.worker_main(argv)
+
+
+def _duration(text: str) -> float:
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise JobError(f"--window {text!r}: expected a duration such as 6h, 90m, 3600s or 3600")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+@cli.command("plan")
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--window", default="6h", show_default=True, help="Time the job must finish in: 6h, 90m, 3600s.")
+@click.option("--cpu-items-per-s", type=float, default=7250.0, show_default=True,
+              help="Items one cpu worker scores per second (BENCHMARKS.md: 2 processes, lexical metrics).")
+@click.option("--gpu-pairs-per-s", type=float, default=180.0, show_default=True,
+              help="BERTScore pairs one gpu worker scores per second (the default is a CPU figure: measure yours).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plan_command(job_file: Path, window: str, cpu_items_per_s: float, gpu_pairs_per_s: float, as_json: bool) -> None:
+    """Capacity plan for JOB_FILE: time per queue, the binding constraint, workers to fit --window."""
+    from evalq.cli.capacity import plan_job, render
+    from evalq.shared.job import load_job
+
+    window_s = _duration(window)
+    result = plan_job(load_job(job_file), window_s, cpu_items_per_s, gpu_pairs_per_s)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        for line in render(result):
+            click.echo(line)
+
+
+@cli.command()
+@click.argument("out")
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
+              help="Where to write it [default: report.html in OUT, for a local OUT].")
+def report(out: str, html: str | None) -> None:
+    """Write the HTML report of a run from its outputs (a directory or s3:// prefix)."""
+    from evalq.shared.storage import Destination
+    from evalq.orchestrator.report import report_from_outputs
+
+    page = report_from_outputs(out)
+    dest = Destination(out)
+    if html is None and dest.s3:
+        with dest.open_text("report.html") as f:
+            f.write(page)
+        click.echo(dest.path("report.html"))
+        return
+    target = Path(html) if html else Path(out) / "report.html"
+    target.write_text(page, encoding="utf-8")
+    click.echo(str(target))
+
+
+@cli.command()
+@click.argument("base")
+@click.argument("new")
+@click.option("--gate", "gates", multiple=True, metavar="EXPR",
+              help='Quality gate, repeatable: "NAME.FIELD OP NUMBER" on NEW, "delta(NAME.FIELD) OP NUMBER" on '
+                   "NEW - BASE (OP: >= <= > < ==). Exit 3 when one fails.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None, help="Also write an HTML comparison.")
+def compare(base: str, new: str, gates: tuple[str, ...], as_json: bool, html: str | None) -> None:
+    """Compare two runs' outputs (directories or s3:// prefixes), paired by instance id.
+
+    Exit codes: 0 every gate passed, 3 a gate failed, 2 bad input (a gate on a
+    metric a run lacks), 1 infrastructure."""
+    from evalq.cli import compare as comparing
+
+    parsed = [comparing.parse_gate(g) for g in gates]
+    base_run, new_run = comparing.load_run(base), comparing.load_run(new)
+    outcome = comparing.evaluate_gates(parsed, base_run, new_run)
+    report = comparing.compare(base_run, new_run)
+    report["gates"] = outcome
+    if html:
+        from evalq.orchestrator.report import compare_html
+
+        Path(html).write_text(compare_html(report), encoding="utf-8")
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        for line in comparing.render(report, outcome):
+            click.echo(line)
+    failed = [g["gate"] for g in outcome if not g["passed"]]
+    if failed:
+        raise comparing.GateFailed(f"{len(failed)} gate(s) failed: {'; '.join(failed)}")
+
+

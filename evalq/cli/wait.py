@@ -1,0 +1,93 @@
+"""The client's side of a job on a cluster: connecting to its Redis, and waiting for the
+job to end while looking after it as the cluster's sweeper does. Every Redis access of a
+waiting client rides out an outage (``evalq.cli.outage``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Callable
+
+import redis
+
+from evalq.cli.outage import Outage
+from evalq.shared import keys
+from evalq.shared.errors import InfraError
+from evalq.shared.status import FINAL
+
+
+def connect(broker_url: str, outage: Outage | None = None) -> redis.Redis:
+    """A client for the broker's Redis, checked with a ping. A client that waits
+    rides out an outage through ``outage`` alone (redis-py's own retries off), so it
+    says at once that Redis is unreachable."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from evalq.shared.config import redis_client, safe_url
+
+    retries = {"retry": Retry(NoBackoff(), 0)} if outage is not None else {}
+    r = redis_client(broker_url, socket_connect_timeout=5, socket_timeout=60, **retries)
+    try:
+        if outage is not None:
+            outage.call(r.ping)
+        else:
+            r.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise InfraError(f"cannot reach broker {safe_url(broker_url)}: {exc}") from None
+    except redis.ResponseError as exc:
+        raise InfraError(f"broker {safe_url(broker_url)} refused: {exc}") from None
+    return r
+
+
+def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[int], None],
+         check: Callable[[], None], poll: float = 0.25, stall_timeout: float | None = None,
+         outage: Outage | None = None) -> str:
+    """Poll until the job reaches a final status (set by its last callback); returns it.
+
+    ``check`` raises InfraError when the workers are gone (embedded mode);
+    ``stall_timeout`` bounds how long no item may finish before giving up.
+    While it waits, the client looks after the job as the cluster's sweeper
+    does (``evalq.orchestrator.watch``): a stage whose callback was lost gets
+    it again, a job whose messages were lost gets its unfinished chunks again.
+    Every Redis access rides out an outage (``outage``; by default up to the
+    stall timeout, else 300 s), which does not count as a stall.
+    """
+    from evalq.orchestrator.watch import Timing
+
+    outage = outage or Outage(broker_url, stall_timeout or 300)
+    spec = json.loads(outage.call(r.get, keys.spec(job_id)) or "null")
+    if spec is None:
+        raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
+    timing = Timing.from_env()
+    last_done, last_change = -1, time.monotonic()
+    while True:
+        done, status, actions = outage.call(_look, r, broker_url, job_id, spec, timing)
+        on_progress(done)
+        if status in FINAL:
+            return status
+        if not status:
+            raise InfraError(f"job {job_id}: its keys are gone from Redis (expired or deleted)")
+        check()
+        for action in actions:
+            print(f"evalq: {action}", file=sys.stderr)
+        now = time.monotonic()
+        last_change = max(last_change, outage.ended_at)  # time Redis was away is no stall
+        if done != last_done:
+            last_done, last_change = done, now
+        elif stall_timeout and now - last_change > stall_timeout:
+            raise InfraError(f"job {job_id}: no progress for {stall_timeout:.0f} s "
+                             f"({done} items done); are workers consuming the job's queues?")
+        time.sleep(poll)
+
+
+def _look(r: redis.Redis, broker_url: str, job_id: str, spec: dict, timing) -> tuple[int, str, list[str]]:
+    """One look at a job being waited on: (items done, status, steps taken to look after it)."""
+    from evalq.orchestrator.watch import items_done, look_after
+    from evalq.shared.spec import run_keys
+
+    counts = items_done(r, job_id, run_keys(spec))
+    status = (r.get(keys.status(job_id)) or b"").decode()
+    if not status or status in FINAL:
+        return sum(counts.values()), status, []
+    return sum(counts.values()), status, look_after(r, broker_url, job_id, spec, status, counts, timing)

@@ -1,0 +1,142 @@
+"""The layout tells the truth about the flow, and stays that way (read from the source, like
+the wheel test): each room imports only the rooms below it, no module imports itself back
+through others (imports inside functions count), no module reaches for another's private
+names, and no module grows past what a reader takes in at once.
+
+    cli -> orchestrator -> shared        workers -> orchestrator -> shared        sim -> shared
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# import name -> folder in the repository (pyproject's package-dir)
+PACKAGES = {"evalq.orchestrator": ROOT / "orchestrator", "evalq.workers": ROOT / "workers",
+            "evalq.shared": ROOT / "shared", "evalq": ROOT / "evalq"}
+ROOMS = ("cli", "orchestrator", "workers", "shared", "sim")
+# what each room may import (besides itself)
+ALLOWED = {
+    "shared": set(),
+    "orchestrator": {"shared"},
+    "workers": {"orchestrator", "shared"},
+    "cli": {"orchestrator", "shared", "sim"},
+    "sim": {"shared"},
+    "root": {"cli", "shared"},  # evalq/__init__.py, evalq/__main__.py
+}
+MAX_LINES = 450
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if package == "evalq" and parts[0] in ("orchestrator", "workers", "shared"):
+                continue
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            found[name] = path
+    return found
+
+
+MODULES = modules()
+
+
+def room(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else "root"
+
+
+def imports(name: str, path: Path) -> tuple[set[str], list[str]]:
+    """(evalq modules this module imports, anywhere in it; private names it takes from others)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets, private = set(), []
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            if not base.startswith("evalq"):
+                continue
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if full in MODULES:
+                    targets.add(full)
+                    aliases[alias.asname or alias.name] = full
+                else:
+                    targets.add(base)
+                    if alias.name.startswith("_") and base != name:
+                        private.append(f"{name} imports {full}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("evalq"):
+                    targets.add(alias.name)
+                    aliases[alias.asname or alias.name] = alias.name
+    for node in ast.walk(tree):  # module._private through an imported module
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and aliases[node.value.id] != name):
+            private.append(f"{name} uses {aliases[node.value.id]}.{node.attr}")
+    return {t for t in targets if t != name and t in MODULES}, private
+
+
+GRAPH = {name: imports(name, path) for name, path in MODULES.items()}
+
+
+def test_every_room_imports_only_the_rooms_below_it():
+    wrong = [f"{src} ({room(src)}) imports {dst} ({room(dst)})"
+             for src, (targets, _) in sorted(GRAPH.items()) for dst in sorted(targets)
+             if room(dst) != room(src) and room(dst) not in ALLOWED[room(src)]]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_imports_itself_back():
+    graph = {src: targets for src, (targets, _) in GRAPH.items()}
+    cycles, state = [], defaultdict(int)  # 0 new, 1 on the path, 2 done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state[nxt] == 1:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [node, nxt]) if nxt in path
+                              else f"{node} -> {nxt}")
+            elif state[nxt] == 0:
+                visit(nxt, path + [node])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if state[module] == 0:
+            visit(module, [])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_no_private_name_is_taken_from_another_module():
+    taken = [p for _, (_, private) in sorted(GRAPH.items()) for p in private]
+    assert not taken, "\n".join(taken)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_readable(name):
+    lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[name].relative_to(ROOT)} has {lines} lines (at most {MAX_LINES})"
+
+
+def test_the_rooms_hold_what_their_names_say():
+    """The client is evalq.cli; the job's life in the cluster (its Celery tasks included) is the
+    orchestrator's; workers score chunks."""
+    assert (ROOT / "evalq" / "cli" / "__init__.py").is_file()
+    tasks = {name: ast.parse(path.read_text()) for name, path in MODULES.items() if name.endswith(".tasks")}
+    registered = defaultdict(set)
+    for name, tree in tasks.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg == "name" and isinstance(node.value, ast.Constant):
+                registered[room(name)].add(node.value.value)
+    assert registered["orchestrator"] >= {"evalq.submit_job", "evalq.finalize", "evalq.generated"}
+    assert registered["workers"] == {"evalq.score_chunk"}
