@@ -1,10 +1,11 @@
 """evalq: distributed evaluation of LLM applications on Celery and Redis.
 
-The repository's top-level folders install under this one name:
-``evalq.orchestrator`` (validation, submission, outputs, the CLI),
-``evalq.workers`` (the Celery app, its tasks and the pure metric functions),
-``evalq.shared`` (job schema, metric registry, parameters, keys: the layer both
-stand on) and ``evalq.sim`` (a simulated OpenAI-compatible judge server).
+One import name for the repository's rooms (README, "How work flows"):
+``evalq.cli`` (the ``evalq`` command: the client), ``evalq.orchestrator`` (the
+job's life in the cluster: requests, stages, the final callback, the sweeper),
+``evalq.workers`` (scoring chunks: metrics, the judge client), ``evalq.shared``
+(what all stand on: the job schema, the metric registry, the stored spec, keys)
+and ``evalq.sim`` (a simulated OpenAI-compatible judge server).
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -1,6 +1,4 @@
-"""Celery workers and the pure metric implementations they run.
-
-``evalq.workers.metrics`` holds pure functions (no Celery, Redis or network); the
-Celery app lives in ``evalq.orchestrator.app`` and is imported only by worker processes and
-the orchestrator's submit path.
+"""Scoring chunks: the ``evalq.score_chunk`` task, the chunk runner, the metric
+implementations (pure functions in ``evalq.workers.metrics``: no Celery, Redis or network)
+and the judge client. A finished chunk calls ``evalq.orchestrator.stages.chunk_finished``.
 """
