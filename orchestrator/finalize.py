@@ -19,7 +19,7 @@ from evalq.shared.config import Settings
 from evalq.shared.job import entry_head
 from evalq.shared.model_under_test import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
-from evalq.shared.spec import run_keys, stored_spec
+from evalq.shared.spec import METRICS_STAGE, run_keys, span, stage_runs, stored_spec
 from evalq.shared.status import Status, status_of
 
 log = logging.getLogger("evalq.worker")
@@ -102,8 +102,8 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     spec = stored_spec(r, job_id)
     if status_of(r, job_id) == Status.CANCELLED:
         status = Status.CANCELLED
-    summary = [summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]), entry.get("span", spec["n_instances"]))
-               for key, entry in spec["metrics"].items()]
+    summary = [summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]), span(spec, entry))
+               for key, entry in stage_runs(spec, METRICS_STAGE)]
     r.set(keys.summary(job_id), json.dumps(summary))
     errors: list[str] = []
     if spec.get("out"):

@@ -10,8 +10,7 @@ import redis
 
 from evalq.shared import keys
 from evalq.shared.errors import InfraError
-from evalq.shared.model_under_test import GENERATE
-from evalq.shared.spec import entry_queues
+from evalq.shared.spec import entry_queues, run_items, runs as all_runs
 from evalq.shared.status import FINAL, Status
 
 
@@ -57,7 +56,7 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
     error = r.get(keys.error(job_id))
     if error:
         info["error"] = error.decode()
-    runs = ([(GENERATE, spec[GENERATE])] if GENERATE in spec else []) + list(spec["metrics"].items())
+    runs = all_runs(spec)
     pipe = r.pipeline(transaction=False)
     for key, _ in runs:
         pipe.hlen(keys.results(job_id, key))
@@ -66,7 +65,7 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
     entries, done_total, items_total, queues = [], 0, 0, set()
     for n, (key, entry) in enumerate(runs):
         done, acct = replies[2 * n], replies[2 * n + 1]
-        total = entry["n_items"] if key == GENERATE else entry.get("span", spec["n_instances"])
+        total = run_items(spec, key, entry)
         row = {"entry": key, "metric": entry["id"], "done": done, "total": total}
         if entry.get("name"):
             row["name"] = entry["name"]

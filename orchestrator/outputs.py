@@ -26,8 +26,8 @@ from evalq.shared.job import entry_head as head
 from evalq.shared.loglines import log_head
 from evalq.shared.model_under_test import GENERATE
 from evalq.shared.storage import Destination
-from evalq.shared.spec import entry_chunks
 from evalq.shared.status import Status
+from evalq.shared.spec import entry_chunks, runs as all_runs, span
 
 LOG_BATCH = 2000
 
@@ -100,10 +100,10 @@ def _log_entries(r: redis.Redis, spec: dict, job_id: str,
     """(log line, instance position, run key): generated outputs first, then one JSON line
     per (metric entry, instance), entry by entry in job order, instances in job order."""
     missing = {"skipped": "the job was cancelled"} if cancelled else {"error": "no result recorded"}
-    runs = ([(GENERATE, spec[GENERATE])] if GENERATE in spec else []) + list(spec["metrics"].items())
+    runs = all_runs(spec)
     slots = {key: slot for slot, key in enumerate(spec["metrics"])}
     for key, entry in runs:
-        n = entry.get("span", spec["n_instances"]) if key != GENERATE else spec["n_instances"]
+        n = span(spec, entry) if key != GENERATE else spec["n_instances"]
         head_obj = log_head(entry, slots.get(key))
         head_json = json.dumps(head_obj, ensure_ascii=False)[1:-1]
         rkey = keys.results(job_id, key)

@@ -67,6 +67,11 @@ def span(spec: dict, entry: dict) -> int:
     return entry.get("span", spec["n_instances"])
 
 
+def run_items(spec: dict, key: str, entry: dict) -> int:
+    """Items a run records when complete (the generation stage: only those without an output)."""
+    return entry["n_items"] if key == GENERATE else span(spec, entry)
+
+
 def run_keys(spec: dict) -> list[str]:
     """Every run's key, in stage order: the generation stage's, then the metric entries'."""
     return [key for key, _ in runs(spec)]
@@ -93,9 +98,7 @@ def stage_total(spec: dict, stage: str) -> int:
 
 def stage_items(spec: dict, stage: str) -> int:
     """Items the stage records when complete (the generation stage: only those without an output)."""
-    if stage == GENERATE_STAGE:
-        return spec[GENERATE]["n_items"] if GENERATE in spec else 0
-    return sum(span(spec, entry) for entry in spec["metrics"].values())
+    return sum(run_items(spec, key, entry) for key, entry in stage_runs(spec, stage))
 
 
 def plan(spec: dict, stage: str) -> Iterator[Chunk]:
