@@ -32,8 +32,14 @@ def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
     if status in FINAL:
         return status
     r.set(keys.status(job_id), Status.CANCELLED, keepttl=True)
+    app = client_app(broker_url)
+    raw_spec = r.get(keys.spec(job_id))
+    if raw_spec is not None:  # its chunks still in line are never sent; its window goes to the others
+        from evalq.orchestrator import dispatch
+
+        dispatch.send_now(app, r, dispatch.drop(r, job_id, json.loads(raw_spec)))
     # the final callback writes what was recorded; chunks in flight may still finish
-    fire_callback(client_app(broker_url), r, job_id, METRICS_STAGE, force=True)
+    fire_callback(app, r, job_id, METRICS_STAGE, force=True)
     return Status.CANCELLED
 
 
@@ -92,12 +98,47 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
         info["rate_items_per_s"] = round(rate, 2)
         info["eta_s"] = round((items_total - done_total) / rate) if rate > 0 else None
     info["queues"] = {q: r.llen(q) for q in sorted(queues)}
+    info["scheduling"] = spec.get("scheduling") or {"priority": "normal", "tenant": "default", "weight": 1.0}
+    if status not in FINAL:
+        info["dispatch"] = dispatch_view(r, job_id, sorted(queues))
     from evalq.orchestrator.watch import recovery
 
     steps = recovery(r, job_id)
     if steps:
         info["recovery"] = steps
     return info
+
+
+def dispatch_view(r: redis.Redis, job_id: str, queues: list[str]) -> dict:
+    """Per queue: the job's chunks waiting in line for a slot, queued on the broker's list,
+    running (sent, not finished), and its share of what the queue was sent in the last minute."""
+    from evalq.orchestrator import dispatch
+    from evalq.orchestrator.broker import Unreadable, message_job
+
+    view = {}
+    for q in queues:
+        queued = 0
+        for raw in r.lrange(q, 0, -1):  # a window's worth at most
+            try:
+                queued += message_job(raw) == job_id
+            except Unreadable:
+                continue
+        view[q] = {"waiting": dispatch.queued_for(r, job_id, q), "queued": queued,
+                   "share_last_minute": round(dispatch.shares(r, q).get(job_id, 0.0), 3),
+                   "window": dispatch.window(r, q), "backlog": int(r.get(keys.backlog(q)) or 0)}
+    # running: sent and not finished, over the job's stages
+    plan = {k.decode(): int(v) for k, v in r.hgetall(keys.plan(job_id)).items() if k.decode().endswith(("total", "sent"))}
+    finished = sum(r.scard(keys.chunks_done(job_id, s)) for s in ("generate", "metrics") if f"{s}:total" in plan)
+    waiting = sum(v["waiting"] for v in view.values())
+    queued = sum(v["queued"] for v in view.values())
+    in_line = sum(v for k, v in plan.items() if k.endswith(":sent"))  # chunks put in line so far
+    return {"queues": view, "chunks": {"waiting": waiting, "queued": queued,
+                                       "running": max(0, in_line - finished - waiting - queued)}}
+
+
+def _sched(row: dict) -> str:
+    s = row.get("scheduling") or {}
+    return f"{s.get('priority', 'normal'):<6} {s.get('tenant', 'default')}:{s.get('weight', 1):g}"
 
 
 def recent(r: redis.Redis, limit: int = 20) -> list[dict]:
@@ -112,7 +153,7 @@ def recent(r: redis.Redis, limit: int = 20) -> list[dict]:
         spec = json.loads(r.get(keys.spec(job_id)) or "{}")
         rows.append({"job_id": job_id, "status": status, "submitted": time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(at)), "source": spec.get("source"),
-            "n_instances": spec.get("n_instances")})
+            "n_instances": spec.get("n_instances"), "scheduling": spec.get("scheduling")})
         if len(rows) == limit:
             break
     return rows
@@ -122,7 +163,7 @@ def render(info, one: bool) -> str:
     if not one:
         if not info:
             return "no jobs"
-        return "\n".join(f"{row['job_id']}  {row['status']:<10} {row['submitted']}  {row['source']}"
+        return "\n".join(f"{row['job_id']}  {row['status']:<10} {row['submitted']}  {_sched(row)}  {row['source']}"
                          f" ({row['n_instances']} instances)" for row in info)
     lines = [f"job {info['job_id']}: {info['status']}"]
     for err in info.get("errors", []):
@@ -148,6 +189,16 @@ def render(info, one: bool) -> str:
                          f"failed {r.get('failed_calls', 0)}")
     for stage, s in info.get("stages", {}).items():
         lines.append(f"  stage {stage}: {s['finished']}/{s['chunks']} chunks finished, {s['sent']} sent")
+    sched = info.get("scheduling") or {}
+    lines.append(f"  scheduling: priority {sched.get('priority')}, tenant {sched.get('tenant')}, "
+                 f"weight {sched.get('weight', 1):g}")
+    chunks = (info.get("dispatch") or {}).get("chunks")
+    if chunks:
+        lines.append(f"  chunks: {chunks['waiting']} waiting in line, {chunks['queued']} queued, "
+                     f"{chunks['running']} running")
+    for q, v in ((info.get("dispatch") or {}).get("queues") or {}).items():
+        lines.append(f"    {q:<22} waiting {v['waiting']}, queued {v['queued']}, share of the last minute "
+                     f"{100 * v['share_last_minute']:.0f}%, window {v['window']}, backlog {v['backlog']}")
     if info["queues"]:
         lines.append("  queues: " + ", ".join(f"{q} {n}" for q, n in info["queues"].items()))
     steps = info.get("recovery") or {}

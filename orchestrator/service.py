@@ -30,7 +30,7 @@ from evalq.shared.status import FINAL, Status
 
 log = logging.getLogger("evalq.jobs")
 
-REQUEST_FIELDS = ("job", "job_uri", "out", "request_id", "reply_to", "chunk_size")
+REQUEST_FIELDS = ("job", "job_uri", "out", "request_id", "reply_to", "chunk_size", "priority", "tenant", "weight")
 _LIST_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 # Keys a reply must never be pushed onto: evalq's own state, kombu's, and the task queues
 # (a JSON document on a queue list would be read as a task message).
@@ -46,6 +46,17 @@ def reply_to_problem(name) -> str | None:
     if name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIXES):
         return f"request.reply_to: {name!r} is one of the cluster's own keys or queues; use a list of your own"
     return None
+
+
+# Bind an idempotency key to a job id and to the message that bound it, at once: a second
+# request with the key is told from this message redelivered while its job is being stored.
+_BIND = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[3]) then
+  redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+  return 1
+end
+return 0
+"""
 
 
 def request_id_problem(value) -> str | None:
@@ -69,11 +80,14 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
         request_id = None  # not an idempotency key: the message id is
     idem = keys.request(str(request_id) if request_id is not None else f"message:{message_id}")
     job_id = submit.new_job_id()
-    if not r.set(idem, job_id, nx=True, ex=ttl):
+    if not r.eval(_BIND, 2, idem, f"{idem}:owner", job_id, message_id, ttl):
         job_id = r.get(idem).decode()
+        owner = r.get(f"{idem}:owner")
         spec_raw = r.get(keys.spec(job_id))
         status = (r.get(keys.status(job_id)) or b"").decode()
-        if status == Status.INVALID:
+        if status == Status.INVALID or (owner is not None and owner.decode() != message_id):
+            # another request with the same id (the first may still be storing its job):
+            # answered with the first job when it ends, never started again
             return _answer_duplicate(r, job_id, message_id, {**request, "reply_to": reply_to})
         if spec_raw is not None:
             spec = json.loads(spec_raw)
@@ -195,5 +209,17 @@ def parse_request(request: dict):
     if dest is None:
         raise JobError("request.out: missing, and the job has no output.uri; say where the outputs go")
     check_place(dest.uri, dest.endpoint_url, "request.out" if out is not None else "output.uri")
+    job.scheduling = _scheduling(job.scheduling, request)
     dest.check()
     return job, dest
+
+
+def _scheduling(fields, request: dict):
+    """The job's ``scheduling``, with the request's ``priority``/``tenant``/``weight`` over it."""
+    from pydantic import ValidationError
+
+    try:
+        return fields.with_overrides(request.get("priority"), request.get("tenant"), request.get("weight"))
+    except ValidationError as exc:
+        raise JobError([f"request.{'.'.join(map(str, e['loc']))}: {e['msg']} (got {json.dumps(e.get('input'))[:80]})"
+                        for e in exc.errors()]) from None

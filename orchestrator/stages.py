@@ -19,69 +19,38 @@ at the wrong moment. Here:
 
 from __future__ import annotations
 
-import itertools
 import time
 
 import redis
 
 from evalq.shared import keys
 from evalq.shared.config import CONTROL_QUEUE
-from evalq.shared.spec import GENERATE_STAGE, METRICS_STAGE, plan, stage_of, stage_total
+from evalq.shared.spec import GENERATE_STAGE, METRICS_STAGE, stage_of, stage_total
 from evalq.shared.status import Status, status_of
 
 CALLBACKS = {GENERATE_STAGE: "evalq.generated", METRICS_STAGE: "evalq.finalize"}
-SEND_BATCH = 1000  # chunks sent between two ``S:sent`` checkpoints
 
 
 def send_stage(app, r: redis.Redis, job_id: str, spec: dict, stage: str,
                skip_done: bool = False) -> int:
-    """Send the stage's chunk tasks from where an earlier sender stopped; returns how many were sent.
+    """Put the stage's chunks in line (``evalq.orchestrator.dispatch``) from where an earlier
+    sender stopped, and fill the room its queues have; returns how many chunks were put in line.
 
-    With ``skip_done`` (resume) every chunk not yet finished is sent again,
-    whatever ``S:sent`` says: the broker may have lost queued messages.
+    With ``skip_done`` (resume) every chunk not yet finished is put in line again, whatever
+    ``S:sent`` says: the broker may have lost queued messages.
     """
+    from evalq.orchestrator import dispatch
+
     pkey = keys.plan(job_id)
     total = stage_total(spec, stage)
     r.hsetnx(pkey, f"{stage}:total", total)
-    already = 0 if skip_done else int(r.hget(pkey, f"{stage}:sent") or 0)
-    done = r.smembers(keys.chunks_done(job_id, stage)) if skip_done else set()
-    sent = 0
-    chunks = itertools.islice(plan(spec, stage), already, None)
-    position = already
-    seen_queues: set[str] = set()
-
-    def declared(queue: str) -> list | None:
-        # the queue's declaration once per send, not once per message (messages
-        # go to the queue's list directly, workers declare what they consume)
-        if queue in seen_queues:
-            return []
-        seen_queues.add(queue)
-        return None
-
-    with app.producer_or_acquire() as producer:
-        while True:
-            batch = list(itertools.islice(chunks, SEND_BATCH))
-            if not batch:
-                break
-            if status_of(r, job_id) == Status.CANCELLED:
-                return sent
-            # one pipelined round trip per batch (messages and their task-sent
-            # events), not two per task: 250k tasks go in seconds, not minutes
-            with producer.batch(max_size=2 * SEND_BATCH):
-                for c in batch:
-                    if c.id.encode() in done:
-                        continue
-                    app.send_task("evalq.score_chunk", args=(job_id, c.metric_key, c.start, c.stop),
-                                  kwargs={"deployment": c.deployment} if c.deployment else {},
-                                  queue=c.queue, producer=producer, ignore_result=True,
-                                  declare=declared(c.queue))
-                    sent += 1
-            position += len(batch)
-            if position > int(r.hget(pkey, f"{stage}:sent") or 0):
-                r.hset(pkey, f"{stage}:sent", position)
+    if status_of(r, job_id) == Status.CANCELLED:
+        return 0
+    queues, count = dispatch.enqueue(r, job_id, spec, stage, skip_done=skip_done)
+    dispatch.send_now(app, r, queues)
     if total == 0 or stage_complete(r, job_id, stage):  # nothing to run, or all done already
         fire_callback(app, r, job_id, stage)
-    return sent
+    return count
 
 
 # KEYS: chunks set, plan hash; ARGV: chunk id, stage. Returns 1 when this call
@@ -97,14 +66,27 @@ return 0
 """
 
 
-def chunk_finished(app, r: redis.Redis, job_id: str, metric_key: str, start: int) -> bool:
-    """Count a finished chunk; the one that completes its stage sends the stage's callback."""
+def chunk_finished(app, r: redis.Redis, job_id: str, metric_key: str, start: int,
+                   queue: str | None = None) -> bool:
+    """The one completion entry point workers call: count a finished chunk (the one that
+    completes its stage sends the stage's callback), free its slot on ``queue`` and refill it."""
     stage = stage_of(metric_key)
     fired = r.eval(_FINISH, 2, keys.chunks_done(job_id, stage), keys.plan(job_id),
                    f"{metric_key}:{start}", stage, str(time.time()))
     if fired:
         app.send_task(CALLBACKS[stage], args=(job_id,), queue=CONTROL_QUEUE, ignore_result=True)
+    if queue:
+        slot_freed(app, r, queue)
     return bool(fired)
+
+
+def slot_freed(app, r: redis.Redis, queue: str) -> None:
+    """A chunk sent on ``queue`` ended (finished, given up, or dropped unrun): the next goes."""
+    from evalq.orchestrator import dispatch
+
+    if queue:
+        dispatch.chunk_done(r, queue)
+        dispatch.refill(app, r, queue)
 
 
 def stage_complete(r: redis.Redis, job_id: str, stage: str) -> bool:

@@ -74,6 +74,7 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
             # judge and model configurations name the key's environment variable, never the key
             "judges": {name: job.judges[name].model_dump(mode="json") for name in sorted(used)},
             "judging": job.judging.model_dump(mode="json"), "categories": job.categories,
+            "scheduling": job.scheduling.model_dump(mode="json"),
             "submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ttl": ttl}
     if out is not None:
         dest = out if isinstance(out, Destination) else Destination(out)

@@ -89,7 +89,60 @@ def start_sweeper(sender, **_) -> None:
     _sweepers.append(sweeper)
 
 
+@worker_ready.connect
+def serve_backlog(sender, **_) -> None:
+    """A worker of the evalq.jobs queue serves each queue's backlog over HTTP for autoscaling
+    (``evalq.orchestrator.backlog``) on ``EVALQ_BACKLOG_HOST`` (127.0.0.1) and
+    ``EVALQ_BACKLOG_PORT`` (9808; 0: off). A port already taken is logged, not fatal."""
+    import os
+
+    from evalq.shared.config import env_number
+
+    port = env_number("EVALQ_BACKLOG_PORT", 9808)
+    if not port or JOBS_QUEUE not in (sender.app.amqp.queues.consume_from or {}):
+        return
+    from evalq.orchestrator.backlog import BacklogServer
+
+    try:
+        server = BacklogServer(app_redis(sender.app), os.environ.get("EVALQ_BACKLOG_HOST", "127.0.0.1"), port)
+    except OSError as exc:
+        log.warning("backlog: not served on port %d: %s", port, exc)
+        return
+    server.start()
+
+
+@worker_ready.connect
+def announce_slots(sender, **_) -> None:
+    """Every worker says, every few seconds, how many chunks it runs at once on each queue it
+    consumes: a queue's window is sized from them (``evalq.orchestrator.dispatch``)."""
+    import threading
+
+    from evalq.orchestrator import dispatch
+    from evalq.shared.config import CONTROL_QUEUE
+
+    queues = [q for q in (sender.app.amqp.queues.consume_from or {}) if q not in (CONTROL_QUEUE, JOBS_QUEUE)]
+    slots = int(getattr(getattr(sender, "controller", None), "concurrency", 0) or 1)
+    if not queues:
+        return
+    stopped = threading.Event()
+    _sweepers.append(stopped)  # set at shutdown, like the sweeper
+
+    def beat() -> None:
+        r = app_redis(sender.app)
+        while True:
+            try:
+                dispatch.announce(r, sender.hostname, queues, slots)
+                if not stopped.is_set():  # a fresh worker may be what a queue waited for
+                    dispatch.send_now(sender.app, r, set(queues))
+            except Exception as exc:  # noqa: BLE001 - Redis away: the next beat tries again
+                log.info("slots: could not announce (%s)", exc)
+            if stopped.wait(dispatch.SLOTS_TTL / 3):
+                return
+
+    threading.Thread(target=beat, name="evalq-slots", daemon=True).start()
+
+
 @worker_shutdown.connect
 def stop_sweeper(**_) -> None:
     for sweeper in _sweepers:
-        sweeper.stop()
+        (sweeper.set if hasattr(sweeper, "set") else sweeper.stop)()

@@ -23,7 +23,6 @@ after all the same.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import threading
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 
 import redis
 
+from evalq.orchestrator.broker import busy_jobs, out_counts
 from evalq.orchestrator.stages import fire_callback
 from evalq.shared import keys
 from evalq.shared.config import Settings
@@ -101,6 +101,11 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
             actions.append(f"job {job_id}: every item of the {stage} stage is recorded but its callback has "
                            "not run (a worker was lost at the wrong moment); sent it again")
     idle_for = now - float(seen["changed_at"])
+    if idle_for > timing.callback_grace:
+        # chunks waiting in line while nothing moves: a refill may have been lost with a worker
+        from evalq.orchestrator import dispatch
+
+        dispatch.refill_all(client_app(broker_url), r, lambda queues: out_counts(r, queues), job_queues(spec))
     if (idle_for > timing.resume_after and seen.get("resumed_at") != str(done) and idle(r, spec, job_id)
             and r.eval(_CLAIM, 1, key, "resumed_at", str(done), str(ttl))):
         outcome = resume_job(r, broker_url, job_id)
@@ -168,83 +173,13 @@ def recovery(r: redis.Redis, job_id: str) -> dict | None:
     return out or None
 
 
-# Tasks whose first argument is a job id: a job's own messages.
-JOB_TASKS = frozenset({"evalq.score_chunk", "evalq.finalize", "evalq.generated"})
-SCAN_PAGE = 1000
-_unreadable_seen: set[str] = set()  # messages already logged as unreadable (logged once each)
-
-
-class Unreadable(ValueError):
-    """A message on a queue or in ``unacked`` that is not a readable kombu message."""
-
-
-def message_job(raw: bytes) -> str | None:
-    """The job id a kombu message on a queue list (or an ``unacked`` entry: ``[message,
-    exchange, routing key]``) is for; None for any other task. Unreadable: not a message."""
-    try:
-        message = json.loads(raw)
-        if isinstance(message, list):
-            message = message[0]
-        if isinstance(message, str):
-            message = json.loads(message)
-        headers = message.get("headers") or {}
-        if headers.get("task") not in JOB_TASKS:
-            return None
-        body = message["body"]
-        if (message.get("properties") or {}).get("body_encoding") == "base64":
-            body = base64.b64decode(body, validate=True)
-        args = json.loads(body)[0]  # task protocol 2: [args, kwargs, embed]
-        job = args[0] if isinstance(args, list) and args else None
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
-        raise Unreadable(f"{type(exc).__name__}: {exc}") from None
-    return job if isinstance(job, str) else None
-
-
-def _skip_unreadable(raw: bytes, where: str, exc: Exception) -> None:
-    tag = f"{where}:{hash(raw)}"
-    if tag not in _unreadable_seen:
-        if len(_unreadable_seen) > 10_000:
-            _unreadable_seen.clear()
-        _unreadable_seen.add(tag)
-        log.warning("sweeper: skipping a message in %s that is not a readable task (%s)", where, exc)
-
-
-def busy_jobs(r: redis.Redis, queues: set[str], candidates: set[str]) -> set[str]:
-    """Which of ``candidates`` have a message of their own queued on ``queues`` or delivered
-    and not yet acknowledged. Each message is read (honouring kombu's ``body_encoding``) and
-    counted for the job its arguments name, so one stuck or foreign message blinds no job, and
-    another job's backlog on a shared queue does not hide a job whose own messages were lost."""
-    found: set[str] = set()
-
-    def look(raw: bytes, where: str) -> bool:
-        try:
-            job = message_job(raw)
-        except Unreadable as exc:
-            _skip_unreadable(raw, where, exc)
-            return False
-        if job in candidates:
-            found.add(job)
-        return found >= candidates
-
-    for _, raw in r.hscan_iter("unacked", count=SCAN_PAGE):  # kombu's delivered-but-unacknowledged messages
-        if look(raw, "unacked"):
-            return found
-    for queue in sorted(queues):
-        start = 0
-        while True:
-            page = r.lrange(queue, start, start + SCAN_PAGE - 1)
-            for raw in page:
-                if look(raw, queue):
-                    return found
-            if len(page) < SCAN_PAGE:
-                break
-            start += SCAN_PAGE
-    return found
-
-
 def idle(r: redis.Redis, spec: dict, job_id: str) -> bool:
-    """Nothing of the job waits in its queues or sits unacknowledged with a worker."""
-    return job_id not in busy_jobs(r, job_queues(spec), {job_id})
+    """Nothing of the job waits in line for a slot (``evalq.orchestrator.dispatch``), in its
+    queues, or unacknowledged with a worker."""
+    queues = job_queues(spec)
+    if any(r.llen(keys.pending(job_id, q)) for q in queues):
+        return False  # waiting its turn, not lost: the sweep's refill sends it
+    return job_id not in busy_jobs(r, queues, {job_id})
 
 
 def sweep(r: redis.Redis, broker_url: str, timing: Timing, now: float | None = None) -> list[str]:
@@ -256,6 +191,10 @@ def sweep(r: redis.Redis, broker_url: str, timing: Timing, now: float | None = N
         pipe.get(keys.status(job_id))
     running = [(j, s.decode()) for j, s in zip(ids, pipe.execute()) if s is not None and s.decode() not in FINAL]
     actions: list[str] = []
+    from evalq.orchestrator import dispatch
+    from evalq.orchestrator.app import client_app
+
+    dispatch.refill_all(client_app(broker_url), r, lambda queues: out_counts(r, queues))
     for job_id, status in running:
         raw = r.get(keys.spec(job_id))
         if raw is None:

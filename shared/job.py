@@ -20,9 +20,10 @@ from evalq.shared.job_metrics import (MetricRun, check_endpoints, check_key_env,
 from evalq.shared.judges import JudgeConfig, JudgingOptions
 from evalq.shared.model_under_test import GENERATE_SPEC, EndpointModel, GenerateParams, PythonModel, runner_class
 from evalq.shared.problems import MAX_PROBLEMS, Problems, did_you_mean, parse_section
+from evalq.shared.scheduling import Scheduling
 from evalq.shared.storage import is_s3
 
-JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging", "jailbreak"}
+JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging", "jailbreak", "scheduling"}
 JAILBREAK = "jailbreak"  # the ``variant`` of an injected instance
 
 
@@ -42,6 +43,7 @@ class Job:
     output: OutputSpec | None = None
     categories: list[str] = field(default_factory=list)
     jailbreak: JailbreakSpec | None = None
+    scheduling: Scheduling = field(default_factory=Scheduling)
     # with a jailbreak: the clean instances come first, then their injected variants
     n_clean: int | None = None
 
@@ -113,8 +115,9 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None) 
             runner_class(model)
         except ValueError as exc:
             problems.add("model.runner", str(exc))
+    scheduling = parse_section(Scheduling, raw.get("scheduling", {}), "scheduling", problems) or Scheduling()
     job = Job(source=source, instances=[], metrics=metrics, judges=judges, judging=judging, model=model,
-              output=output)
+              output=output, scheduling=scheduling)
     _load_instances(raw, job, problems)
     if "jailbreak" in raw and not problems.items:
         _add_jailbreak(raw["jailbreak"], job, problems)

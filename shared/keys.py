@@ -25,6 +25,7 @@ several of them):
     evalq:{J}:watch          HASH    what the lookers-after saw and did (evalq.orchestrator.watch)
     evalq:jobs               ZSET    job id -> submission time, for ``evalq status``
     evalq:request:{R}        STRING  job id of idempotency key R (a request id, else the message id)
+    evalq:request:{R}:owner  STRING  the message that bound R (its redelivery is told from a second request)
     evalq:sweeper            STRING  held for one interval by the jobs worker that sweeps running jobs
 
 The generation stage's item records (the model's outputs) live in
@@ -152,6 +153,33 @@ def judge_memo(job_id: str) -> str:
 def judge_memo_claim(job_id: str, digest: str) -> str:
     """Held (briefly) by the one thread making a memoized call."""
     return f"{job_prefix(job_id)}:memo:claim:{digest}"
+
+
+# --- sharing queues between jobs (evalq.orchestrator.dispatch) --------------------------------
+#   evalq:{J}:pending:{Q}       LIST   chunks of job J waiting in line for a slot on queue Q (JSON descriptors)
+#   evalq:sched:{Q}:jobs        SET    jobs with chunks in line on Q
+#   evalq:sched:{Q}:out         STRING chunks sent on Q and not finished (re-counted by every sweep)
+#   evalq:sched:{Q}:vt          HASH   tenant -> virtual time on Q; "job:<id>" -> the job's
+#   evalq:sched:{Q}:log         ZSET   "<job>|<tenant>|<cost>|<nonce>" -> time sent (the last minute's shares)
+#   evalq:sched:{Q}:slots       HASH   worker -> "<slots> <time>" (what it runs at once on Q)
+#   evalq:sched:{Q}:lock        STRING held by the one dispatcher filling Q
+#   evalq:sched:queues          SET    queues with jobs in line
+#   evalq:backlog:{Q}           STRING chunks planned and not finished on Q (for autoscaling)
+
+SCHED_QUEUES = f"{PREFIX}:sched:queues"
+
+
+def pending(job_id: str, queue: str) -> str:
+    return f"{job_prefix(job_id)}:pending:{queue}"
+
+
+def sched(queue: str, part: str) -> str:
+    """``part`` of queue Q's dispatch state: jobs, out, vt, log, slots, lock."""
+    return f"{PREFIX}:sched:{{{queue}}}:{part}"
+
+
+def backlog(queue: str) -> str:
+    return f"{PREFIX}:backlog:{queue}"
 
 
 def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:

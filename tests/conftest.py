@@ -25,6 +25,8 @@ os.environ.setdefault("EVALQ_ENDPOINTS", "*=http://127.0.0.1:*")
 # ... and reach S3 (moto) on loopback only, in any bucket there
 os.environ.setdefault("EVALQ_S3_ENDPOINTS", "http://127.0.0.1:*")
 os.environ.setdefault("EVALQ_S3_PREFIXES", "s3://*")
+# test clusters start many jobs workers on one machine: the backlog endpoint only where a test asks
+os.environ.setdefault("EVALQ_BACKLOG_PORT", "0")
 # a key variable that is always set, for jobs that are validated but never call out
 os.environ.setdefault("TEST_UNIT_API_KEY", "unit-test-key")
 # embedded runs keep their judge cache here, not in the user's ~/.cache
@@ -40,6 +42,18 @@ def redis_url(tmp_path_factory):
     from evalq.cli.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    """A Redis of the test's own: no other test's jobs, queues or workers."""
+    from evalq.cli.embedded import EmbeddedRedis
+
+    (tmp_path / "redis").mkdir()
+    server = EmbeddedRedis(tmp_path / "redis")
     server.start()
     yield server.url
     server.stop()

@@ -9,7 +9,7 @@ import logging
 from celery.signals import worker_process_shutdown, worker_shutdown
 
 from evalq.orchestrator.app import app, app_redis
-from evalq.orchestrator.stages import chunk_finished
+from evalq.orchestrator.stages import chunk_finished, slot_freed
 from evalq.shared.errors import Deferred
 from evalq.shared.model_under_test import GENERATE
 from evalq.shared.status import Status, status_of
@@ -31,9 +31,11 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
     # Retries are counted by hand: a judge chunk may be deferred any number of
     # times, and those must not use up the retries a Redis blip is allowed.
     r = app_redis(self.app)
+    queue = self.request.delivery_info.get("routing_key")  # the queue whose window it was sent in
     if status_of(r, job_id) in (Status.CANCELLED, ""):
         # a cancelled job (or one whose keys are gone): drop the chunk unrun, no judge is called
         log.info("job %s %s[%d:%d] dropped: the job is cancelled or gone", job_id, metric_key, start, stop)
+        slot_freed(self.app, r, queue)
         return {"metric": metric_key, "start": start, "n": 0, "dropped": True}
     try:
         out = chunk.run_chunk(r, job_id, metric_key, start, stop, deployment)
@@ -52,7 +54,7 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
     except chunk.REDIS_BLIPS as exc:
         if blips >= MAX_BLIPS:
             log.error("job %s %s[%d:%d] failed after %d Redis errors", job_id, metric_key, start, stop, blips)
-            chunk_finished(self.app, r, job_id, metric_key, start)
+            chunk_finished(self.app, r, job_id, metric_key, start, queue)
             raise
         raise self.retry(exc=exc, args=(job_id, metric_key, start, stop),
                          kwargs={"deployment": deployment, "blips": blips + 1},
@@ -62,9 +64,9 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         # given up, its items stay without records (``n_missing``, "no result
         # recorded"), and the stage still completes.
         log.exception("job %s %s[%d:%d] failed", job_id, metric_key, start, stop)
-        chunk_finished(self.app, r, job_id, metric_key, start)
+        chunk_finished(self.app, r, job_id, metric_key, start, queue)
         raise
-    chunk_finished(self.app, r, job_id, metric_key, start)
+    chunk_finished(self.app, r, job_id, metric_key, start, queue)
     return out
 
 

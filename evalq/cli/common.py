@@ -19,7 +19,7 @@ broker_option = click.option(
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """evalq: distributed evaluation of LLM applications."""
-    from evalq.shared import bounds
+    from evalq.shared import bounds, scheduling
     from evalq.shared.config import Settings
     from evalq.shared.limits import Limits
 
@@ -27,6 +27,7 @@ def cli() -> None:
     Settings.from_env()
     Limits.from_env()
     bounds.check_env()
+    scheduling.check_env()
 
 
 def need_broker(broker: str | None) -> str:
@@ -56,3 +57,15 @@ def describe(job, job_file: Path, err: bool = True) -> None:
         click.echo(f"{job_file}: {len(job.categories)} categories: {shown}", err=err)
 
 
+
+
+def scheduled(fields, priority: str | None, tenant: str | None, weight: float | None):
+    """The job's ``scheduling`` with what the command line overrides (a bad tenant name: exit 2)."""
+    from pydantic import ValidationError
+
+    from evalq.shared.errors import JobError
+
+    try:
+        return fields.with_overrides(priority, tenant, weight)
+    except ValidationError as exc:
+        raise JobError([f"--{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]) from None

@@ -12,23 +12,15 @@ import time
 import pytest
 import redis
 
-from evalq.cli.embedded import EmbeddedRedis
 from evalq.shared import keys
 from tests.conftest import evalq, read_log, read_results, start_worker, stop_worker, wait_for_worker
 
 pytestmark = pytest.mark.integration
 
-FAST = {"EVALQ_SWEEP_INTERVAL": "0.5", "EVALQ_RESUME_AFTER": "2", "EVALQ_CALLBACK_GRACE": "1"}
+FAST = {"EVALQ_SWEEP_INTERVAL": "0.5", "EVALQ_RESUME_AFTER": "2", "EVALQ_CALLBACK_GRACE": "1",
+        # a window that holds every chunk: the broker's list is what a lost-message test loses
+        "EVALQ_WINDOW": "1000"}
 N, CHUNK = 40, 4
-
-
-@pytest.fixture
-def private_redis(tmp_path):
-    (tmp_path / "redis").mkdir()
-    server = EmbeddedRedis(tmp_path / "redis")
-    server.start()
-    yield server.url
-    server.stop()
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -56,7 +48,8 @@ def check_outputs(out) -> None:
     assert summary["n"] == N and summary["score"] == pytest.approx(sum(i % 3 == 1 for i in range(N)) / N)
 
 
-def test_a_job_nobody_waits_for_gets_its_lost_chunks_again(private_redis, tmp_path):
+def test_a_job_nobody_waits_for_gets_its_lost_chunks_again(private_redis, tmp_path, monkeypatch):
+    monkeypatch.setenv("EVALQ_WINDOW", FAST["EVALQ_WINDOW"])
     r = redis.Redis.from_url(private_redis)
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -106,9 +99,10 @@ def test_a_stage_whose_callback_was_lost_is_finalized_by_the_sweeper(private_red
     assert list(status["recovery"]["callbacks_resent"]) == ["metrics"] and "resumes" not in status["recovery"]
 
 
-def test_two_lookers_take_a_step_once(private_redis, tmp_path):
+def test_two_lookers_take_a_step_once(private_redis, tmp_path, monkeypatch):
     """The waiting client and a sweeper (or two sweepers) look at the same job at
     the same moment: the chunks are re-sent once, not twice."""
+    monkeypatch.setenv("EVALQ_WINDOW", FAST["EVALQ_WINDOW"])
     from evalq.orchestrator import submit as submitting
     from evalq.orchestrator.watch import Timing, items_done, look_after, run_keys
     from evalq.shared.job import parse_job

@@ -214,12 +214,13 @@ def poison(r: redis.Redis) -> None:
     r.hset("unacked", "garbage-tag", b"\xff\x00 not json")
 
 
-def test_the_sweeper_resumes_a_job_whose_own_messages_were_lost(tmp_path):
+def test_the_sweeper_resumes_a_job_whose_own_messages_were_lost(tmp_path, monkeypatch):
     """Job A's chunks are lost while job B's wait on the same queue, and a poisoned message sits
     on evalq.jobs and in unacked: the sweeper still finds A idle (it reads every message for the
     job its arguments name) and re-sends A's chunks; B is not resumed."""
     from tests.integration.test_sweeper import FAST, N, CHUNK, check_outputs, submit
 
+    monkeypatch.setenv("EVALQ_WINDOW", FAST["EVALQ_WINDOW"])
     (tmp_path / "redis").mkdir()
     server = EmbeddedRedis(tmp_path / "redis")
     server.start()
@@ -255,7 +256,7 @@ def test_the_sweeper_resumes_a_job_whose_own_messages_were_lost(tmp_path):
 def test_idleness_is_read_from_the_jobs_own_messages(redis_url):
     """A unit of the sweeper against a real Redis: base64 and plain bodies are read, an
     unreadable message counts for no job, another job's message does not make a job busy."""
-    from evalq.orchestrator.watch import busy_jobs
+    from evalq.orchestrator.broker import busy_jobs
     from evalq.orchestrator.app import client_app
 
     r = redis.Redis.from_url(redis_url)

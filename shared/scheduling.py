@@ -1,0 +1,120 @@
+"""Sharing one cluster between jobs and teams: a job's ``scheduling`` fields, the operator's
+tenant settings, and the window each queue's broker list is held to.
+
+A job says (job file, ``evalq run/submit --priority --tenant --weight``, or the same keys
+as ``evalq.submit_job`` kwargs)::
+
+    "scheduling": {"priority": "high" | "normal" | "low", "tenant": "search", "weight": 2}
+
+Operators give tenants weights, and optionally a cap on their share of a judge (or
+generate) queue's tokens per minute, in one setting::
+
+    EVALQ_TENANTS="search=2,ads=1;ads.max_share=0.5"
+
+Entries are separated by ``,`` or ``;``: ``<tenant>=<weight>`` (a number > 0) and
+``<tenant>.max_share=<fraction>`` (0 < fraction <= 1). A tenant not listed has weight 1
+and no cap. ``evalq.orchestrator.dispatch`` applies them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import Field
+
+from evalq.shared.config import env_number
+from evalq.shared.errors import JobError
+from evalq.shared.strict import Strict
+
+PRIORITIES = ("high", "normal", "low")  # strict precedence, first first
+TENANTS_ENV = "EVALQ_TENANTS"
+_TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class Scheduling(Strict):
+    priority: Literal["high", "normal", "low"] = Field(
+        default="normal", description="chunks of a higher class go first on every queue")
+    tenant: str = Field(default="default", pattern=_TENANT.pattern,
+                        description="the team the job belongs to: tenants share queues by their weights")
+    weight: float = Field(default=1.0, gt=0, le=1000, allow_inf_nan=False,
+                          description="the job's share among its tenant's running jobs")
+
+    def with_overrides(self, priority: str | None = None, tenant: str | None = None,
+                       weight: float | None = None) -> "Scheduling":
+        """These fields, with what a submission (CLI flags, request kwargs) overrides."""
+        update = {k: v for k, v in (("priority", priority), ("tenant", tenant), ("weight", weight)) if v is not None}
+        return Scheduling.model_validate({**self.model_dump(), **update}) if update else self
+
+    @property
+    def rank(self) -> int:
+        return PRIORITIES.index(self.priority)
+
+
+@dataclass(frozen=True)
+class Tenants:
+    weights: dict[str, float] = field(default_factory=dict)
+    max_share: dict[str, float] = field(default_factory=dict)
+
+    def weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, 1.0)
+
+    @classmethod
+    def parse(cls, text: str, source: str = TENANTS_ENV) -> "Tenants":
+        weights: dict[str, float] = {}
+        caps: dict[str, float] = {}
+        for entry in re.split(r"[;,\n]", text):
+            entry = entry.strip()
+            if not entry:
+                continue
+            name, eq, value = entry.partition("=")
+            name = name.strip()
+            tenant, dot, key = name.partition(".")
+            try:
+                number = float(value)
+            except ValueError:
+                number = math.nan
+            if not eq or not _TENANT.match(tenant) or (dot and key != "max_share") or not math.isfinite(number):
+                raise JobError(f"{source}: {entry!r}: expected <tenant>=<weight> or <tenant>.max_share=<fraction>")
+            if dot:
+                if not 0 < number <= 1:
+                    raise JobError(f"{source}: {entry!r}: max_share must be more than 0 and at most 1")
+                caps[tenant] = number
+            else:
+                if number <= 0:
+                    raise JobError(f"{source}: {entry!r}: a weight must be more than 0")
+                weights[tenant] = number
+        return cls(weights, caps)
+
+    @classmethod
+    def from_env(cls) -> "Tenants":
+        return cls.parse(os.environ.get(TENANTS_ENV, ""))
+
+
+@dataclass(frozen=True)
+class Window:
+    """How many chunks a queue's broker list holds: ``factor`` x the slots (worker processes
+    or threads) consuming it, at least ``floor``; ``fixed`` (when set) instead."""
+
+    factor: float
+    floor: int
+    fixed: int
+
+    @classmethod
+    def from_env(cls) -> "Window":
+        return cls(factor=env_number("EVALQ_WINDOW_FACTOR", 2.0), floor=max(1, env_number("EVALQ_WINDOW_FLOOR", 4)),
+                   fixed=env_number("EVALQ_WINDOW", 0))
+
+    def size(self, slots: int) -> int:
+        if self.fixed:
+            return self.fixed
+        return max(self.floor, math.ceil(self.factor * slots))
+
+
+def check_env() -> None:
+    """Read every scheduling setting (a bad one stops any evalq command before it starts)."""
+    Tenants.from_env()
+    Window.from_env()
