@@ -43,7 +43,7 @@ def test_every_object_validates_against_the_kubernetes_schemas(overlay):
 
     docs = render(overlay)
     assert {d["kind"] for d in docs} >= {"StatefulSet", "Deployment", "Service", "CronJob", "NetworkPolicy",
-                                         "PodDisruptionBudget", "ScaledObject", "TriggerAuthentication", "ConfigMap"}
+                                         "PodDisruptionBudget", "ScaledObject", "ConfigMap"}
     for doc in docs:
         if doc["apiVersion"].startswith("keda.sh/"):
             assert keda_errors(doc) == [], f"{doc['kind']} {doc['metadata']['name']}"
@@ -68,8 +68,8 @@ def test_the_keda_schema_rejects_what_keda_would():
     typo["spec"]["minReplicas"] = typo["spec"].pop("minReplicaCount")
     assert any("minReplicas" in e for e in keda_errors(typo))
     number = copy.deepcopy(good)
-    number["spec"]["triggers"][0]["metadata"]["listLength"] = 40
-    assert any("listLength" in e and "string" in e for e in keda_errors(number))
+    number["spec"]["triggers"][0]["metadata"]["targetValue"] = 40
+    assert any("targetValue" in e and "string" in e for e in keda_errors(number))
     untargeted = copy.deepcopy(good)
     del untargeted["spec"]["scaleTargetRef"]
     assert any("scaleTargetRef" in e for e in keda_errors(untargeted))
@@ -95,7 +95,6 @@ def worker_queues(doc: dict) -> list[str]:
 def test_keda_objects_scale_existing_workers_on_their_own_queues(overlay):
     docs = render(overlay)
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
-    auths = {d["metadata"]["name"] for d in docs if d["kind"] == "TriggerAuthentication"}
     scaled = [d for d in docs if d["kind"] == "ScaledObject"]
     assert {s["spec"]["scaleTargetRef"]["name"] for s in scaled} == {"evalq-worker-cpu", "evalq-worker-gpu",
                                                                       "evalq-worker-judge"}
@@ -106,13 +105,21 @@ def test_keda_objects_scale_existing_workers_on_their_own_queues(overlay):
                              "pollingInterval", "triggers"}
         target = deployments[spec["scaleTargetRef"]["name"]]
         assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+        namespace = s["metadata"].get("namespace", "evalq")
         for trigger in spec["triggers"]:
-            assert trigger["type"] == "redis" and trigger["authenticationRef"]["name"] in auths
+            # the queue's backlog, served by the jobs role: a window is all its Redis list holds
+            assert trigger["type"] == "metrics-api" and "authenticationRef" not in trigger
             meta = trigger["metadata"]
-            assert set(meta) == {"address", "databaseIndex", "listName", "listLength"}
+            assert set(meta) == {"url", "valueLocation", "format", "targetValue"}
             assert all(isinstance(v, str) for v in meta.values())  # KEDA metadata values are strings
-            assert int(meta["listLength"]) > 0
-            assert meta["listName"] in worker_queues(target)  # scales on a queue the worker consumes
+            assert int(meta["targetValue"]) > 0 and meta["valueLocation"] == "backlog" and meta["format"] == "json"
+            prefix = f"http://evalq-jobs.{namespace}.svc.cluster.local:9808/backlog/"
+            assert meta["url"].startswith(prefix), meta["url"]  # the Service in the objects' own namespace
+            assert meta["url"][len(prefix):] in worker_queues(target)  # scales on a queue the worker consumes
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    assert services["evalq-jobs"]["spec"]["ports"][0]["port"] == 9808
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "evalq-config")
+    assert config["data"]["EVALQ_BACKLOG_PORT"] == "9808" and config["data"]["EVALQ_BACKLOG_HOST"] == "0.0.0.0"
     gpu = next(s for s in scaled if s["spec"]["scaleTargetRef"]["name"] == "evalq-worker-gpu")
     assert gpu["spec"]["minReplicaCount"] == 0  # to zero when idle
 
