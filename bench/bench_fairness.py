@@ -94,19 +94,25 @@ def shares(r, url, sim, tpm, tmp, n: int) -> tuple[dict, float]:
     jobs = {label: submit(r, url, judge_job(sim, tpm, n, tenant="t", weight=w), out=str(tmp / uuid.uuid4().hex))
             for label, w in (("w2", 2), ("w1a", 1), ("w1b", 1))}
     time.sleep(5.0)  # past the start: the first windows
-    t0, start = time.monotonic(), {w: tokens(r, j) for w, j in jobs.items()}
+    t0, start, a0 = time.monotonic(), {w: tokens(r, j) for w, j in jobs.items()}, admitted(sim)
     while all(r.get(keys.status(j)) == b"running" for j in jobs.values()) and time.monotonic() - t0 < 60:
         time.sleep(0.25)
-    t1, end = time.monotonic(), {w: tokens(r, j) for w, j in jobs.items()}
+    t1, end, a1 = time.monotonic(), {w: tokens(r, j) for w, j in jobs.items()}, admitted(sim)
     used = {w: end[w] - start[w] for w in jobs}
     total = sum(used.values())
     for j in jobs.values():
         wait_done(r, j)
-    return {w: used[w] / total for w in jobs}, total / (tpm * (t1 - t0) / 60)
+    # utilisation as the provider counts it (tokens it admitted against its TPM), as bench_judge.py does
+    return {w: used[w] / total for w in jobs}, (a1 - a0) / (tpm * (t1 - t0) / 60)
+
+
+def admitted(sim: JudgeSim) -> int:
+    return sim.stats()["lab"]["admitted_tokens"]
 
 
 def broker_memory(items: int, url: str, sim: JudgeSim, tpm: int, tmp: Path) -> dict:
     r = redis.Redis.from_url(url)
+    r.delete(keys.sched("judge.lab", "out"))  # what the earlier parts left out was lost with their workers
     out = {}
     job = judge_job(sim, tpm, items)
     for label, window in (("every chunk sent", str(10 ** 9)), ("windows", "")):
@@ -118,7 +124,8 @@ def broker_memory(items: int, url: str, sim: JudgeSim, tpm: int, tmp: Path) -> d
         queue = r.memory_usage("judge.lab", samples=0) or 0
         pending = r.memory_usage(keys.pending(job_id, "judge.lab"), samples=0) or 0
         out[label] = {"queue_mib": queue / 2 ** 20, "pending_mib": pending / 2 ** 20, "messages": r.llen("judge.lab")}
-        r.delete("judge.lab", keys.pending(job_id, "judge.lab"), keys.instances(job_id))
+        r.delete("judge.lab", keys.pending(job_id, "judge.lab"), keys.instances(job_id),
+                 keys.sched("judge.lab", "out"))
         r.set(keys.status(job_id), "cancelled")
     return out
 
@@ -127,7 +134,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=1_000_000, help="instances of the broker-memory job")
     parser.add_argument("--tpm", type=int, default=600_000, help="the region's tokens per minute")
+    parser.add_argument("--skip-memory", action="store_true", help="leave out part 4")
     args = parser.parse_args()
+    print(f"window: EVALQ_WINDOW_FACTOR={os.environ.get('EVALQ_WINDOW_FACTOR', 'default')}, "
+          f"EVALQ_WINDOW_FLOOR={os.environ.get('EVALQ_WINDOW_FLOOR', 'default')}, "
+          f"EVALQ_WINDOW={os.environ.get('EVALQ_WINDOW', 'unset')}; TPM {args.tpm:,}")
     os.environ[KEY_ENV] = "bench"
     os.environ.setdefault("EVALQ_CACHE_DIR", tempfile.mkdtemp())
     with tempfile.TemporaryDirectory() as tmp, \
@@ -158,7 +169,7 @@ def main() -> None:
                 p.terminate()
             for p in procs:
                 p.wait(30)
-        mem = broker_memory(args.items, server.url, sim, args.tpm, tmp)
+        mem = {} if args.skip_memory else broker_memory(args.items, server.url, sim, args.tpm, tmp)
         for label, m in mem.items():
             print(f"4. {args.items:,}-item judge job, {label}: {m['messages']:,} messages, queue list "
                   f"{m['queue_mib']:.1f} MiB, chunks waiting in Redis {m['pending_mib']:.1f} MiB")

@@ -6,7 +6,7 @@ into the job's pending list for each queue (``evalq:{J}:pending:{Q}``, small JSO
 descriptors: a million-item judge job is 250,000 of them, a few MiB in Redis instead of
 hundreds of MiB of messages) and marks the job active on the queue. ``refill(Q)`` then
 sends chunks while the queue has room: the chunks out on it (queued on its list, reserved
-or running in a worker: ``evalq:sched:{Q}:out``) stay below its window, ``factor`` x the
+or running in a worker: ``evalq:sched:{Q}:out``) stay below its window, ``factor`` (1) x the
 slots of the workers consuming it (each worker announces its slots, ``announce``), at
 least ``floor`` (``evalq.shared.scheduling.Window``). A finished chunk frees its slot and
 refills its queue; so do a cancel, and every sweep of the ``evalq.jobs`` role (which also
@@ -177,15 +177,24 @@ class _Candidate:
 
 def refill(app, r: redis.Redis, queue: str) -> int:
     """Send chunks on ``queue`` while it has room, fairly; returns how many were sent.
-    One dispatcher per queue at a time (a lock); another caller returns at once: the
-    holder fills the room, and every finished chunk and sweep calls again."""
+    One dispatcher per queue at a time (a lock). A caller that finds it taken leaves a mark
+    (``again``) and returns at once; the holder looks at the room once more for every mark,
+    so a slot freed while it worked is never left empty (many threads finish at once)."""
     token = uuid.uuid4().hex
-    lock = keys.sched(queue, "lock")
+    lock, again = keys.sched(queue, "lock"), keys.sched(queue, "again")
     if not r.set(lock, token, nx=True, px=LOCK_MS):
-        return 0
+        r.set(again, 1, px=LOCK_MS)
+        if r.set(lock, token, nx=True, px=LOCK_MS):  # the holder left meanwhile: the mark is ours to act on
+            r.delete(again)
+        else:
+            return 0
     try:
-        room = window(r, queue) - int(r.get(keys.sched(queue, "out")) or 0)
-        sent = _fill(app, r, queue, room) if room > 0 else 0
+        sent = 0
+        for _ in range(64):  # bounded: each pass sends, or finds no room or nobody in line
+            room = window(r, queue) - int(r.get(keys.sched(queue, "out")) or 0)
+            sent += _fill(app, r, queue, room) if room > 0 else 0
+            if not r.delete(again):
+                break
         _backlog(r, queue)
         return sent
     finally:

@@ -162,7 +162,7 @@ def judge_memo_claim(job_id: str, digest: str) -> str:
 #   evalq:sched:{Q}:vt          HASH   tenant -> virtual time on Q; "job:<id>" -> the job's
 #   evalq:sched:{Q}:log         ZSET   "<job>|<tenant>|<cost>|<nonce>" -> time sent (the last minute's shares)
 #   evalq:sched:{Q}:slots       HASH   worker -> "<slots> <time>" (what it runs at once on Q)
-#   evalq:sched:{Q}:lock        STRING held by the one dispatcher filling Q
+#   evalq:sched:{Q}:lock        STRING held by the one dispatcher filling Q ("again": a caller found it held)
 #   evalq:sched:queues          SET    queues with jobs in line
 #   evalq:backlog:{Q}           STRING chunks planned and not finished on Q (for autoscaling)
 
