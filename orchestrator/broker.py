@@ -89,27 +89,14 @@ def busy_jobs(r: redis.Redis, queues: set[str], candidates: set[str]) -> set[str
 
 
 def out_counts(r: redis.Redis, queues: set[str]) -> dict[str, int]:
-    """Chunks holding a slot on each queue, as the broker holds them: waiting on its list, or
-    delivered and not acknowledged (reserved, running). A chunk parked on a judge's budget (a
-    countdown: an ``eta``) holds none: its slot went to another chunk while it waits."""
-    counts = dict.fromkeys(queues, 0)
-    for q in queues:
-        for raw in r.lrange(q, 0, -1):  # a window's worth
-            counts[q] += not _parked(raw)
+    """Chunks out on each queue, as the broker holds them: waiting on its list, or delivered
+    and not acknowledged (reserved, held for a countdown, running)."""
+    counts = {q: r.llen(q) for q in queues}
     for _, raw in r.hscan_iter("unacked", count=SCAN_PAGE):
         try:
-            message, _, routing_key = json.loads(raw)
-        except (ValueError, TypeError):
+            routing_key = json.loads(raw)[2]
+        except (ValueError, TypeError, IndexError, KeyError):
             continue
-        if routing_key in counts and not _parked(message):
+        if routing_key in counts:
             counts[routing_key] += 1
     return counts
-
-
-def _parked(message) -> bool:
-    try:
-        if isinstance(message, (bytes, str)):
-            message = json.loads(message)
-        return bool((message.get("headers") or {}).get("eta"))
-    except (ValueError, TypeError, AttributeError):
-        return False

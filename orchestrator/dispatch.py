@@ -157,11 +157,6 @@ def window(r: redis.Redis, queue: str) -> int:
     return Window.from_env().size(slots(r, queue))
 
 
-def chunk_back(r: redis.Redis, queue: str) -> None:
-    """A chunk parked on a judge's budget (its slot given to another meanwhile) runs again."""
-    r.incr(keys.sched(queue, "out"))
-
-
 def chunk_done(r: redis.Redis, queue: str) -> None:
     """A chunk sent on ``queue`` finished (or was dropped unrun): its slot is free."""
     if r.decr(keys.sched(queue, "out")) < 0:

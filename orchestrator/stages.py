@@ -80,13 +80,6 @@ def chunk_finished(app, r: redis.Redis, job_id: str, metric_key: str, start: int
     return bool(fired)
 
 
-def slot_taken(r: redis.Redis, queue: str) -> None:
-    """A chunk that waited on a judge's budget (its slot freed meanwhile) runs again on ``queue``."""
-    from evalq.orchestrator import dispatch
-
-    dispatch.chunk_back(r, queue)
-
-
 def slot_freed(app, r: redis.Redis, queue: str) -> None:
     """A chunk sent on ``queue`` ended (finished, given up, or dropped unrun): the next goes."""
     from evalq.orchestrator import dispatch

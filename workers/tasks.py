@@ -9,7 +9,7 @@ import logging
 from celery.signals import worker_process_shutdown, worker_shutdown
 
 from evalq.orchestrator.app import app, app_redis
-from evalq.orchestrator.stages import chunk_finished, slot_freed, slot_taken
+from evalq.orchestrator.stages import chunk_finished, slot_freed
 from evalq.shared.errors import Deferred
 from evalq.shared.model_under_test import GENERATE
 from evalq.shared.status import Status, status_of
@@ -27,13 +27,11 @@ MAX_BLIPS = 5  # Redis errors a task rides out (retried with backoff) before it 
 
 @app.task(name="evalq.score_chunk", bind=True, ignore_result=True)
 def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
-                deployment: str | None = None, blips: int = 0, parked: bool = False) -> dict:
+                deployment: str | None = None, blips: int = 0) -> dict:
     # Retries are counted by hand: a judge chunk may be deferred any number of
     # times, and those must not use up the retries a Redis blip is allowed.
     r = app_redis(self.app)
     queue = self.request.delivery_info.get("routing_key")  # the queue whose window it was sent in
-    if parked and queue:  # back from waiting on a judge's budget: it takes a slot again
-        slot_taken(r, queue)
     if status_of(r, job_id) in (Status.CANCELLED, ""):
         # a cancelled job (or one whose keys are gone): drop the chunk unrun, no judge is called
         log.info("job %s %s[%d:%d] dropped: the job is cancelled or gone", job_id, metric_key, start, stop)
@@ -49,11 +47,8 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         region = exc.region or deployment
         kind = "generate" if metric_key == GENERATE else "judge"
         log.info("job %s %s[%d:%d] deferred %.1f s: %s", job_id, metric_key, start, stop, countdown, exc)
-        # while it waits its slot goes to another chunk, which can call where this one cannot
-        slot_freed(self.app, r, queue)
         # Same task id: the chunk is still the same one of its stage.
-        raise self.retry(args=(job_id, metric_key, start, stop),
-                         kwargs={"deployment": region, "blips": blips, "parked": True},
+        raise self.retry(args=(job_id, metric_key, start, stop), kwargs={"deployment": region, "blips": blips},
                          queue=f"{kind}.{region}" if region else self.request.delivery_info.get("routing_key"),
                          countdown=countdown, max_retries=self.request.retries + 1)
     except chunk.REDIS_BLIPS as exc:
@@ -62,7 +57,7 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
             chunk_finished(self.app, r, job_id, metric_key, start, queue)
             raise
         raise self.retry(exc=exc, args=(job_id, metric_key, start, stop),
-                         kwargs={"deployment": deployment, "blips": blips + 1, "parked": parked},
+                         kwargs={"deployment": deployment, "blips": blips + 1},
                          countdown=min(60, 2 ** blips), max_retries=self.request.retries + 1)
     except Exception:
         # Not an item's failure (those are recorded on the item): the chunk is
