@@ -6,8 +6,9 @@ in this run:
 
 1. a small job alone, and the same job submitted 2 s after a big one (goal: within 2x of
    alone plus one chunk);
-2. three jobs with weights 2:1:1 at once: each one's share of the tokens while all three
-   run (goal: within 5 points of 50/25/25) and the region's utilisation (goal: >= 95%);
+2. three jobs with weights 2:1:1 at once, on a region of their own (the first part's still
+   counts its tokens in its window): each one's share of the tokens while all three run
+   (goal: within 5 points of 50/25/25) and the region's utilisation (goal: >= 95%);
 3. a high-priority job submitted behind a big normal backlog, and alone;
 4. what the broker holds for a judge job of --items instances: the queue list's memory with
    every chunk sent at once (the old way: EVALQ_WINDOW larger than the plan) and with
@@ -50,13 +51,13 @@ def worker(url: str, logdir: Path, queues: str, concurrency: int, name: str) -> 
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def judge_job(sim: JudgeSim, tpm: int, n: int, **scheduling):
+def judge_job(sim: JudgeSim, tpm: int, n: int, region: str = "lab", **scheduling):
     return parse_job({
         "instances": [{"id": str(i), "input": f"Question {i}?", "actual-output": f"{FILLER} {uuid.uuid4().hex}"}
                       for i in range(n)],
         "judging": {"cache": False},
         "judges": {"sim": {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV, "max_tokens": 60,
-                           "deployments": [{"region": "lab", "base_url": sim.base_url("lab"), "tpm": tpm,
+                           "deployments": [{"region": region, "base_url": sim.base_url(region), "tpm": tpm,
                                             "rpm": 100_000}]}},
         "metrics": [{"id": "coherence", "parameters": {"judge": "sim"}}],
         "scheduling": scheduling})
@@ -91,7 +92,9 @@ def behind(r, url, sim, tpm, tmp, big_n: int, small_n: int, **sched) -> float:
 
 
 def shares(r, url, sim, tpm, tmp, n: int) -> tuple[dict, float]:
-    jobs = {label: submit(r, url, judge_job(sim, tpm, n, tenant="t", weight=w), out=str(tmp / uuid.uuid4().hex))
+    # a region of its own: the one the other parts used still counts their tokens in its window
+    jobs = {label: submit(r, url, judge_job(sim, tpm, n, region="shares", tenant="t", weight=w),
+                          out=str(tmp / uuid.uuid4().hex))
             for label, w in (("w2", 2), ("w1a", 1), ("w1b", 1))}
     time.sleep(5.0)  # past the start: the first windows
     t0, start, a0 = time.monotonic(), {w: tokens(r, j) for w, j in jobs.items()}, admitted(sim)
@@ -107,7 +110,7 @@ def shares(r, url, sim, tpm, tmp, n: int) -> tuple[dict, float]:
 
 
 def admitted(sim: JudgeSim) -> int:
-    return sim.stats()["lab"]["admitted_tokens"]
+    return sim.stats()["shares"]["admitted_tokens"]
 
 
 def broker_memory(items: int, url: str, sim: JudgeSim, tpm: int, tmp: Path) -> dict:
@@ -142,12 +145,13 @@ def main() -> None:
     os.environ[KEY_ENV] = "bench"
     os.environ.setdefault("EVALQ_CACHE_DIR", tempfile.mkdtemp())
     with tempfile.TemporaryDirectory() as tmp, \
-            JudgeSim([Region("lab", tpm=args.tpm, rpm=100_000)], latency=0.1, jitter=0.05, seed=3) as sim:
+            JudgeSim([Region(name, tpm=args.tpm, rpm=100_000) for name in ("lab", "shares")], latency=0.1,
+                     jitter=0.05, seed=3) as sim:
         tmp = Path(tmp)
         server = EmbeddedRedis(tmp)
         server.start()
         r = redis.Redis.from_url(server.url)
-        procs = [worker(server.url, tmp, "judge.lab", 16, f"judge{uuid.uuid4().hex[:4]}"),
+        procs = [worker(server.url, tmp, "judge.lab,judge.shares", 16, f"judge{uuid.uuid4().hex[:4]}"),
                  worker(server.url, tmp, "evalq.jobs", 1, f"jobs{uuid.uuid4().hex[:4]}")]
         try:
             time.sleep(4.0)  # the workers announce their slots
