@@ -305,20 +305,18 @@ def _cost(r: redis.Redis, job_id: str, desc: list, cache: dict[str, float]) -> f
     if key not in cache:
         spec = stored_spec(r, job_id)
         entry = spec["generate"] if metric_key == "generate" else spec["metrics"][metric_key]
-        pipe = r.pipeline(transaction=False)
-        pipe.hmget(keys.accounting(job_id, metric_key), "prompt_tokens", "completion_tokens", "calls")
-        pipe.hlen(keys.results(job_id, metric_key))
-        pipe.hvals(keys.timings(job_id, metric_key))
-        (prompt, completion, calls), done, timings = pipe.execute()
+        done = r.hlen(keys.results(job_id, metric_key))
         if entry.get("regions"):  # judge or endpoint model: tokens
+            prompt, completion, calls = r.hmget(keys.accounting(job_id, metric_key),
+                                                "prompt_tokens", "completion_tokens", "calls")
             if done and calls and int(calls):
                 unit = (int(prompt or 0) + int(completion or 0)) / done
             else:
                 judge = (spec.get("judges") or {}).get((entry.get("parameters") or {}).get("judge"), {})
                 unit = float(judge.get("max_tokens") or (spec.get("model") or {}).get("max_tokens") or 256)
                 unit += PROMPT_ESTIMATE
-        else:  # cpu, gpu, a local model: seconds
-            seconds = sum(float(t) for t in timings)
+        else:  # cpu, gpu, a local model: seconds (one timing per chunk: a few hundred at most)
+            seconds = sum(float(t) for t in r.hvals(keys.timings(job_id, metric_key)))
             unit = seconds / done if done and seconds > 0 else 1.0
         cache[key] = max(unit, 1e-6)
     return cache[key] * (stop - start)
