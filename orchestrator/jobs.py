@@ -11,12 +11,7 @@ import redis
 from evalq.shared import keys
 from evalq.shared.errors import InfraError
 from evalq.shared.spec import entry_queues, run_items, runs as all_runs
-from evalq.shared.status import FINAL, Status
-
-
-
-def _status(r: redis.Redis, job_id: str) -> str:
-    return (r.get(keys.status(job_id)) or b"").decode()
+from evalq.shared.status import FINAL, Status, status_of
 
 
 def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
@@ -26,7 +21,7 @@ def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
     from evalq.orchestrator.stages import fire_callback
     from evalq.shared.spec import METRICS_STAGE
 
-    status = _status(r, job_id)
+    status = status_of(r, job_id)
     if not status:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     if status in FINAL:
@@ -46,7 +41,7 @@ def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
 def job_status(r: redis.Redis, job_id: str) -> dict:
     """State, items done/total per metric entry and stage, rate, ETA, judge
     accounting, and the depth of every queue the job uses."""
-    status = _status(r, job_id)
+    status = status_of(r, job_id)
     if not status:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     info: dict = {"job_id": job_id, "status": status}
@@ -146,7 +141,7 @@ def recent(r: redis.Redis, limit: int = 20) -> list[dict]:
     rows = []
     for raw_id, at in r.zrevrange(keys.JOBS, 0, limit * 2, withscores=True):
         job_id = raw_id.decode()
-        status = _status(r, job_id)
+        status = status_of(r, job_id)
         if not status:
             r.zrem(keys.JOBS, job_id)
             continue

@@ -36,7 +36,7 @@ from evalq.shared import keys
 from evalq.shared.config import Settings
 from evalq.shared.errors import InfraError
 from evalq.shared.spec import current_stage, job_queues, run_keys, stage_items, stage_runs
-from evalq.shared.status import FINAL
+from evalq.shared.status import FINAL, status_of
 
 log = logging.getLogger("evalq.sweeper")
 
@@ -119,10 +119,6 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
     return actions
 
 
-def _status(r: redis.Redis, job_id: str) -> str:
-    return (r.get(keys.status(job_id)) or b"").decode()
-
-
 def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
     """Re-send what a running job is missing: after a broker restart that lost
     queued tasks, or a callback that never ran.
@@ -136,7 +132,7 @@ def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
     from evalq.orchestrator.app import client_app
     from evalq.orchestrator.stages import CALLBACKS, send_stage, stage_complete
 
-    status = _status(r, job_id)
+    status = status_of(r, job_id)
     if not status:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     if status in FINAL:
