@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from evalq.cli import wait as waiting
-from evalq.cli.common import broker_option, cli, destination_for, need_broker, scheduled
+from evalq.cli.common import broker_option, cli, scheduling_options, destination_for, need_broker, scheduled
 from evalq.shared.errors import JobError
 
 @cli.command()
@@ -23,11 +23,7 @@ from evalq.shared.errors import JobError
 @broker_option
 @click.option("--chunk-size", type=click.IntRange(min=1), default=None, envvar="EVALQ_CHUNK_SIZE",
               help="Items per task [default: per metric].")
-@click.option("--priority", type=click.Choice(["high", "normal", "low"]), default=None,
-              help="Scheduling class: chunks of a higher class go first [default: the job's, else normal].")
-@click.option("--tenant", default=None, help="Team the job is counted to when queues are shared [default: the job's].")
-@click.option("--weight", type=click.FloatRange(min=0, min_open=True, max=1000), default=None,
-              help="The job's share among its tenant's jobs [default: the job's, else 1].")
+@scheduling_options
 def submit(job_file: Path, out: str | None, request_id: str | None, reply_to: str | None,
            broker: str | None, chunk_size: int | None, priority: str | None, tenant: str | None,
            weight: float | None) -> None:

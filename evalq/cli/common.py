@@ -59,6 +59,21 @@ def describe(job, job_file: Path, err: bool = True) -> None:
 
 
 
+def scheduling_options(command):
+    """``--priority``, ``--tenant`` and ``--weight``: a job's ``scheduling``, overridden per submission."""
+    options = [
+        click.option("--priority", type=click.Choice(["high", "normal", "low"]), default=None,
+                     help="Scheduling class: chunks of a higher class go first [default: the job's, else normal]."),
+        click.option("--tenant", default=None,
+                     help="Team the job is counted to when queues are shared [default: the job's]."),
+        click.option("--weight", type=click.FloatRange(min=0, min_open=True, max=1000), default=None,
+                     help="The job's share among its tenant's jobs [default: the job's, else 1]."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 def scheduled(fields, priority: str | None, tenant: str | None, weight: float | None):
     """The job's ``scheduling`` with what the command line overrides (a bad tenant name: exit 2)."""
     from pydantic import ValidationError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from evalq.cli.common import broker_option, cli, describe, destination_for, scheduled
+from evalq.cli.common import broker_option, cli, scheduling_options, describe, destination_for, scheduled
 from evalq.shared.errors import InfraError, JobError
 
 @cli.command()
@@ -25,11 +25,7 @@ from evalq.shared.errors import InfraError, JobError
 @click.option("--stall-timeout", type=float, default=900.0, show_default=True,
               help="Give up (exit 1) when no item finishes for this many seconds.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-@click.option("--priority", type=click.Choice(["high", "normal", "low"]), default=None,
-              help="Scheduling class: chunks of a higher class go first [default: the job's, else normal].")
-@click.option("--tenant", default=None, help="Team the job is counted to when queues are shared [default: the job's].")
-@click.option("--weight", type=click.FloatRange(min=0, min_open=True, max=1000), default=None,
-              help="The job's share among its tenant's jobs [default: the job's, else 1].")
+@scheduling_options
 def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | None,
         concurrency: int | None, stall_timeout: float, quiet: bool, priority: str | None, tenant: str | None,
         weight: float | None) -> None:
