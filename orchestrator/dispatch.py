@@ -180,25 +180,41 @@ def refill(app, r: redis.Redis, queue: str) -> int:
     One dispatcher per queue at a time (a lock). A caller that finds it taken leaves a mark
     (``again``) and returns at once; the holder looks at the room once more for every mark,
     so a slot freed while it worked is never left empty (many threads finish at once)."""
-    token = uuid.uuid4().hex
-    lock, again = keys.sched(queue, "lock"), keys.sched(queue, "again")
-    if not r.set(lock, token, nx=True, px=LOCK_MS):
-        r.set(again, 1, px=LOCK_MS)
-        if r.set(lock, token, nx=True, px=LOCK_MS):  # the holder left meanwhile: the mark is ours to act on
-            r.delete(again)
-        else:
-            return 0
+    token = _hold(r, queue, mark=True)
+    if token is None:
+        return 0
     try:
         sent = 0
         for _ in range(64):  # bounded: each pass sends, or finds no room or nobody in line
-            room = window(r, queue) - int(r.get(keys.sched(queue, "out")) or 0)
-            sent += _fill(app, r, queue, room) if room > 0 else 0
-            if not r.delete(again):
+            sent += _fill_room(app, r, queue, int(r.get(keys.sched(queue, "out")) or 0))
+            if not r.delete(keys.sched(queue, "again")):
                 break
         _backlog(r, queue)
         return sent
     finally:
-        r.eval(_RELEASE, 1, lock, token)
+        r.eval(_RELEASE, 1, keys.sched(queue, "lock"), token)
+
+
+def _hold(r: redis.Redis, queue: str, mark: bool) -> str | None:
+    """The queue's dispatcher lock (its token), or None when another holds it; with ``mark``
+    the holder is asked to look at the room once more (and the lock is tried again, in case
+    the holder left between the two)."""
+    token = uuid.uuid4().hex
+    lock, again = keys.sched(queue, "lock"), keys.sched(queue, "again")
+    if r.set(lock, token, nx=True, px=LOCK_MS):
+        return token
+    if not mark:
+        return None
+    r.set(again, 1, px=LOCK_MS)
+    if r.set(lock, token, nx=True, px=LOCK_MS):  # the holder left meanwhile: the mark is ours to act on
+        r.delete(again)
+        return token
+    return None
+
+
+def _fill_room(app, r: redis.Redis, queue: str, out: int) -> int:
+    room = window(r, queue) - out
+    return _fill(app, r, queue, room) if room > 0 else 0
 
 
 def _fill(app, r: redis.Redis, queue: str, room: int) -> int:
@@ -264,7 +280,7 @@ def _fill(app, r: redis.Redis, queue: str, room: int) -> int:
     pipe.execute()
     for c in candidates:
         if c.taken == len(c.pending) and not r.llen(keys.pending(c.job_id, queue)):
-            r.srem(keys.sched(queue, "jobs"), c.job_id)
+            _leave(r, queue, c.job_id)
     return len(picks)
 
 
@@ -284,7 +300,7 @@ def _candidates(r: redis.Redis, queue: str, tenants: Tenants, room: int) -> list
             if not status or status in FINAL:
                 r.delete(keys.pending(job_id, queue))
             if not r.llen(keys.pending(job_id, queue)):
-                r.srem(keys.sched(queue, "jobs"), job_id)
+                _leave(r, queue, job_id)
             continue
         try:
             spec = stored_spec(r, job_id)
@@ -295,6 +311,12 @@ def _candidates(r: redis.Redis, queue: str, tenants: Tenants, room: int) -> list
                               sched.get("tenant", "default"), float(sched.get("weight", 1.0)),
                               [json.loads(p) for p in pending]))
     return out
+
+
+def _leave(r: redis.Redis, queue: str, job_id: str) -> None:
+    """A job with nothing more in line on the queue leaves it, and so does its virtual time."""
+    r.srem(keys.sched(queue, "jobs"), job_id)
+    r.hdel(keys.sched(queue, "vt"), f"job:{job_id}")
 
 
 def _cost(r: redis.Redis, job_id: str, desc: list, cache: dict[str, float]) -> float:
@@ -377,19 +399,17 @@ def refill_all(app, r: redis.Redis, count_out, only: set[str] | None = None) -> 
     counts = count_out(set(queues))
     sent = 0
     for queue in queues:
-        token = uuid.uuid4().hex
-        lock = keys.sched(queue, "lock")
-        if not r.set(lock, token, nx=True, px=LOCK_MS):
+        token = _hold(r, queue, mark=False)
+        if token is None:
             continue  # a dispatcher is at work on it right now
         try:
             r.set(keys.sched(queue, "out"), counts.get(queue, 0))
-            room = window(r, queue) - counts.get(queue, 0)
-            sent += _fill(app, r, queue, room) if room > 0 else 0
+            sent += _fill_room(app, r, queue, counts.get(queue, 0))
             if not r.scard(keys.sched(queue, "jobs")) and not counts.get(queue, 0):
                 r.srem(keys.SCHED_QUEUES, queue)
             _backlog(r, queue)
         finally:
-            r.eval(_RELEASE, 1, lock, token)
+            r.eval(_RELEASE, 1, keys.sched(queue, "lock"), token)
     return sent
 
 
