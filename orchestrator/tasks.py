@@ -60,6 +60,7 @@ def submit_job(self, **request) -> dict:
 
 
 _sweepers: list = []
+_beats: list = []  # the slot announcers' stop events
 
 
 @worker_init.connect
@@ -125,7 +126,7 @@ def announce_slots(sender, **_) -> None:
     if not queues:
         return
     stopped = threading.Event()
-    _sweepers.append(stopped)  # set at shutdown, like the sweeper
+    _beats.append(stopped)  # set at shutdown
 
     def beat() -> None:
         r = app_redis(sender.app)
@@ -145,4 +146,6 @@ def announce_slots(sender, **_) -> None:
 @worker_shutdown.connect
 def stop_sweeper(**_) -> None:
     for sweeper in _sweepers:
-        (sweeper.set if hasattr(sweeper, "set") else sweeper.stop)()
+        sweeper.stop()
+    for beat in _beats:
+        beat.set()

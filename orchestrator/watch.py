@@ -75,9 +75,11 @@ def server_time(r: redis.Redis) -> float:
 
 
 def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status: str,
-               counts: dict[str, int], timing: Timing, now: float | None = None) -> list[str]:
+               counts: dict[str, int], timing: Timing, now: float | None = None,
+               refill: bool = True) -> list[str]:
     """One look at a running job: records its progress and takes the step it needs,
-    if any. Returns what was done, as sentences for a log."""
+    if any. Returns what was done, as sentences for a log. ``refill``: fill its queues when
+    it stalls (the sweep has just filled every queue, so it passes False)."""
     from evalq.orchestrator.app import client_app
 
     now = server_time(r) if now is None else now
@@ -101,7 +103,7 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
             actions.append(f"job {job_id}: every item of the {stage} stage is recorded but its callback has "
                            "not run (a worker was lost at the wrong moment); sent it again")
     idle_for = now - float(seen["changed_at"])
-    if idle_for > timing.callback_grace:
+    if refill and idle_for > timing.callback_grace:
         # chunks waiting in line while nothing moves: a refill may have been lost with a worker
         from evalq.orchestrator import dispatch
 
@@ -198,7 +200,7 @@ def sweep(r: redis.Redis, broker_url: str, timing: Timing, now: float | None = N
         spec = json.loads(raw)
         try:
             actions += look_after(r, broker_url, job_id, spec, status, items_done(r, job_id, run_keys(spec)),
-                                  timing, now)
+                                  timing, now, refill=False)
         except redis.RedisError:
             raise  # the broker is away: this sweep ends, the next one tries again
         except Exception as exc:  # one job's trouble does not stop the others being looked after
