@@ -7,6 +7,7 @@ one test runs real workers end to end."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -41,12 +42,14 @@ def finish_one(r: redis.Redis, url: str, queue: str = "cpu") -> str | None:
     raw = r.rpop(queue)
     if raw is None:
         return None
-    body = json.loads(raw)
-    import base64
-
-    args = json.loads(base64.b64decode(body["body"]))[0]
+    args = chunk_args(raw)
     chunk_finished(client_app(url), r, args[0], args[1], args[2], queue)
     return args[0]
+
+
+def chunk_args(raw: bytes) -> list:
+    """(job, metric key, start, stop) of a score_chunk message on a queue's list."""
+    return json.loads(base64.b64decode(json.loads(raw)["body"]))[0]
 
 
 def on_list(r: redis.Redis, queue: str = "cpu") -> list[str]:
@@ -152,8 +155,7 @@ def test_a_refill_lost_with_a_worker_is_made_by_the_sweep(private_redis, tmp_pat
     r = redis.Redis.from_url(private_redis)
     only = start(r, private_redis, tmp_path, "only", job(10))
     for _ in range(window):  # finished, but the refill never happened
-        raw = r.rpop("cpu")
-        args = json.loads(__import__("base64").b64decode(json.loads(raw)["body"]))[0]
+        args = chunk_args(r.rpop("cpu"))
         r.sadd(keys.chunks_done(only, "metrics"), f"{args[1]}:{args[2]}")
     assert r.llen("cpu") == 0 and int(r.get(keys.sched("cpu", "out"))) == window
     sweep(r, private_redis, Timing(callback_grace=10, resume_after=15))
