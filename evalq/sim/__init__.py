@@ -14,6 +14,10 @@ Endpoints (on every region's port)
 ``POST /openai/v1/chat/completions``                              Azure OpenAI "v1" API
 ``GET  /v1/models``                                               configured model names
 ``GET  /stats``  / ``POST /stats/reset[?limits=1]``                this region's counters
+``POST /v1/files``, ``GET /v1/files[/{id}[/content]]``, ``DELETE /v1/files/{id}``   Files
+``POST /v1/batches``, ``GET /v1/batches[/{id}]``, ``POST /v1/batches/{id}/cancel``   Batches
+(the Files and Batches paths also under ``/openai/...?api-version=...`` and ``/openai/v1/...``
+for Azure OpenAI; see "Files and Batches" below)
 
 Rate limits
 -----------
@@ -80,7 +84,7 @@ region name, two draws per admitted request in admission order, so a serial clie
 sees the same sequence on every run.
 
 Stats (``GET /stats`` on a region's port, ``JudgeSim.stats()``) count chat-completion
-requests only: ``requests``, ``ok``, ``rate_limited`` (429s, of which
+requests only (batch work is under the ``"batch"`` key, below): ``requests``, ``ok``, ``rate_limited`` (429s, of which
 ``rate_limited_injected`` by marker), ``errors`` (``error500``, ``timeout``,
 ``malformed``, ``total``), ``unauthorized``, ``bad_request``, ``prompt_tokens`` and
 ``completion_tokens`` (of the replies sent), ``admitted_requests``/``admitted_tokens``
@@ -93,13 +97,58 @@ errors.total, unauthorized and bad_request. ``POST /stats/reset`` zeroes them;
 got (by the sha256 of its model and body), so a client that pays twice for one
 request shows.
 
+Files and Batches
+-----------------
+The OpenAI Batch API as the ``openai`` SDK calls it (``files.create(purpose="batch")``,
+``batches.create/retrieve/cancel/list``, ``files.content/retrieve/delete/list``), per
+region, with the same key check as chat completions. Uploads are multipart/form-data
+(``purpose``, ``file``); a ``batch`` file must be named ``*.jsonl``. A batch takes
+``{input_file_id, endpoint, completion_window: "24h", metadata?}``; ``endpoint`` is
+``/v1/chat/completions`` (OpenAI paths) or ``/chat/completions`` / ``/v1/chat/completions``
+(Azure paths, where each line's ``body.model`` is the batch deployment). Each input line
+is ``{"custom_id", "method": "POST", "url": <the endpoint>, "body"}``; a bad file makes
+the batch ``failed`` with ``errors.data`` listing every bad line (codes ``empty_file``,
+``too_many_tasks``, ``invalid_json_line``, ``missing_required_parameter``,
+``invalid_value``, ``url_mismatch``, ``model_mismatch``, ``duplicate_custom_id``).
+
+Per :class:`Region` (``NAME:TPM:RPM[:PORT][:KEY=VALUE...]``, or ``--batch-*`` options):
+``batch_delay`` (default 1 s) from creation to ``completed``: ``validating`` for
+``p = min(0.1 * delay, 1 s)``, ``in_progress`` with ``floor(N (t - p) / (delay - 2p))``
+of the N lines answered by time t, ``finalizing`` for the last ``p``.
+``batch_expire_after`` (default 86400, the 24 h window): a batch with a longer delay ends
+``expired`` then. ``batch_fail_fraction``: a line fails (500) when the first 8 bytes
+of ``sha256(f"{seed}:{custom_id}:{attempt}")``, big-endian, over ``2**64`` are below it
+(``attempt``: earlier batches of the region with that custom_id, from 0). ``enqueued_tokens``
+(0/None: none): the estimated tokens (the admission cost above, ``prompt + max_tokens
+* n``, per line) of a model's unfinished batches; a batch that would pass it ends
+``failed`` with ``token_limit_exceeded``. A cancelled batch is ``cancelling`` for ``p``,
+then ``cancelled``. Times come from ``JudgeSim(clock=...)`` (default ``time.monotonic``).
+
+Each line is answered as the synchronous endpoint answers its body (same ``choices``
+and ``usage``, markers included; ``[[sim:timeout]]`` answers 500, ``delay=`` is ignored)
+but takes no TPM/RPM, latency or random fault. The output file holds
+``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"}, "error": null}``
+per answered line; the error file the 4xx/5xx lines (``"body": {"error": ...}``) and, with
+``"response": null``, the lines a batch ended without: ``error.code`` ``batch_expired`` or
+``batch_cancelled``. Neither file keeps the input order (match by ``custom_id``); a file
+exists only when it has a line. ``request_counts.failed`` counts the error file's lines.
+``/stats``' ``"batch"`` counts these endpoints apart from chat completions:
+``requests``, ``unauthorized``, ``bad_request``, ``files_uploaded``,
+``batches_{created,completed,failed,expired,cancelled}``, ``batches_unfinished``,
+``lines_{answered,failed,expired,cancelled}``, ``prompt_tokens``/``completion_tokens``
+(answered lines), ``enqueued_tokens``, ``peak_enqueued_tokens``; ``answered()`` counts
+batch replies too. ``POST /stats/reset?limits=1`` also forgets the custom_id attempts.
+
 Authentication: a key must be sent (``Authorization: Bearer ...`` or ``api-key``);
 any key is accepted unless the sim was given ``api_key``, then others get 401
 (``/stats`` needs no key). The key is never logged.
 
 The package, by concern: ``regions`` (regions, their sliding windows and
 counters), ``handler`` (HTTP request handling: routes, auth, admission, the
-chat endpoint), ``replies`` (deterministic reply content, JSON Schema values),
+chat endpoint), ``chat`` (a chat request read, and its completion, for both
+paths), ``batches`` (files, batches and their timeline), ``batch_input`` (input
+file checks), ``batch_api`` (the Files and Batches routes),
+``replies`` (deterministic reply content, JSON Schema values),
 ``faults`` (fault rates and ``[[sim:...]]`` markers), ``tokens`` (the token
 count), ``server`` (:class:`JudgeSim`, one server per region) and ``cli``
 (``evalq judge-sim`` / ``python -m evalq.sim``).

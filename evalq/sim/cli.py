@@ -11,22 +11,25 @@ from typing import Any, Sequence
 import click
 
 from evalq.sim.faults import Faults
-from evalq.sim.regions import Region, parse_region
+from evalq.sim.regions import BATCH_WINDOW_SECONDS, parse_region
 from evalq.sim.server import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, JudgeSim
 
 
-def _region_param(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[Region]:
-    try:
-        regions = [parse_region(v) for v in values]
+def _region_param(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    try:  # checked here; read in the command, where the --batch-* defaults are known
+        for v in values:
+            parse_region(v)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    return regions
+    return values
 
 
 @click.command("judge-sim", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--region", "regions", multiple=True, default=("lab:20000:120",), show_default=True,
-              callback=_region_param, metavar="NAME:TPM:RPM[:PORT]",
-              help="A simulated region (repeatable); 0 disables a limit; no PORT: a free one.")
+              callback=_region_param, metavar="NAME:TPM:RPM[:PORT][:KEY=VALUE...]",
+              help="A simulated region (repeatable); 0 disables a limit; no PORT: a free one. KEY "
+                   "(batch_delay, batch_fail_fraction, batch_expire_after, enqueued_tokens) "
+                   "overrides a --batch-* / --enqueued-tokens option for this region.")
 @click.option("--latency", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Base latency per request, seconds.")
 @click.option("--jitter", type=click.FloatRange(min=0), default=0.0, show_default=True,
@@ -50,17 +53,31 @@ def _region_param(ctx: click.Context, param: click.Parameter, values: tuple[str,
               show_default=True, help="max_tokens assumed at admission when a request has none.")
 @click.option("--api-key", envvar="EVALQ_JUDGE_SIM_API_KEY", default=None, metavar="KEY",
               help="Accept only this key (env EVALQ_JUDGE_SIM_API_KEY); default: any key.")
+@click.option("--batch-delay", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Seconds from a batch's creation to 'completed'.")
+@click.option("--batch-fail-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Fraction of batch lines answered 500 (chosen by a hash of custom_id and attempt).")
+@click.option("--batch-expire-after", type=click.FloatRange(min=0, min_open=True),
+              default=BATCH_WINDOW_SECONDS, show_default=True,
+              help="A batch whose delay exceeds this many seconds ends 'expired' at this time.")
+@click.option("--enqueued-tokens", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Enqueued-token limit per model of unfinished batches (0: none).")
 @click.option("-v", "--verbose", is_flag=True, help="Log one line per request to stderr.")
-def judge_sim_command(regions: list[Region], latency: float, jitter: float, fail_rate: float,
+def judge_sim_command(regions: tuple[str, ...], latency: float, jitter: float, fail_rate: float,
                       timeout_rate: float, malformed_rate: float, timeout_seconds: float,
                       timeout_action: str, window: float, seed: int, models: tuple[str, ...],
-                      max_tokens_default: int, api_key: str | None, verbose: bool) -> None:
-    """Serve simulated OpenAI / Azure OpenAI chat endpoints on loopback, one port per
-    region, until SIGINT or SIGTERM. Prints `NAME BASE_URL` per region."""
+                      max_tokens_default: int, api_key: str | None, batch_delay: float,
+                      batch_fail_fraction: float, batch_expire_after: float, enqueued_tokens: int,
+                      verbose: bool) -> None:
+    """Serve simulated OpenAI / Azure OpenAI chat, Files and Batches endpoints on loopback,
+    one port per region, until SIGINT or SIGTERM. Prints `NAME BASE_URL` per region."""
+    batch = {"batch_delay": batch_delay, "batch_fail_fraction": batch_fail_fraction,
+             "batch_expire_after": batch_expire_after, "enqueued_tokens": enqueued_tokens or None}
     try:
+        parsed = [parse_region(spec, batch) for spec in regions]
         faults = Faults(error500=fail_rate, timeout=timeout_rate, malformed=malformed_rate,
                         timeout_seconds=timeout_seconds, timeout_action=timeout_action)
-        sim = JudgeSim(regions, latency=latency, jitter=jitter, fault_rates=faults,
+        sim = JudgeSim(parsed, latency=latency, jitter=jitter, fault_rates=faults,
                        window_seconds=window, seed=seed, api_key=api_key, models=models,
                        default_max_tokens=max_tokens_default, log=sys.stderr if verbose else None)
     except ValueError as exc:

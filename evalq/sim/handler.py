@@ -1,10 +1,10 @@
 """HTTP request handling: one threading server per region; routes, keys,
-admission, faults, latency and the chat-completions reply."""
+admission, faults, latency and the chat-completions reply. Files and Batches
+paths go, once the key is checked, to :mod:`evalq.sim.batch_api`."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import hmac
 import json
 import math
@@ -20,10 +20,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from evalq.sim.faults import INJECTED_RETRY_AFTER_S, parse_markers
+from evalq.sim.batch_api import handle as handle_batch_api, is_batch_path
+from evalq.sim.chat import ERROR500_MESSAGE, INJECTED_429_MESSAGE, completion, read_chat
+from evalq.sim.faults import INJECTED_RETRY_AFTER_S
 from evalq.sim.regions import RegionState
-from evalq.sim.replies import BadRequest, build_choice
-from evalq.sim.tokens import count_prompt_tokens
+from evalq.sim.replies import BadRequest
 
 HOST = "127.0.0.1"
 
@@ -108,11 +109,15 @@ class Handler(BaseHTTPRequestHandler):
             stream.flush()
 
     def _send_json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        self._send_bytes(status, json.dumps(obj, ensure_ascii=False).encode("utf-8"), "application/json",
+                         headers)
+
+    def _send_bytes(self, status: int, data: bytes, content_type: str,
+                    headers: dict[str, str] | None = None) -> None:
         self._responded = True
         self._leave()  # before the reply goes out: a client's next /stats must not see this one in flight
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("x-request-id", uuid.uuid4().hex)
         self.send_header("x-judge-sim-region", self.server.state.region.name)
@@ -165,6 +170,8 @@ class Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path.rstrip("/")
         if path == "/stats":
             self._send_json(200, self.server.sim.stats(self.server.state.region.name))
+        elif is_batch_path(path):
+            self._batch_api(b"")
         elif path in ("/v1/models", "/openai/models", "/openai/v1/models"):
             if not self._authorized():
                 return self._unauthorized()
@@ -185,6 +192,8 @@ class Handler(BaseHTTPRequestHandler):
             self.server.sim.reset_stats(self.server.state.region.name,
                                         clear_limits=flag in ("1", "true", "yes"))
             return self._send_json(200, self.server.sim.stats(self.server.state.region.name))
+        if is_batch_path(path):
+            return self._batch_api(body)
         azure = _AZURE_PATH.match(path)
         if azure is None and path not in ("/v1/chat/completions", "/openai/v1/chat/completions"):
             return self._error(404, f"Unknown path {path!r}", "invalid_request_error", "not_found")
@@ -208,6 +217,34 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             self._leave()
 
+    def do_DELETE(self) -> None:  # noqa: N802
+        body = self._read_body()
+        path = urlsplit(self.path).path.rstrip("/")
+        if body is None:
+            return self._error(400, "a Content-Length body is required", "invalid_request_error")
+        if not is_batch_path(path):
+            return self._error(404, f"Unknown path {path!r}", "invalid_request_error", "not_found")
+        self._batch_api(body)
+
+    def _batch_api(self, body: bytes) -> None:
+        """Files and Batches (evalq.sim.batch_api): no admission, no latency, no faults."""
+        split = urlsplit(self.path)
+        engine = self.server.sim.batch_engine(self.server.state.region.name)
+        if not self._authorized():
+            engine.add(requests=1, unauthorized=1)
+            return self._unauthorized()
+        try:
+            status, payload = handle_batch_api(engine, self.command, split.path.rstrip("/"),
+                                               parse_qs(split.query), body,
+                                               self.headers.get("Content-Type", ""))
+        except Exception:  # a judge-sim bug: say so rather than hang up
+            self.close_connection = True
+            traceback.print_exc()
+            return self._error(500, "judge-sim internal error (see its stderr)", "server_error")
+        if isinstance(payload, bytes):
+            return self._send_bytes(status, payload, "application/octet-stream")
+        self._send_json(status, payload)
+
     def _leave(self) -> None:
         if getattr(self, "_in_flight", False):
             self._in_flight = False
@@ -229,36 +266,13 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(raw or b"null")
         except (ValueError, UnicodeDecodeError):
             return bad("We could not parse the JSON body of your request.")
-        if not isinstance(body, dict):
-            return bad("The request body must be a JSON object.")
-        model = deployment or body.get("model")
-        if not isinstance(model, str) or not model:
-            return bad("you must provide a model parameter", "model")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-            return bad("'messages' must be a non-empty array of objects with a 'role'.", "messages")
-        if body.get("stream"):
-            return bad("judge-sim does not support stream=true.", "stream")
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
-                                       or max_tokens < 1):
-            return bad("max_tokens must be a positive integer.", "max_tokens")
-        n = body.get("n", 1)
-        if n is None:
-            n = 1
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128:
-            return bad("n must be an integer between 1 and 128.", "n")
-
-        markers = parse_markers(messages)
-        try:  # a pure function of the request: invalid requests are refused before admission
-            reply = build_choice(body, model, messages, markers, False, max_tokens)
+        try:
+            request = read_chat(body, deployment)
         except BadRequest as exc:
             return bad(str(exc), exc.param, exc.code)
-        # "-once" faults fire the first time the sim sees this exact request
-        req_key = hashlib.sha256(json.dumps({**body, "model": model}, sort_keys=True,
-                                            ensure_ascii=False).encode("utf-8")).hexdigest()
+        markers, reply, req_key = request.markers, request.reply, request.key
 
+        # "-once" faults fire the first time the sim sees this exact request
         def fires(kind: str) -> bool:
             return kind in markers.faults and (
                 not markers.faults[kind] or sim._first_time(f"{kind}:{req_key}"))
@@ -266,13 +280,11 @@ class Handler(BaseHTTPRequestHandler):
         if fires("429"):
             state.add(rate_limited=1, rate_limited_injected=1)
             return self._error(
-                429, f"Rate limit reached (judge-sim injected). Please retry after "
-                     f"{INJECTED_RETRY_AFTER_S} second.", "requests", "rate_limit_exceeded",
+                429, INJECTED_429_MESSAGE, "requests", "rate_limit_exceeded",
                 headers={"Retry-After": str(INJECTED_RETRY_AFTER_S),
                          "retry-after-ms": str(INJECTED_RETRY_AFTER_S * 1000)})
 
-        prompt_tokens = count_prompt_tokens(messages)
-        cost = prompt_tokens + (max_tokens or sim.default_max_tokens) * n
+        cost = request.cost(sim.default_max_tokens)
         adm = state.admit(cost)
         if not adm.admitted:
             state.add(rate_limited=1)
@@ -312,10 +324,9 @@ class Handler(BaseHTTPRequestHandler):
         if fault == "500":
             state.add(error500=1)
             self._sleep(delay)
-            return self._error(500, "The server had an error while processing your request. "
-                                    "Sorry about that! (judge-sim injected)", "server_error")
+            return self._error(500, ERROR500_MESSAGE, "server_error")
         if fault == "malformed":
-            reply = build_choice(body, model, messages, markers, True, max_tokens)
+            reply = request.malformed_reply()
         if fault == "timeout":
             state.add(timeout=1)
             self._sleep(faults.timeout_seconds)
@@ -326,10 +337,9 @@ class Handler(BaseHTTPRequestHandler):
             state.add(**({"malformed": 1} if fault == "malformed" else {"ok": 1}))
             if sim.per_request:
                 state.answer(req_key)
-        message, finish, per_choice = reply
-        choices = [(i, message, finish) for i in range(n)]
-        completion_tokens = per_choice * n
-        state.add(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        answer = completion(request, reply)
+        state.add(prompt_tokens=answer["usage"]["prompt_tokens"],
+                  completion_tokens=answer["usage"]["completion_tokens"])
         headers = {}
         region = state.region
         if adm.remaining_requests is not None:
@@ -338,17 +348,7 @@ class Handler(BaseHTTPRequestHandler):
         if adm.remaining_tokens is not None:
             headers["x-ratelimit-limit-tokens"] = str(region.tpm)
             headers["x-ratelimit-remaining-tokens"] = str(adm.remaining_tokens)
-        self._send_json(200, {
-            "id": "chatcmpl-sim" + uuid.uuid4().hex[:20],
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "system_fingerprint": "judge-sim",
-            "choices": [{"index": i, "message": m, "finish_reason": f, "logprobs": None}
-                        for i, m, f in choices],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
-        }, headers)
+        self._send_json(200, answer, headers)
 
 
 # ---------------------------------------------------------------- public API

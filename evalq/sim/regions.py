@@ -10,36 +10,70 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 
+BATCH_WINDOW_SECONDS = 86400.0  # completion_window "24h"
+
+
 @dataclass(frozen=True)
 class Region:
     """A simulated region: its own port, RPM and TPM budgets. ``port=0`` picks a free
-    port; a limit of 0 or None disables that limit."""
+    port; a limit of 0 or None disables that limit.
+
+    Its Batch API (:mod:`evalq.sim.batches`): a batch takes ``batch_delay`` seconds from
+    creation to ``completed``; a fraction ``batch_fail_fraction`` of its lines fail (500),
+    chosen by a hash of the custom_id; a batch whose delay exceeds ``batch_expire_after``
+    seconds (default: the 24 h window) ends ``expired``; ``enqueued_tokens`` caps the
+    estimated tokens of the unfinished batches per model (0 or None: no cap)."""
 
     name: str
     tpm: int | None = None
     rpm: int | None = None
     port: int = 0
+    batch_delay: float = 1.0
+    batch_fail_fraction: float = 0.0
+    batch_expire_after: float = BATCH_WINDOW_SECONDS
+    enqueued_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
             raise ValueError("region name must be a non-empty string")
-        for label, value in (("tpm", self.tpm), ("rpm", self.rpm)):
-            if value is not None and (not isinstance(value, int) or value < 0):
+        for label, value in (("tpm", self.tpm), ("rpm", self.rpm), ("enqueued_tokens", self.enqueued_tokens)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"region {self.name}: {label} must be a non-negative integer")
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ValueError(f"region {self.name}: bad port {self.port!r}")
+        if not isinstance(self.batch_delay, (int, float)) or not self.batch_delay >= 0:
+            raise ValueError(f"region {self.name}: batch_delay must be a number >= 0")
+        if not isinstance(self.batch_fail_fraction, (int, float)) or not 0 <= self.batch_fail_fraction <= 1:
+            raise ValueError(f"region {self.name}: batch_fail_fraction must be in [0, 1]")
+        if not isinstance(self.batch_expire_after, (int, float)) or not self.batch_expire_after > 0:
+            raise ValueError(f"region {self.name}: batch_expire_after must be a number > 0")
 
 
-def parse_region(spec: str) -> Region:
-    """``NAME:TPM:RPM[:PORT]`` -> Region (0 disables a limit; no port: a free one)."""
+_BATCH_KEYS = {"batch_delay": float, "batch_fail_fraction": float, "batch_expire_after": float,
+               "enqueued_tokens": int}
+
+
+def parse_region(spec: str, defaults: dict | None = None) -> Region:
+    """``NAME:TPM:RPM[:PORT][:KEY=VALUE...]`` -> Region (0 disables a limit; no port: a
+    free one). KEY is one of batch_delay, batch_fail_fraction, batch_expire_after,
+    enqueued_tokens; ``defaults`` gives those the spec leaves out."""
     parts = spec.split(":")
+    settings = dict(defaults or {})
+    while parts and "=" in parts[-1]:
+        key, _, value = parts.pop().partition("=")
+        if key not in _BATCH_KEYS:
+            raise ValueError(f"region {spec!r}: unknown setting {key!r}; known: {', '.join(_BATCH_KEYS)}")
+        try:
+            settings[key] = _BATCH_KEYS[key](value)
+        except ValueError:
+            raise ValueError(f"region {spec!r}: {key} must be a number, not {value!r}") from None
     if len(parts) not in (3, 4) or not parts[0]:
-        raise ValueError(f"region {spec!r}: expected NAME:TPM:RPM[:PORT]")
+        raise ValueError(f"region {spec!r}: expected NAME:TPM:RPM[:PORT][:KEY=VALUE...]")
     try:
         nums = [int(p) for p in parts[1:]]
     except ValueError:
         raise ValueError(f"region {spec!r}: expected NAME:TPM:RPM[:PORT] with integer TPM, RPM, PORT") from None
-    return Region(parts[0], tpm=nums[0], rpm=nums[1], port=nums[2] if len(nums) == 3 else 0)
+    return Region(parts[0], tpm=nums[0], rpm=nums[1], port=nums[2] if len(nums) == 3 else 0, **settings)
 
 
 _COUNTERS = ("requests", "ok", "rate_limited", "rate_limited_injected", "unauthorized",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
-from typing import Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
+from evalq.sim.batches import BatchEngine
 from evalq.sim.faults import Faults
 from evalq.sim.handler import HOST, RegionServer
 from evalq.sim.regions import Region, RegionState
@@ -16,14 +18,16 @@ DEFAULT_MAX_TOKENS = 256
 
 class JudgeSim:
     """Simulated LLM regions on loopback. ``start()`` (or ``with``) binds one port per
-    region; ``stop()`` shuts everything down, waking any request still sleeping."""
+    region; ``stop()`` shuts everything down, waking any request still sleeping.
+    ``clock`` (seconds, default ``time.monotonic``) times the batches' lives; a test
+    may pass its own to move them on without waiting."""
 
     def __init__(self, regions: Sequence[Region] | None = None, *, latency: float = 0.0,
                  jitter: float = 0.0, fault_rates: Faults | None = None,
                  window_seconds: float = 60.0, seed: int = 0, api_key: str | None = None,
                  models: Sequence[str] = (DEFAULT_MODEL,),
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, log: TextIO | None = None,
-                 per_request: bool = False) -> None:
+                 per_request: bool = False, clock: Callable[[], float] | None = None) -> None:
         regions = list(regions) if regions else [Region("local")]
         names = [r.name for r in regions]
         if len(set(names)) != len(names):
@@ -50,6 +54,10 @@ class JudgeSim:
         self._stopping = threading.Event()
         self._seen: set[str] = set()
         self._seen_lock = threading.Lock()
+        self._batches = {r.name: BatchEngine(r, self._states[r.name], seed=seed,
+                                             default_max_tokens=default_max_tokens,
+                                             per_request=per_request, first_time=self._first_time,
+                                             clock=clock or time.monotonic) for r in regions}
 
     def __repr__(self) -> str:  # never shows the key
         return f"JudgeSim(regions={[r.name for r in self.regions]}, running={self.running})"
@@ -117,11 +125,19 @@ class JudgeSim:
         """For ``openai.OpenAI(base_url=...)``: ``http://127.0.0.1:PORT/v1``."""
         return self.azure_endpoint(region) + "/v1"
 
+    def batch_engine(self, region: str) -> BatchEngine:
+        """The region's Files and Batches (:mod:`evalq.sim.batches`)."""
+        if region not in self._batches:
+            raise KeyError(f"unknown region {region!r}; have {list(self._batches)}")
+        return self._batches[region]
+
     def stats(self, region: str | None = None) -> dict:
-        """One region's counters, or ``{name: counters}`` for all."""
+        """One region's counters, or ``{name: counters}`` for all; ``"batch"`` holds the
+        Files and Batches counters, apart from the chat-completion ones."""
         def one(name: str) -> dict:
             server = self._servers.get(name)
-            return self._states[name].snapshot(server.server_address[1] if server else 0)
+            return {**self._states[name].snapshot(server.server_address[1] if server else 0),
+                    "batch": self._batches[name].snapshot()}
         if region is not None:
             if region not in self._states:
                 raise KeyError(f"unknown region {region!r}")
@@ -130,7 +146,8 @@ class JudgeSim:
 
     def answered(self, region: str | None = None) -> dict[str, int]:
         """With ``per_request=True``: how many replies (200s) each distinct request got,
-        by its sha256, in one region or all; a request answered twice was paid twice."""
+        by its sha256, in one region or all, synchronous calls and batch lines alike; a
+        request answered twice was paid twice."""
         total: Counter[str] = Counter()
         for name in ([region] if region is not None else list(self._states)):
             with self._states[name].lock:
@@ -139,9 +156,11 @@ class JudgeSim:
 
     def reset_stats(self, region: str | None = None, *, clear_limits: bool = False) -> None:
         """Zero the counters (and peaks) of one region or all. ``clear_limits`` also
-        empties the rate-limit windows and forgets which ``-once`` requests were seen."""
+        empties the rate-limit windows and forgets which ``-once`` requests were seen and
+        how often each batch custom_id was tried (batches themselves are kept)."""
         for name in ([region] if region is not None else list(self._states)):
             self._states[name].reset(clear_limits)
+            self._batches[name].reset(clear_limits)
         if clear_limits:
             with self._seen_lock:
                 self._seen.clear()
