@@ -22,7 +22,9 @@ demo: $(STAMP)
 	$(BIN)/python examples/run_rag_demo.py
 	$(BIN)/evalq compare out/translation out/translation_v2 --html out/compare.html \
 	    --gate "delta(bleu.mean) >= -0.05" --gate "exact_match.mean >= 0.5"
-	@echo "results: out/<example>/ (results.json, log.jsonl, run.json, report.html); out/compare.html"
+	$(BIN)/evalq history translation --html out/history.html
+	@echo "results: out/<example>/ (results.json, log.jsonl, run.json, report.html); out/compare.html;"
+	@echo "every run is in the history store: evalq history (out/history.html: the translation suite over time)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -13,11 +13,13 @@ import logging
 
 import redis
 
+from evalq.orchestrator.recording import record_job
 from evalq.shared import keys
 from evalq.shared.aggregate import AGGREGATORS, AGREEMENT_KINDS, Agreement, aggregator_for, merge_parts
 from evalq.shared.config import Settings
 from evalq.shared.job import entry_head
-from evalq.shared.model_under_test import GENERATE, GENERATE_SPEC
+from evalq.shared.judges import NANO, JudgeConfig
+from evalq.shared.model_under_test import GENERATE, GENERATE_SPEC, parse_model_config
 from evalq.shared.registry import REGISTRY, MetricSpec
 from evalq.shared.spec import METRICS_STAGE, run_keys, span, stage_runs, stored_spec
 from evalq.shared.status import Status, status_of
@@ -26,6 +28,7 @@ log = logging.getLogger("evalq.worker")
 
 ACCOUNTING_FIELDS = ("calls", "cache_hits", "reused", "prompt_tokens", "completion_tokens", "reserved_tokens",
                      "rate_limited", "failed_calls")
+COST_FIELD = "cost_nano"  # the accounting hash's integer cost; outputs show it as ``cost``
 
 
 def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: MetricSpec, total: int) -> dict:
@@ -62,7 +65,8 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     if agreement is not None and agreement.result() is not None:
         out["agreement"] = agreement.result()
     if metric.calls_endpoint:
-        judge = judge_accounting(r.hgetall(keys.accounting(job_id, key)))
+        judge = judge_accounting(r.hgetall(keys.accounting(job_id, key)),
+                                 endpoint_priced(stored_spec(r, job_id), key, entry))
         if seen:  # what one item cost: paid calls and tokens
             judge["calls_per_item"] = round(judge["calls"] / seen, 3)
             judge["tokens_per_item"] = round((judge["prompt_tokens"] + judge["completion_tokens"]) / seen, 1)
@@ -73,18 +77,39 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     return out
 
 
-def judge_accounting(acct: dict[bytes, bytes]) -> dict:
+def judge_accounting(acct: dict[bytes, bytes], priced: bool | None = None) -> dict:
     """A metric entry's judge accounting hash as results and ``evalq status`` show it:
-    the totals, and under ``regions`` the ``<region>/<field>`` counts of each deployment."""
+    the totals, and under ``regions`` the ``<region>/<field>`` counts of each deployment.
+    When its endpoint has a price (``priced``; None: when a call cost something), the
+    totals and each region carry ``cost`` (the hash's integer ``cost_nano``, in units)."""
     judge: dict = {f: int(float(acct.get(f.encode(), 0))) for f in ACCOUNTING_FIELDS}
     regions: dict[str, dict[str, int]] = {}
     for k, v in acct.items():
         region, _, field = k.decode().rpartition("/")
         if region:
             regions.setdefault(region, {})[field] = int(float(v))
+    if priced or (priced is None and COST_FIELD.encode() in acct):
+        judge["cost"] = money(int(float(acct.get(COST_FIELD.encode(), 0))))
+        for counts in regions.values():
+            counts["cost"] = money(counts.pop(COST_FIELD, 0))
+    for counts in regions.values():
+        counts.pop(COST_FIELD, None)
     if regions:
         judge["regions"] = dict(sorted(regions.items()))
     return judge
+
+
+def money(nano: int) -> float:
+    """Billionths of the prices' currency as the outputs show money: rounded to 6 decimals."""
+    return round(nano / NANO, 6)
+
+
+def endpoint_priced(spec: dict, key: str, entry: dict) -> bool:
+    """Whether the endpoint a run calls (its judge, or the model under test) has a price."""
+    if key == GENERATE:
+        return bool(getattr(parse_model_config(spec["model"]), "priced", False)) if "model" in spec else False
+    name = entry["parameters"].get("judge")
+    return name in spec.get("judges", {}) and JudgeConfig.model_validate(spec["judges"][name]).priced
 
 
 def _counts(agg) -> dict:
@@ -109,6 +134,8 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     if spec.get("out"):
         errors = _write(r, spec, job_id, summary, status)
     final = Status.FAILED if errors else status
+    # in the history store before the status says so: whoever sees the job end finds it there
+    record_job(r, job_id, spec, final, summary, "; ".join(errors) or None)
     pipe = r.pipeline(transaction=True)
     if errors:
         pipe.set(keys.error(job_id), "; ".join(errors))
@@ -122,6 +149,7 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
 def fail(r: redis.Redis, job_id: str, error: str) -> dict:
     """End a job as failed (its outputs could not be made), answering ``reply_to``."""
     spec = json.loads(r.get(keys.spec(job_id)) or "{}")
+    record_job(r, job_id, spec, Status.FAILED, None, error)
     pipe = r.pipeline(transaction=True)
     pipe.set(keys.error(job_id), error)
     pipe.set(keys.status(job_id), Status.FAILED)
@@ -151,7 +179,7 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
     from evalq.orchestrator.outputs import run_info, write_outputs
 
     stage = r.get(keys.stage_summary(job_id, GENERATE))
-    run = run_info(spec, job_id, json.loads(stage) if stage else None, status)
+    run = run_info(spec, job_id, json.loads(stage) if stage else None, status, summary)
     dest = Destination(spec["out"], spec.get("out_endpoint_url"))
     refused = destination_problem(dest.uri, dest.endpoint_url)
     try:

@@ -176,12 +176,13 @@ def render(info, one: bool) -> str:
     for row in info["entries"]:
         judge = row.get("judge")
         extra = (f"  calls {judge.get('calls', 0)}, tokens {judge.get('prompt_tokens', 0)}+"
-                 f"{judge.get('completion_tokens', 0)}, 429s {judge.get('rate_limited', 0)}") if judge else ""
+                 f"{judge.get('completion_tokens', 0)}, 429s {judge.get('rate_limited', 0)}"
+                 + (f", cost {judge['cost']}" if "cost" in judge else "")) if judge else ""
         lines.append(f"  {row['entry']:<24} {row['done']}/{row['total']}{extra}")
         for region, r in (judge or {}).get("regions", {}).items():
             lines.append(f"    {region:<22} calls {r.get('calls', 0)}, tokens {r.get('prompt_tokens', 0)}+"
                          f"{r.get('completion_tokens', 0)}, 429s {r.get('rate_limited', 0)}, "
-                         f"failed {r.get('failed_calls', 0)}")
+                         f"failed {r.get('failed_calls', 0)}" + (f", cost {r['cost']}" if "cost" in r else ""))
     for stage, s in info.get("stages", {}).items():
         lines.append(f"  stage {stage}: {s['finished']}/{s['chunks']} chunks finished, {s['sent']} sent")
     sched = info.get("scheduling") or {}

@@ -7,7 +7,8 @@ directory (of the worker that runs the callback) or an S3 prefix:
   a line names its entry (``evalq.shared.loglines``), whose parameters
   results.json and run.json carry once;
 - ``run.json``: what ran: job id, status, source, dataset and how it was
-  read, bad records skipped, the generation stage's summary, times and versions.
+  read, bad records skipped, the generation stage's summary, times and versions,
+  and ``cost`` (judges' and generation's; null when nothing had a price).
 
 Everything comes from the job's spec and records in Redis, so whichever
 process runs the callback writes the same files.
@@ -68,7 +69,8 @@ def _instances_at(r: redis.Redis, job_id: str, positions: list[int]) -> dict[int
     return {p: json.loads(raw) for p, raw in zip(positions, pipe.execute()) if raw is not None}
 
 
-def run_info(spec: dict, job_id: str, generation: dict | None, status: str = Status.DONE) -> dict:
+def run_info(spec: dict, job_id: str, generation: dict | None, status: str = Status.DONE,
+             summary: list[dict] | None = None) -> dict:
     from importlib.metadata import version
 
     info: dict = {"job_id": job_id, "status": status, "source": spec["source"],
@@ -92,7 +94,16 @@ def run_info(spec: dict, job_id: str, generation: dict | None, status: str = Sta
         info["request_id"] = spec["request_id"]
     if generation is not None:
         info["generation"] = generation
+    info["cost"] = job_cost(summary or [], generation)
     return info
+
+
+def job_cost(summary: list[dict], generation: dict | None) -> float | None:
+    """The job's cost: its metric entries' judge costs and the generation stage's,
+    in the prices' currency; None when no endpoint it called had a price."""
+    blocks = [m.get("judge") or {} for m in summary] + [(generation or {}).get("judge") or {}]
+    costs = [b["cost"] for b in blocks if b.get("cost") is not None]
+    return round(sum(costs), 6) if costs else None
 
 
 def _log_entries(r: redis.Redis, spec: dict, job_id: str,

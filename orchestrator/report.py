@@ -182,7 +182,8 @@ class ReportBuilder:
         run = self.run
         meta = [("job", run.get("source")), ("job id", run.get("job_id")), ("status", run.get("status")),
                 ("instances", run.get("n_instances")), ("evalq", run.get("evalq_version")),
-                ("started", run.get("started_at")), ("wall time", f"{run['wall_time']} s" if "wall_time" in run else None)]
+                ("started", run.get("started_at")), ("wall time", f"{run['wall_time']} s" if "wall_time" in run else None),
+                ("cost", run.get("cost"))]
         if run.get("dataset"):
             meta.append(("dataset", run["dataset"].get("uri")))
         if run.get("generation"):
@@ -224,10 +225,14 @@ class ReportBuilder:
 
     def _spend(self) -> str:
         rows = [(self._label(m), m["judge"]) for m in self.summary if m.get("judge")]
+        if (self.run.get("generation") or {}).get("judge"):  # what the model under test's calls cost
+            rows.append(("generate (model under test)", self.run["generation"]["judge"]))
         if not rows:
             return ""
         cols = ("calls", "cache_hits", "reused", "prompt_tokens", "completion_tokens", "rate_limited", "failed_calls")
-        body = "".join(f"<tr><td>{_esc(label)}</td>" + "".join(f"<td>{j.get(c, 0)}</td>" for c in cols) + "</tr>"
+        if any("cost" in j for _, j in rows):  # a judge with a price: money, in the prices' currency
+            cols += ("cost",)
+        body = "".join(f"<tr><td>{_esc(label)}</td>" + "".join(f"<td>{j.get(c, '' if c == 'cost' else 0)}</td>" for c in cols) + "</tr>"
                        + "".join(f"<tr class=sub><td>&nbsp;&nbsp;{_esc(region)}</td>"
                                  + "".join(f"<td>{r.get(c, '')}</td>" for c in cols) + "</tr>"
                                  for region, r in j.get("regions", {}).items())
@@ -306,6 +311,11 @@ details{margin:4px 0;border:1px solid #e3e6ee;padding:4px 8px;border-radius:4px}
 pre{white-space:pre-wrap;background:#f7f8fb;padding:6px;margin:2px 0}code{font-size:12px}
 .pass{color:#1b7f3b}.fail{color:#b3261e}
 </style></head><body>"""
+
+
+def page_head(title: str, css: str = "") -> str:
+    """The head every evalq page shares (report.html's style), with its title and extra rules."""
+    return _HEAD.replace("evalq report", html.escape(title), 1).replace("</style>", css + "</style>", 1)
 
 
 def run_html(summary: list[dict], run: dict, lines: Iterable[tuple[dict, int | None]],

@@ -30,7 +30,8 @@ from evalq.shared.status import FINAL, Status
 
 log = logging.getLogger("evalq.jobs")
 
-REQUEST_FIELDS = ("job", "job_uri", "out", "request_id", "reply_to", "chunk_size", "priority", "tenant", "weight")
+REQUEST_FIELDS = ("job", "job_uri", "out", "request_id", "reply_to", "chunk_size", "priority", "tenant", "weight",
+                  "suite")
 _LIST_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 # Keys a reply must never be pushed onto: evalq's own state, kombu's, and the task queues
 # (a JSON document on a queue list would be read as a task message).
@@ -210,6 +211,13 @@ def parse_request(request: dict):
         raise JobError("request.out: missing, and the job has no output.uri; say where the outputs go")
     check_place(dest.uri, dest.endpoint_url, "request.out" if out is not None else "output.uri")
     job.scheduling = _scheduling(job.scheduling, request)
+    if request.get("suite") is not None:
+        from evalq.shared.nightly import suite_problem
+
+        problem = suite_problem(request["suite"])
+        if problem:
+            raise JobError(f"request.suite: {problem}")
+        job.suite = request["suite"]
     dest.check()
     return job, dest
 

@@ -22,7 +22,7 @@ import redis
 
 from evalq.shared import keys
 from evalq.shared.config import Settings
-from evalq.shared.errors import InfraError
+from evalq.shared.errors import InfraError, JobError
 from evalq.shared.instances import json_lines
 from evalq.shared.job import Job, MetricRun
 from evalq.shared.model_under_test import GENERATE
@@ -57,6 +57,11 @@ def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None =
 
 def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | None = None,
              request_id: str | None = None, reply_to: str | None = None) -> dict:
+    from evalq.shared.job_metrics import batch_requested
+
+    unrunnable = batch_requested(job.judging, job.metrics)
+    if unrunnable:  # before anything is stored or sent
+        raise JobError([f"{job.source}: {problem}" for problem in unrunnable])
     ttl = Settings.from_env().result_ttl
     metrics = {}
     for m in job.metrics:
@@ -75,6 +80,8 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
             "judges": {name: job.judges[name].model_dump(mode="json") for name in sorted(used)},
             "judging": job.judging.model_dump(mode="json"), "categories": job.categories,
             "scheduling": job.scheduling.model_dump(mode="json"),
+            # the history store's series, and how its regressions are judged (evalq.orchestrator.history)
+            "suite": job.suite, "regression": job.regression.model_dump(mode="json"),
             "submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ttl": ttl}
     if out is not None:
         dest = out if isinstance(out, Destination) else Destination(out)

@@ -58,6 +58,14 @@ class Settings:
         )
 
 
+def cache_dir():
+    """Where evalq keeps what outlives a run on this machine (embedded Redis's judge cache, the
+    default history store): ``EVALQ_CACHE_DIR``, else ``~/.cache/evalq``."""
+    from pathlib import Path
+
+    return Path(os.environ.get("EVALQ_CACHE_DIR") or Path.home() / ".cache" / "evalq")
+
+
 def redis_tls(url: str | None) -> dict | None:
     """TLS options for a ``rediss://`` URL (None for plain ``redis://``): the server's
     certificate is always verified, against ``EVALQ_REDIS_CA_FILE`` when set (a

@@ -15,15 +15,17 @@ from evalq.shared.dataset import DatasetSpec, JailbreakSpec, OutputSpec
 from evalq.shared.egress import roots_problem, s3_problem
 from evalq.shared.errors import JobError, kind
 from evalq.shared.instances import BadRecords, InstanceChecker, load_dataset, record_place, report_duplicates
-from evalq.shared.job_metrics import (MetricRun, check_endpoints, check_key_env, entry_head,  # noqa: F401
-                                      parse_judges, parse_metrics, resolve_judges)
+from evalq.shared.job_metrics import (MetricRun, check_batch, check_cost_cap, check_endpoints,  # noqa: F401
+                                      check_key_env, entry_head, parse_judges, parse_metrics, resolve_judges)
 from evalq.shared.judges import JudgeConfig, JudgingOptions
+from evalq.shared.nightly import Regression, suite_of, suite_problem
 from evalq.shared.model_under_test import GENERATE_SPEC, EndpointModel, GenerateParams, PythonModel, runner_class
 from evalq.shared.problems import MAX_PROBLEMS, Problems, did_you_mean, parse_section
 from evalq.shared.scheduling import Scheduling
 from evalq.shared.storage import is_s3
 
-JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging", "jailbreak", "scheduling"}
+JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging", "jailbreak", "scheduling",
+            "suite", "regression"}
 JAILBREAK = "jailbreak"  # the ``variant`` of an injected instance
 
 
@@ -44,6 +46,8 @@ class Job:
     categories: list[str] = field(default_factory=list)
     jailbreak: JailbreakSpec | None = None
     scheduling: Scheduling = field(default_factory=Scheduling)
+    suite: str = ""             # the series its runs belong to in the history store
+    regression: Regression = field(default_factory=Regression)
     # with a jailbreak: the clean instances come first, then their injected variants
     n_clean: int | None = None
 
@@ -107,6 +111,8 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None) 
         _s3_allowed(output, "output", problems)
     metrics = parse_metrics(raw.get("metrics"), problems)
     metrics = resolve_judges(metrics, judges, problems)
+    check_cost_cap(judging, metrics, model, problems)
+    check_batch(judging, metrics, model, problems)
     if isinstance(model, EndpointModel):
         check_key_env(model.api_key_env, "model.api_key_env", problems)
         check_endpoints(model, "model", problems)
@@ -116,8 +122,12 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None) 
         except ValueError as exc:
             problems.add("model.runner", str(exc))
     scheduling = parse_section(Scheduling, raw.get("scheduling", {}), "scheduling", problems) or Scheduling()
+    suite = raw.get("suite", suite_of(source))
+    if suite_problem(suite):
+        problems.add("suite", suite_problem(suite))
+    regression = parse_section(Regression, raw.get("regression", {}), "regression", problems) or Regression()
     job = Job(source=source, instances=[], metrics=metrics, judges=judges, judging=judging, model=model,
-              output=output, scheduling=scheduling)
+              output=output, scheduling=scheduling, suite=suite, regression=regression)
     _load_instances(raw, job, problems)
     if "jailbreak" in raw and not problems.items:
         _add_jailbreak(raw["jailbreak"], job, problems)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 import evalq.shared.catalogue  # noqa: F401  (registers the built-in metrics)
 from evalq.shared.errors import JobError, kind
-from evalq.shared.judges import JudgeConfig
+from evalq.shared.judges import EndpointConfig, JudgeConfig, JudgingOptions
 from evalq.shared.model_under_test import RUNNER_QUEUE
 from evalq.shared.spec import entry_queues
 from evalq.shared.problems import Problems, did_you_mean, parse_section
@@ -125,6 +125,55 @@ def resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
     return resolved
 
 
+def check_cost_cap(judging: JudgingOptions, runs: list[MetricRun], model: Any, problems: Problems) -> None:
+    """A cost cap counts priced calls only: with no price on the judges the enabled
+    entries use, nor on the model under test, it could never stop anything."""
+    if judging.cost_cap is None:
+        return
+    endpoints = [run.judge for run in runs if run.judge is not None] + ([model] if hasattr(model, "priced") else [])
+    if not any(e.priced for e in endpoints):
+        problems.add("judging.cost_cap", "no judge or model has a price")
+
+
+def check_batch(judging: JudgingOptions, runs: list[MetricRun], model: Any, problems: Problems) -> None:
+    """An entry whose mode (its ``mode`` parameter, else ``judging.mode``) is batch or
+    auto needs a judge with a deployment that declares ``batch``; so does generation
+    through an endpoint model when ``judging.mode`` is batch (with auto, a model
+    without one generates synchronously)."""
+    from evalq.shared.batch_config import BATCHED
+
+    for run in runs:
+        if run.judge is None or not hasattr(run.params, "effective_mode"):
+            continue
+        mode = run.params.effective_mode(judging)
+        if mode in BATCHED and not run.judge.batch_deployments:
+            where = f"{run.where}.parameters.mode" if run.params.mode else run.where
+            source = "" if run.params.mode else " (judging.mode)"
+            problems.add(where, f"mode {mode!r}{source} needs a batch-capable deployment, and none of judge "
+                         f"{run.params.judge!r}'s deployments ({_regions(run.judge)}) declares 'batch' "
+                         "(e.g. \"batch\": {\"enqueued_tokens\": 50000000})")
+    if judging.mode == "batch" and isinstance(model, EndpointConfig) and not model.batch_deployments:
+        problems.add("model", f"judging.mode 'batch' also generates through the Batch API, and none of the "
+                     f"model's deployments ({_regions(model)}) declares 'batch'")
+
+
+def batch_requested(judging: JudgingOptions, runs: list[MetricRun]) -> list[str]:
+    """The entries that ask for the Batch API (their ``mode``, else ``judging.mode``), each
+    as a problem: this evalq checks the Batch API settings but does not run them yet, and a
+    job that asked for half price must not be judged at full price without saying so."""
+    from evalq.shared.batch_config import BATCHED
+
+    asked = [(run, run.params.effective_mode(judging)) for run in runs
+             if run.judge is not None and hasattr(run.params, "effective_mode")]
+    return [f"{run.where}: mode {mode!r}{'' if run.params.mode else ' (judging.mode)'}: the Batch API path "
+            "is not available in this version of evalq (its settings are validated, but it cannot run them "
+            "yet); use mode 'sync'" for run, mode in asked if mode in BATCHED]
+
+
+def _regions(config: EndpointConfig) -> str:
+    return ", ".join(d.region for d in config.deployments)
+
+
 def check_key_env(variable: str, where: str, problems: Problems) -> None:
     if not os.environ.get(variable):
         problems.add(where, f"environment variable {variable} is not set (the API key is read from it)")
@@ -206,8 +255,8 @@ def parse_metrics(raw: Any, problems: Problems) -> list[MetricRun]:
                 continue
             names[name] = i
         # the same metric may be listed again with other parameters; with the same
-        # (defaults filled in) it would compute the same thing twice
-        same = (metric_id, json.dumps(params.model_dump(mode="json"), sort_keys=True))
+        # (defaults filled in) it would compute the same thing twice, whichever path (mode) its calls take
+        same = (metric_id, json.dumps(params.model_dump(mode="json", exclude={"mode"}), sort_keys=True))
         if same in computed:
             problems.add(where, f"same metric and parameters as metrics[{computed[same]}] (defaults filled "
                          "in): it would compute the same thing twice; change the parameters or remove one")

@@ -16,3 +16,13 @@ class Reply:
 
     def text(self) -> str:
         return self.tool_arguments if self.tool_arguments is not None else (self.content or "")
+
+
+def reply_from_completion(completion) -> Reply:
+    """A chat completion (the ``openai`` SDK's ``ChatCompletion``, from a synchronous
+    call or read from a batch's output file) as a Reply: the first choice's text,
+    its first tool call's arguments, and the ``usage`` as the SDK dumps it."""
+    usage = completion.usage.model_dump() if completion.usage else {}
+    message = completion.choices[0].message
+    tool_arguments = message.tool_calls[0].function.arguments if message.tool_calls else None
+    return Reply(message.content, tool_arguments, usage)

@@ -3,21 +3,55 @@
 A judge is a model behind one or more deployments; each deployment has its own
 region queue ``judge.<region>`` and its own cluster-wide TPM/RPM budget. Keys
 come only from the environment variable a judge names, never from the job file.
+A judge (or the model under test, or one deployment, whose price wins) may carry
+a ``price`` per 1,000 tokens: what its calls cost, in whatever currency the
+prices are written in (evalq converts nothing).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from evalq.shared import bounds
+from evalq.shared.batch_config import DEFAULT_AUTO_DEADLINE, BatchCapacity, DeadlineField, JudgingMode
 from evalq.shared.strict import Strict
 from evalq.shared.params import Params
 
 _REGION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+# Cost is kept in billionths of the prices' currency unit: integer sums, exact in every total.
+NANO = 10**9
+
+
+class Price(Strict):
+    """What an endpoint's tokens cost per 1,000, in the prices' own currency."""
+
+    model_config = ConfigDict(strict=True)  # a price is a number, never the string "0.01"
+
+    input_per_1k: float = Field(ge=0, allow_inf_nan=False, description="price of 1,000 prompt tokens")
+    output_per_1k: float = Field(ge=0, allow_inf_nan=False, description="price of 1,000 completion tokens")
+    # For a Batch API mode (not yet used): a provider's batch price, when not half the above.
+    batch_input_per_1k: float | None = Field(default=None, ge=0, allow_inf_nan=False,
+                                             description="Batch API price of 1,000 prompt tokens (default: half)")
+    batch_output_per_1k: float | None = Field(default=None, ge=0, allow_inf_nan=False,
+                                              description="Batch API price of 1,000 completion tokens "
+                                              "(default: half)")
+
+    def batch(self) -> "Price":
+        """The prices of a Batch API call (half the synchronous ones unless given)."""
+        inp = self.batch_input_per_1k if self.batch_input_per_1k is not None else self.input_per_1k / 2
+        out = self.batch_output_per_1k if self.batch_output_per_1k is not None else self.output_per_1k / 2
+        return Price(input_per_1k=inp, output_per_1k=out)
+
+    def cost_nano(self, prompt_tokens: int, completion_tokens: int) -> int:
+        """A call's cost in billionths: prompt and completion tokens times their prices."""
+        return round((prompt_tokens * self.input_per_1k + completion_tokens * self.output_per_1k) * NANO / 1000)
 
 
 class Deployment(Strict):
@@ -33,6 +67,9 @@ class Deployment(Strict):
     burst_seconds: float | None = Field(
         default=None, ge=0, description="calls are paced evenly at the TPM/RPM rate; this many seconds' "
         "worth may go at once (default: a sixth of the window; the window's length turns pacing off)")
+    price: Price | None = Field(default=None, description="this deployment's price (instead of its judge's)")
+    batch: BatchCapacity | None = Field(default=None, description="its Batch API and enqueued-token quota "
+                                        "(judging.mode batch/auto); absent: no batch calls")
 
     @field_validator("region")
     @classmethod
@@ -54,6 +91,21 @@ class EndpointConfig(Strict):
     timeout: float = Field(default=60.0, gt=0, description="seconds per HTTP call")
     max_retries: int = Field(default=4, ge=0, description="retries after 429, 408, 5xx, timeouts")
     deployments: list[Deployment] = Field(min_length=1)
+    price: Price | None = Field(default=None, description="price of its tokens (a deployment's own wins)")
+
+    def price_of(self, d: Deployment) -> Price | None:
+        """What a call answered by deployment ``d`` costs per token; None: nothing known."""
+        return d.price or self.price
+
+    @property
+    def priced(self) -> bool:
+        """Whether any of its calls has a price (its results then report a cost)."""
+        return self.price is not None or any(d.price is not None for d in self.deployments)
+
+    @property
+    def batch_deployments(self) -> list[Deployment]:
+        """Its deployments that declare a Batch API (``batch``)."""
+        return [d for d in self.deployments if d.batch is not None]
 
     @model_validator(mode="after")
     def _provider_fields(self) -> "EndpointConfig":
@@ -63,6 +115,9 @@ class EndpointConfig(Strict):
             if self.provider == "openai" and (d.endpoint or d.deployment):
                 raise ValueError(f"deployments[{i}] ({d.region}): 'endpoint'/'deployment' are for "
                                  "provider azure; use 'base_url'")
+            if self.provider == "openai" and d.batch is not None and d.batch.deployment:
+                raise ValueError(f"deployments[{i}] ({d.region}): 'batch.deployment' is for provider azure "
+                                 "(OpenAI batch lines name the judge's model)")
         if self.provider == "azure" and not self.api_version:
             raise ValueError("azure needs 'api_version' (e.g. \"2024-10-21\")")
         regions = [d.region for d in self.deployments]
@@ -88,6 +143,19 @@ class JudgingOptions(Strict):
     cache_ttl: int = Field(default=30 * 24 * 3600, gt=0, description="seconds a cached reply lives")
     token_cap: int | None = Field(default=None, gt=0,
                                   description="stop sending judge calls once the job reserved this many tokens")
+    cost_cap: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True,
+                                   description="stop sending judge and generation calls once the job's cost "
+                                   "(in the prices' currency) would pass this")
+    # Batch API path (evalq.shared.batch_config; validated, not yet executed: see issue #24)
+    mode: JudgingMode = Field(default="sync", description="sync: every call at once; batch: through the "
+                              "Batch API of the judges' batch deployments; auto: batch, then sync by the deadline")
+    deadline: DeadlineField | None = Field(default=None, description="auto: when what has not come back is sent "
+                                           "synchronously: a duration from submission (\"6h\") or a UTC clock "
+                                           "time (\"06:30\"); default 6h")
+
+    def deadline_at(self, submitted_at: datetime) -> datetime:
+        """When ``auto`` falls back to synchronous calls, for a job submitted then (UTC)."""
+        return (self.deadline or DEFAULT_AUTO_DEADLINE).at(submitted_at)
 
 
 # A judge metric's ``judge`` parameter: the name of one of the job's judges.
@@ -95,8 +163,27 @@ JudgeName = Annotated[str, Field(max_length=bounds.MAX_NAME_CHARS,
                                  description="name of a judge in the job's 'judges'")]
 
 
-class JudgeParams(Params):
+class JudgedParams(Params):
+    """What every judge metric's parameters have: its judge, and the entry's own
+    judging mode (unset: the job's ``judging.mode``; left out of the dumped
+    parameters then, so outputs and the stored spec read as before)."""
+
     judge: JudgeName
+    mode: JudgingMode | None = Field(default=None, description="this entry's judging mode (sync, batch, auto); "
+                                     "default: judging.mode")
+
+    @model_serializer(mode="wrap")
+    def _unset_mode_left_out(self, handler):
+        data = handler(self)
+        if self.mode is None and isinstance(data, dict):
+            data.pop("mode", None)
+        return data
+
+    def effective_mode(self, judging: JudgingOptions) -> str:
+        return self.mode or judging.mode
+
+
+class JudgeParams(JudgedParams):
     threshold: int | None = Field(default=None, ge=1, le=5,
                                   description="report the share of items scoring at least this")
 
@@ -108,8 +195,7 @@ class RubricExample(Strict):
     reason: str | None = Field(default=None, max_length=bounds.MAX_EXAMPLE_CHARS)
 
 
-class RubricParams(Params):
-    judge: JudgeName
+class RubricParams(JudgedParams):
     criteria: str = Field(min_length=1, max_length=bounds.MAX_CRITERIA_CHARS,
                           description="what the judge grades, in plain words")
     scale_min: int = Field(default=1, description="lowest score")
@@ -142,28 +228,25 @@ def severity_label(severity: int) -> str:
     return next(name for name, lo, hi in SEVERITY_BANDS if lo <= severity <= hi)
 
 
-class SafetyParams(Params):
-    judge: JudgeName
+class SafetyParams(JudgedParams):
     threshold: int = Field(default=4, ge=0, le=7,
                            description="an item is a defect when its severity (0-7) is at or above this")
 
 
-class DefectJudgeParams(Params):
-    judge: JudgeName
+class DefectJudgeParams(JudgedParams):
+    pass
 
 
 # --- claim-based metrics (seed 002)
 
-class ClaimsParams(Params):
-    judge: JudgeName
+class ClaimsParams(JudgedParams):
     neutral_value: float = Field(default=0.5, ge=0.0, le=1.0,
                                  description="value of a claim neither entailed nor contradicted")
     round_up_at: float | None = Field(default=None, ge=0.0, le=1.0,
                                       description="a score at or above this counts as 1 (the log keeps the raw one)")
 
 
-class ClaimScoreParams(Params):
-    judge: JudgeName
+class ClaimScoreParams(JudgedParams):
     round_up_at: float | None = Field(default=None, ge=0.0, le=1.0,
                                       description="a score at or above this counts as 1 (the log keeps the raw one)")
 
@@ -179,8 +262,7 @@ class RelationValues(Strict):
     independent: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
-class RubricsFCParams(Params):
-    judge: JudgeName
+class RubricsFCParams(JudgedParams):
     values: RelationValues = Field(default_factory=RelationValues,
                                    description="the number each relation scores")
     round_up_at: float | None = Field(default=None, ge=0.0, le=1.0,

@@ -35,8 +35,10 @@ Judge keys shared across jobs (see ``evalq.workers.judge.budget`` for the budget
 
     evalq:budget:{D}:<part>  budget state of deployment D (tokens, requests, pause, bias, failures)
     evalq:judgecache:<sha>   STRING cached judge reply for one canonical request
-    evalq:{J}:acct:{M}       HASH   judge accounting of metric M: calls, cache_hits, tokens, 429s
+    evalq:{J}:acct:{M}       HASH   judge accounting of metric M: calls, cache_hits, tokens, 429s, cost_nano
     evalq:{J}:tokens         STRING tokens the job reserved (checked against its token cap)
+    evalq:{J}:cost           STRING the job's cost in billionths of the prices' currency, paid plus held by
+                                    calls in flight (checked against its cost cap; only with a cost cap)
     evalq:{J}:memo           HASH   request sha -> judge reply, for metrics of several calls per item
                                     (claims extracted once per job; a re-run item pays no call twice)
 
@@ -146,6 +148,10 @@ def job_tokens(job_id: str) -> str:
     return f"{job_prefix(job_id)}:tokens"
 
 
+def job_cost(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:cost"
+
+
 def judge_memo(job_id: str) -> str:
     return f"{job_prefix(job_id)}:memo"
 
@@ -185,7 +191,7 @@ def backlog(queue: str) -> str:
 def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
     """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage."""
     keys = [spec(job_id), instances(job_id), summary(job_id), status(job_id),
-            job_tokens(job_id), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
+            job_tokens(job_id), job_cost(job_id), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
             replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
             chunks_done(job_id, "generate"), chunks_done(job_id, "metrics")]
     for m in metric_keys:

@@ -8,6 +8,7 @@ the ``usage`` responses report (see ``evalq.workers.judge.budget``).
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 
 # OpenAI's accounting for chat messages: a few tokens of framing per message
@@ -40,3 +41,10 @@ def estimate_prompt_tokens(messages: list[dict], extra: str = "") -> int:
     if extra:  # schema or tool definitions sent with the request
         total += count_text(extra)
     return total
+
+
+def estimate_request_tokens(request: dict) -> int:
+    """The prompt estimate of a chat request body: its messages, and its schema or
+    tool definitions (what a budget reserves before ``max_tokens``)."""
+    extra = json.dumps({k: v for k, v in request.items() if k in ("response_format", "tools")})
+    return estimate_prompt_tokens(request.get("messages") or [], extra)

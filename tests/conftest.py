@@ -96,6 +96,17 @@ def stop_worker(proc: subprocess.Popen, sig=None) -> None:
             proc.wait(5)
 
 
+def running_worker(broker_url: str, queues: str, logdir: Path, prefix: str, **kwargs):
+    """A started worker for a fixture to yield (``yield from``): pinged before, stopped after."""
+    name = f"{prefix}{uuid.uuid4().hex[:6]}"
+    proc = start_worker(broker_url, queues, logdir, name=name, **kwargs)
+    wait_for_worker(broker_url, name)
+    try:
+        yield proc
+    finally:
+        stop_worker(proc)
+
+
 @pytest.fixture(scope="session")
 def cpu_worker(redis_url, tmp_path_factory):
     """One prefork worker (2 processes) on the cpu and control queues."""
@@ -128,3 +139,85 @@ def read_results(out: Path) -> dict[str, dict]:
     by_key = {m.get("name", m["metric"]): m for m in results}
     assert len(by_key) == len(results), "a metric is listed twice: read results.json as a list"
     return by_key
+
+
+def _postgres_bin(name: str) -> str | None:
+    import glob
+    import shutil
+
+    found = shutil.which(name) or sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return found if isinstance(found, str) else (found[-1] if found else None)
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A PostgreSQL server of the tests' own (Debian's postgresql binaries; .ci/run installs
+    them), on a free loopback port with its socket in a private directory, stopped at the end.
+    PostgreSQL refuses to run as root: as root, the server runs as the ``postgres`` user."""
+    import shutil
+
+    from evalq.cli.embedded import free_port
+
+    initdb, pg_ctl = _postgres_bin("initdb"), _postgres_bin("pg_ctl")
+    if not initdb or not pg_ctl:
+        pytest.skip("PostgreSQL's initdb/pg_ctl are not installed (apt-get install postgresql)")
+    as_user: list[str] = []
+    workdir = Path(tempfile.mkdtemp(prefix="evalq-pg-", dir="/tmp"))
+    if os.geteuid() == 0:
+        import pwd
+
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no 'postgres' user to run PostgreSQL as")
+        os.chown(workdir, user.pw_uid, user.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data, port = workdir / "data", free_port()
+    subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "evalq", "--no-sync"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(workdir / "log"), "-w", "-o",
+                    f"-p {port} -k {workdir} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],
+                   check=True, capture_output=True, timeout=60)
+    yield f"postgresql://evalq@127.0.0.1:{port}/postgres"
+    subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True,
+                   timeout=60)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+class WebhookListener:
+    """An HTTP listener on 127.0.0.1 that keeps every JSON body POSTed to it and answers
+    500 to the first ``fail_first`` of them."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        listener = self
+        self.bodies: list[dict] = []
+        self.fail_first = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                listener.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(500 if len(listener.bodies) <= listener.fail_first else 200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        # the path stands for a chat webhook's secret token: it must never be logged
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hooks/SECRET-TOKEN"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def webhook(monkeypatch):
+    """A webhook listener, named by EVALQ_ALERT_WEBHOOK for the test's own process."""
+    listener = WebhookListener()
+    monkeypatch.setenv("EVALQ_ALERT_WEBHOOK", listener.url)
+    yield listener
+    listener.stop()

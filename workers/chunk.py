@@ -18,7 +18,7 @@ from typing import Any
 import redis
 
 import evalq.shared.catalogue  # noqa: F401  (registers the built-in metrics)
-from evalq.shared import keys
+from evalq.shared import keys, telemetry
 from evalq.shared.aggregate import chunk_part
 from evalq.shared.config import Settings
 from evalq.shared.errors import Deferred, MetricError, Skipped
@@ -57,7 +57,8 @@ def _endpoint_config(r: redis.Redis, job_id: str, name: str):
     options = JudgingOptions.model_validate(spec["judging"])
     if name == GENERATE:
         model = parse_model_config(spec["model"])
-        # the token cap bounds judge spend; generation follows the model's own cache setting
+        # the token cap bounds judge spend (the cost cap, money, bounds both); generation follows
+        # the model's own cache setting
         return model, options.model_copy(update={"cache": getattr(model, "cache", False), "token_cap": None})
     return JudgeConfig.model_validate(spec["judges"][name]), options
 
@@ -148,7 +149,7 @@ def _record(spec: MetricSpec, inst: dict, outcome: Any, human: str | None) -> di
 
 
 def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: int,
-              deployment: str | None = None) -> dict:
+              deployment: str | None = None, queue: str | None = None) -> dict:
     spec, params, prepared = _metric(r, job_id, metric_key)
     spec.load()  # imports stay out of the timing below
     positions = list(range(start, stop))
@@ -193,6 +194,9 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
                           params.model_dump(mode="json"))
     _write(r, job_id, metric_key, start, new, elapsed, part, view,
            kept=range(start, stop) if spec.calls_endpoint else range(0))
+    # every record in ``new`` went to res:{M} just now (one kept by a deferred run of the
+    # chunk was never written there), so each item counts once, as results.json counts it
+    telemetry.items_recorded(spec.id, queue, new.values())
     # A small, deterministic summary: a redelivered run returns the very same one.
     return {"metric": metric_key, "start": start, "n": stop - start}
 

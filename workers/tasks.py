@@ -11,6 +11,7 @@ from celery.signals import worker_process_shutdown, worker_shutdown
 from evalq.orchestrator.app import app, app_redis
 from evalq.orchestrator.stages import chunk_finished, slot_freed
 from evalq.shared.errors import Deferred
+from evalq.shared import telemetry
 from evalq.shared.model_under_test import GENERATE
 from evalq.shared.status import Status, status_of
 from evalq.workers import chunk, keeping
@@ -38,7 +39,7 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         slot_freed(self.app, r, queue)
         return {"metric": metric_key, "start": start, "n": 0, "dropped": True}
     try:
-        out = chunk.run_chunk(r, job_id, metric_key, start, stop, deployment)
+        out = chunk.run_chunk(r, job_id, metric_key, start, stop, deployment, queue=queue)
     except Deferred as exc:
         vt = self.app.conf.broker_transport_options.get("visibility_timeout", 3600)
         # Back a little early: the last stretch is slept in the worker, which
@@ -77,3 +78,5 @@ def write_held(**_) -> None:
 
 worker_shutdown.connect(write_held)
 worker_process_shutdown.connect(write_held)
+# a prefork child that exits takes its live gauges along; its counters stay counted
+worker_process_shutdown.connect(telemetry.process_exit)

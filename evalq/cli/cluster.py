@@ -25,8 +25,8 @@ from evalq.shared.errors import JobError
               help="Items per task [default: per metric].")
 @scheduling_options
 def submit(job_file: Path, out: str | None, request_id: str | None, reply_to: str | None,
-           broker: str | None, chunk_size: int | None, priority: str | None, tenant: str | None,
-           weight: float | None) -> None:
+           broker: str | None, chunk_size: int | None, suite: str | None, priority: str | None,
+           tenant: str | None, weight: float | None) -> None:
     """Validate JOB_FILE and hand it to the cluster; prints the job id and returns at once."""
     from evalq.orchestrator import submit as submitting
     from evalq.shared import keys
@@ -37,7 +37,7 @@ def submit(job_file: Path, out: str | None, request_id: str | None, reply_to: st
 
     broker = need_broker(broker)
     job = load_job(job_file)
-    job.scheduling = scheduled(job.scheduling, priority, tenant, weight)
+    scheduled(job, suite, priority, tenant, weight)
     if reply_to is not None and reply_to_problem(reply_to):
         raise JobError(reply_to_problem(reply_to).replace("request.reply_to", "--reply-to"))
     dest = destination_for(job, out, job_file)

@@ -60,8 +60,12 @@ def describe(job, job_file: Path, err: bool = True) -> None:
 
 
 def scheduling_options(command):
-    """``--priority``, ``--tenant`` and ``--weight``: a job's ``scheduling``, overridden per submission."""
+    """``--priority``, ``--tenant``, ``--weight`` (a job's ``scheduling``) and ``--suite`` (its series
+    in the history store), overridden per submission."""
     options = [
+        click.option("--suite", default=None,
+                     help="Series the run is recorded under in the history store [default: the job's "
+                          "'suite', else the job file's name]."),
         click.option("--priority", type=click.Choice(["high", "normal", "low"]), default=None,
                      help="Scheduling class: chunks of a higher class go first [default: the job's, else normal]."),
         click.option("--tenant", default=None,
@@ -74,13 +78,19 @@ def scheduling_options(command):
     return command
 
 
-def scheduled(fields, priority: str | None, tenant: str | None, weight: float | None):
-    """The job's ``scheduling`` with what the command line overrides (a bad tenant name: exit 2)."""
+def scheduled(job, suite: str | None, priority: str | None, tenant: str | None, weight: float | None) -> None:
+    """Give ``job`` what the command line overrides of its ``scheduling`` and ``suite`` (a bad
+    tenant or suite name: exit 2)."""
     from pydantic import ValidationError
 
     from evalq.shared.errors import JobError
+    from evalq.shared.nightly import suite_problem
 
+    if suite is not None:
+        if suite_problem(suite):
+            raise JobError(f"--suite: {suite_problem(suite)}")
+        job.suite = suite
     try:
-        return fields.with_overrides(priority, tenant, weight)
+        job.scheduling = job.scheduling.with_overrides(priority, tenant, weight)
     except ValidationError as exc:
         raise JobError([f"--{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]) from None

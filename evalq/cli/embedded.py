@@ -66,7 +66,9 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("EVALQ_CACHE_DIR") or Path.home() / ".cache" / "evalq")
+    from evalq.shared.config import cache_dir as shared_cache_dir
+
+    return shared_cache_dir()
 
 
 class EmbeddedRedis:
@@ -199,8 +201,9 @@ class EmbeddedCluster:
     def __enter__(self) -> "EmbeddedCluster":
         try:
             self.redis.start()
-            for kind, queues in _worker_groups(self.queues + [JOBS_QUEUE]).items():
-                w = LocalWorker(self.redis.url, queues, self.workdir, self.concurrency, name=kind, env=self.env)
+            for n, (kind, queues) in enumerate(_worker_groups(self.queues + [JOBS_QUEUE]).items()):
+                w = LocalWorker(self.redis.url, queues, self.workdir, self.concurrency, name=kind,
+                                env={**self.env, **_metrics_port(self.env, n)})
                 w.start()
                 self.workers.append(w)
         except BaseException:
@@ -215,11 +218,22 @@ class EmbeddedCluster:
     def close(self) -> None:
         for w in self.workers:
             w.stop()
+        if _metrics_port(self.env, 0):  # the workers were killed: their metrics directories stay
+            from evalq.shared.telemetry import remove_dead_nodes
+
+            remove_dead_nodes()
         self.redis.stop()
         self._tmp.cleanup()
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _metrics_port(env: dict[str, str], n: int) -> dict[str, str]:
+    """With ``EVALQ_METRICS_PORT``, the n-th local worker serves ``/metrics`` on that port + n
+    (the first one, which carries the jobs role, on the port itself)."""
+    base = env.get("EVALQ_METRICS_PORT", os.environ.get("EVALQ_METRICS_PORT", ""))
+    return {"EVALQ_METRICS_PORT": str(int(base) + n)} if base.isdigit() and int(base) else {}
 
 
 def _worker_groups(queues: list[str]) -> dict[str, list[str]]:

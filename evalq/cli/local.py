@@ -27,14 +27,14 @@ from evalq.shared.errors import InfraError, JobError
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @scheduling_options
 def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | None,
-        concurrency: int | None, stall_timeout: float, quiet: bool, priority: str | None, tenant: str | None,
-        weight: float | None) -> None:
+        concurrency: int | None, stall_timeout: float, quiet: bool, suite: str | None, priority: str | None,
+        tenant: str | None, weight: float | None) -> None:
     """Validate JOB_FILE, run it, write results.json, log.jsonl and run.json."""
     from evalq.cli.run import run_job
     from evalq.shared.job import load_job
 
     job = load_job(job_file)
-    job.scheduling = scheduled(job.scheduling, priority, tenant, weight)
+    scheduled(job, suite, priority, tenant, weight)
     dest = destination_for(job, out, job_file)
     if not quiet:
         describe(job, job_file)
@@ -123,12 +123,15 @@ def worker(queues: str, broker: str | None, concurrency: int | None, pool: str |
     """Start a worker for some queues (wraps `celery worker`)."""
     if not broker:
         raise InfraError("evalq worker needs --broker or EVALQ_BROKER_URL")
+    from evalq.cli.nodemetrics import prepare_node
     from evalq.cli.workerargs import worker_argv
 
     os.environ["EVALQ_BROKER_URL"] = broker
+    consumed = [q.strip() for q in queues.split(",") if q.strip()]
+    prepare_node(consumed, broker)  # EVALQ_METRICS_PORT: before any import of prometheus_client
     from evalq.orchestrator.app import app
 
-    argv = worker_argv([q.strip() for q in queues.split(",") if q.strip()], concurrency=concurrency,
+    argv = worker_argv(consumed, concurrency=concurrency,
                        pool=pool, hostname=hostname, loglevel=loglevel, control=not no_control)
     app.worker_main(argv)
 

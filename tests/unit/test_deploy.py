@@ -2,7 +2,10 @@
 the Kubernetes schemas (kubernetes-validate, offline), KEDA objects validate against
 KEDA's CRD schema kept in deploy/k8s/schemas and are checked for what evalq needs of
 them, and the worker commands, queues and settings in the manifests and
-in docker-compose match the CLI (no drift)."""
+in docker-compose match the CLI (no drift). Every worker and the jobs role serve Prometheus metrics
+that a NetworkPolicy lets Prometheus scrape, the jobs role records history (EVALQ_HISTORY_URL) and
+sends alerts from Secrets, the nightly CronJob names its suite, and the monitoring ConfigMaps are the
+files of deploy/monitoring."""
 
 from __future__ import annotations
 
@@ -168,8 +171,128 @@ def test_manifests_match_the_cli_and_its_settings(overlay):
 
 def test_docker_compose_commands_match_the_cli():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    for name, service in compose["services"].items():
-        if name == "redis":
-            continue
+    evalq_services = {name: s for name, s in compose["services"].items() if s.get("image", "").startswith("evalq")}
+    assert {"jobs", "worker-cpu", "worker-gpu", "worker-judge", "flower"} <= set(evalq_services)
+    for name, service in evalq_services.items():  # redis, postgres, prometheus run their own images
         command = [c for c in service["command"]]
         cli_accepts([c.replace("${EVALQ_JUDGE_QUEUES:-", "").rstrip("}") for c in command])
+
+
+# --- metrics, history and the nightly suite (issue 23) ---
+
+def pod_of(doc: dict) -> dict:
+    """The pod template (metadata and spec) of a Deployment, StatefulSet or CronJob."""
+    return doc["spec"]["jobTemplate"]["spec"]["template"] if doc["kind"] == "CronJob" else doc["spec"]["template"]
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # matchExpressions are not used here
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def evalq_workers(docs: list[dict]) -> dict[str, dict]:
+    """Deployments that run `evalq worker` (the jobs role included)."""
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"
+            and pod_of(d)["spec"]["containers"][0]["args"][0] == "worker"}
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_worker_serves_metrics_that_prometheus_may_scrape(overlay):
+    docs = render(overlay)
+    workers = evalq_workers(docs)
+    assert set(workers) == {"evalq-jobs", "evalq-worker-cpu", "evalq-worker-gpu", "evalq-worker-judge"}
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    for name, doc in workers.items():
+        pod = pod_of(doc)
+        container = pod["spec"]["containers"][0]
+        port = int(env_of(container)["EVALQ_METRICS_PORT"]["value"])
+        assert 1024 < port < 65536 and port != 9808, name  # not the backlog endpoint's port
+        assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container["ports"], name
+        annotations = pod["metadata"].get("annotations", {})
+        assert annotations.get("prometheus.io/scrape") == "true", name
+        assert annotations.get("prometheus.io/port") == str(port), name
+        assert annotations.get("prometheus.io/path") == "/metrics", name
+        # once any policy selects a pod for ingress, only what some policy allows gets in
+        ingress = [p for p in policies if "Ingress" in p["spec"]["policyTypes"]
+                   and selects(p["spec"]["podSelector"], pod["metadata"]["labels"])]
+        assert ingress, f"{name}: no ingress policy: Prometheus is not the only one that may scrape it"
+        allowed = [rule for p in ingress for rule in p["spec"].get("ingress", [])
+                   if any(str(q["port"]) in ("metrics", str(port)) for q in rule.get("ports", []))]
+        assert allowed, f"{name}: no NetworkPolicy lets Prometheus reach port {port}"
+        assert all(src.get("namespaceSelector") for rule in allowed for src in rule["from"]), name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_jobs_role_records_history_and_sends_alerts_from_secrets(overlay):
+    docs = render(overlay)
+    jobs = pod_of(evalq_workers(docs)["evalq-jobs"])
+    env = env_of(jobs["spec"]["containers"][0])
+    # required: the final callback runs on either replica, both must write one store (not a pod's SQLite)
+    assert env["EVALQ_HISTORY_URL"]["valueFrom"] == {"secretKeyRef": {"name": "evalq-history", "key": "url"}}
+    assert env["EVALQ_ALERT_WEBHOOK"]["valueFrom"] == {
+        "secretKeyRef": {"name": "evalq-alert-webhook", "key": "url", "optional": True}}
+    for name, doc in evalq_workers(docs).items():  # the store and the webhook belong to the jobs role only
+        if name != "evalq-jobs":
+            assert not {"EVALQ_HISTORY_URL", "EVALQ_ALERT_WEBHOOK"} & set(env_of(pod_of(doc)["spec"]["containers"][0]))
+    egress = [rule for d in docs if d["kind"] == "NetworkPolicy" and "Egress" in d["spec"]["policyTypes"]
+              and selects(d["spec"]["podSelector"], jobs["metadata"]["labels"]) for rule in d["spec"]["egress"]]
+    assert any({"port": 5432, "protocol": "TCP"} in rule.get("ports", []) for rule in egress)
+    postgres = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "evalq-postgres"]
+    if overlay == "production":
+        assert postgres == []  # an external database, named by the Secret
+        return
+    (db,) = postgres
+    container = pod_of(db)["spec"]["containers"][0]
+    assert container["image"].startswith("postgres:")
+    assert env_of(container)["POSTGRES_PASSWORD"]["valueFrom"] == {
+        "secretKeyRef": {"name": "evalq-history", "key": "password"}}
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "evalq-postgres")
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod_of(db)["metadata"]["labels"])
+    assert service["spec"]["ports"][0]["port"] == 5432
+    assert db["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] in {
+        m["name"] for m in container["volumeMounts"]}
+    # only the jobs role reaches the database
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and "Ingress" in d["spec"]["policyTypes"]
+                 and selects(d["spec"]["podSelector"], pod_of(db)["metadata"]["labels"])]
+    sources = [src for rule in policy["spec"]["ingress"] for src in rule["from"]]
+    assert sources and all(selects(src["podSelector"], jobs["metadata"]["labels"]) for src in sources)
+    # the URL the Secret's comment tells operators to write names this Service
+    assert "@evalq-postgres:5432/" in (K8S / "overlays" / "dev" / "postgres.yaml").read_text()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_nightly_cronjob_sends_a_suite_the_nightly_alert_watches(overlay):
+    docs = render(overlay)
+    (cron,) = [d for d in docs if d["kind"] == "CronJob"]
+    pod = pod_of(cron)["spec"]
+    script = " ".join(pod["containers"][0]["args"])
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if script.count(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == volume["configMap"]["name"])
+    job_file = re.search(re.escape(mount["mountPath"]) + r"/(\S+)", script).group(1)
+    job = json.loads(config["data"][job_file])
+    assert isinstance(job.get("suite"), str) and job["suite"].strip(), "the nightly job names no suite"
+    from evalq.shared.job import JOB_KEYS
+    from evalq.shared.nightly import suite_problem
+
+    assert set(job) <= JOB_KEYS and suite_problem(job["suite"]) is None  # what `evalq submit` accepts
+    rules = yaml.safe_load((ROOT / "deploy" / "monitoring" / "rules.yml").read_text())
+    (missed,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "EvalqNightlyMissed"]
+    pattern = re.search(r'suite=~"([^"]+)"', missed["expr"]).group(1)
+    assert re.fullmatch(pattern, job["suite"]), (pattern, job["suite"])  # PromQL regexes are anchored
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_alert_rules_and_dashboard_ship_as_configmaps_of_the_monitoring_files(overlay):
+    docs = render(overlay)
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    monitoring = ROOT / "deploy" / "monitoring"
+    assert maps["evalq-prometheus-rules"]["data"] == {"evalq.rules.yml": (monitoring / "rules.yml").read_text()}
+    dashboard = maps["evalq-grafana-dashboard"]
+    assert dashboard["data"] == {"evalq.json": (monitoring / "dashboard.json").read_text()}
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"  # Grafana's sidecar picks it up
+    assert not [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")]  # annotations only

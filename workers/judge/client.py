@@ -2,7 +2,8 @@
 
 Order of business for every request:
 1. the Redis cache (identical model + messages + parameters -> no call at all);
-2. the job's token cap (reached -> ``Skipped``);
+2. the job's token cap (reached -> ``Skipped``) and cost cap (reached ->
+   ``CostCapReached``, an item error; ``evalq.workers.judge.cost``);
 3. a budget reservation on the preferred deployment, else on the judge's
    other healthy deployments with spare budget (short waits are slept, long
    ones raise ``Deferred`` so the task re-schedules instead of holding a thread);
@@ -10,7 +11,8 @@ Order of business for every request:
    Retry-After pauses the deployment for every worker; 408/409/5xx, timeouts
    and connection errors retry with backoff (tenacity), bounded by the judge's
    ``max_retries``; exhausted retries raise ``JudgeError`` (an item error).
-Every call, cache hit and 429 is counted per (job, metric). Run by a chunk,
+Every call, cache hit and 429 is counted per (job, metric), and with a price
+what the call cost (``cost_nano``, billionths of the price's currency). Run by a chunk,
 the client keeps each reply as ``evalq.workers.keeping`` says (an item's
 answered calls are never paid again) and its counters ride the keeper's round
 trips instead of one of their own per call.
@@ -32,12 +34,13 @@ import openai
 import redis
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
-from evalq.shared import keys
+from evalq.shared import keys, telemetry
 from evalq.shared.errors import Deferred, MetricError, Skipped
-from evalq.shared.judge_reply import Reply
+from evalq.shared.judge_reply import Reply, reply_from_completion
 from evalq.shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id
 from evalq.workers.judge.budget import Budget, Reservation
-from evalq.shared.tokens import estimate_prompt_tokens
+from evalq.workers.judge.cost import CostCap, CostCapReached
+from evalq.shared.tokens import estimate_request_tokens
 from evalq.workers.keeping import DOWN, WRITE_BEHIND, ItemKeeper, Op, execute
 
 log = logging.getLogger("evalq.judge")
@@ -67,12 +70,14 @@ def _policy():
     return worker_policy()
 
 
-def _sdk(judge: JudgeConfig, d: Deployment):
+def sdk_client(judge: JudgeConfig, d: Deployment, policy=None):
     """One SDK client per (deployment, key) and process; its own retries off. The
-    key is read only for an endpoint the worker's allow-list lets it go to."""
+    key is read only for an endpoint the allow-list lets it go to (``policy``, an
+    ``EndpointPolicy``; default: this worker's ``EVALQ_ENDPOINTS``, read once);
+    otherwise ``JudgeError`` and nothing is sent. Chat calls and batch uploads alike."""
     from evalq.shared.endpoints import endpoint_url
 
-    refused = _policy().problem(judge.api_key_env, endpoint_url(judge.provider, d))
+    refused = (policy or _policy()).problem(judge.api_key_env, endpoint_url(judge.provider, d))
     if refused:
         raise JudgeError(f"not sent: {refused}")
     api_key = os.environ.get(judge.api_key_env)
@@ -89,6 +94,22 @@ def _sdk(judge: JudgeConfig, d: Deployment):
                                        timeout=judge.timeout)
             _sdk_clients[cache_key] = client
         return _sdk_clients[cache_key]
+
+
+def chat_request(judge: JudgeConfig, messages: list[dict], schema: dict | None = None,
+                 schema_name: str = "rating") -> dict:
+    """The chat request body of a judge call (its sha256 keys the job's memo and the
+    cache): what is sent synchronously, and what a batch line carries."""
+    request: dict[str, Any] = {"model": judge.model, "messages": messages,
+                               "temperature": judge.temperature, "max_tokens": judge.max_tokens}
+    if schema is not None and judge.output == "json_schema":
+        request["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": schema_name, "schema": schema, "strict": True}}
+    elif schema is not None and judge.output == "tools":
+        request["tools"] = [{"type": "function", "function": {
+            "name": schema_name, "description": "Submit the evaluation.", "parameters": schema}}]
+        request["tool_choice"] = {"type": "function", "function": {"name": schema_name}}
+    return request
 
 
 def _retry_after(exc: openai.APIStatusError) -> float:
@@ -129,12 +150,14 @@ class JudgeClient:
         if preferred:  # the deployment whose queue this task came from goes first
             self.deployments.sort(key=lambda d: d.region != preferred)
         self._last_failed: str | None = None  # a retry prefers another deployment
+        telemetry.deployment_limits((d.region, d.tpm, d.rpm) for d in self.deployments)
         self.budgets = {d.region: Budget(r, deployment_id(judge, d), d.tpm, d.rpm, d.window_seconds,
                                          safety=SAFETY, burst=d.burst_seconds) for d in self.deployments}
+        self.cost_cap = CostCap(r, job_id, options.cost_cap)
 
     # -- public -----------------------------------------------------------------
     def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating") -> Reply:
-        request = self._request(messages, schema, schema_name)
+        request = chat_request(self.judge, messages, schema, schema_name)
         digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
         kept = self.keeper.reply(digest) if self.keeper is not None else None
         if kept is None and self.memo:
@@ -180,8 +203,7 @@ class JudgeClient:
                 data = json.loads(hit)
                 self._keep(digest, hit)
                 return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True)
-        extra = json.dumps({k: v for k, v in request.items() if k in ("response_format", "tools")})
-        estimate = estimate_prompt_tokens(messages, extra)
+        estimate = estimate_request_tokens(request)
         if self.keeper is not None:
             self.keeper.before_call()
         reply = self._call_with_retries(request, estimate)
@@ -212,18 +234,6 @@ class JudgeClient:
             self.keeper.add(ops)
 
     # -- internals --------------------------------------------------------------
-    def _request(self, messages: list[dict], schema: dict | None, schema_name: str) -> dict:
-        request: dict[str, Any] = {"model": self.judge.model, "messages": messages,
-                                   "temperature": self.judge.temperature, "max_tokens": self.judge.max_tokens}
-        if schema is not None and self.judge.output == "json_schema":
-            request["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": schema_name, "schema": schema, "strict": True}}
-        elif schema is not None and self.judge.output == "tools":
-            request["tools"] = [{"type": "function", "function": {
-                "name": schema_name, "description": "Submit the evaluation.", "parameters": schema}}]
-            request["tool_choice"] = {"type": "function", "function": {"name": schema_name}}
-        return request
-
     def _call_with_retries(self, request: dict, estimate: int) -> Reply:
         retrying = Retrying(stop=stop_after_attempt(self.judge.max_retries + 1),
                             retry=retry_if_exception(_retryable), wait=self._backoff, reraise=True)
@@ -244,14 +254,34 @@ class JudgeClient:
         return min(8.0, 0.5 * 2 ** (retry_state.attempt_number - 1)) * (0.5 + random.random())
 
     def _attempt(self, request: dict, estimate: int) -> Reply:
-        deployment, budget, reservation = self._admit(estimate)
-        reserved = reservation.tokens
+        deployment, budget, reservation, held = self._admit(estimate)
+        try:
+            response = self._send(request, deployment, budget, reservation)
+        except BaseException:
+            _bookkeeping(self.cost_cap.release, held)
+            raise
+        self._last_failed = None
+        _bookkeeping(budget.succeeded)
+        reply = reply_from_completion(response)
+        usage = reply.usage
+        if usage.get("prompt_tokens"):
+            _bookkeeping(budget.observe, estimate, usage["prompt_tokens"])
+        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+        price = self.judge.price_of(deployment)
+        cost = price.cost_nano(prompt, completion) if price is not None else 0
+        _bookkeeping(self.cost_cap.settle, held, cost)
+        self._count(deployment.region, calls=1, prompt_tokens=prompt, completion_tokens=completion,
+                    reserved_tokens=reservation.tokens, cost_nano=cost)
+        return reply
+
+    def _send(self, request: dict, deployment: Deployment, budget: Budget, reservation: Reservation):
+        """The HTTP call on an admitted deployment; a 429 pauses it for every worker."""
         body = dict(request)
         if self.judge.provider == "azure":
             body["model"] = deployment.deployment
         try:
             try:
-                response = _sdk(self.judge, deployment).chat.completions.create(**body)
+                response = sdk_client(self.judge, deployment).chat.completions.create(**body)
             finally:  # the reply (or error) is back: the budget counts the call from now
                 _bookkeeping(budget.settle, reservation)
         except openai.RateLimitError as exc:
@@ -268,21 +298,11 @@ class JudgeClient:
             if exc.status_code in (408, 409) or exc.status_code >= 500:
                 self._failed(deployment, budget)
             raise
-        self._last_failed = None
-        _bookkeeping(budget.succeeded)
-        usage = response.usage.model_dump() if response.usage else {}
-        if usage.get("prompt_tokens"):
-            _bookkeeping(budget.observe, estimate, usage["prompt_tokens"])
-        self._count(deployment.region, calls=1, prompt_tokens=usage.get("prompt_tokens", 0),
-                    completion_tokens=usage.get("completion_tokens", 0), reserved_tokens=reserved)
-        choice = response.choices[0].message
-        tool_args = None
-        if choice.tool_calls:
-            tool_args = choice.tool_calls[0].function.arguments
-        return Reply(choice.content, tool_args, usage)
+        return response
 
-    def _admit(self, estimate: int) -> tuple[Deployment, Budget, Reservation]:
-        """Reserve budget somewhere, sleeping through short waits."""
+    def _admit(self, estimate: int) -> tuple[Deployment, Budget, Reservation, int]:
+        """Reserve budget somewhere, sleeping through short waits; also what the call
+        holds of the job's cost cap (billionths; 0 without a cap or a price)."""
         deadline = time.monotonic() + SLEEP_MAX * 4
         while True:
             healthy = [d for d in self.deployments if self.budgets[d.region].healthy()] or self.deployments
@@ -292,10 +312,17 @@ class JudgeClient:
                 budget = self.budgets[d.region]
                 tokens = budget.admission_tokens(estimate, self.judge.max_tokens)
                 self._check_cap(tokens)
+                try:
+                    held = self.cost_cap.hold(self.judge.price_of(d), estimate, self.judge.max_tokens)
+                except CostCapReached:
+                    self._release_cap(tokens)
+                    raise
                 res = budget.reserve(tokens)
                 if res.admitted:
-                    return d, budget, res
+                    telemetry.budget_admitted(d.region, tokens)
+                    return d, budget, res, held
                 self._release_cap(tokens)
+                self.cost_cap.release(held)
                 if res.impossible:
                     continue
                 if res.wait < best_wait:
@@ -337,6 +364,7 @@ class JudgeClient:
                 if region is not None:
                     ops.append(("hincrby", (key, f"{region}/{name}", int(value))))
         self._write(ops)
+        telemetry.judge_counted(region, fields)
 
 
 def _bookkeeping(step, *args) -> None:

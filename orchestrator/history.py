@@ -1,0 +1,369 @@
+"""The history store: every job that ended, kept in a SQL database, grouped into series by suite.
+
+The final callback records each ended job once (``evalq.orchestrator.recording``); ``evalq
+history`` and the jobs role's Prometheus gauges read it. SQLAlchemy Core over:
+
+- SQLite by default: ``$EVALQ_CACHE_DIR/history.sqlite`` (``~/.cache/evalq/history.sqlite``),
+  which embedded runs and ``evalq history`` on the same machine share;
+- any SQLAlchemy URL in ``EVALQ_HISTORY_URL``, e.g. PostgreSQL for a cluster
+  (``postgresql://user:pw@host/db`` is read as psycopg 3's ``postgresql+psycopg://``).
+``EVALQ_HISTORY=off`` records nothing.
+
+Tables (Alembic migrations in ``migrations/``; opening a store upgrades it to this evalq's
+schema, under a lock, so a newer evalq opens an older store):
+
+    runs          one row per job (unique job_id): suite, request, tenant, status, times,
+                  dataset, model, where the outputs are, calls, tokens, cost, alert state
+    entries       per (run, entry slot): metric id, name, parameters, n, errors, judge spend
+    entry_values  per (run, slot, field): the value results.json reports, its ci95, n, the
+                  items' standard deviation and which way is worse
+    item_values   per (run, slot, field): zlib'd JSON {instance id: value} (pairing by id)
+    regressions   per (run, slot, field) found worse than the suite's baseline
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from evalq.shared.errors import EvalqError, InfraError
+from evalq.shared.nightly import Regression
+
+HEAD = "0002"
+metadata = sa.MetaData()
+runs = sa.Table(
+    "runs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(64), nullable=False, unique=True),
+    sa.Column("suite", sa.String(128), nullable=False),
+    sa.Column("request_id", sa.String(200)), sa.Column("tenant", sa.String(64)),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("started_at", sa.DateTime), sa.Column("finished_at", sa.DateTime, nullable=False),
+    sa.Column("source", sa.Text), sa.Column("dataset", sa.Text), sa.Column("model", sa.String(256)),
+    sa.Column("out", sa.Text), sa.Column("n_instances", sa.Integer),
+    sa.Column("calls", sa.BigInteger), sa.Column("tokens", sa.BigInteger), sa.Column("cost", sa.Float),
+    sa.Column("error", sa.Text),
+    sa.Column("alert", sa.String(16)),  # none | pending | sending | sent | failed
+)
+def _run_key() -> tuple[sa.Column, sa.Column]:
+    """A row of a run's entry: (run, slot), dropped with its run."""
+    return (sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+            sa.Column("slot", sa.Integer, primary_key=True))
+
+
+
+entries = sa.Table(
+    "entries", metadata, *_run_key(),
+    sa.Column("metric", sa.String(128), nullable=False), sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("parameters", sa.Text, nullable=False),
+    sa.Column("n", sa.Integer), sa.Column("n_errors", sa.Integer), sa.Column("n_skipped", sa.Integer),
+    sa.Column("calls", sa.BigInteger), sa.Column("tokens", sa.BigInteger), sa.Column("cost", sa.Float),
+)
+entry_values = sa.Table(
+    "entry_values", metadata, *_run_key(),
+    sa.Column("field", sa.String(128), primary_key=True),
+    sa.Column("value", sa.Float), sa.Column("ci_low", sa.Float), sa.Column("ci_high", sa.Float),
+    sa.Column("n", sa.Integer), sa.Column("sd", sa.Float), sa.Column("worse", sa.String(8), nullable=False),
+)
+item_values = sa.Table(
+    "item_values", metadata, *_run_key(),
+    sa.Column("field", sa.String(128), primary_key=True), sa.Column("data", sa.LargeBinary, nullable=False),
+)
+regressions = sa.Table(
+    "regressions", metadata, *_run_key(),
+    sa.Column("field", sa.String(128), primary_key=True),
+    sa.Column("metric", sa.String(128), nullable=False), sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("value", sa.Float), sa.Column("baseline", sa.Float), sa.Column("delta", sa.Float),
+    sa.Column("p_value", sa.Float), sa.Column("paired", sa.Boolean), sa.Column("n", sa.Integer),
+    sa.Column("baseline_runs", sa.Integer),
+)
+REGRESSION_FIELDS = ("metric", "name", "field", "value", "baseline", "delta", "p_value", "paired", "n",
+                     "baseline_runs")
+
+
+class HistoryOff(EvalqError):
+    """``EVALQ_HISTORY=off``: nothing is recorded, there is nothing to read."""
+
+
+def history_url() -> str | None:
+    """The store's SQLAlchemy URL from the environment; None when history is off."""
+    if os.environ.get("EVALQ_HISTORY", "").strip().lower() in ("off", "0", "false", "no"):
+        return None
+    url = os.environ.get("EVALQ_HISTORY_URL", "").strip()
+    if url:
+        return normalized(url)
+    from evalq.shared.config import cache_dir
+
+    return f"sqlite:///{cache_dir() / 'history.sqlite'}"
+
+
+def normalized(url: str) -> str:
+    """``postgresql://`` and ``postgres://`` mean psycopg 3 (the driver evalq installs)."""
+    for plain in ("postgresql://", "postgres://"):
+        if url.startswith(plain):
+            return "postgresql+psycopg://" + url[len(plain):]
+    return url
+
+
+def safe(url: str) -> str:
+    """The URL fit to print: no password."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001  (an unparsable URL is printed as nothing of it)
+        return "<unparsable URL>"
+
+
+_engines: dict[tuple[int, str], sa.Engine] = {}
+_upgraded: set[tuple[int, str]] = set()
+_lock = threading.Lock()
+
+
+def open_store(url: str | None = None) -> "HistoryStore":
+    """The store at ``url`` (default: from the environment), its schema brought up to date."""
+    url = normalized(url) if url else history_url()
+    if url is None:
+        raise HistoryOff("history is off (EVALQ_HISTORY=off)")
+    key = (os.getpid(), url)  # engines hold connections: never share one across a fork
+    with _lock:
+        if key not in _engines:
+            _engines[key] = _engine(url)
+        engine = _engines[key]
+        if key not in _upgraded:
+            _upgrade(engine, url)
+            _upgraded.add(key)
+    return HistoryStore(engine)
+
+
+def _engine(url: str) -> sa.Engine:
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        raise InfraError(f"EVALQ_HISTORY_URL: not a database URL: {safe(url)}") from None
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+        @sa.event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record) -> None:  # several processes write one file
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=2)
+
+
+@contextmanager
+def _migration_lock(engine: sa.Engine, conn: sa.Connection):
+    """One process migrates at a time: a PostgreSQL advisory lock, a file lock beside a SQLite file."""
+    if engine.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(20261124)"))
+        yield
+    elif engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+        import fcntl
+
+        with open(f"{Path(engine.url.database).expanduser()}.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    else:
+        yield
+
+
+def _upgrade(engine: sa.Engine, url: str, revision: str = "head") -> None:
+    from alembic import command
+    from alembic.config import Config
+    from alembic.util import CommandError
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    try:
+        with engine.begin() as conn, _migration_lock(engine, conn):
+            config.attributes["connection"] = conn
+            command.upgrade(config, revision)
+    except CommandError as exc:
+        raise InfraError(f"history store {safe(url)}: {exc} (is it from a newer evalq?)") from None
+    except sa.exc.SQLAlchemyError as exc:
+        raise InfraError(f"history store {safe(url)}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+
+
+def utc(text: str | None) -> datetime | None:
+    """A stored time (naive UTC) from an ISO time."""
+    if not text:
+        return None
+    value = datetime.fromisoformat(text)
+    return value.astimezone(timezone.utc).replace(tzinfo=None) if value.tzinfo else value
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.replace(tzinfo=timezone.utc).isoformat(timespec="seconds") if value else None
+
+
+def pack(values: dict[str, float]) -> bytes:
+    return zlib.compress(json.dumps(values, separators=(",", ":")).encode(), 6)
+
+
+def unpack(data: bytes) -> dict[str, float]:
+    return json.loads(zlib.decompress(data))
+
+
+@dataclass
+class Recorded:
+    """What recording a job gave: its regressions, whether this call stored it, and its alert state."""
+
+    job_id: str
+    regressions: list[dict]
+    new: bool
+    alert: str | None
+
+
+class HistoryStore:
+    def __init__(self, engine: sa.Engine):
+        self.engine = engine
+
+    # -- writing ---------------------------------------------------------------
+    def record(self, run: dict, entry_rows: list[dict], series: list[dict], settings: Regression) -> Recorded:
+        """Store a run once (by job id): its entries, their values and, for a run that ended
+        done, the regressions against the suite's baseline. A second call (a redelivered
+        callback) stores nothing and returns what the first stored."""
+        from evalq.orchestrator.regressions import detect
+
+        try:
+            with self.engine.begin() as conn:
+                if conn.execute(sa.select(runs.c.id).where(runs.c.job_id == run["job_id"])).first():
+                    return self._recorded(conn, run["job_id"])
+                run_id = conn.execute(runs.insert().values(**run, alert="none")).inserted_primary_key[0]
+                if entry_rows:
+                    conn.execute(entries.insert(), [{**e, "run_id": run_id} for e in entry_rows])
+                if series:
+                    conn.execute(entry_values.insert(), [
+                        {"run_id": run_id, **{k: s[k] for k in ("slot", "field", "value", "n", "sd", "worse")},
+                         "ci_low": (s.get("ci95") or [None, None])[0], "ci_high": (s.get("ci95") or [None, None])[1]}
+                        for s in series])
+                    packed = [{"run_id": run_id, "slot": s["slot"], "field": s["field"], "data": pack(s["items"])}
+                              for s in series if s.get("items")]
+                    if packed:
+                        conn.execute(item_values.insert(), packed)
+                found: list[dict] = []
+                if run["status"] == "done" and series:
+                    found = detect(series, self._baseline(conn, run, run_id, series, settings.baseline), settings)
+                    if found:
+                        conn.execute(regressions.insert(), [{"run_id": run_id, "slot": f["slot"],
+                                                             **{k: f[k] for k in REGRESSION_FIELDS}} for f in found])
+                        conn.execute(runs.update().where(runs.c.id == run_id).values(alert="pending"))
+                return Recorded(run["job_id"], [_public(f) for f in found], True, "pending" if found else "none")
+        except sa.exc.IntegrityError:  # another process recorded it between our read and write
+            with self.engine.connect() as conn:
+                return self._recorded(conn, run["job_id"])
+
+    def _recorded(self, conn: sa.Connection, job_id: str) -> Recorded:
+        row = conn.execute(sa.select(runs.c.id, runs.c.alert).where(runs.c.job_id == job_id)).one()
+        found = conn.execute(sa.select(regressions).where(regressions.c.run_id == row.id)
+                             .order_by(regressions.c.slot, regressions.c.field)).mappings().all()
+        return Recorded(job_id, [_public(dict(f)) for f in found], False, row.alert)
+
+    def _baseline(self, conn: sa.Connection, run: dict, run_id: int, series: list[dict],
+                  how_many: int) -> dict[tuple[str, str, str], list[dict]]:
+        """Per (metric, name, field) of ``series``: what each of the suite's last ``how_many``
+        runs that ended done before this one has of it (value, n, sd, and its items if kept)."""
+        earlier = conn.execute(
+            sa.select(runs.c.id).where(runs.c.suite == run["suite"], runs.c.status == "done",
+                                       runs.c.id != run_id, runs.c.finished_at <= run["finished_at"])
+            .order_by(runs.c.finished_at.desc(), runs.c.id.desc()).limit(how_many)).scalars().all()
+        if not earlier:
+            return {}
+        wanted = {(s["metric"], s["name"], s["field"]) for s in series}
+        rows = conn.execute(
+            sa.select(entries.c.run_id, entries.c.slot, entries.c.metric, entries.c.name, entry_values.c.field,
+                      entry_values.c.value, entry_values.c.n, entry_values.c.sd, item_values.c.data)
+            .join(entry_values, sa.and_(entry_values.c.run_id == entries.c.run_id,
+                                        entry_values.c.slot == entries.c.slot))
+            .outerjoin(item_values, sa.and_(item_values.c.run_id == entry_values.c.run_id,
+                                            item_values.c.slot == entry_values.c.slot,
+                                            item_values.c.field == entry_values.c.field))
+            .where(entries.c.run_id.in_(earlier))).all()
+        found: dict[tuple[str, str, str], list[dict]] = {}
+        for row in rows:
+            key = (row.metric, row.name, row.field)
+            if key in wanted and row.value is not None:
+                found.setdefault(key, []).append({"run_id": row.run_id, "value": row.value, "n": row.n,
+                                                  "sd": row.sd, "items": unpack(row.data) if row.data else None})
+        return found
+
+    def claim_alert(self, job_id: str) -> bool:
+        """True for the one caller that moves the run's alert from pending to sending."""
+        with self.engine.begin() as conn:
+            done = conn.execute(runs.update().where(runs.c.job_id == job_id, runs.c.alert == "pending")
+                                .values(alert="sending"))
+            return done.rowcount == 1
+
+    def set_alert(self, job_id: str, state: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.job_id == job_id).values(alert=state))
+
+    # -- reading ---------------------------------------------------------------
+    def runs_of(self, suite: str, last: int | None = None) -> list[dict]:
+        """The suite's runs, oldest first (the last ``last`` of them), as ``evalq history --json`` shows them."""
+        with self.engine.connect() as conn:
+            query = sa.select(runs).where(runs.c.suite == suite).order_by(runs.c.finished_at.desc(), runs.c.id.desc())
+            rows = conn.execute(query.limit(last) if last else query).mappings().all()[::-1]
+            return self._documents(conn, rows)
+
+    def latest(self) -> list[dict]:
+        """Each suite's last run (any status), as ``runs_of`` shows runs."""
+        with self.engine.connect() as conn:
+            last = (sa.select(runs.c.suite, sa.func.max(runs.c.id).label("id")).group_by(runs.c.suite)).subquery()
+            rows = conn.execute(sa.select(runs).join(last, runs.c.id == last.c.id).order_by(runs.c.suite)).mappings().all()
+            return self._documents(conn, rows)
+
+    def suites(self) -> list[dict]:
+        """Every suite with its number of runs and its last run (without its metrics)."""
+        with self.engine.connect() as conn:
+            counts = dict(conn.execute(sa.select(runs.c.suite, sa.func.count()).group_by(runs.c.suite)).all())
+        out = []
+        for doc in self.latest():
+            out.append({"suite": doc["suite"], "runs": counts.get(doc["suite"], 0),
+                        "last": {k: doc[k] for k in ("job_id", "status", "finished_at", "cost")}
+                        | {"regressions": len(doc["regressions"])}})
+        return out
+
+    def _documents(self, conn: sa.Connection, rows) -> list[dict]:
+        ids = [row["id"] for row in rows]
+        if not ids:
+            return []
+        heads = {(e["run_id"], e["slot"]): e for e in conn.execute(
+            sa.select(entries).where(entries.c.run_id.in_(ids))).mappings()}
+        values: dict[int, list[dict]] = {}
+        for v in conn.execute(sa.select(entry_values).where(entry_values.c.run_id.in_(ids))
+                              .order_by(entry_values.c.slot, entry_values.c.field)).mappings():
+            head = heads[(v["run_id"], v["slot"])]
+            values.setdefault(v["run_id"], []).append({
+                "metric": head["metric"], "name": head["name"], "field": v["field"],
+                "parameters": json.loads(head["parameters"]), "value": v["value"],
+                "ci95": [v["ci_low"], v["ci_high"]] if v["ci_low"] is not None else None, "n": v["n"],
+                "n_errors": head["n_errors"], "worse": v["worse"]})
+        found: dict[int, list[dict]] = {}
+        for f in conn.execute(sa.select(regressions).where(regressions.c.run_id.in_(ids))
+                              .order_by(regressions.c.slot, regressions.c.field)).mappings():
+            found.setdefault(f["run_id"], []).append(_public(dict(f)))
+        return [{"suite": row["suite"], "job_id": row["job_id"], "request_id": row["request_id"],
+                 "tenant": row["tenant"], "status": row["status"], "started_at": iso(row["started_at"]),
+                 "finished_at": iso(row["finished_at"]), "dataset": row["dataset"], "model": row["model"],
+                 "out": row["out"], "error": row["error"], "cost": row["cost"], "tokens": row["tokens"],
+                 "calls": row["calls"], "alert": row["alert"], "metrics": values.get(row["id"], []),
+                 "regressions": found.get(row["id"], [])} for row in rows]
+
+
+def _public(found: dict) -> dict:
+    return {k: found[k] for k in REGRESSION_FIELDS}

@@ -1,0 +1,150 @@
+"""The final callback's last step: record the ended job in the history store, judge its
+regressions against the suite's past, and send the alert (``evalq.orchestrator.alerts``).
+
+A run's series come from what the callback already has: results.json's content for each
+entry's value and interval, and one read of each entry's item records for the
+per-instance values that pair runs by instance id (at most ``EVALQ_HISTORY_MAX_ITEMS``
+items per entry, default 1,000,000; a bigger entry is compared unpaired). Recording never
+fails the job: an unreachable database is logged, and the outputs stand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import redis
+
+from evalq.shared import keys
+from evalq.shared.config import env_number
+from evalq.shared.model_under_test import GENERATE
+from evalq.shared.nightly import Regression, suite_of
+from evalq.shared.registry import REGISTRY
+from evalq.shared.results import entry_keys, read
+from evalq.shared.spec import METRICS_STAGE, stage_runs
+from evalq.shared.stats import score_interval
+
+log = logging.getLogger("evalq.history")
+
+
+def record_job(r: redis.Redis, job_id: str, spec: dict, status: str, summary: list[dict] | None,
+               error: str | None = None) -> list[dict] | None:
+    """Record the ended job (once, whatever runs twice); returns its regressions, or None
+    when history is off or the store could not be written."""
+    from evalq.orchestrator.history import history_url, open_store, safe
+
+    url = history_url()
+    if url is None or not spec:
+        return None
+    try:
+        store = open_store(url)
+        entry_rows, series = entries_of(r, job_id, spec, summary or [])
+        run = run_row(r, job_id, spec, status, summary or [], error)
+        recorded = store.record(run, entry_rows, series, Regression.model_validate(spec.get("regression") or {}).resolved())
+    except Exception as exc:  # noqa: BLE001  (a database of any kind, down or refusing: the job stands)
+        log.error("job %s: not recorded in the history store %s: %s: %s", job_id, safe(url), type(exc).__name__,
+                  str(exc).splitlines()[0] if str(exc) else "")
+        return None
+    if recorded.alert == "pending":
+        from evalq.orchestrator.alerts import notify
+
+        notify(store, run["suite"], job_id, recorded.regressions)
+    return recorded.regressions
+
+
+def run_row(r: redis.Redis, job_id: str, spec: dict, status: str, summary: list[dict], error: str | None) -> dict:
+    from evalq.orchestrator.history import utc
+    from datetime import datetime, timezone
+
+    from evalq.orchestrator.outputs import job_cost
+
+    judge_blocks = [m["judge"] for m in summary if isinstance(m.get("judge"), dict)]
+    stage = r.get(keys.stage_summary(job_id, GENERATE))
+    generation = json.loads(stage) if stage else None
+    if generation and isinstance(generation.get("judge"), dict):
+        judge_blocks.append(generation["judge"])
+    model = spec.get("model") or {}
+    return {
+        "job_id": job_id, "suite": spec.get("suite") or suite_of(spec.get("source", "")),
+        "request_id": str(spec["request_id"]) if spec.get("request_id") is not None else None,
+        "tenant": (spec.get("scheduling") or {}).get("tenant"), "status": str(status),
+        "started_at": utc(spec.get("submitted_at")), "finished_at": datetime.now(timezone.utc).replace(tzinfo=None),
+        "source": spec.get("source"), "dataset": (spec.get("dataset") or {}).get("uri"),
+        "model": model.get("model") or model.get("runner"), "out": spec.get("out"),
+        "n_instances": spec.get("n_instances"),
+        "calls": sum(int(b.get("calls", 0)) for b in judge_blocks),
+        "tokens": sum(int(b.get("prompt_tokens", 0)) + int(b.get("completion_tokens", 0)) for b in judge_blocks),
+        "cost": job_cost(summary, generation), "error": error,
+    }
+
+
+def entries_of(r: redis.Redis, job_id: str, spec: dict, summary: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(entry rows, series) of a run: per entry its head and spend; per (entry, field) its
+    value, interval, n, the items' standard deviation and per-instance values."""
+    if not summary:
+        return [], []
+    names = entry_keys(summary)
+    limit = int(env_number("EVALQ_HISTORY_MAX_ITEMS", 1_000_000))
+    entry_rows, series = [], []
+    for slot, ((key, entry), result, name) in enumerate(zip(stage_runs(spec, METRICS_STAGE), summary, names)):
+        judge = result.get("judge") or {}
+        entry_rows.append({
+            "slot": slot, "metric": entry["id"], "name": name,
+            "parameters": json.dumps(entry["parameters"], sort_keys=True, ensure_ascii=False),
+            "n": result.get("n"), "n_errors": result.get("n_errors"), "n_skipped": result.get("n_skipped", 0),
+            "calls": judge.get("calls"), "cost": judge.get("cost"),
+            "tokens": (judge.get("prompt_tokens", 0) + judge.get("completion_tokens", 0)) if judge else None})
+        kind = REGISTRY.get(entry["id"]).aggregation if entry["id"] in REGISTRY else "mean"
+        for field, items in item_fields(r, job_id, key, kind, entry["parameters"]).items():
+            series.append(one_series(slot, entry, name, field, kind, result, items, keep_items=len(items) <= limit))
+    return entry_rows, series
+
+
+def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict) -> dict[str, dict[str, float]]:
+    """Per field, instance id -> value over the entry's scored items (a jailbreak's injected
+    variants left out, as ``evalq compare`` does)."""
+    fields: dict[str, dict[str, float]] = {}
+    for _, raw in r.hscan_iter(keys.results(job_id, key), count=5000):
+        record = json.loads(raw)
+        if record.get("variant") is not None:
+            continue
+        for field, value in read(kind, params, record).values.items():
+            if math.isfinite(value):
+                fields.setdefault(field, {})[str(record.get("instance_id"))] = value
+    return fields
+
+
+def one_series(slot: int, entry: dict, name: str, field: str, kind: str, result: dict, items: dict[str, float],
+               keep_items: bool = True) -> dict:
+    """A series' row: the value and interval results.json reports (else the items' mean and
+    interval), n, the items' standard deviation, and the items themselves when kept."""
+    from evalq.orchestrator.regressions import worse_direction
+
+    values = list(items.values())
+    n = len(values)
+    mean = sum(values) / n if n else None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+    value, ci = reported(result, kind, field)
+    if value is None and mean is not None:
+        value = mean
+        bounds = REGISTRY.get(entry["id"]).bounds if entry["id"] in REGISTRY else None
+        ci = score_interval(n, sum(values), sum(v * v for v in values), all(v in (0.0, 1.0) for v in values), bounds)
+    return {"slot": slot, "metric": entry["id"], "name": name, "field": field, "value": value,
+            "ci95": ci, "n": n, "sd": sd, "worse": worse_direction(field), "items": items if keep_items else None}
+
+
+def reported(result: dict, kind: str, field: str) -> tuple[float | None, list | None]:
+    """The value and interval results.json reports for an entry's field, where it has one."""
+    score = result.get("score")
+    if kind == "defect" and isinstance(score, dict):
+        rate = score.get("any") if isinstance(score.get("any"), dict) else score
+        return rate.get("defect_rate"), rate.get("ci95")
+    if kind == "rating" and isinstance(score, dict):
+        return score.get("mean"), score.get("ci95")
+    ci = result.get("ci95")
+    if isinstance(score, (int, float)) and not isinstance(score, bool) and field == "mean":
+        return float(score), ci if isinstance(ci, list) else None
+    if isinstance(score, dict) and isinstance(score.get(field), (int, float)):
+        return float(score[field]), ci.get(field) if isinstance(ci, dict) else None
+    return None, None

@@ -1,0 +1,221 @@
+"""The history store on real databases (a SQLite file, and a PostgreSQL server the tests
+start), regression detection against scipy's tests, and the alert webhook against a real
+HTTP listener on 127.0.0.1. No Redis or Celery: the store is fed rows as the final
+callback makes them (the cluster path is tests/integration/test_history.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from scipy import stats as scipy_stats
+
+from evalq.orchestrator import alerts, regressions
+from evalq.orchestrator.history import open_store
+from evalq.shared import stats
+from evalq.shared.nightly import Regression, suite_of
+
+SETTINGS = Regression(baseline=7, min_effect=0.01, alpha=0.05)
+T0 = datetime(2026, 11, 1, 2, 0, 0)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'history.sqlite'}"
+    base = request.getfixturevalue("postgres_url")
+    db = f"h{random.randrange(10**9)}"
+    engine = sa.create_engine(base.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE {db}"))
+    engine.dispose()
+    return base.rsplit("/", 1)[0] + f"/{db}"
+
+
+def run_row(job_id: str, day: int, status: str = "done", suite: str = "nightly") -> dict:
+    return {"job_id": job_id, "suite": suite, "request_id": f"night-{day}", "tenant": "search", "status": status,
+            "started_at": T0 + timedelta(days=day), "finished_at": T0 + timedelta(days=day, minutes=30),
+            "source": "nightly.json", "dataset": "s3://b/d.jsonl", "model": "m", "out": f"/out/{day}",
+            "n_instances": 3, "calls": 10, "tokens": 1000, "cost": 0.5, "error": None}
+
+
+def series(items: dict[str, float], name: str = "exact_match", field: str = "mean", slot: int = 0) -> dict:
+    values = list(items.values())
+    n, mean = len(values), sum(values) / len(values)
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+    return {"slot": slot, "metric": name, "name": name, "field": field, "value": mean, "ci95": [mean - 0.1, mean + 0.1],
+            "n": n, "sd": sd, "worse": regressions.worse_direction(field), "items": items}
+
+
+def entry(name: str = "exact_match", slot: int = 0) -> dict:
+    return {"slot": slot, "metric": name, "name": name, "parameters": json.dumps({}), "n": 40, "n_errors": 0,
+            "n_skipped": 0, "calls": None, "tokens": None, "cost": None}
+
+
+GOOD = {f"i{k}": float(k % 5 != 0) for k in range(40)}           # 0.8
+WORSE = {f"i{k}": float(k % 5 in (1, 2)) for k in range(40)}     # 0.4, every instance no better
+
+
+def test_a_run_is_kept_once_and_read_back(store_url):
+    store = open_store(store_url)
+    first = store.record(run_row("j1", 1), [entry()], [series(GOOD)], SETTINGS)
+    again = store.record(run_row("j1", 1), [entry()], [series(WORSE)], SETTINGS)
+    assert first.new and not again.new and first.regressions == again.regressions == []
+    [run] = store.runs_of("nightly")
+    assert run["job_id"] == "j1" and run["status"] == "done" and run["cost"] == 0.5 and run["tokens"] == 1000
+    assert run["finished_at"] == "2026-11-02T02:30:00+00:00" and run["tenant"] == "search"
+    [metric] = run["metrics"]
+    assert metric["value"] == pytest.approx(0.8) and metric["n"] == 40 and metric["worse"] == "lower"
+    assert metric["ci95"] == pytest.approx([0.7, 0.9])
+
+
+def test_three_runs_only_the_worse_one_regresses(store_url):
+    store = open_store(store_url)
+    f1 = {f"i{k}": 0.5 + (k % 7) / 20 for k in range(40)}
+    assert store.record(run_row("j1", 1), [entry(), entry("f1", 1)],
+                        [series(GOOD), series(f1, "f1", slot=1)], SETTINGS).regressions == []
+    assert store.record(run_row("j2", 2), [entry(), entry("f1", 1)],
+                        [series(GOOD), series(f1, "f1", slot=1)], SETTINGS).regressions == []
+    better_f1 = {k: v + 0.05 for k, v in f1.items()}
+    got = store.record(run_row("j3", 3), [entry(), entry("f1", 1)],
+                       [series(WORSE), series(better_f1, "f1", slot=1)], SETTINGS)
+    [found] = got.regressions
+    assert found["name"] == "exact_match" and found["paired"] and found["n"] == 40 and found["baseline_runs"] == 2
+    assert found["value"] == pytest.approx(0.4) and found["baseline"] == pytest.approx(0.8)
+    expected = stats.paired([GOOD[i] for i in GOOD], [WORSE[i] for i in GOOD])  # compare's paired test, directly
+    assert found["delta"] == pytest.approx(expected["diff"]) and found["p_value"] == pytest.approx(expected["p_value"])
+    runs = store.runs_of("nightly")
+    assert [len(r["regressions"]) for r in runs] == [0, 0, 1]
+    assert [r["job_id"] for r in store.runs_of("nightly", last=2)] == ["j2", "j3"]
+    [suite] = store.suites()
+    assert suite["runs"] == 3 and suite["last"]["job_id"] == "j3" and suite["last"]["regressions"] == 1
+    [latest] = store.latest()
+    assert latest["job_id"] == "j3" and {m["name"] for m in latest["metrics"]} == {"exact_match", "f1"}
+
+
+def test_defect_rates_regress_upwards_and_failed_runs_are_no_baseline(store_url):
+    store = open_store(store_url)
+    clean = {f"i{k}": float(k % 10 == 0) for k in range(60)}    # 0.1
+    dirty = {f"i{k}": float(k % 10 in (0, 1, 2)) for k in range(60)}  # 0.3
+    store.record(run_row("j1", 1), [entry("violence")], [series(clean, "violence", "defect_rate")], SETTINGS)
+    store.record(run_row("jf", 2, status="failed"), [entry("violence")], [series(dirty, "violence", "defect_rate")],
+                 SETTINGS)
+    lower = store.record(run_row("j2", 3), [entry("violence")], [series({k: 0.0 for k in clean}, "violence",
+                                                                        "defect_rate")], SETTINGS)
+    assert lower.regressions == []  # fewer defects is better, never flagged
+    worse = store.record(run_row("j3", 4), [entry("violence")], [series(dirty, "violence", "defect_rate")], SETTINGS)
+    [found] = worse.regressions
+    assert found["field"] == "defect_rate" and found["delta"] > 0 and found["baseline_runs"] == 2
+
+
+def test_a_small_move_is_no_regression(store_url):
+    store = open_store(store_url)
+    base = {f"i{k}": 0.5 for k in range(200)}
+    store.record(run_row("j1", 1), [entry()], [series({k: v + (0.001 if int(k[1:]) % 2 else -0.001)
+                                                       for k, v in base.items()})], SETTINGS)
+    tiny = {k: 0.495 for k in base}  # significant (every instance moved), but under min_effect 0.01
+    assert store.record(run_row("j2", 2), [entry()], [series(tiny)], SETTINGS).regressions == []
+    strict = Regression(baseline=7, min_effect=0.001, alpha=0.05)
+    assert len(store.record(run_row("j3", 3), [entry()], [series(tiny)], strict).regressions) == 1
+
+
+def test_only_the_last_n_done_runs_are_the_baseline(store_url):
+    store = open_store(store_url)
+    low = {f"i{k}": float(k % 5 in (1, 2)) for k in range(40)}  # 0.4
+    store.record(run_row("old", 1), [entry()], [series(GOOD)], SETTINGS)
+    for day in range(2, 4):
+        store.record(run_row(f"j{day}", day), [entry()], [series(low)], SETTINGS)
+    # against the last 2 runs (0.4), 0.4 is no regression; against the last 3 it would be
+    two = Regression(baseline=2, min_effect=0.01, alpha=0.05)
+    assert store.record(run_row("j9", 9), [entry()], [series(low)], two).regressions == []
+
+
+def test_unpaired_when_runs_share_no_instances(store_url):
+    store = open_store(store_url)
+    rng = random.Random(7)
+    old = {f"a{k}": rng.gauss(0.7, 0.1) for k in range(300)}
+    new = {f"b{k}": rng.gauss(0.6, 0.1) for k in range(300)}
+    store.record(run_row("j1", 1), [entry("sim")], [series(old, "sim")], SETTINGS)
+    [found] = store.record(run_row("j2", 2), [entry("sim")], [series(new, "sim")], SETTINGS).regressions
+    assert not found["paired"]
+    welch = scipy_stats.ttest_ind(list(new.values()), list(old.values()), equal_var=False)
+    assert found["delta"] == pytest.approx(sum(new.values()) / 300 - sum(old.values()) / 300)
+    assert found["p_value"] == pytest.approx(welch.pvalue, abs=1e-6)
+
+
+def test_normal_approximations_agree_with_scipy():
+    rng = random.Random(3)
+    base = [rng.gauss(0.6, 0.2) for _ in range(3000)]
+    new = [b - 0.01 + rng.gauss(0, 0.1) for b in base]
+    delta, p = regressions.normal_paired(base, new)
+    assert delta == pytest.approx(sum(new) / 3000 - sum(base) / 3000)
+    assert p == pytest.approx(scipy_stats.ttest_rel(new, base).pvalue, rel=0.05)  # normal vs t tail
+    s = {"n": 2500, "value": 0.58, "sd": 0.2}
+    past = [{"n": 2000, "value": 0.6, "sd": 0.21}]
+    got = regressions.unpaired_move(s, past)
+    ref = scipy_stats.ttest_ind_from_stats(0.58, 0.2, 2500, 0.6, 0.21, 2000, equal_var=False)
+    assert got[1] == pytest.approx(ref.pvalue, rel=0.05)
+
+
+def test_an_older_store_is_upgraded_and_its_runs_compared_unpaired(tmp_path):
+    from alembic import command
+    from alembic.config import Config
+
+    import evalq.orchestrator.migrations as migrations
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    engine = sa.create_engine(url)
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    with engine.begin() as conn:  # the store as the first schema made it
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0001")
+        conn.execute(sa.text("INSERT INTO runs (id, job_id, suite, status, finished_at) VALUES "
+                             "(1, 'old', 'nightly', 'done', '2026-10-01 02:00:00')"))
+        conn.execute(sa.text("INSERT INTO entries (run_id, slot, metric, name, parameters, n) VALUES "
+                             "(1, 0, 'exact_match', 'exact_match', '{}', 40)"))
+        conn.execute(sa.text("INSERT INTO entry_values (run_id, slot, field, value, n, sd, worse) VALUES "
+                             "(1, 0, 'mean', 0.8, 40, 0.405, 'lower')"))
+    engine.dispose()
+    store = open_store(url)
+    [found] = store.record(run_row("new", 40), [entry()], [series(WORSE)], SETTINGS).regressions
+    assert not found["paired"] and found["baseline"] == pytest.approx(0.8)
+    assert [r["job_id"] for r in store.runs_of("nightly")] == ["old", "new"]
+    with sa.create_engine(url).connect() as conn:
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0002"
+
+
+def test_default_suite_names():
+    assert suite_of("jobs/rag-nightly.json") == "rag-nightly"
+    assert suite_of("s3://bucket/jobs/rag.json.gz") == "rag"
+    assert suite_of("request.job") == "default"
+
+
+def test_an_alert_is_sent_once_with_retries(tmp_path, webhook, caplog):
+    store = open_store(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    store.record(run_row("j1", 1), [entry()], [series(GOOD)], SETTINGS)
+    got = store.record(run_row("j2", 2), [entry()], [series(WORSE)], SETTINGS)
+    webhook.fail_first = 2
+    with caplog.at_level("INFO", logger="evalq.history"):
+        assert alerts.notify(store, "nightly", "j2", got.regressions)
+        assert not alerts.notify(store, "nightly", "j2", got.regressions)  # a second caller sends nothing
+    assert len(webhook.bodies) == 3  # two 500s retried, then delivered; never again
+    body = webhook.bodies[-1]
+    assert set(body) == {"suite", "job_id", "regressions", "text"} and body["job_id"] == "j2"
+    assert body["text"].startswith("nightly: exact_match regressed to 0.4 from 0.8") and "\n" not in body["text"]
+    assert "SECRET-TOKEN" not in caplog.text
+    assert store.runs_of("nightly")[-1]["alert"] == "sent"
+
+
+def test_a_failing_webhook_never_raises(tmp_path, webhook, monkeypatch):
+    monkeypatch.setenv("EVALQ_ALERT_ATTEMPTS", "2")
+    store = open_store(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    store.record(run_row("j1", 1), [entry()], [series(GOOD)], SETTINGS)
+    got = store.record(run_row("j2", 2), [entry()], [series(WORSE)], SETTINGS)
+    webhook.fail_first = 100
+    assert not alerts.notify(store, "nightly", "j2", got.regressions)
+    assert len(webhook.bodies) == 2 and store.runs_of("nightly")[-1]["alert"] == "failed"
