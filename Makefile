@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_submit.py
 	$(BIN)/python bench/bench_judge_costs.py
 	$(BIN)/python bench/bench_worker_rss.py
+	$(BIN)/python bench/bench_history.py
 
 clean:
 	rm -rf $(VENV) out
