@@ -31,9 +31,11 @@ ACCOUNTING_FIELDS = ("calls", "cache_hits", "reused", "prompt_tokens", "completi
 COST_FIELD = "cost_nano"  # the accounting hash's integer cost; outputs show it as ``cost``
 
 
-def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: MetricSpec, total: int) -> dict:
+def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: MetricSpec, total: int,
+              priced: bool = False) -> dict:
     """One metric's (or the generation stage's) aggregate: merged from its
-    chunks' parts when every item is covered by one, else over the item records."""
+    chunks' parts when every item is covered by one, else over the item records.
+    ``priced``: its endpoint has a price (``endpoint_priced``), so its spend has a cost."""
     params = entry["parameters"]
     overall, by_category, seen = None, {}, 0
     agreement = Agreement(metric.aggregation, params) if metric.aggregation in AGREEMENT_KINDS else None
@@ -65,8 +67,7 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     if agreement is not None and agreement.result() is not None:
         out["agreement"] = agreement.result()
     if metric.calls_endpoint:
-        judge = judge_accounting(r.hgetall(keys.accounting(job_id, key)),
-                                 endpoint_priced(stored_spec(r, job_id), key, entry))
+        judge = judge_accounting(r.hgetall(keys.accounting(job_id, key)), priced)
         if seen:  # what one item cost: paid calls and tokens
             judge["calls_per_item"] = round(judge["calls"] / seen, 3)
             judge["tokens_per_item"] = round((judge["prompt_tokens"] + judge["completion_tokens"]) / seen, 1)
@@ -127,8 +128,8 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     spec = stored_spec(r, job_id)
     if status_of(r, job_id) == Status.CANCELLED:
         status = Status.CANCELLED
-    summary = [summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]), span(spec, entry))
-               for key, entry in stage_runs(spec, METRICS_STAGE)]
+    summary = [summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]), span(spec, entry),
+                         endpoint_priced(spec, key, entry)) for key, entry in stage_runs(spec, METRICS_STAGE)]
     r.set(keys.summary(job_id), json.dumps(summary))
     errors: list[str] = []
     if spec.get("out"):
@@ -271,7 +272,8 @@ def generated(r: redis.Redis, job_id: str) -> dict:
     (the orchestrator submits the metrics on seeing it)."""
     spec = stored_spec(r, job_id)
     entry = spec[GENERATE]
-    summary = summarize(r, job_id, GENERATE, entry, GENERATE_SPEC, entry["n_items"])
+    summary = summarize(r, job_id, GENERATE, entry, GENERATE_SPEC, entry["n_items"],
+                        endpoint_priced(spec, GENERATE, entry))
     score = summary.pop("score") or {}  # means over the outputs: only log probabilities are numbers
     if score.get("log_probability") is not None:
         summary["mean_log_probability"] = score["log_probability"]
