@@ -37,7 +37,6 @@ import sqlalchemy as sa
 from evalq.shared.errors import EvalqError, InfraError
 from evalq.shared.nightly import Regression
 
-HEAD = "0002"
 metadata = sa.MetaData()
 runs = sa.Table(
     "runs", metadata,
@@ -320,10 +319,13 @@ class HistoryStore:
             rows = conn.execute(query.limit(last) if last else query).mappings().all()[::-1]
             return self._documents(conn, rows)
 
-    def latest(self) -> list[dict]:
-        """Each suite's last run (any status), as ``runs_of`` shows runs."""
+    def latest(self, status: str | None = None) -> list[dict]:
+        """Each suite's last run (of that ``status``, or any), as ``runs_of`` shows runs."""
         with self.engine.connect() as conn:
-            last = (sa.select(runs.c.suite, sa.func.max(runs.c.id).label("id")).group_by(runs.c.suite)).subquery()
+            last = sa.select(runs.c.suite, sa.func.max(runs.c.id).label("id")).group_by(runs.c.suite)
+            if status is not None:
+                last = last.where(runs.c.status == status)
+            last = last.subquery()
             rows = conn.execute(sa.select(runs).join(last, runs.c.id == last.c.id).order_by(runs.c.suite)).mappings().all()
             return self._documents(conn, rows)
 

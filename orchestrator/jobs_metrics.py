@@ -40,7 +40,6 @@ log = logging.getLogger("evalq.metrics")
 
 STALL_ENV = "EVALQ_STALL_SECONDS"
 DEFAULT_STALL_SECONDS = 900
-DONE_LOOKBACK = 50  # runs of a suite searched for its last done one, when its last run is not
 
 
 def stalled(r: redis.Redis, job_id: str, now: float, stall_seconds: float) -> bool:
@@ -168,17 +167,9 @@ class JobsCollector:
             self.store = (self.open_store or _history_store)()
         if self.store is False:
             return []  # EVALQ_HISTORY=off
-        latest = self.store.latest()
-        done = {}
-        for row in latest:
-            if row.get("status") == Status.DONE:
-                done[row["suite"]] = row
-            else:  # its last run failed or was cancelled: the values are those of the last done one
-                earlier = [run for run in self.store.runs_of(row["suite"], last=DONE_LOOKBACK)
-                           if run.get("status") == Status.DONE]
-                if earlier:
-                    done[row["suite"]] = earlier[-1]
-        rows = suite_rows(latest, done)
+        # a suite whose last run failed or was cancelled shows the values of its last done one
+        done = {row["suite"]: row for row in self.store.latest(Status.DONE)}
+        rows = suite_rows(self.store.latest(), done)
         families = []
         for kind, samples in rows.items():
             family = GaugeMetricFamily(f"evalq_suite_{kind}", SUITE_HELP[kind], labels=list(SUITE_LABELS[kind]))

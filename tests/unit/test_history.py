@@ -97,6 +97,16 @@ def test_three_runs_only_the_worse_one_regresses(store_url):
     assert latest["job_id"] == "j3" and {m["name"] for m in latest["metrics"]} == {"exact_match", "f1"}
 
 
+def test_the_last_run_of_each_suite_and_its_last_done_one(store_url):
+    store = open_store(store_url)
+    store.record(run_row("j1", 1), [entry()], [series(GOOD)], SETTINGS)
+    store.record(run_row("j2", 2, status="failed"), [], [], SETTINGS)
+    store.record(run_row("k1", 1, status="cancelled", suite="other"), [], [], SETTINGS)
+    assert [(r["suite"], r["job_id"]) for r in store.latest()] == [("nightly", "j2"), ("other", "k1")]
+    [done] = store.latest("done")
+    assert done["job_id"] == "j1" and done["metrics"][0]["value"] == pytest.approx(0.8)
+
+
 def test_defect_rates_regress_upwards_and_failed_runs_are_no_baseline(store_url):
     store = open_store(store_url)
     clean = {f"i{k}": float(k % 10 == 0) for k in range(60)}    # 0.1

@@ -98,13 +98,10 @@ class Store:
     def __init__(self, runs=None, error: Exception | None = None):
         self.runs, self.error = runs or [], error  # oldest first
 
-    def latest(self):
+    def latest(self, status=None):
         if self.error:
             raise self.error
-        return list({run["suite"]: run for run in self.runs}.values())
-
-    def runs_of(self, suite, last=None):
-        return [run for run in self.runs if run["suite"] == suite][-last:]
+        return list({run["suite"]: run for run in self.runs if status in (None, run["status"])}.values())
 
 
 def unreachable() -> redis.Redis:
