@@ -135,20 +135,28 @@ def check_cost_cap(judging: JudgingOptions, runs: list[MetricRun], model: Any, p
         problems.add("judging.cost_cap", "no judge or model has a price")
 
 
-def check_batch(judging: JudgingOptions, runs: list[MetricRun], model: Any, problems: Problems) -> None:
-    """An entry whose mode (its ``mode`` parameter, else ``judging.mode``) is batch or
-    auto needs a judge with a deployment that declares ``batch``; so does generation
-    through an endpoint model when ``judging.mode`` is batch (with auto, a model
-    without one generates synchronously)."""
+def batched(judging: JudgingOptions, runs: list[MetricRun]) -> list[tuple[MetricRun, str, str]]:
+    """The judge entries whose mode (their ``mode`` parameter, else ``judging.mode``) is batch
+    or auto: (run, mode, where the mode comes from as messages say it: "" or " (judging.mode)")."""
     from evalq.shared.batch_config import BATCHED
 
+    found = []
     for run in runs:
         if run.judge is None or not hasattr(run.params, "effective_mode"):
             continue
         mode = run.params.effective_mode(judging)
-        if mode in BATCHED and not run.judge.batch_deployments:
+        if mode in BATCHED:
+            found.append((run, mode, "" if run.params.mode else " (judging.mode)"))
+    return found
+
+
+def check_batch(judging: JudgingOptions, runs: list[MetricRun], model: Any, problems: Problems) -> None:
+    """An entry whose mode is batch or auto (``batched``) needs a judge with a deployment
+    that declares ``batch``; so does generation through an endpoint model when
+    ``judging.mode`` is batch (with auto, a model without one generates synchronously)."""
+    for run, mode, source in batched(judging, runs):
+        if not run.judge.batch_deployments:
             where = f"{run.where}.parameters.mode" if run.params.mode else run.where
-            source = "" if run.params.mode else " (judging.mode)"
             problems.add(where, f"mode {mode!r}{source} needs a batch-capable deployment, and none of judge "
                          f"{run.params.judge!r}'s deployments ({_regions(run.judge)}) declares 'batch' "
                          "(e.g. \"batch\": {\"enqueued_tokens\": 50000000})")
@@ -161,13 +169,9 @@ def batch_requested(judging: JudgingOptions, runs: list[MetricRun]) -> list[str]
     """The entries that ask for the Batch API (their ``mode``, else ``judging.mode``), each
     as a problem: this evalq checks the Batch API settings but does not run them yet, and a
     job that asked for half price must not be judged at full price without saying so."""
-    from evalq.shared.batch_config import BATCHED
-
-    asked = [(run, run.params.effective_mode(judging)) for run in runs
-             if run.judge is not None and hasattr(run.params, "effective_mode")]
-    return [f"{run.where}: mode {mode!r}{'' if run.params.mode else ' (judging.mode)'}: the Batch API path "
-            "is not available in this version of evalq (its settings are validated, but it cannot run them "
-            "yet); use mode 'sync'" for run, mode in asked if mode in BATCHED]
+    return [f"{run.where}: mode {mode!r}{source}: the Batch API path is not available in this version of "
+            "evalq (its settings are validated, but it cannot run them yet); use mode 'sync'"
+            for run, mode, source in batched(judging, runs)]
 
 
 def _regions(config: EndpointConfig) -> str:
