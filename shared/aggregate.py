@@ -15,20 +15,20 @@ from typing import Any, Iterable
 
 from evalq.shared.agreement import Agreement
 from evalq.shared.judges import SEVERITY_BANDS, severity_label
-from evalq.shared.results import flag, number, severities
+from evalq.shared.results import ERROR, SCORED, SKIPPED, flag, number, outcome, severities
 
 
 def _counted(agg, record: dict[str, Any]) -> bool:
     """Count the record's outcome on ``agg``: an error or a skip (kept out of the
     score), else a scored item (True: the caller aggregates its result)."""
-    if record.get("error") is not None:
+    counted = outcome(record)
+    if counted == ERROR:
         agg.n_errors += 1
-        return False
-    if record.get("skipped") is not None:
+    elif counted == SKIPPED:
         agg.n_skipped += 1
-        return False
-    agg.n += 1
-    return True
+    else:
+        agg.n += 1
+    return counted == SCORED
 
 
 class MeanAggregator:

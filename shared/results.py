@@ -70,6 +70,19 @@ def read(kind: str, params: dict | None, record: dict) -> Reading:
     return Reading(values, values, -(headline if headline is not None else min(values.values())))
 
 
+ERROR, SKIPPED, SCORED = "error", "skipped", "scored"
+
+
+def outcome(record: dict) -> str:
+    """How an item record counts: an error (``n_errors``), else a skip (``n_skipped``), else
+    scored (``n``). The aggregates and the workers' Prometheus counters both count by it."""
+    if record.get("error") is not None:
+        return ERROR
+    if record.get("skipped") is not None:
+        return SKIPPED
+    return SCORED
+
+
 def mean_values(result: Any) -> dict[str, float]:
     """A ``mean``/``distribution`` result's numbers: ``{"mean": x}`` for one number (a boolean
     is 0 or 1), else the object's number and boolean fields (lists are left out)."""

@@ -162,18 +162,16 @@ def _metrics() -> _Metrics | None:
 
 def items_recorded(metric: str, queue: str | None, records: Iterable[dict]) -> None:
     """A chunk's records, just written to Redis: each counts by its outcome, as the
-    aggregators count them (an error first, then a skip, else a result)."""
+    aggregators count them (``evalq.shared.results.outcome``)."""
     m = _metrics()
     if m is None:
         return
-    scored = errors = skipped = 0
-    for record in records:
-        if record.get("error") is not None:
-            errors += 1
-        elif record.get("skipped") is not None:
-            skipped += 1
-        else:
-            scored += 1
+    from collections import Counter
+
+    from evalq.shared.results import ERROR, SCORED, SKIPPED, outcome
+
+    counts = Counter(outcome(record) for record in records)
+    scored, errors, skipped = counts[SCORED], counts[ERROR], counts[SKIPPED]
     if scored:
         m.items_scored.labels(metric, queue or "").inc(scored)
     if errors:
