@@ -29,6 +29,8 @@ log = logging.getLogger("evalq.worker")
 ACCOUNTING_FIELDS = ("calls", "cache_hits", "reused", "prompt_tokens", "completion_tokens", "reserved_tokens",
                      "rate_limited", "failed_calls")
 COST_FIELD = "cost_nano"  # the accounting hash's integer cost; outputs show it as ``cost``
+BATCH_COST_FIELD = "batch_cost_nano"  # of it, what batch lines cost (evalq.workers.judge.batches)
+BATCH_FIELDS = ("calls", "prompt_tokens", "completion_tokens", "failed_lines")
 
 
 def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: MetricSpec, total: int,
@@ -89,15 +91,38 @@ def judge_accounting(acct: dict[bytes, bytes], priced: bool | None = None) -> di
         region, _, field = k.decode().rpartition("/")
         if region:
             regions.setdefault(region, {})[field] = int(float(v))
-    if priced or (priced is None and COST_FIELD.encode() in acct):
+    costed = priced or (priced is None and COST_FIELD.encode() in acct)
+    if costed:
         judge["cost"] = money(int(float(acct.get(COST_FIELD.encode(), 0))))
         for counts in regions.values():
             counts["cost"] = money(counts.pop(COST_FIELD, 0))
+            counts["batch_cost"] = money(counts.pop(BATCH_COST_FIELD, 0))
     for counts in regions.values():
         counts.pop(COST_FIELD, None)
+        counts.pop(BATCH_COST_FIELD, None)
+    by_path = _by_path(acct, judge, costed)
+    if by_path is not None:
+        judge["by_path"] = by_path
+    else:  # no batch: the regions read as before
+        for counts in regions.values():
+            counts.pop("batch_cost", None)
     if regions:
         judge["regions"] = dict(sorted(regions.items()))
     return judge
+
+
+def _by_path(acct: dict[bytes, bytes], judge: dict, costed: bool) -> dict | None:
+    """Calls, tokens (and cost) by path, sync and batch, for an entry that used the Batch API
+    (None otherwise): the totals count both; the batch path's ``failed_lines`` are lines a
+    batch did not answer (each went into another batch, or synchronously)."""
+    batch = {f: int(float(acct.get(f"batch_{f}".encode(), 0))) for f in BATCH_FIELDS}
+    if not any(batch.values()):
+        return None
+    sync = {f: judge[f] - batch[f] for f in ("calls", "prompt_tokens", "completion_tokens")}
+    if costed:
+        total, cheap = int(float(acct.get(COST_FIELD.encode(), 0))), int(float(acct.get(BATCH_COST_FIELD.encode(), 0)))
+        sync["cost"], batch["cost"] = money(total - cheap), money(cheap)
+    return {"sync": sync, "batch": batch}
 
 
 def money(nano: int) -> float:

@@ -96,8 +96,12 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
     info["scheduling"] = spec.get("scheduling") or {"priority": "normal", "tenant": "default", "weight": 1.0}
     if status not in FINAL:
         info["dispatch"] = dispatch_view(r, job_id, sorted(queues))
+    from evalq.orchestrator.parking import batch_view
     from evalq.orchestrator.watch import recovery
 
+    batches = batch_view(r, job_id)
+    if batches:
+        info["batch"] = batches
     steps = recovery(r, job_id)
     if steps:
         info["recovery"] = steps
@@ -197,6 +201,14 @@ def render(info, one: bool) -> str:
                      f"{100 * v['share_last_minute']:.0f}%, window {v['window']}, backlog {v['backlog']}")
     if info["queues"]:
         lines.append("  queues: " + ", ".join(f"{q} {n}" for q, n in info["queues"].items()))
+    batch = info.get("batch")
+    if batch:
+        lines.append(f"  batch: {batch['waiting_lines']} line(s) waiting for a reply, {batch['parked_chunks']} "
+                     f"chunk(s) parked, {batch['sent_sync']} line(s) sent synchronously instead")
+        for b in batch["batches"]:
+            lines.append(f"    {b['id']:<34} {b['region']:<10} {b['state']:<11} lines {b['completed']}/{b['lines']}"
+                         + (f", failed {b['failed']}" if b["failed"] else "")
+                         + (f", expected end {b['expected_end']}" if b.get("expected_end") else ""))
     steps = info.get("recovery") or {}
     if steps.get("resumes"):
         lines.append(f"  recovery: unfinished chunks re-sent {steps['resumes']} time(s), last at {steps['last_resume']}"

@@ -58,7 +58,11 @@ def stalled(r: redis.Redis, job_id: str, now: float, stall_seconds: float) -> bo
         since = _epoch(spec["submitted_at"])
     else:
         return False  # never looked at, and moving
-    return now - since > stall_seconds
+    if now - since <= stall_seconds:
+        return False
+    from evalq.orchestrator.parking import waits_for_batches
+
+    return not waits_for_batches(r, job_id)  # waiting for provider batches is slow, not stalled
 
 
 def job_counts(r: redis.Redis, stall_seconds: float) -> tuple[dict[str, int], int]:

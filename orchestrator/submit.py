@@ -57,11 +57,6 @@ def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None =
 
 def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | None = None,
              request_id: str | None = None, reply_to: str | None = None) -> dict:
-    from evalq.shared.job_metrics import batch_requested
-
-    unrunnable = batch_requested(job.judging, job.metrics)
-    if unrunnable:  # before anything is stored or sent
-        raise JobError([f"{job.source}: {problem}" for problem in unrunnable])
     ttl = Settings.from_env().result_ttl
     metrics = {}
     for m in job.metrics:

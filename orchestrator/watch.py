@@ -172,11 +172,15 @@ def recovery(r: redis.Redis, job_id: str) -> dict | None:
 
 
 def idle(r: redis.Redis, spec: dict, job_id: str) -> bool:
-    """Nothing of the job waits in line for a slot (``evalq.orchestrator.dispatch``), in its
-    queues, or unacknowledged with a worker."""
+    """Nothing of the job waits in line for a slot (``evalq.orchestrator.dispatch``), for a
+    provider batch (``evalq.orchestrator.parking``), in its queues, or unacknowledged with a worker."""
+    from evalq.orchestrator.parking import waits_for_batches
+
     queues = job_queues(spec)
     if any(r.llen(keys.pending(job_id, q)) for q in queues):
         return False  # waiting its turn, not lost: the sweep's refill sends it
+    if waits_for_batches(r, job_id):
+        return False  # its chunks wait for provider batches (the batch manager wakes them)
     return job_id not in busy_jobs(r, queues, {job_id})
 
 

@@ -42,6 +42,15 @@ class Deferred(Exception):
         super().__init__(reason or f"deferred {wait:.1f} s")
 
 
+class Pending(Exception):
+    """A judge call waits for a provider batch (``judging.mode`` batch or auto): the item is
+    scored again once its replies are back; ``digests`` name the calls (their requests' sha256)."""
+
+    def __init__(self, *digests: str):
+        self.digests = list(digests)
+        super().__init__(f"waiting for {len(self.digests)} batch repl{'y' if len(self.digests) == 1 else 'ies'}")
+
+
 class Skipped(Exception):
     """An item deliberately not run (e.g. the job's token cap was reached):
     recorded as skipped, not as an error and not lost."""

@@ -165,15 +165,6 @@ def check_batch(judging: JudgingOptions, runs: list[MetricRun], model: Any, prob
                      f"model's deployments ({_regions(model)}) declares 'batch'")
 
 
-def batch_requested(judging: JudgingOptions, runs: list[MetricRun]) -> list[str]:
-    """The entries that ask for the Batch API (their ``mode``, else ``judging.mode``), each
-    as a problem: this evalq checks the Batch API settings but does not run them yet, and a
-    job that asked for half price must not be judged at full price without saying so."""
-    return [f"{run.where}: mode {mode!r}{source}: the Batch API path is not available in this version of "
-            "evalq (its settings are validated, but it cannot run them yet); use mode 'sync'"
-            for run, mode, source in batched(judging, runs)]
-
-
 def _regions(config: EndpointConfig) -> str:
     return ", ".join(d.region for d in config.deployments)
 

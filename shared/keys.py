@@ -40,7 +40,21 @@ Judge keys shared across jobs (see ``evalq.workers.judge.budget`` for the budget
     evalq:{J}:cost           STRING the job's cost in billionths of the prices' currency, paid plus held by
                                     calls in flight (checked against its cost cap; only with a cost cap)
     evalq:{J}:memo           HASH   request sha -> judge reply, for metrics of several calls per item
-                                    (claims extracted once per job; a re-run item pays no call twice)
+                                    (claims extracted once per job; a re-run item pays no call twice),
+                                    and every reply a provider batch brought back
+
+The Batch API path (``evalq.workers.judge.batches``):
+
+    evalq:batch:jobs              SET    jobs with batch lines or batches not yet ended
+    evalq:batch:enqueued:{D}      STRING estimated tokens of deployment D's unfinished batches (its quota)
+    evalq:batch:lock:{R}          STRING held by the one batch manager of region R for a tick
+    evalq:{J}:batch:line          HASH   request sha -> JSON line waiting for a reply (entry, item, body, tries)
+    evalq:{J}:batch:queued:{R}    LIST   request shas waiting to go into a batch of region R
+    evalq:{J}:batch:touched       HASH   region -> when a line last joined its queue
+    evalq:{J}:batch:sync          HASH   request sha -> why it is sent synchronously instead
+    evalq:{J}:batch:open          HASH   batch -> JSON record (provider id, state, lines, counts, expected end)
+    evalq:{J}:batch:members:{B}   LIST   request shas of batch B
+    evalq:{J}:parked              HASH   "<metric key>:<start>" -> JSON chunk waiting for batch replies
 
 Item records (and chunk parts) are written with HSET on a field derived from
 the instance's (chunk's) position, so a redelivered task overwrites instead of
@@ -161,6 +175,26 @@ def judge_memo_claim(job_id: str, digest: str) -> str:
     return f"{job_prefix(job_id)}:memo:claim:{digest}"
 
 
+BATCH_JOBS = f"{PREFIX}:batch:jobs"
+
+
+def batch_enqueued(dep_id: str) -> str:
+    return f"{PREFIX}:batch:enqueued:{dep_id}"
+
+
+def batch_lock(region: str) -> str:
+    return f"{PREFIX}:batch:lock:{region}"
+
+
+def batch(job_id: str, part: str) -> str:
+    """``part`` of job J's Batch API state: line, queued:<region>, touched, sync, open, members:<batch>."""
+    return f"{job_prefix(job_id)}:batch:{part}"
+
+
+def parked(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:parked"
+
+
 # --- sharing queues between jobs (evalq.orchestrator.dispatch) --------------------------------
 #   evalq:{J}:pending:{Q}       LIST   chunks of job J waiting in line for a slot on queue Q (JSON descriptors)
 #   evalq:sched:{Q}:jobs        SET    jobs with chunks in line on Q
@@ -193,7 +227,8 @@ def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
     keys = [spec(job_id), instances(job_id), summary(job_id), status(job_id),
             job_tokens(job_id), job_cost(job_id), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
             replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
-            chunks_done(job_id, "generate"), chunks_done(job_id, "metrics")]
+            chunks_done(job_id, "generate"), chunks_done(job_id, "metrics"), parked(job_id),
+            batch(job_id, "line"), batch(job_id, "touched"), batch(job_id, "sync"), batch(job_id, "open")]
     for m in metric_keys:
         keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m),
                  accounting(job_id, m)]

@@ -21,7 +21,7 @@ import evalq.shared.catalogue  # noqa: F401  (registers the built-in metrics)
 from evalq.shared import keys, telemetry
 from evalq.shared.aggregate import chunk_part
 from evalq.shared.config import Settings
-from evalq.shared.errors import Deferred, MetricError, Skipped
+from evalq.shared.errors import Deferred, MetricError, Pending, Skipped
 from evalq.shared.model_under_test import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
 from evalq.workers import keeping
@@ -36,6 +36,15 @@ REDIS_BLIPS = (redis.ConnectionError, redis.TimeoutError)
 # An instance the generation stage could not answer carries, under this key,
 # the outcome its metrics record instead of a score.
 NOT_GENERATED = "__not_generated__"
+
+class Parked(Exception):
+    """Items of the chunk wait for provider batches (``digests``: their calls); the others
+    are kept. The chunk is run again when the replies are back (``evalq.orchestrator.parking``)."""
+
+    def __init__(self, digests: list[str]):
+        self.digests = digests
+        super().__init__(f"{len(digests)} call(s) wait for a batch")
+
 
 @lru_cache(maxsize=256)
 def _metric(r: redis.Redis, job_id: str, metric_key: str) -> tuple[MetricSpec, Any, Any]:
@@ -78,11 +87,31 @@ def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, d
     memo = metric_key != GENERATE and REGISTRY.get(stored_spec(r, job_id)["metrics"][metric_key]["id"]).memo
     client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment, memo=memo,
                          keeper=keeper)
+    client.batch = batch_lines(r, job_id, metric_key, name, config, options, params, client.deployments)
     if metric_key == GENERATE:
         from evalq.workers.generate import EndpointRunner
 
         return EndpointRunner(client, config.system)
     return client
+
+
+def batch_lines(r: redis.Redis, job_id: str, metric_key: str, name: str, config: Any, options: Any,
+                params: Any, deployments: list) -> Any:
+    """The entry's ``BatchLines`` when its calls go through the Batch API (its ``mode``, else
+    ``judging.mode``; generation follows ``judging.mode`` where the model has a batch
+    deployment), else None. ``auto`` carries its deadline."""
+    from datetime import datetime
+
+    from evalq.workers.judge.batch_lines import BatchLines
+
+    mode = options.mode if metric_key == GENERATE else params.effective_mode(options)
+    if mode == "sync" or not getattr(config, "batch_deployments", None):
+        return None
+    deadline = None
+    if mode == "auto":
+        submitted = stored_spec(r, job_id).get("submitted_at")
+        deadline = options.deadline_at(datetime.fromisoformat(submitted)).timestamp() if submitted else 0.0
+    return BatchLines(r, job_id, metric_key, name, config, deployments, deadline)
 
 
 def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: Any = None,
@@ -94,7 +123,9 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
     client, as further arguments. ``Deferred`` propagates (the task
     re-schedules), and so does a Redis connection error (a judge client's
     budget call, say); ``Skipped`` marks the item as not run. An instance
-    marked ``NOT_GENERATED`` is recorded with that outcome and not scored.
+    marked ``NOT_GENERATED`` is recorded with that outcome and not scored. An item
+    whose judge call waits for a provider batch (``Pending``) gets no record; once
+    every item was asked, ``Parked`` says which calls the chunk waits for.
     Records carry the instance's grade for ``human`` (``human.<key>``); a
     ``keeper`` gets each item's record as soon as the item is scored.
     """
@@ -103,6 +134,7 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
     outcomes: list = [inst.pop(NOT_GENERATED, None) for inst in instances]
     ready = [i for i, outcome in enumerate(outcomes) if outcome is None]
     records: list[dict | None] = [None] * len(instances)
+    waiting: set[str] = set()
     if spec.batch:
         try:
             results = fn([instances[i] for i in ready], params, *extra) if ready else []
@@ -118,11 +150,16 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
                 outcomes[i] = fn(instances[i], params, *extra)
             except (Deferred, *REDIS_BLIPS):
                 raise  # not the item's fault: the task re-schedules, or is retried
+            except Pending as exc:  # a call waits for a provider batch: the item is asked again later
+                waiting.update(exc.digests)
+                continue
             except Exception as exc:
                 outcomes[i] = exc
             if keeper is not None:
                 records[i] = _record(spec, instances[i], outcomes[i], human)
                 keeper.done(records[i])
+    if waiting:
+        raise Parked(sorted(waiting))
     return [record if record is not None else _record(spec, inst, outcome, human)
             for record, inst, outcome in zip(records, instances, outcomes)]
 
@@ -175,7 +212,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     t0 = time.perf_counter()
     try:
         records = score_items(spec, params, instances, prepared, judge, human, keeper)
-    except Deferred:
+    except (Deferred, Parked):
         _write(r, job_id, metric_key, start, {}, time.perf_counter() - t0)  # its items are kept
         raise
     finally:

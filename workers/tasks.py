@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
 
 from evalq.orchestrator.app import app, app_redis
+from evalq.orchestrator.parking import park
 from evalq.orchestrator.stages import chunk_finished, slot_freed
 from evalq.shared.errors import Deferred
 from evalq.shared import telemetry
@@ -52,6 +53,10 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         raise self.retry(args=(job_id, metric_key, start, stop), kwargs={"deployment": region, "blips": blips},
                          queue=f"{kind}.{region}" if region else self.request.delivery_info.get("routing_key"),
                          countdown=countdown, max_retries=self.request.retries + 1)
+    except chunk.Parked as exc:  # its items wait for provider batches: woken when their replies are back
+        log.info("job %s %s[%d:%d] parked: %s", job_id, metric_key, start, stop, exc)
+        park(self.app, r, job_id, metric_key, start, stop, deployment, queue, exc.digests)
+        return {"metric": metric_key, "start": start, "n": 0, "parked": len(exc.digests)}
     except chunk.REDIS_BLIPS as exc:
         if blips >= MAX_BLIPS:
             log.error("job %s %s[%d:%d] failed after %d Redis errors", job_id, metric_key, start, stop, blips)
@@ -69,6 +74,26 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         raise
     chunk_finished(self.app, r, job_id, metric_key, start, queue)
     return out
+
+
+_managers: list = []
+
+
+@worker_ready.connect
+def start_batch_manager(sender, **_) -> None:
+    """A worker of ``judge.<region>`` or ``generate.<region>`` queues also runs the Batch API
+    path of those regions (``evalq.workers.judge.batches``): it holds their keys and the
+    allow-list. Off with ``EVALQ_BATCH_TICK=0``."""
+    from evalq.workers.judge.batches import BatchManager, BatchTiming
+
+    timing = BatchTiming.from_env()
+    queues = sender.app.amqp.queues.consume_from or {}
+    regions = {q.split(".", 1)[1] for q in queues if q.startswith(("judge.", "generate.")) and "." in q}
+    if timing.tick <= 0 or not regions:
+        return
+    manager = BatchManager(sender.app.conf.broker_url, regions, sender.hostname, timing)
+    manager.start()
+    _managers.append(manager)
 
 
 def write_held(**_) -> None:

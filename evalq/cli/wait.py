@@ -46,13 +46,15 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     """Poll until the job reaches a final status (set by its last callback); returns it.
 
     ``check`` raises InfraError when the workers are gone (embedded mode);
-    ``stall_timeout`` bounds how long no item may finish before giving up.
+    ``stall_timeout`` bounds how long no item may finish before giving up (a job whose
+    chunks wait for provider batches is not stalled).
     While it waits, the client looks after the job as the cluster's sweeper
     does (``evalq.orchestrator.watch``): a stage whose callback was lost gets
     it again, a job whose messages were lost gets its unfinished chunks again.
     Every Redis access rides out an outage (``outage``; by default up to the
     stall timeout, else 300 s), which does not count as a stall.
     """
+    from evalq.orchestrator.parking import waits_for_batches
     from evalq.orchestrator.watch import Timing
 
     outage = outage or Outage(broker_url, stall_timeout or 300)
@@ -76,8 +78,11 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
         if done != last_done:
             last_done, last_change = done, now
         elif stall_timeout and now - last_change > stall_timeout:
-            raise InfraError(f"job {job_id}: no progress for {stall_timeout:.0f} s "
-                             f"({done} items done); are workers consuming the job's queues?")
+            if outage.call(waits_for_batches, r, job_id):  # hours at the provider are no stall
+                last_change = now
+            else:
+                raise InfraError(f"job {job_id}: no progress for {stall_timeout:.0f} s "
+                                 f"({done} items done); are workers consuming the job's queues?")
         time.sleep(poll)
 
 

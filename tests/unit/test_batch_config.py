@@ -211,26 +211,3 @@ def test_a_stored_submission_time_reads_back_into_a_deadline():
     options = JudgingOptions.model_validate({"mode": "auto", "deadline": "2h"})
     assert options.deadline_at(datetime.fromisoformat("2026-03-01T22:15:00+00:00")) == \
         datetime(2026, 3, 2, 0, 15, tzinfo=UTC)
-
-
-# --- not run yet: refused at submission, never judged synchronously in its place ------------
-
-def test_a_job_asking_for_batch_is_refused_before_anything_is_stored(tmp_path):
-    from evalq.orchestrator.submit import job_spec
-
-    cfg = judge(deployment("r0", BATCH))
-    batched = parse_job(job({"j": cfg}, {"mode": "auto"},
-                            [{"id": "fluency", "parameters": {"judge": "j", "mode": "sync"}},
-                             {"id": "coherence", "parameters": {"judge": "j"}}]), source="job.json")
-    with pytest.raises(JobError) as info:
-        job_spec(batched)
-    assert info.value.problems == [
-        "job.json: metrics[1] (coherence): mode 'auto' (judging.mode): the Batch API path is not available in "
-        "this version of evalq (its settings are validated, but it cannot run them yet); use mode 'sync'"]
-    assert job_spec(parse_job(job({"j": cfg}), source="job.json"))["metrics"]  # sync: as ever
-    path = tmp_path / "job.json"
-    path.write_text(json.dumps(job({"j": cfg}, {"mode": "batch"})))
-    assert evalq("validate", str(path)).returncode == 0  # the settings themselves are fine
-    ran = evalq("run", str(path), "--out", str(tmp_path / "out"), "-q")
-    assert ran.returncode == 2 and "Batch API path is not available" in ran.stderr
-    assert "Traceback" not in ran.stderr and not (tmp_path / "out" / "results.json").exists()

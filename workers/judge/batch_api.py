@@ -338,6 +338,19 @@ class BatchClient:
         """``input_file``, ``upload`` and ``create`` in one."""
         return self.create(self.upload(input_file(self.judge, self.deployment, lines)), metadata)
 
+    def find(self, key: str, value: str, newer_than: float = 0.0, limit: int = 2000) -> BatchStatus | None:
+        """The batch created with ``metadata[key] == value`` (``batches.list``, newest first,
+        back to ``newer_than``): how a batch whose creation was cut short is found again
+        rather than created twice."""
+        seen = 0
+        for batch in self._call("list batches", self.sdk.batches.list, limit=100):
+            if (batch.metadata or {}).get(key) == value:
+                return status_of(batch)
+            seen += 1
+            if seen >= limit or (batch.created_at or 0) < newer_than:
+                return None
+        return None
+
     def status(self, batch_id: str) -> BatchStatus:
         """One poll (``batches.retrieve``)."""
         return status_of(self._call("poll", self.sdk.batches.retrieve, batch_id))

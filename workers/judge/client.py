@@ -35,7 +35,7 @@ import redis
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from evalq.shared import keys, telemetry
-from evalq.shared.errors import Deferred, MetricError, Skipped
+from evalq.shared.errors import Deferred, MetricError, Pending, Skipped
 from evalq.shared.judge_reply import Reply, reply_from_completion
 from evalq.shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id
 from evalq.workers.judge.budget import Budget, Reservation
@@ -137,8 +137,9 @@ class JudgeClient:
 
     def __init__(self, r: redis.Redis, job_id: str, metric_key: str, name: str, judge: JudgeConfig,
                  options: JudgingOptions, preferred: str | None = None, memo: bool = False,
-                 keeper: ItemKeeper | None = None):
+                 keeper: ItemKeeper | None = None, batch: Any = None):
         self.r = r
+        self.batch = batch  # a BatchLines in batch mode: unanswered calls wait for a provider batch
         self.memo = memo
         self.keeper = keeper
         self.job_id = job_id
@@ -158,19 +159,53 @@ class JudgeClient:
     # -- public -----------------------------------------------------------------
     def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating") -> Reply:
         request = chat_request(self.judge, messages, schema, schema_name)
-        digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+        digest = request_digest(request)
         kept = self.keeper.reply(digest) if self.keeper is not None else None
+        if kept is None and self.batch is not None:
+            kept = self.batch.reply(digest)  # a provider batch answered it
+            if kept is not None:
+                self._keep(digest, kept, memo=False)
+                return _reply(kept)
+            if self.batch.sync_reason(digest) is None:
+                cached = self._cached(digest)  # a cached request is never put in a batch
+                if cached is not None:
+                    return cached
+                if self._wait_for_batch(digest, request):
+                    raise Pending(digest)
+                kept = self.batch.reply(digest)  # answered while this thread looked
         if kept is None and self.memo:
             kept = self._memo_or_claim(digest)
         if kept is not None:
             self._count(None, reused=1)
-            data = json.loads(kept)
-            return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True)
+            return _reply(kept)
         try:
             return self._complete(request, messages, digest)
         finally:
             if self.memo:
                 self.r.delete(keys.judge_memo_claim(self.job_id, digest))
+
+    def _wait_for_batch(self, digest: str, request: dict) -> bool:
+        """The call becomes a batch line (``evalq.workers.judge.batch_lines``), holding the
+        job's caps as a call would, at the batch price: True when the item is to wait for
+        it, False when it was answered (or went synchronous) since this thread looked."""
+        tokens = self.judge.max_tokens + estimate_request_tokens(request)
+        self._check_cap(tokens)
+        price = self.judge.price_of(self.batch.deployment)
+        try:
+            held = self.cost_cap.hold(price.batch() if price is not None else None,
+                                      estimate_request_tokens(request), self.judge.max_tokens)
+        except CostCapReached:
+            self._release_cap(tokens)
+            raise
+        if self.keeper is not None:
+            self.keeper.before_call()
+        item = self.keeper.position if self.keeper is not None and self.keeper.position is not None else 0
+        counted = tokens if self.options.token_cap is not None else 0
+        registered = self.batch.register(digest, request, item, held, counted)
+        if registered != 1:  # the line's holds are taken already, or it needs none any more
+            self._release_cap(tokens)
+            self.cost_cap.release(held)
+        return registered >= 0
 
     def _memo_or_claim(self, digest: str) -> bytes | None:
         """The job's kept reply for this request, or None once this thread may make
@@ -195,14 +230,21 @@ class JudgeClient:
                 return None  # the holder is stuck; make the call
             time.sleep(0.05)
 
+    def _cached(self, digest: str) -> Reply | None:
+        """The cross-run cache's reply (kept for the job), or None."""
+        if not self.options.cache:
+            return None
+        hit = self.r.get(keys.judge_cache(digest))
+        if hit is None:
+            return None
+        self._count(None, cache_hits=1)
+        self._keep(digest, hit)
+        return _reply(hit)
+
     def _complete(self, request: dict, messages: list[dict], digest: str) -> Reply:
-        if self.options.cache:
-            hit = self.r.get(keys.judge_cache(digest))
-            if hit is not None:
-                self._count(None, cache_hits=1)
-                data = json.loads(hit)
-                self._keep(digest, hit)
-                return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True)
+        cached = self._cached(digest)
+        if cached is not None:
+            return cached
         estimate = estimate_request_tokens(request)
         if self.keeper is not None:
             self.keeper.before_call()
@@ -213,8 +255,8 @@ class JudgeClient:
             WRITE_BEHIND.write(self.r, [("set", (keys.judge_cache(digest), raw, self.options.cache_ttl))])
         return reply
 
-    def _keep(self, digest: str, raw: str | bytes) -> None:
-        if self.memo:  # at once: other threads and workers may be waiting for this reply
+    def _keep(self, digest: str, raw: str | bytes, memo: bool = True) -> None:
+        if self.memo and memo:  # at once: other threads and workers may be waiting for this reply
             from evalq.shared.config import Settings
 
             memo = keys.judge_memo(self.job_id)
@@ -365,6 +407,16 @@ class JudgeClient:
                     ops.append(("hincrby", (key, f"{region}/{name}", int(value))))
         self._write(ops)
         telemetry.judge_counted(region, fields)
+
+
+def request_digest(request: dict) -> str:
+    """What keys a call in the job's memo, the cache and a batch line: its request's sha256."""
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+
+
+def _reply(raw: str | bytes) -> Reply:
+    data = json.loads(raw)
+    return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True)
 
 
 def _bookkeeping(step, *args) -> None:

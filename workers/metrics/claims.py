@@ -49,12 +49,13 @@ def _yes_no(judge, task: str, fields: list, key: str) -> bool:
 
 
 def relation(judge, claim: str, premise: str) -> str:
-    entails = _yes_no(judge, "Does the CLAIM follow from the PREMISE (is it true whenever the premise is)? "
-                             'First a one-sentence reason, then "entails": true or false.',
-                      [("PREMISE", premise), ("CLAIM", claim)], "entails")
-    contradicts = _yes_no(judge, "Does the CLAIM contradict the PREMISE (can they not both be true)? First a "
-                                 'one-sentence reason, then "contradicts": true or false.',
-                          [("PREMISE", premise), ("CLAIM", claim)], "contradicts")
+    entails, contradicts = s.each([
+        lambda: _yes_no(judge, "Does the CLAIM follow from the PREMISE (is it true whenever the premise is)? "
+                               'First a one-sentence reason, then "entails": true or false.',
+                        [("PREMISE", premise), ("CLAIM", claim)], "entails"),
+        lambda: _yes_no(judge, "Does the CLAIM contradict the PREMISE (can they not both be true)? First a "
+                               'one-sentence reason, then "contradicts": true or false.',
+                        [("PREMISE", premise), ("CLAIM", claim)], "contradicts")])
     if entails and not contradicts:
         return ENTAILS
     if contradicts and not entails:
@@ -75,7 +76,8 @@ def _rounded(raw: float | None, round_up_at: float | None, out: dict) -> dict:
 
 
 def _fc(judge, claims: list[str], premise: str, neutral: float) -> tuple[float | None, list[dict]]:
-    checked = [{"claim": c, "verdict": relation(judge, c, premise)} for c in claims]
+    verdicts = s.each(lambda c=c: relation(judge, c, premise) for c in claims)
+    checked = [{"claim": c, "verdict": v} for c, v in zip(claims, verdicts)]
     if not checked:
         return None, checked
     return sum(_value(c["verdict"], neutral) for c in checked) / len(checked), checked
@@ -91,20 +93,18 @@ def claims_recall(instance: dict, params: ClaimsParams, judge) -> dict:
     expected answer (entails 1, contradicts 0, neither ``neutral_value``), averaged;
     the seed reads this as recall. Best over the references."""
     claims = extract_claims(judge, instance["actual-output"])
-    results = []
-    for ref in instance["expected-output"]:
-        score, checked = _fc(judge, claims, ref, params.neutral_value)
-        results.append({"score": score, "claims": checked})
+    results = [{"score": score, "claims": checked} for score, checked in
+               s.each(lambda ref=ref: _fc(judge, claims, ref, params.neutral_value)
+                      for ref in instance["expected-output"])]
     best = _best(results)
     return _rounded(best["score"], params.round_up_at, {"claims": best["claims"]})
 
 
 def claims_precision(instance: dict, params: ClaimsParams, judge) -> dict:
     """ClaimsFC with the roles swapped: the expected answer's claims checked against the answer."""
-    results = []
-    for ref in instance["expected-output"]:
-        score, checked = _fc(judge, extract_claims(judge, ref), instance["actual-output"], params.neutral_value)
-        results.append({"score": score, "claims": checked})
+    results = [{"score": score, "claims": checked} for score, checked in
+               s.each(lambda ref=ref: _fc(judge, extract_claims(judge, ref), instance["actual-output"],
+                                          params.neutral_value) for ref in instance["expected-output"])]
     best = _best(results)
     return _rounded(best["score"], params.round_up_at, {"claims": best["claims"]})
 
@@ -112,10 +112,15 @@ def claims_precision(instance: dict, params: ClaimsParams, judge) -> dict:
 def claims_f1(instance: dict, params: ClaimsParams, judge) -> dict:
     """The harmonic mean of both directions, per reference; the best reference."""
     answer_claims = extract_claims(judge, instance["actual-output"])
+
+    def both(ref: str) -> tuple:
+        (recall, _), (precision, _) = s.each([
+            lambda: _fc(judge, answer_claims, ref, params.neutral_value),
+            lambda: _fc(judge, extract_claims(judge, ref), instance["actual-output"], params.neutral_value)])
+        return recall, precision
+
     results = []
-    for ref in instance["expected-output"]:
-        recall, _ = _fc(judge, answer_claims, ref, params.neutral_value)
-        precision, _ = _fc(judge, extract_claims(judge, ref), instance["actual-output"], params.neutral_value)
+    for recall, precision in s.each(lambda ref=ref: both(ref) for ref in instance["expected-output"]):
         if recall is None or precision is None:
             f1 = None
         else:
@@ -131,10 +136,11 @@ def faithfulness(instance: dict, params: ClaimScoreParams, judge) -> dict:
     """The share of the answer's claims entailed by at least one context passage."""
     claims = extract_claims(judge, instance["actual-output"])
     sources = context_passages(instance)
-    checked = []
-    for claim in claims:
-        supported = any(relation(judge, claim, source) == ENTAILS for source in sources)
-        checked.append({"claim": claim, "supported": supported})
+    # each claim's sources are asked in turn until one entails it (as synchronously); the
+    # claims are asked side by side, so a batch round holds one question of every claim
+    supported = s.each(lambda c=c: any(relation(judge, c, source) == ENTAILS for source in sources)
+                       for c in claims)
+    checked = [{"claim": c, "supported": ok} for c, ok in zip(claims, supported)]
     raw = sum(c["supported"] for c in checked) / len(checked) if checked else None
     return _rounded(raw, params.round_up_at, {"claims": checked})
 
@@ -142,10 +148,11 @@ def faithfulness(instance: dict, params: ClaimScoreParams, judge) -> dict:
 def context_relevancy(instance: dict, params: ClaimScoreParams, judge) -> dict:
     """The share of context passages the judge finds needed (or useful) for writing the answer."""
     sources = context_passages(instance)
-    needed = [_yes_no(judge, "Was the PASSAGE needed, or clearly useful, to write this ANSWER to the QUESTION? "
-                             'First a one-sentence reason, then "needed": true or false.',
-                      [("QUESTION", instance.get("input")), ("PASSAGE", p), ("ANSWER", instance["actual-output"])],
-                      "needed") for p in sources]
+    needed = s.each(lambda p=p: _yes_no(
+        judge, "Was the PASSAGE needed, or clearly useful, to write this ANSWER to the QUESTION? "
+               'First a one-sentence reason, then "needed": true or false.',
+        [("QUESTION", instance.get("input")), ("PASSAGE", p), ("ANSWER", instance["actual-output"])], "needed")
+        for p in sources)
     raw = sum(needed) / len(needed) if needed else None
     return _rounded(raw, params.round_up_at, {"needed": needed})
 
@@ -184,10 +191,9 @@ def rubrics_fc(instance: dict, params: RubricsFCParams, judge) -> dict:
             raise ValueError(f"relation must be one of {', '.join(RELATIONS)}")
         return {"relation": obj["relation"], "reason": s.reason(obj)}
 
-    results = []
-    for ref in instance["expected-output"]:
-        verdict = s.ask(judge, s.messages(task, [("EXPECTED", ref), ("ANSWER", instance["actual-output"])]),
-                        schema, "relation", check)
-        results.append({"score": getattr(params.values, verdict["relation"]), **verdict})
+    verdicts = s.each(lambda ref=ref: s.ask(judge, s.messages(task, [("EXPECTED", ref),
+                                                                    ("ANSWER", instance["actual-output"])]),
+                                           schema, "relation", check) for ref in instance["expected-output"])
+    results = [{"score": getattr(params.values, v["relation"]), **v} for v in verdicts]
     best = _best(results)
     return _rounded(best["score"], params.round_up_at, {"relation": best["relation"], "reason": best["reason"]})

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from evalq.shared.errors import MetricError
+from evalq.shared.errors import MetricError, Pending
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 
@@ -85,6 +85,24 @@ def ask(judge, msgs: list[dict], schema: dict, name: str, check: Callable[[dict]
             reply = judge.complete(retry, schema, name)
     raise MetricError(f"judge reply does not fit the {name} schema after one corrective re-ask ({problem}): "
                       f"{reply.text()[:200]!r}")
+
+
+def each(questions: Iterable[Callable[[], Any]]) -> list[Any]:
+    """The answers to independent judge questions, in order. Synchronously the same as asking
+    them one after the other; in batch mode every question is asked even while earlier ones
+    wait for their batch (``Pending``), so that one round of a metric's calls (every claim's
+    verification, every reference, every passage) goes into one batch, and then the wait is
+    raised for all of them at once."""
+    answers, waits = [], []
+    for question in questions:
+        try:
+            answers.append(question())
+        except Pending as exc:
+            waits += exc.digests
+            answers.append(None)
+    if waits:
+        raise Pending(*waits)
+    return answers
 
 
 def integer(obj: dict, key: str, lo: int, hi: int) -> int:

@@ -1,0 +1,263 @@
+"""Judging through the providers' Batch API (issue #24), end to end: real Celery workers on a
+private Redis, judge-sim serving the chat, Files and Batches APIs over loopback HTTP, and the
+real ``openai`` SDK. A job in batch mode gives the values the same job gives synchronously,
+for every judge metric family (quality, safety with content_safety, claims), makes no
+synchronous chat call, holds the deployment's enqueued-token quota, retries failed and
+expired lines, falls back to synchronous calls at the ``auto`` deadline, survives a worker
+SIGKILLed while its batch runs, cancels its batches with the job, and sends nothing to an
+endpoint off the allow-list. Expected values come from the sync run of the same job and from
+judge-sim's own counters, never from the batch path under test."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from evalq.cli.run import run_job
+from evalq.shared import keys
+from evalq.shared.job import parse_job
+from evalq.sim import JudgeSim, Region
+from tests.conftest import read_log, running_worker, start_worker, stop_worker, wait_for_worker
+
+pytestmark = pytest.mark.integration
+
+SECRET = "sk-evalq-batchmode-" + uuid.uuid4().hex
+KEY_ENV = "TEST_BATCH_MODE_API_KEY"
+FAST = {"EVALQ_BATCH_TICK": "0.2", "EVALQ_BATCH_SETTLE": "0.5", "EVALQ_BATCH_POLL": "0.3",
+        "EVALQ_BATCH_POLL_MAX": "1", KEY_ENV: SECRET}
+REGIONS = ("bqa", "bqb", "bqslow", "bqflaky", "bqtight", "bqexp")
+QUOTA = 6000  # bqtight's enqueued-token limit, at the provider and in the job
+PRICE = {"input_per_1k": 1.0, "output_per_1k": 2.0}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    from evalq.cli.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path_factory.mktemp("batch-redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def sim():
+    os.environ[KEY_ENV] = SECRET
+    regions = [Region("bqa", batch_delay=0.5), Region("bqb", batch_delay=0.5),
+               Region("bqslow", batch_delay=3600),
+               Region("bqflaky", batch_delay=0.5, batch_fail_fraction=0.5),
+               Region("bqtight", batch_delay=1.0, enqueued_tokens=QUOTA),
+               Region("bqexp", batch_delay=3600, batch_expire_after=0.5), Region("bqkill", batch_delay=3.0)]
+    with JudgeSim(regions, latency=0.002, api_key=SECRET, seed=7) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def worker(broker, tmp_path_factory):
+    queues = ",".join(f"judge.{r}" for r in REGIONS)
+    yield from running_worker(broker, queues, tmp_path_factory.mktemp("batch-workers"), "bq",
+                              concurrency=4, env=FAST)
+
+
+def judge(sim, region: str, quota: int = 50_000_000, **extra) -> dict:
+    return {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV, "max_tokens": 200,
+            "max_retries": 1, "timeout": 5, "price": PRICE,
+            "deployments": [{"region": region, "base_url": sim.base_url(region), "tpm": 10_000_000,
+                             "rpm": 100_000, "batch": {"enqueued_tokens": quota}}], **extra}
+
+
+def instances(tag: str, n: int) -> list[dict]:
+    # judge-sim's markers give the claims extracted from a text (seed README: [[sim:claims=a;b]])
+    return [{"id": f"q{i}", "input": f"What is item {i} of {tag}?",
+             "actual-output": f"Item {i} is a blue box. It weighs {i} kg. {tag} [[sim:claims=blue_box;weighs_{i}_kg]]",
+             "expected-output": [f"Item {i} is a blue box weighing {i} kg. [[sim:claims=a_box;mass_{i}_kg;blue]]",
+                                 f"A box. [[sim:claims=box_{i}]]"],
+             "context": [f"Item {i}: a blue box.", f"Item {i} weighs {i} kg."]} for i in range(n)]
+
+
+METRICS = [{"id": "fluency", "parameters": {"judge": "j"}},
+           {"id": "content_safety", "parameters": {"judge": "j"}},
+           {"id": "violence", "parameters": {"judge": "j"}},
+           {"id": "faithfulness", "parameters": {"judge": "j"}},
+           {"id": "claims_f1", "parameters": {"judge": "j"}}]
+
+
+def job(sim, region: str, mode: str, tag: str, n: int = 6, metrics=None, **judging) -> dict:
+    return {"instances": instances(tag, n), "judges": {"j": judge(sim, region)},
+            "judging": {"cache": False, "mode": mode, **judging}, "metrics": metrics or METRICS}
+
+
+def run(spec: dict, out: Path, broker: str, **kw) -> None:
+    run_job(parse_job(spec), out, broker=broker, progress=False, stall_timeout=120, **kw)
+
+
+def values(out: Path) -> dict:
+    """Per (entry, instance) what was recorded: the value, or the error."""
+    return {(line["metric"], line["instance_id"]): line.get("result", line.get("error"))
+            for line in read_log(out)}
+
+
+def test_batch_mode_gives_the_sync_values_with_no_sync_call(sim, worker, broker, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    sim.reset_stats()
+    run(job(sim, "bqa", "sync", tag), tmp_path / "sync", broker)
+    sync_stats = sim.stats()["bqa"]
+    assert sync_stats["requests"] > 0 and sync_stats["batch"]["batches_created"] == 0
+
+    sim.reset_stats()
+    run(job(sim, "bqb", "batch", tag), tmp_path / "batch", broker)
+    stats = sim.stats()["bqb"]
+    assert stats["requests"] == 0  # not one synchronous chat call
+    # claims: extraction, then verification in rounds (faithfulness asks a claim's second
+    # passage only when the first does not entail it), each round one batch
+    assert stats["batch"]["batches_created"] >= 3
+    assert stats["batch"]["lines_answered"] == sync_stats["requests"]  # the same calls, each once
+
+    sync, batch = values(tmp_path / "sync"), values(tmp_path / "batch")
+    assert sync.keys() == batch.keys() and len(sync) == 6 * len(METRICS)
+    assert batch == sync
+    scored = [v for (m, _), v in batch.items() if m in ("faithfulness", "claims_f1")]
+    assert all(isinstance(v, dict) and v["score"] is not None for v in scored), scored  # claims were checked
+    results = json.loads((tmp_path / "batch" / "results.json").read_text())
+    for entry in results:
+        j = entry["judge"]
+        assert j["by_path"]["sync"]["calls"] == 0
+        assert j["by_path"]["batch"]["calls"] == j["calls"] > 0
+        # half price: the batch cost is the tokens at half the synchronous price
+        expected = (j["prompt_tokens"] * PRICE["input_per_1k"] + j["completion_tokens"] * PRICE["output_per_1k"]) \
+            / 1000 / 2
+        assert j["cost"] == pytest.approx(expected, abs=1e-5)
+
+
+def fluency_job(sim, region: str, mode: str, tag: str, n: int, quota: int = 50_000_000, **judging) -> dict:
+    return {"instances": instances(tag, n), "judges": {"j": judge(sim, region, quota)},
+            "judging": {"cache": False, "mode": mode, **judging},
+            "metrics": [{"id": "fluency", "parameters": {"judge": "j"}}]}
+
+
+def submit(broker: str, spec: dict, out: Path) -> str:
+    from evalq.orchestrator.submit import submit as send
+
+    return send(redis.Redis.from_url(broker), broker, parse_job(spec), out=str(out))
+
+
+def wait(broker: str, job_id: str, timeout: float = 120) -> str:
+    from evalq.cli.wait import wait as waiting
+
+    return waiting(redis.Redis.from_url(broker), broker, job_id, on_progress=lambda n: None,
+                   check=lambda: None, stall_timeout=timeout)
+
+
+def until(predicate, timeout: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.1)
+
+
+def test_the_enqueued_token_quota_is_held_across_jobs(sim, worker, broker, tmp_path):
+    sim.reset_stats()
+    tags = [uuid.uuid4().hex[:8] for _ in range(2)]
+    ids = [submit(broker, fluency_job(sim, "bqtight", "batch", tag, 8, quota=QUOTA), tmp_path / tag)
+           for tag in tags]
+    assert [wait(broker, job_id) for job_id in ids] == ["done", "done"]
+    stats = sim.stats()["bqtight"]["batch"]
+    assert stats["batches_failed"] == 0  # the provider never refused a batch over the limit
+    assert 0 < stats["peak_enqueued_tokens"] <= QUOTA
+    assert stats["batches_created"] >= 3  # 16 lines of ~450 tokens do not fit 6000 at once
+    assert stats["lines_answered"] == 16 and sim.stats()["bqtight"]["requests"] == 0
+    for tag in tags:
+        assert all(isinstance(v, dict) for v in values(tmp_path / tag).values())
+
+
+def test_failed_lines_go_into_the_next_batch_then_synchronously(sim, worker, broker, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    run(fluency_job(sim, "bqa", "sync", tag, 12), tmp_path / "sync", broker)
+    sim.reset_stats()
+    run(fluency_job(sim, "bqflaky", "batch", tag, 12), tmp_path / "batch", broker)
+    assert values(tmp_path / "batch") == values(tmp_path / "sync")  # every item ends with its value
+    stats = sim.stats()["bqflaky"]
+    judge = json.loads((tmp_path / "batch" / "results.json").read_text())[0]["judge"]
+    assert stats["batch"]["lines_failed"] > 0 and stats["batch"]["batches_created"] >= 2
+    assert judge["by_path"]["batch"]["failed_lines"] == stats["batch"]["lines_failed"]
+    assert judge["by_path"]["batch"]["calls"] == stats["batch"]["lines_answered"]
+    assert judge["by_path"]["sync"]["calls"] == stats["requests"]  # those that failed twice
+    assert judge["by_path"]["batch"]["calls"] + judge["by_path"]["sync"]["calls"] == 12
+
+
+def test_expired_lines_are_retried_then_sent_synchronously(sim, worker, broker, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    run(fluency_job(sim, "bqa", "sync", tag, 3), tmp_path / "sync", broker)
+    sim.reset_stats()
+    run(fluency_job(sim, "bqexp", "batch", tag, 3), tmp_path / "batch", broker)
+    assert values(tmp_path / "batch") == values(tmp_path / "sync")
+    stats = sim.stats()["bqexp"]
+    assert stats["batch"]["batches_expired"] == 2 and stats["batch"]["lines_expired"] == 6  # two batches each
+    assert stats["requests"] == 3
+    judge = json.loads((tmp_path / "batch" / "results.json").read_text())[0]["judge"]
+    assert judge["by_path"]["batch"] == {**judge["by_path"]["batch"], "calls": 0, "failed_lines": 6}
+    assert judge["by_path"]["sync"]["calls"] == 3
+
+
+def test_auto_falls_back_to_sync_calls_at_the_deadline(sim, worker, broker, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    run(fluency_job(sim, "bqa", "sync", tag, 4), tmp_path / "sync", broker)
+    sim.reset_stats()
+    started = time.monotonic()
+    run(fluency_job(sim, "bqslow", "auto", tag, 4, deadline="4s"), tmp_path / "auto", broker)
+    assert time.monotonic() - started >= 3  # it waited for the batch until the deadline
+    assert values(tmp_path / "auto") == values(tmp_path / "sync")
+    stats = sim.stats()["bqslow"]
+    assert stats["batch"]["batches_created"] == 1 and stats["batch"]["batches_cancelled"] == 1
+    assert stats["requests"] == 4  # what had not come back was sent synchronously
+
+
+def test_cancel_cancels_the_provider_batches(sim, worker, broker, tmp_path):
+    from evalq.orchestrator.jobs import cancel_job, job_status, render
+
+    sim.reset_stats()
+    r = redis.Redis.from_url(broker)
+    job_id = submit(broker, fluency_job(sim, "bqslow", "batch", uuid.uuid4().hex[:8], 3), tmp_path / "out")
+    until(lambda: sim.stats()["bqslow"]["batch"]["batches_created"] == 1, what="no batch was created")
+    until(lambda: (job_status(r, job_id).get("batch") or {}).get("batches", [{}])[0].get("state") == "in_progress",
+          what="the batch was not polled")
+    info = job_status(r, job_id)
+    shown = info["batch"]["batches"][0]
+    assert shown["id"].startswith("batch_") and shown["lines"] == 3 and shown["region"] == "bqslow"
+    assert shown["expected_end"] is not None and info["batch"]["parked_chunks"] >= 1
+    assert shown["id"] in render(info, one=True)
+    cancel_job(r, broker, job_id)
+    until(lambda: sim.stats()["bqslow"]["batch"]["batches_cancelled"] == 1, what="the batch was not cancelled")
+    until(lambda: r.sismember(keys.BATCH_JOBS, job_id) == 0, what="the job still has batch work")
+    assert sim.stats()["bqslow"]["requests"] == 0
+
+
+def test_a_worker_killed_while_its_batch_runs_neither_loses_it_nor_sends_it_twice(sim, broker, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    env = {**FAST, "EVALQ_BATCH_LOCK": "2"}
+    sim.reset_stats()
+    first = start_worker(broker, "judge.bqkill", tmp_path, concurrency=2, env=env, name="bqk1")
+    wait_for_worker(broker, "bqk1")
+    job_id = submit(broker, fluency_job(sim, "bqkill", "batch", tag, 5), tmp_path / "out")
+    until(lambda: sim.stats()["bqkill"]["batch"]["batches_created"] == 1, what="no batch was created")
+    time.sleep(0.5)  # polling
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    second = start_worker(broker, "judge.bqkill", tmp_path, concurrency=2, env=env, name="bqk2")
+    try:
+        wait_for_worker(broker, "bqk2")
+        assert wait(broker, job_id) == "done"
+    finally:
+        stop_worker(second)
+    stats = sim.stats()["bqkill"]
+    assert stats["batch"]["batches_created"] == 1 and stats["batch"]["lines_answered"] == 5
+    assert stats["requests"] == 0
+    assert all(isinstance(v, dict) for v in values(tmp_path / "out").values()) and len(values(tmp_path / "out")) == 5

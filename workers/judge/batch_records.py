@@ -1,0 +1,72 @@
+"""What the batch manager (``evalq.workers.judge.batches``) keeps in Redis, and how it is
+read and changed: its timing settings, a job's batch records, and the two ways a line
+leaves the batch path (its reply counted into the entry's accounting, or the line sent
+synchronously, giving its holds of the job's caps back)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import redis
+
+from evalq.shared import keys
+from evalq.shared.config import Settings, env_number
+from evalq.shared.judges import Deployment, EndpointConfig, JudgeConfig
+from evalq.shared.model_under_test import GENERATE, parse_model_config
+
+MAX_TRIES = 2          # batches a line is sent in before it goes synchronously
+UNFINISHED = ("creating", "validating", "in_progress", "finalizing", "cancelling")
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    tick: float = 2.0         # seconds between ticks
+    settle: float = 10.0      # seconds without a new line before a region's queue is sent
+    poll_first: float = 5.0   # first poll of a batch after this; doubling up to poll_max
+    poll_max: float = 300.0
+    max_lines: int = 50_000   # lines per batch (OpenAI's limit)
+    lock: float = 60.0        # seconds a region's lock outlives a manager that died holding it
+
+    @classmethod
+    def from_env(cls) -> "BatchTiming":
+        return cls(tick=env_number("EVALQ_BATCH_TICK", 2.0),
+                   settle=env_number("EVALQ_BATCH_SETTLE", 10.0),
+                   poll_first=env_number("EVALQ_BATCH_POLL", 5.0),
+                   poll_max=env_number("EVALQ_BATCH_POLL_MAX", 300.0),
+                   max_lines=int(env_number("EVALQ_BATCH_MAX_LINES", 50_000)),
+                   lock=env_number("EVALQ_BATCH_LOCK", 60.0))
+
+
+def endpoint(spec: dict, name: str) -> EndpointConfig:
+    """A job's judge ``name``, or its model under test (``generate``)."""
+    if name == GENERATE:
+        return parse_model_config(spec["model"])
+    return JudgeConfig.model_validate(spec["judges"][name])
+
+
+def deployment_in(config: EndpointConfig, region: str) -> Deployment:
+    return next(d for d in config.deployments if d.region == region)
+
+
+def records(r: redis.Redis, job_id: str) -> dict[str, dict]:
+    """The job's batches (``evalq:{J}:batch:open``): id -> record."""
+    return {k.decode(): json.loads(v) for k, v in r.hgetall(keys.batch(job_id, "open")).items()}
+
+
+def count(pipe, job_id: str, entry: str, region: str, fields: dict[str, int]) -> None:
+    key = keys.accounting(job_id, entry)
+    for name, value in fields.items():
+        if value:
+            pipe.hincrby(key, name, int(value))
+            pipe.hincrby(key, f"{region}/{name}", int(value))
+
+def to_sync(pipe, job_id: str, digest: str, line: dict, why: str) -> None:
+    """The line is sent synchronously by its chunk; its holds of the caps go back."""
+    pipe.hset(keys.batch(job_id, "sync"), digest, why)
+    pipe.expire(keys.batch(job_id, "sync"), Settings.from_env().result_ttl)
+    pipe.hdel(keys.batch(job_id, "line"), digest)
+    if line.get("h"):
+        pipe.decrby(keys.job_cost(job_id), line["h"])
+    if line.get("k"):
+        pipe.decrby(keys.job_tokens(job_id), line["k"])
