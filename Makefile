@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_judge_costs.py
 	$(BIN)/python bench/bench_worker_rss.py
 	$(BIN)/python bench/bench_history.py
+	$(BIN)/python bench/bench_batch.py
 
 clean:
 	rm -rf $(VENV) out

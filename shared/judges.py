@@ -146,7 +146,7 @@ class JudgingOptions(Strict):
     cost_cap: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True,
                                    description="stop sending judge and generation calls once the job's cost "
                                    "(in the prices' currency) would pass this")
-    # Batch API path (evalq.shared.batch_config; validated, not yet executed: see issue #24)
+    # Batch API path (evalq.shared.batch_config; run by evalq.workers.judge.batches)
     mode: JudgingMode = Field(default="sync", description="sync: every call at once; batch: through the "
                               "Batch API of the judges' batch deployments; auto: batch, then sync by the deadline")
     deadline: DeadlineField | None = Field(default=None, description="auto: when what has not come back is sent "

@@ -32,7 +32,7 @@ SECRET = "sk-evalq-batchmode-" + uuid.uuid4().hex
 KEY_ENV = "TEST_BATCH_MODE_API_KEY"
 FAST = {"EVALQ_BATCH_TICK": "0.2", "EVALQ_BATCH_SETTLE": "0.5", "EVALQ_BATCH_POLL": "0.3",
         "EVALQ_BATCH_POLL_MAX": "1", KEY_ENV: SECRET}
-REGIONS = ("bqa", "bqb", "bqslow", "bqflaky", "bqtight", "bqexp")
+REGIONS = ("bqa", "bqb", "bqslow", "bqflaky", "bqtight", "bqexp", "bqgen", "bqaz")
 QUOTA = 6000  # bqtight's enqueued-token limit, at the provider and in the job
 PRICE = {"input_per_1k": 1.0, "output_per_1k": 2.0}
 
@@ -54,14 +54,15 @@ def sim():
                Region("bqslow", batch_delay=3600),
                Region("bqflaky", batch_delay=0.5, batch_fail_fraction=0.5),
                Region("bqtight", batch_delay=1.0, enqueued_tokens=QUOTA),
-               Region("bqexp", batch_delay=3600, batch_expire_after=0.5), Region("bqkill", batch_delay=3.0)]
+               Region("bqexp", batch_delay=3600, batch_expire_after=0.5), Region("bqkill", batch_delay=3.0),
+               Region("bqgen", batch_delay=0.5), Region("bqtrap", batch_delay=0.5), Region("bqaz", batch_delay=0.5)]
     with JudgeSim(regions, latency=0.002, api_key=SECRET, seed=7) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def worker(broker, tmp_path_factory):
-    queues = ",".join(f"judge.{r}" for r in REGIONS)
+    queues = ",".join(f"judge.{r}" for r in REGIONS) + ",generate.bqgen"
     yield from running_worker(broker, queues, tmp_path_factory.mktemp("batch-workers"), "bq",
                               concurrency=4, env=FAST)
 
@@ -261,3 +262,76 @@ def test_a_worker_killed_while_its_batch_runs_neither_loses_it_nor_sends_it_twic
     assert stats["batch"]["batches_created"] == 1 and stats["batch"]["lines_answered"] == 5
     assert stats["requests"] == 0
     assert all(isinstance(v, dict) for v in values(tmp_path / "out").values()) and len(values(tmp_path / "out")) == 5
+
+
+def test_generation_and_judging_both_go_by_batch_and_a_cached_call_never_does(sim, worker, broker, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    model = {**judge(sim, "bqgen"), "cache": True}
+    items = [{"id": f"g{i}", "input": f"Say something about {i} {tag}."} for i in range(4)]
+
+    def spec(mode: str) -> dict:
+        return {"instances": items, "model": model, "judges": {"j": judge(sim, "bqgen")},
+                "judging": {"cache": True, "mode": mode}, "metrics": [{"id": "fluency", "parameters": {"judge": "j"}}]}
+
+    sim.reset_stats()
+    run(spec("sync"), tmp_path / "sync", broker)
+    assert sim.stats()["bqgen"]["requests"] == 8  # 4 generated, 4 judged
+    r = redis.Redis.from_url(broker)
+    r.delete(*r.keys("evalq:judgecache:*"))
+    sim.reset_stats()
+    run(spec("batch"), tmp_path / "batch", broker)
+    stats = sim.stats()["bqgen"]
+    assert stats["requests"] == 0 and stats["batch"]["lines_answered"] == 8
+    assert stats["batch"]["batches_created"] == 2  # the generation stage's, then the metric's
+    assert values(tmp_path / "batch") == values(tmp_path / "sync")
+    run_json = json.loads((tmp_path / "batch" / "run.json").read_text())
+    assert run_json["generation"]["judge"]["by_path"]["batch"]["calls"] == 4
+
+    # the same job again: every call is in the cross-run cache, so no line goes into a batch
+    sim.reset_stats()
+    run(spec("batch"), tmp_path / "again", broker)
+    stats = sim.stats()["bqgen"]
+    assert stats["requests"] == 0 and stats["batch"]["files_uploaded"] == 0
+    assert values(tmp_path / "again") == values(tmp_path / "sync")
+
+
+def test_uploads_go_only_where_the_allow_list_lets_them(sim, broker, tmp_path, monkeypatch):
+    """The job reaches the worker without the submitter's check; the worker's own
+    EVALQ_ENDPOINTS does not allow judge-sim: nothing is uploaded, nothing is called, and
+    every item ends with the refusal as its error."""
+    name = f"bqt{uuid.uuid4().hex[:6]}"
+    env = {**FAST, "EVALQ_ENDPOINTS": f"{KEY_ENV}=https://*.openai.azure.com"}
+    guard = start_worker(broker, "judge.bqtrap", tmp_path, concurrency=2, env=env, name=name)
+    try:
+        wait_for_worker(broker, name)
+        monkeypatch.delenv("EVALQ_ENDPOINTS")  # this submitter checks nothing
+        sim.reset_stats()
+        run(fluency_job(sim, "bqtrap", "batch", uuid.uuid4().hex[:8], 3), tmp_path / "out", broker)
+    finally:
+        stop_worker(guard)
+    stats = sim.stats()["bqtrap"]
+    assert stats["requests"] == 0 and stats["batch"]["requests"] == 0  # not one byte reached it
+    errors = list(values(tmp_path / "out").values())
+    assert len(errors) == 3 and all("not sent" in e and "not an endpoint" in e for e in errors), errors
+    assert SECRET not in guard.log_path.read_text()
+
+
+def test_azure_openai_batches_give_the_sync_values(sim, worker, broker, tmp_path):
+    """AzureOpenAI's form: api-version, /chat/completions, the deployment as each line's model."""
+    azure = {"provider": "azure", "model": "gpt-4o", "api_key_env": KEY_ENV, "api_version": "2024-10-21",
+             "max_tokens": 200, "max_retries": 1, "timeout": 5,
+             "deployments": [{"region": "bqaz", "endpoint": sim.azure_endpoint("bqaz"), "deployment": "judge-dep",
+                              "tpm": 10_000_000, "rpm": 100_000, "batch": {"enqueued_tokens": 50_000_000}}]}
+    tag = uuid.uuid4().hex[:8]
+
+    def spec(mode: str) -> dict:
+        return {"instances": instances(tag, 3), "judges": {"j": azure}, "judging": {"cache": False, "mode": mode},
+                "metrics": [{"id": "fluency", "parameters": {"judge": "j"}},
+                            {"id": "content_safety", "parameters": {"judge": "j"}}]}
+
+    run(spec("sync"), tmp_path / "sync", broker)
+    sim.reset_stats()
+    run(spec("batch"), tmp_path / "batch", broker)
+    stats = sim.stats()["bqaz"]
+    assert stats["requests"] == 0 and stats["batch"]["lines_answered"] == 6
+    assert values(tmp_path / "batch") == values(tmp_path / "sync")

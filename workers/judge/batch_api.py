@@ -1,4 +1,5 @@
-"""The providers' Batch API as a judge path (issue #24): the calls, not the orchestration.
+"""The providers' Batch API as a judge path (issue #24): the calls; the orchestration is
+``evalq.workers.judge.batches``.
 
 One ``BatchClient`` per (judge, deployment that declares ``batch``) speaks the OpenAI
 Batch API through the ``openai`` SDK, in OpenAI's form (``/v1/chat/completions``,
