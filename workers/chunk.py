@@ -37,6 +37,7 @@ REDIS_BLIPS = (redis.ConnectionError, redis.TimeoutError)
 # the outcome its metrics record instead of a score.
 NOT_GENERATED = "__not_generated__"
 
+
 class Parked(Exception):
     """Items of the chunk wait for provider batches (``digests``: their calls); the others
     are kept. The chunk is run again when the replies are back (``evalq.orchestrator.parking``)."""

@@ -30,8 +30,8 @@ pytestmark = pytest.mark.integration
 
 SECRET = "sk-evalq-batchmode-" + uuid.uuid4().hex
 KEY_ENV = "TEST_BATCH_MODE_API_KEY"
-FAST = {"EVALQ_BATCH_TICK": "0.2", "EVALQ_BATCH_SETTLE": "0.5", "EVALQ_BATCH_POLL": "0.3",
-        "EVALQ_BATCH_POLL_MAX": "1", KEY_ENV: SECRET}
+FAST = {"EVALQ_BATCH_TICK": "0.1", "EVALQ_BATCH_SETTLE": "0.3", "EVALQ_BATCH_POLL": "0.2",
+        "EVALQ_BATCH_POLL_MAX": "0.5", KEY_ENV: SECRET}
 REGIONS = ("bqa", "bqb", "bqslow", "bqflaky", "bqtight", "bqexp", "bqgen", "bqaz")
 QUOTA = 6000  # bqtight's enqueued-token limit, at the provider and in the job
 PRICE = {"input_per_1k": 1.0, "output_per_1k": 2.0}
@@ -50,12 +50,12 @@ def broker(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sim():
     os.environ[KEY_ENV] = SECRET
-    regions = [Region("bqa", batch_delay=0.5), Region("bqb", batch_delay=0.5),
+    regions = [Region("bqa", batch_delay=0.2), Region("bqb", batch_delay=0.2),
                Region("bqslow", batch_delay=3600),
-               Region("bqflaky", batch_delay=0.5, batch_fail_fraction=0.5),
-               Region("bqtight", batch_delay=1.0, enqueued_tokens=QUOTA),
+               Region("bqflaky", batch_delay=0.2, batch_fail_fraction=0.5),
+               Region("bqtight", batch_delay=0.5, enqueued_tokens=QUOTA),
                Region("bqexp", batch_delay=3600, batch_expire_after=0.5), Region("bqkill", batch_delay=3.0),
-               Region("bqgen", batch_delay=0.5), Region("bqtrap", batch_delay=0.5), Region("bqaz", batch_delay=0.5)]
+               Region("bqgen", batch_delay=0.2), Region("bqtrap", batch_delay=0.2), Region("bqaz", batch_delay=0.2)]
     with JudgeSim(regions, latency=0.002, api_key=SECRET, seed=7) as s:
         yield s
 
