@@ -54,8 +54,9 @@ def sim():
                Region("bqslow", batch_delay=3600),
                Region("bqflaky", batch_delay=0.2, batch_fail_fraction=0.5),
                Region("bqtight", batch_delay=0.5, enqueued_tokens=QUOTA),
-               Region("bqexp", batch_delay=3600, batch_expire_after=0.5), Region("bqkill", batch_delay=3.0),
-               Region("bqgen", batch_delay=0.2), Region("bqtrap", batch_delay=0.2), Region("bqaz", batch_delay=0.2)]
+               Region("bqexp", batch_delay=3600, batch_expire_after=0.5), Region("bqkill", batch_delay=2.0),
+               Region("bqgen", batch_delay=0.2), Region("bqtrap", batch_delay=0.2), Region("bqaz", batch_delay=0.2),
+               Region("bqcut", batch_delay=3600)]
     with JudgeSim(regions, latency=0.002, api_key=SECRET, seed=7) as s:
         yield s
 
@@ -179,33 +180,33 @@ def test_the_enqueued_token_quota_is_held_across_jobs(sim, worker, broker, tmp_p
         assert all(isinstance(v, dict) for v in values(tmp_path / tag).values())
 
 
-def test_failed_lines_go_into_the_next_batch_then_synchronously(sim, worker, broker, tmp_path):
+def test_failed_and_expired_lines_go_into_the_next_batch_then_synchronously(sim, worker, broker, tmp_path):
+    """Judge f's provider fails half its lines (drawn again on each try), judge x's batches all
+    expire: every item still ends with its value, the lines failing twice sent synchronously."""
     tag = uuid.uuid4().hex[:8]
-    run(fluency_job(sim, "bqa", "sync", tag, 12), tmp_path / "sync", broker)
-    sim.reset_stats()
-    run(fluency_job(sim, "bqflaky", "batch", tag, 12), tmp_path / "batch", broker)
-    assert values(tmp_path / "batch") == values(tmp_path / "sync")  # every item ends with its value
-    stats = sim.stats()["bqflaky"]
-    judge = json.loads((tmp_path / "batch" / "results.json").read_text())[0]["judge"]
-    assert stats["batch"]["lines_failed"] > 0 and stats["batch"]["batches_created"] >= 2
-    assert judge["by_path"]["batch"]["failed_lines"] == stats["batch"]["lines_failed"]
-    assert judge["by_path"]["batch"]["calls"] == stats["batch"]["lines_answered"]
-    assert judge["by_path"]["sync"]["calls"] == stats["requests"]  # those that failed twice
-    assert judge["by_path"]["batch"]["calls"] + judge["by_path"]["sync"]["calls"] == 12
 
+    def spec(flaky: str, expiring: str, mode: str) -> dict:
+        return {"instances": instances(tag, 8), "judges": {"f": judge(sim, flaky), "x": judge(sim, expiring)},
+                "judging": {"cache": False, "mode": mode},
+                "metrics": [{"id": "fluency", "parameters": {"judge": "f"}},
+                            {"id": "coherence", "parameters": {"judge": "x"}, "name": "coh"}]}
 
-def test_expired_lines_are_retried_then_sent_synchronously(sim, worker, broker, tmp_path):
-    tag = uuid.uuid4().hex[:8]
-    run(fluency_job(sim, "bqa", "sync", tag, 3), tmp_path / "sync", broker)
+    run(spec("bqa", "bqa", "sync"), tmp_path / "sync", broker)  # replies depend on the request, not the region
     sim.reset_stats()
-    run(fluency_job(sim, "bqexp", "batch", tag, 3), tmp_path / "batch", broker)
+    run(spec("bqflaky", "bqexp", "batch"), tmp_path / "batch", broker)
     assert values(tmp_path / "batch") == values(tmp_path / "sync")
-    stats = sim.stats()["bqexp"]
-    assert stats["batch"]["batches_expired"] == 2 and stats["batch"]["lines_expired"] == 6  # two batches each
-    assert stats["requests"] == 3
-    judge = json.loads((tmp_path / "batch" / "results.json").read_text())[0]["judge"]
-    assert judge["by_path"]["batch"] == {**judge["by_path"]["batch"], "calls": 0, "failed_lines": 6}
-    assert judge["by_path"]["sync"]["calls"] == 3
+    flaky, expiring = sim.stats()["bqflaky"], sim.stats()["bqexp"]
+    fluency, coherence = (e["judge"] for e in json.loads((tmp_path / "batch" / "results.json").read_text()))
+    assert flaky["batch"]["lines_failed"] > 0 and flaky["batch"]["batches_created"] >= 2
+    assert fluency["by_path"]["batch"]["failed_lines"] == flaky["batch"]["lines_failed"]
+    assert fluency["by_path"]["batch"]["calls"] == flaky["batch"]["lines_answered"]
+    # those that failed twice (a quarter on average; the expiring judge shows that path for sure)
+    assert fluency["by_path"]["sync"]["calls"] == flaky["requests"]
+    assert fluency["by_path"]["batch"]["calls"] + fluency["by_path"]["sync"]["calls"] == 8
+    assert expiring["batch"]["batches_expired"] == 2 and expiring["batch"]["lines_expired"] == 16  # two batches each
+    assert expiring["requests"] == 8
+    assert coherence["by_path"]["batch"] == {**coherence["by_path"]["batch"], "calls": 0, "failed_lines": 16}
+    assert coherence["by_path"]["sync"]["calls"] == 8
 
 
 def test_auto_falls_back_to_sync_calls_at_the_deadline(sim, worker, broker, tmp_path):
@@ -335,3 +336,43 @@ def test_azure_openai_batches_give_the_sync_values(sim, worker, broker, tmp_path
     stats = sim.stats()["bqaz"]
     assert stats["requests"] == 0 and stats["batch"]["lines_answered"] == 6
     assert values(tmp_path / "batch") == values(tmp_path / "sync")
+
+
+def test_a_creation_cut_short_is_found_again_not_made_twice(sim, broker):
+    """A manager died after the provider created the batch but before its id was saved: the
+    next one finds it by the record's id in its metadata and polls it, creating nothing."""
+    from datetime import datetime, timezone
+
+    from evalq.shared.judges import JudgeConfig
+    from evalq.workers.judge.batch_lines import BatchLines
+    from evalq.workers.judge.batch_records import BatchTiming, records
+    from evalq.workers.judge.batches import Manager
+    from evalq.workers.judge.client import chat_request
+
+    r = redis.Redis.from_url(broker)
+    job_id = f"cut-{uuid.uuid4().hex[:8]}"
+    spec = {"judges": {"j": judge(sim, "bqcut")}, "judging": {"mode": "batch"},
+            "submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    r.set(keys.spec(job_id), json.dumps(spec))
+    r.set(keys.status(job_id), "running")
+    config = JudgeConfig.model_validate(spec["judges"]["j"])
+    lines = BatchLines(r, job_id, "fluency", "j", config, list(config.deployments))
+    for i in range(3):
+        body = chat_request(config, [{"role": "user", "content": f"rate {i} {job_id}"}])
+        assert lines.register(f"{i:064x}", body, item=i) == 1
+    sim.reset_stats()
+    manager = Manager(r, None, {"bqcut"}, BatchTiming(settle=0, poll_first=0.01, poll_max=0.01))
+    manager.submit(job_id, spec, "bqcut", time.time())
+    (rec,) = records(r, job_id).values()
+    created = rec["provider"]
+    assert created and sim.stats()["bqcut"]["batch"]["batches_created"] == 1
+    rec.update(provider=None, state="creating", next=0)  # as a manager that died before saving it left it
+    r.hset(keys.batch(job_id, "open"), rec["id"], json.dumps(rec))
+    manager.advance(job_id, spec, rec, time.time())
+    (rec,) = records(r, job_id).values()
+    assert rec["provider"] == created and rec["state"] in ("validating", "in_progress")
+    assert sim.stats()["bqcut"]["batch"]["batches_created"] == 1 and sim.stats()["bqcut"]["batch"]["files_uploaded"] == 1
+    r.set(keys.status(job_id), "cancelled")
+    manager.job_tick(job_id, "bqcut", time.time())
+    assert not r.sismember(keys.BATCH_JOBS, job_id)
+    until(lambda: sim.stats()["bqcut"]["batch"]["batches_cancelled"] == 1, what="the batch was not cancelled")

@@ -255,8 +255,11 @@ class Manager:
         try:
             client = self.client(spec, rec)
             if rec.get("deadline") and rec["deadline"] <= now and not rec.get("cancel_sent"):
-                client.cancel(rec["provider"])  # auto: what is not back goes synchronously
-                rec["cancel_sent"] = True
+                rec["cancel_sent"] = True  # auto: what is not back goes synchronously
+                try:
+                    client.cancel(rec["provider"])
+                except BatchApiError as exc:  # it ended meanwhile, say: the poll below tells
+                    log.info("batch: job %s: cancelling batch %s at the deadline: %s", job_id, rec["provider"], exc)
             status = client.status(rec["provider"])
             if status.ended:
                 self.harvest(job_id, spec, rec, client, status, now)
@@ -288,6 +291,7 @@ class Manager:
                 raw = json.dumps({"content": outcome.content, "tool_arguments": outcome.tool_arguments,
                                   "usage": outcome.usage})
                 pipe.hset(keys.judge_memo(job_id), digest, raw)
+                pipe.expire(keys.judge_memo(job_id), Settings.from_env().result_ttl)
                 pipe.hdel(keys.batch(job_id, "line"), digest)
                 prompt = outcome.usage.get("prompt_tokens") or 0
                 completion = outcome.usage.get("completion_tokens") or 0
