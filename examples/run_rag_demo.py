@@ -1,5 +1,5 @@
-"""`make demo`, second half: examples/rag_qa.json and examples/safety_jailbreak.json
-against judge-sim.
+"""`make demo`, second half: examples/rag_qa.json, examples/safety_jailbreak.json and
+examples/rag_qa_batch.json (the RAG job judged through the Batch API) against judge-sim.
 
 Starts two simulated regions on the ports the examples name, runs the jobs in
 embedded mode, and stops the simulator. judge-sim's scores are deterministic
@@ -23,7 +23,7 @@ from evalq.sim import JudgeSim, Region  # noqa: E402
 
 
 def main() -> int:
-    regions = [Region("swedencentral", tpm=60000, rpm=600, port=18431),
+    regions = [Region("swedencentral", tpm=60000, rpm=600, port=18431, batch_delay=1),
                Region("eastus2", tpm=20000, rpm=200, port=18432)]
     try:
         sim = JudgeSim(regions, latency=0.05, jitter=0.02, seed=1).start()
@@ -31,9 +31,12 @@ def main() -> int:
         print(f"demo: cannot start judge-sim on ports 18431-18432: {exc}", file=sys.stderr)
         return 1
     try:
-        env = {**os.environ, "DEMO_JUDGE_API_KEY": "demo-key-for-judge-sim"}
+        # the batch manager's timing shortened for a demo (defaults: settle 10 s, first poll 5 s)
+        env = {**os.environ, "DEMO_JUDGE_API_KEY": "demo-key-for-judge-sim", "EVALQ_BATCH_SETTLE": "1",
+               "EVALQ_BATCH_POLL": "0.5", "EVALQ_BATCH_POLL_MAX": "2"}
         rc = 0
-        for job, out in (("examples/rag_qa.json", "out/rag_qa"), ("examples/safety_jailbreak.json", "out/safety")):
+        for job, out in (("examples/rag_qa.json", "out/rag_qa"), ("examples/safety_jailbreak.json", "out/safety"),
+                         ("examples/rag_qa_batch.json", "out/rag_qa_batch")):
             cmd = [sys.executable, "-m", "evalq.cli", "run", job, "--out", out]
             rc = rc or subprocess.call(cmd, cwd=ROOT, env=env)
         if rc == 0:
@@ -42,7 +45,14 @@ def main() -> int:
                   f"{violence['jailbreak']['defect_rate']:.2f} (delta {violence['jailbreak']['delta']:+.2f})",
                   file=sys.stderr)
         for name, stats in sim.stats().items():
-            print(f"judge-sim {name}: {stats['ok']} calls, {stats['rate_limited']} rate-limited", file=sys.stderr)
+            print(f"judge-sim {name}: {stats['ok']} calls, {stats['rate_limited']} rate-limited, "
+                  f"{stats['batch']['lines_answered']} batch lines in {stats['batch']['batches_created']} batches",
+                  file=sys.stderr)
+        if rc == 0:
+            paths = [m["judge"]["by_path"] for m in json.loads((ROOT / "out/rag_qa_batch/results.json").read_text())]
+            print(f"rag_qa_batch: {sum(p['batch']['calls'] for p in paths)} calls by batch, "
+                  f"{sum(p['sync']['calls'] for p in paths)} synchronous, cost "
+                  f"{sum(p['batch']['cost'] for p in paths):.4f} (half the synchronous price)", file=sys.stderr)
         if rc == 0:
             results = json.loads((ROOT / "out/rag_qa/results.json").read_text())
             hits = sum(m.get("judge", {}).get("cache_hits", 0) for m in results)
