@@ -162,17 +162,9 @@ class JudgeClient:
         digest = request_digest(request)
         kept = self.keeper.reply(digest) if self.keeper is not None else None
         if kept is None and self.batch is not None:
-            kept = self.batch.reply(digest)  # a provider batch answered it
-            if kept is not None:
-                self._keep(digest, kept, memo=False)
-                return _reply(kept)
-            if self.batch.sync_reason(digest) is None:
-                cached = self._cached(digest)  # a cached request is never put in a batch
-                if cached is not None:
-                    return cached
-                if self._wait_for_batch(digest, request):
-                    raise Pending(digest)
-                kept = self.batch.reply(digest)  # answered while this thread looked
+            answered = self._from_batch(digest, request)
+            if answered is not None:
+                return answered
         if kept is None and self.memo:
             kept = self._memo_or_claim(digest)
         if kept is not None:
@@ -183,6 +175,24 @@ class JudgeClient:
         finally:
             if self.memo:
                 self.r.delete(keys.judge_memo_claim(self.job_id, digest))
+
+    def _from_batch(self, digest: str, request: dict) -> Reply | None:
+        """Batch mode: the reply a provider batch brought back, else the cache's (a cached
+        request is never put in a batch); otherwise the call becomes a batch line and the
+        item waits (``Pending``). None: the call goes synchronously (it failed in two
+        batches, ``auto`` passed its deadline, ...)."""
+        kept = self.batch.reply(digest)
+        if kept is None and self.batch.sync_reason(digest) is None:
+            cached = self._cached(digest)
+            if cached is not None:
+                return cached
+            if self._wait_for_batch(digest, request):
+                raise Pending(digest)
+            kept = self.batch.reply(digest)  # answered while this thread looked (else: gone synchronous)
+        if kept is None:
+            return None
+        self._keep(digest, kept, memo=False)
+        return _reply(kept)
 
     def _wait_for_batch(self, digest: str, request: dict) -> bool:
         """The call becomes a batch line (``evalq.workers.judge.batch_lines``), holding the
