@@ -12,6 +12,8 @@ Names and labels (``deployment`` is a deployment's region name, which also names
     evalq_judge_cache_hits_total{deployment}      replies not paid for: "cache" (the Redis judge
                                                   cache), "reuse" (a reply the job already had)
     evalq_judge_cost_total{deployment}            money, in the currency of the prices
+    evalq_judge_batch_lines_total{deployment,outcome}  Batch API lines: "answered" (also counted in
+                                                  the calls, tokens and cost above), "failed" (sent again)
     evalq_budget_tokens_admitted_total{deployment}  tokens reserved at admission by the cluster budget
     evalq_budget_tpm{deployment}, evalq_budget_rpm{deployment}   the deployment's limits (gauges)
 
@@ -129,6 +131,8 @@ class _Metrics:
         self.rate_limited = counter("evalq_judge_rate_limited", "429 replies", ("deployment",))
         self.cache_hits = counter("evalq_judge_cache_hits", "Replies not paid for", ("deployment",))
         self.cost = counter("evalq_judge_cost", "Money spent (currency of the prices)", ("deployment",))
+        self.batch_lines = counter("evalq_judge_batch_lines", "Batch API lines answered or failed",
+                                   ("deployment", "outcome"))
         self.admitted = counter("evalq_budget_tokens_admitted", "Tokens reserved at admission",
                                 ("deployment",))
         # the most recent value any process set, also after that process exited
@@ -140,7 +144,9 @@ class _Metrics:
         self.judge_fields = {"calls": (self.calls, (), 1), "rate_limited": (self.rate_limited, (), 1),
                              "prompt_tokens": (self.tokens, ("prompt",), 1),
                              "completion_tokens": (self.tokens, ("completion",), 1),
-                             "cost_nano": (self.cost, (), 1e-9)}
+                             "cost_nano": (self.cost, (), 1e-9),
+                             "batch_calls": (self.batch_lines, ("answered",), 1),
+                             "batch_failed_lines": (self.batch_lines, ("failed",), 1)}
 
 
 _lock = threading.Lock()

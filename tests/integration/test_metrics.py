@@ -86,7 +86,10 @@ def cluster(tmp_path_factory):
     sim = JudgeSim([Region(r) for r in (*JUDGE_REGIONS, MODEL_REGION)], latency=0.005, api_key=SECRET, seed=7)
     sim.start()
     history = f"sqlite:///{tmp / 'history.sqlite'}"
-    env = {"EVALQ_HISTORY_URL": history, "EVALQ_STALL_SECONDS": str(STALL_SECONDS), KEY_ENV: SECRET}
+    env = {"EVALQ_HISTORY_URL": history, "EVALQ_STALL_SECONDS": str(STALL_SECONDS), KEY_ENV: SECRET,
+           # the batch manager's timing, short for a test (defaults: settle 10 s, first poll 5 s)
+           "EVALQ_BATCH_TICK": "0.1", "EVALQ_BATCH_SETTLE": "0.3", "EVALQ_BATCH_POLL": "0.2",
+           "EVALQ_BATCH_POLL_MAX": "0.5"}
     queues = {"cpu": ("cpu", 2), "judge": (",".join(f"judge.{r}" for r in JUDGE_REGIONS) + f",generate.{MODEL_REGION}", 4),
               "jobs": ("evalq.jobs", 1)}
     nodes = {}
@@ -237,6 +240,32 @@ def test_judge_and_generation_counters_equal_results_and_run_json(cluster, tmp_p
     assert delta(after, before, "evalq_judge_cost_total") == pytest.approx(
         sum(e["judge"]["cost"] for e in results) + gen["judge"]["cost"], abs=1e-9)
     assert delta(after, before, "evalq_judge_cost_total") == pytest.approx(run_json["cost"], abs=1e-9)
+
+
+def test_batch_lines_count_by_outcome_and_in_the_totals(cluster, tmp_path):
+    """A job judged through the Batch API: its lines are counted by outcome on the judge node (where
+    the batch manager runs), and in the calls, tokens and cost as results.json reports them."""
+    judge_node, region = cluster["nodes"]["judge"], JUDGE_REGIONS[0]
+    config = endpoint(cluster, [region])
+    config["deployments"][0]["batch"] = {"enqueued_tokens": 10_000_000}
+    tag = uuid.uuid4().hex
+    job = {"instances": [{"id": f"b{i}", "input": f"Question {i} {tag}?", "actual-output": f"Answer {i}."}
+                         for i in range(6)],
+           "judges": {"sim": config}, "judging": {"cache": False, "mode": "batch"},
+           "metrics": [{"id": "fluency", "parameters": {"judge": "sim"}}]}
+    before = judge_node.scrape()
+    (entry,) = run(cluster, job, tmp_path)
+    after = judge_node.scrape()
+    judge, d = entry["judge"], dict(deployment=region)
+    assert judge["by_path"]["batch"]["calls"] == judge["calls"] == 6 and judge["by_path"]["sync"]["calls"] == 0
+    assert delta(after, before, "evalq_judge_batch_lines_total", outcome="answered", **d) == 6
+    assert delta(after, before, "evalq_judge_batch_lines_total", outcome="failed", **d) == \
+        judge["by_path"]["batch"]["failed_lines"]
+    assert delta(after, before, "evalq_judge_calls_total", **d) == 6
+    assert delta(after, before, "evalq_judge_tokens_total", kind="prompt", **d) == judge["prompt_tokens"] > 0
+    assert delta(after, before, "evalq_judge_cost_total", **d) == pytest.approx(judge["cost"], abs=1e-9)
+    assert judge["cost"] == pytest.approx((judge["prompt_tokens"] * PRICE["input_per_1k"]
+                                           + judge["completion_tokens"] * PRICE["output_per_1k"]) / 2000, abs=1e-9)
 
 
 def test_items_kept_by_a_deferred_chunk_count_once(cluster, tmp_path):

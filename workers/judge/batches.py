@@ -306,6 +306,7 @@ class Manager:
                 cached.append((digest, raw))
                 continue
             count(pipe, job_id, line["e"], rec["region"], {"batch_failed_lines": 1})
+            counted.append((rec["region"], {"batch_failed_lines": 1}))
             line["n"] = line.get("n", 0) + 1
             late = line.get("d") is not None and line["d"] <= now
             if line["n"] < MAX_TRIES and not late:
