@@ -94,18 +94,15 @@ def judge_accounting(acct: dict[bytes, bytes], priced: bool | None = None) -> di
     costed = priced or (priced is None and COST_FIELD.encode() in acct)
     if costed:
         judge["cost"] = money(int(float(acct.get(COST_FIELD.encode(), 0))))
-        for counts in regions.values():
-            counts["cost"] = money(counts.pop(COST_FIELD, 0))
-            counts["batch_cost"] = money(counts.pop(BATCH_COST_FIELD, 0))
-    for counts in regions.values():
-        counts.pop(COST_FIELD, None)
-        counts.pop(BATCH_COST_FIELD, None)
     by_path = _by_path(acct, judge, costed)
     if by_path is not None:
         judge["by_path"] = by_path
-    else:  # no batch: the regions read as before
-        for counts in regions.values():
-            counts.pop("batch_cost", None)
+    for counts in regions.values():
+        cost, batch_cost = counts.pop(COST_FIELD, 0), counts.pop(BATCH_COST_FIELD, 0)
+        if costed:
+            counts["cost"] = money(cost)
+            if by_path is not None:  # without batch lines the regions read as before
+                counts["batch_cost"] = money(batch_cost)
     if regions:
         judge["regions"] = dict(sorted(regions.items()))
     return judge

@@ -34,14 +34,14 @@ def park(app, r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     from evalq.orchestrator.stages import slot_freed
 
     field = f"{metric_key}:{start}"
+    entry = {"chunk": [metric_key, start, stop, deployment], "queue": queue, "waits": digests}
     pipe = r.pipeline(transaction=False)
-    pipe.hset(keys.parked(job_id), field, json.dumps({"chunk": [metric_key, start, stop, deployment],
-                                                      "queue": queue, "waits": digests}))
+    pipe.hset(keys.parked(job_id), field, json.dumps(entry))
     pipe.expire(keys.parked(job_id), Settings.from_env().result_ttl)
     pipe.execute()
     slot_freed(app, r, queue)
     if not waiting(r, job_id, digests):  # answered while its items were being asked
-        _wake(app, r, job_id, {field: queue})
+        _wake(app, r, job_id, {field: entry})
 
 
 def waiting(r: redis.Redis, job_id: str, digests: list[str]) -> set[str]:
@@ -62,8 +62,7 @@ def wake(app, r: redis.Redis, job_id: str) -> int:
         r.delete(keys.parked(job_id))
         return 0
     still = waiting(r, job_id, sorted({d for p in parked.values() for d in p["waits"]}))
-    ready = {field: p["queue"] for field, p in parked.items() if not still.intersection(p["waits"])}
-    return _wake(app, r, job_id, ready, parked)
+    return _wake(app, r, job_id, {field: p for field, p in parked.items() if not still.intersection(p["waits"])})
 
 
 def waits_for_batches(r: redis.Redis, job_id: str) -> bool:
@@ -101,21 +100,17 @@ def batch_view(r: redis.Redis, job_id: str) -> dict | None:
     return {"waiting_lines": waiting, "parked_chunks": parked, "sent_sync": sync, "batches": batches}
 
 
-def _wake(app, r: redis.Redis, job_id: str, ready: dict[str, str], parked: dict | None = None) -> int:
+def _wake(app, r: redis.Redis, job_id: str, ready: dict[str, dict]) -> int:
+    """Put the parked chunks ``ready`` (field -> parked entry) back in line on their queues."""
     from evalq.orchestrator import dispatch
 
     woken, queues = 0, set()
-    for field, queue in ready.items():
-        raw = None
-        if parked is None:
-            raw = r.hget(keys.parked(job_id), field)
-            if raw is None:
-                continue
-        chunk = (parked[field] if parked is not None else json.loads(raw))["chunk"]
+    for field, entry in ready.items():
         if not r.hdel(keys.parked(job_id), field):
             continue  # woken by someone else
+        queue = entry["queue"]
         pipe = r.pipeline(transaction=False)
-        pipe.rpush(keys.pending(job_id, queue), json.dumps(chunk))
+        pipe.rpush(keys.pending(job_id, queue), json.dumps(entry["chunk"]))
         pipe.sadd(keys.sched(queue, "jobs"), job_id)
         pipe.sadd(keys.SCHED_QUEUES, queue)
         pipe.execute()

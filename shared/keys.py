@@ -46,7 +46,6 @@ Judge keys shared across jobs (see ``evalq.workers.judge.budget`` for the budget
 The Batch API path (``evalq.workers.judge.batches``):
 
     evalq:batch:jobs              SET    jobs with batch lines or batches not yet ended
-    evalq:batch:enqueued:{D}      STRING estimated tokens of deployment D's unfinished batches (its quota)
     evalq:batch:lock:{R}          STRING held by the one batch manager of region R for a tick
     evalq:{J}:batch:line          HASH   request sha -> JSON line waiting for a reply (entry, item, body, tries)
     evalq:{J}:batch:queued:{R}    LIST   request shas waiting to go into a batch of region R
@@ -176,10 +175,6 @@ def judge_memo_claim(job_id: str, digest: str) -> str:
 
 
 BATCH_JOBS = f"{PREFIX}:batch:jobs"
-
-
-def batch_enqueued(dep_id: str) -> str:
-    return f"{PREFIX}:batch:enqueued:{dep_id}"
 
 
 def batch_lock(region: str) -> str:

@@ -97,6 +97,15 @@ def parse_model_config(raw: dict) -> EndpointModel | PythonModel:
     return (PythonModel if "runner" in raw else EndpointModel).model_validate(raw)
 
 
+def endpoint_config(spec: dict, name: str) -> "EndpointConfig | PythonModel":
+    """What a stored spec's judge ``name`` is, or its model under test (``generate``)."""
+    from evalq.shared.judges import JudgeConfig
+
+    if name == GENERATE:
+        return parse_model_config(spec["model"])
+    return JudgeConfig.model_validate(spec["judges"][name])
+
+
 def runner_class(model: PythonModel) -> type:
     """The ``module:Class`` a job names; ValueError saying why when it cannot be
     had. The orchestrator checks it at validation, workers build it.

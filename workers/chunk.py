@@ -60,17 +60,17 @@ def _metric(r: redis.Redis, job_id: str, metric_key: str) -> tuple[MetricSpec, A
 @lru_cache(maxsize=256)
 def _endpoint_config(r: redis.Redis, job_id: str, name: str):
     """A judge's configuration, or the model under test's (``generate``)."""
-    from evalq.shared.judges import JudgeConfig, JudgingOptions
-    from evalq.shared.model_under_test import parse_model_config
+    from evalq.shared.judges import JudgingOptions
+    from evalq.shared.model_under_test import endpoint_config
 
     spec = stored_spec(r, job_id)
     options = JudgingOptions.model_validate(spec["judging"])
+    config = endpoint_config(spec, name)
     if name == GENERATE:
-        model = parse_model_config(spec["model"])
         # the token cap bounds judge spend (the cost cap, money, bounds both); generation follows
         # the model's own cache setting
-        return model, options.model_copy(update={"cache": getattr(model, "cache", False), "token_cap": None})
-    return JudgeConfig.model_validate(spec["judges"][name]), options
+        return config, options.model_copy(update={"cache": getattr(config, "cache", False), "token_cap": None})
+    return config, options
 
 
 def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, deployment: str | None,
@@ -101,17 +101,13 @@ def batch_lines(r: redis.Redis, job_id: str, metric_key: str, name: str, config:
     """The entry's ``BatchLines`` when its calls go through the Batch API (its ``mode``, else
     ``judging.mode``; generation follows ``judging.mode`` where the model has a batch
     deployment), else None. ``auto`` carries its deadline."""
-    from datetime import datetime
-
     from evalq.workers.judge.batch_lines import BatchLines
+    from evalq.workers.judge.batch_records import auto_deadline
 
     mode = options.mode if metric_key == GENERATE else params.effective_mode(options)
-    if mode == "sync" or not getattr(config, "batch_deployments", None):
+    if mode == "sync" or not config.batch_deployments:
         return None
-    deadline = None
-    if mode == "auto":
-        submitted = stored_spec(r, job_id).get("submitted_at")
-        deadline = options.deadline_at(datetime.fromisoformat(submitted)).timestamp() if submitted else 0.0
+    deadline = auto_deadline(stored_spec(r, job_id)) if mode == "auto" else None
     return BatchLines(r, job_id, metric_key, name, config, deployments, deadline)
 
 

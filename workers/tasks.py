@@ -88,7 +88,7 @@ def start_batch_manager(sender, **_) -> None:
 
     timing = BatchTiming.from_env()
     queues = sender.app.amqp.queues.consume_from or {}
-    regions = {q.split(".", 1)[1] for q in queues if q.startswith(("judge.", "generate.")) and "." in q}
+    regions = {q.split(".", 1)[1] for q in queues if q.startswith(("judge.", "generate."))}
     if timing.tick <= 0 or not regions:
         return
     manager = BatchManager(sender.app.conf.broker_url, regions, sender.hostname, timing)

@@ -12,8 +12,8 @@ import redis
 
 from evalq.shared import keys
 from evalq.shared.config import Settings, env_number
-from evalq.shared.judges import Deployment, EndpointConfig, JudgeConfig
-from evalq.shared.model_under_test import GENERATE, parse_model_config
+from evalq.shared.judges import Deployment, EndpointConfig, JudgingOptions
+from evalq.workers.judge.client import accounting_ops
 
 MAX_TRIES = 2          # batches a line is sent in before it goes synchronously
 UNFINISHED = ("creating", "validating", "in_progress", "finalizing", "cancelling")
@@ -38,11 +38,16 @@ class BatchTiming:
                    lock=env_number("EVALQ_BATCH_LOCK", 60.0))
 
 
-def endpoint(spec: dict, name: str) -> EndpointConfig:
-    """A job's judge ``name``, or its model under test (``generate``)."""
-    if name == GENERATE:
-        return parse_model_config(spec["model"])
-    return JudgeConfig.model_validate(spec["judges"][name])
+def auto_deadline(spec: dict) -> float:
+    """When the job's ``auto`` calls go synchronously (Unix time): ``judging.deadline`` from its
+    submission (0.0, at once, for a spec without a submission time)."""
+    from datetime import datetime
+
+    submitted = spec.get("submitted_at")
+    if not submitted:
+        return 0.0
+    options = JudgingOptions.model_validate(spec.get("judging") or {})
+    return options.deadline_at(datetime.fromisoformat(submitted)).timestamp()
 
 
 def deployment_in(config: EndpointConfig, region: str) -> Deployment:
@@ -55,11 +60,10 @@ def records(r: redis.Redis, job_id: str) -> dict[str, dict]:
 
 
 def count(pipe, job_id: str, entry: str, region: str, fields: dict[str, int]) -> None:
-    key = keys.accounting(job_id, entry)
-    for name, value in fields.items():
-        if value:
-            pipe.hincrby(key, name, int(value))
-            pipe.hincrby(key, f"{region}/{name}", int(value))
+    """Add ``fields`` to the entry's accounting in ``pipe``, as the judge client counts a call."""
+    for method, args in accounting_ops(job_id, entry, region, fields):
+        getattr(pipe, method)(*args)
+
 
 def to_sync(pipe, job_id: str, digest: str, line: dict, why: str) -> None:
     """The line is sent synchronously by its chunk; its holds of the caps go back."""

@@ -41,9 +41,10 @@ from evalq.shared import keys, telemetry
 from evalq.shared.config import Settings
 from evalq.shared.judge_reply import Reply
 from evalq.shared.judges import JudgingOptions, deployment_id
+from evalq.shared.model_under_test import endpoint_config as endpoint
 from evalq.shared.status import FINAL, status_of
-from evalq.workers.judge.batch_records import (MAX_TRIES, UNFINISHED, BatchTiming, count, deployment_in,
-                                                endpoint, records, to_sync)
+from evalq.workers.judge.batch_records import (MAX_TRIES, UNFINISHED, BatchTiming, auto_deadline, count,
+                                                deployment_in, records, to_sync)
 from evalq.workers.judge.batch_api import BatchApiError, BatchClient, BatchStatus, custom_id, input_file, poll_delay
 from evalq.workers.judge.client import JudgeError
 
@@ -77,7 +78,7 @@ class Manager:
     def tick(self, now: float | None = None) -> None:
         jobs = sorted(j.decode() for j in self.r.smembers(keys.BATCH_JOBS))
         for region in sorted(self.regions):
-            token = uuid.uuid4().hex
+            token = f"{self.owner}:{uuid.uuid4().hex}"  # whose it is, for an operator reading Redis
             if not self.r.set(keys.batch_lock(region), token, nx=True, px=self._lock_ms):
                 continue
             self._held = (keys.batch_lock(region), token)
@@ -106,10 +107,10 @@ class Manager:
     def job_tick(self, job_id: str, region: str, now: float) -> None:
         status = status_of(self.r, job_id)
         raw = self.r.get(keys.spec(job_id))
-        if raw is None or status in (*FINAL, ""):
-            self.wind_up(job_id, region, raw is None)
+        spec = json.loads(raw) if raw is not None else None
+        if spec is None or status in (*FINAL, ""):
+            self.wind_up(job_id, region, spec)
             return
-        spec = json.loads(raw)
         for rec in records(self.r, job_id).values():
             if rec["region"] == region and rec["state"] in UNFINISHED:
                 self.advance(job_id, spec, rec, now)
@@ -135,7 +136,7 @@ class Manager:
         digests = [d.decode() for d in self.r.lrange(queued, 0, self.timing.max_lines - 1)]
         found = self.r.hmget(keys.batch(job_id, "line"), digests)
         lines = [(d, json.loads(raw)) for d, raw in zip(digests, found) if raw is not None]
-        chosen, rest, late, too_big, tokens = [], [], [], [], 0
+        chosen, rest, late, too_big, tokens, deadline = [], [], [], [], 0, None
         if lines:
             name = lines[0][1]["j"]
             config = endpoint(spec, name)
@@ -152,6 +153,8 @@ class Manager:
                 elif tokens + line["t"] <= room:
                     chosen.append(digest)
                     tokens += line["t"]
+                    if line.get("d") is not None:  # auto: the batch is cancelled at its lines' deadline
+                        deadline = line["d"] if deadline is None else min(deadline, line["d"])
                 else:
                     rest.append(digest)  # waits for room in the quota
         pipe = self.r.pipeline(transaction=True)
@@ -168,8 +171,7 @@ class Manager:
             rec = {"id": uuid.uuid4().hex[:16], "judge": name, "region": region, "dep": deployment_id(config, d),
                    "state": "creating", "lines": len(chosen), "tokens": tokens, "created": now, "next": now,
                    "polls": 0, "provider": None, "file": None, "tried": False, "completed": 0, "failed": 0,
-                   "deadline": min((line["d"] for dg, line in lines if dg in set(chosen) and line.get("d")),
-                                   default=None)}
+                   "deadline": deadline}
             pipe.hset(keys.batch(job_id, "open"), rec["id"], json.dumps(rec))
             pipe.expire(keys.batch(job_id, "open"), Settings.from_env().result_ttl)
             pipe.rpush(keys.batch(job_id, f"members:{rec['id']}"), *chosen)
@@ -200,7 +202,7 @@ class Manager:
             status = client.find("evalq_batch", rec["id"], rec["created"] - 3600) if rec["tried"] else None
             if status is None:
                 if rec["file"] is None:
-                    data = self._input(job_id, spec, rec)
+                    data = self._input(job_id, client, rec)
                     self.renew()
                     rec["file"] = client.upload(data)
                     self.renew()
@@ -221,11 +223,9 @@ class Manager:
         except (JudgeError, ValueError) as exc:  # refused by the allow-list, no key, a file too large
             self._give_up(job_id, rec, str(exc))
 
-    def _input(self, job_id: str, spec: dict, rec: dict) -> bytes:
-        config = endpoint(spec, rec["judge"])
-        members = self._members(job_id, rec)
-        return input_file(config, deployment_in(config, rec["region"]),
-                          ((custom_id(job_id, line["e"], line["i"], d), line["b"]) for d, line in members))
+    def _input(self, job_id: str, client: BatchClient, rec: dict) -> bytes:
+        return input_file(client.judge, client.deployment, ((custom_id(job_id, line["e"], line["i"], d), line["b"])
+                                                            for d, line in self._members(job_id, rec)))
 
     def _members(self, job_id: str, rec: dict) -> list[tuple[str, dict]]:
         digests = [d.decode() for d in self.r.lrange(keys.batch(job_id, f"members:{rec['id']}"), 0, -1)]
@@ -279,8 +279,7 @@ class Manager:
         members = self._members(job_id, rec)
         by_id = {custom_id(job_id, line["e"], line["i"], d): (d, line) for d, line in members}
         outcomes = client.results(status, expected=by_id)
-        config = endpoint(spec, rec["judge"])
-        price = config.price_of(deployment_in(config, rec["region"]))
+        price = client.judge.price_of(client.deployment)
         price = price.batch() if price is not None else None
         options = JudgingOptions.model_validate(spec.get("judging") or {})
         pipe = self.r.pipeline(transaction=True)
@@ -336,11 +335,10 @@ class Manager:
         self.wake(job_id, now)
 
     # -- a job that ended -------------------------------------------------------------------------
-    def wind_up(self, job_id: str, region: str, gone: bool) -> None:
-        """Cancel the job's unfinished batches in ``region`` at the provider, drop its queue;
-        once nothing of it is unfinished anywhere, it leaves ``evalq:batch:jobs``."""
-        raw = None if gone else self.r.get(keys.spec(job_id))
-        spec = json.loads(raw) if raw else None
+    def wind_up(self, job_id: str, region: str, spec: dict | None) -> None:
+        """Cancel the job's unfinished batches in ``region`` at the provider (``spec``: None once
+        the job's keys are gone), drop its queue; once nothing of it is unfinished anywhere, it
+        leaves ``evalq:batch:jobs``."""
         for rec in records(self.r, job_id).values():
             if rec["region"] != region or rec["state"] not in UNFINISHED:
                 continue
@@ -374,11 +372,7 @@ class Manager:
     @staticmethod
     def _past(spec: dict, now: float) -> bool:
         """Whether the job's auto deadline has passed (its queued auto lines go synchronously)."""
-        from datetime import datetime
-
-        options = JudgingOptions.model_validate(spec.get("judging") or {})
-        submitted = spec.get("submitted_at")
-        return bool(submitted) and options.deadline_at(datetime.fromisoformat(submitted)).timestamp() <= now
+        return bool(spec.get("submitted_at")) and auto_deadline(spec) <= now
 
 
 class BatchManager(threading.Thread):

@@ -137,9 +137,9 @@ class JudgeClient:
 
     def __init__(self, r: redis.Redis, job_id: str, metric_key: str, name: str, judge: JudgeConfig,
                  options: JudgingOptions, preferred: str | None = None, memo: bool = False,
-                 keeper: ItemKeeper | None = None, batch: Any = None):
+                 keeper: ItemKeeper | None = None):
         self.r = r
-        self.batch = batch  # a BatchLines in batch mode: unanswered calls wait for a provider batch
+        self.batch: Any = None  # a BatchLines in batch mode: unanswered calls wait for a provider batch
         self.memo = memo
         self.keeper = keeper
         self.job_id = job_id
@@ -198,12 +198,12 @@ class JudgeClient:
         """The call becomes a batch line (``evalq.workers.judge.batch_lines``), holding the
         job's caps as a call would, at the batch price: True when the item is to wait for
         it, False when it was answered (or went synchronous) since this thread looked."""
-        tokens = self.judge.max_tokens + estimate_request_tokens(request)
+        estimate = estimate_request_tokens(request)
+        tokens = self.judge.max_tokens + estimate
         self._check_cap(tokens)
         price = self.judge.price_of(self.batch.deployment)
         try:
-            held = self.cost_cap.hold(price.batch() if price is not None else None,
-                                      estimate_request_tokens(request), self.judge.max_tokens)
+            held = self.cost_cap.hold(price.batch() if price is not None else None, estimate, self.judge.max_tokens)
         except CostCapReached:
             self._release_cap(tokens)
             raise
@@ -408,15 +408,21 @@ class JudgeClient:
     def _count(self, region: str | None, **fields: int) -> None:
         """Add to the job's accounting of this metric entry: totals, and per region
         (fields ``<region>/<name>``) for what a deployment answered."""
-        key = keys.accounting(self.job_id, self.metric_key)
-        ops: list[Op] = []
-        for name, value in fields.items():
-            if value:
-                ops.append(("hincrby", (key, name, int(value))))
-                if region is not None:
-                    ops.append(("hincrby", (key, f"{region}/{name}", int(value))))
-        self._write(ops)
+        self._write(accounting_ops(self.job_id, self.metric_key, region, fields))
         telemetry.judge_counted(region, fields)
+
+
+def accounting_ops(job_id: str, metric_key: str, region: str | None, fields: dict[str, int]) -> list[Op]:
+    """What adds ``fields`` to an entry's accounting: the totals, and (``region`` given) the
+    deployment's ``<region>/<name>`` counts. The judge client's and the batch manager's."""
+    key = keys.accounting(job_id, metric_key)
+    ops: list[Op] = []
+    for name, value in fields.items():
+        if value:
+            ops.append(("hincrby", (key, name, int(value))))
+            if region is not None:
+                ops.append(("hincrby", (key, f"{region}/{name}", int(value))))
+    return ops
 
 
 def request_digest(request: dict) -> str:
