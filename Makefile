@@ -26,8 +26,12 @@ demo: $(STAMP)
 	@echo "results: out/<example>/ (results.json, log.jsonl, run.json, report.html); out/compare.html;"
 	@echo "every run is in the history store: evalq history (out/history.html: the translation suite over time)"
 
+# The suite in parallel processes (pytest-xdist), a module to a process: each has its own Redis,
+# workers and ports, and a module's cluster fixtures stay in one process. Most of the suite waits
+# on workers, servers and timeouts, so 4 processes fit a 2-core machine (README: Development).
+TEST_WORKERS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_cpu.py

@@ -4,7 +4,9 @@ N synthetic instances x (bleu, rouge, f1_score): `evalq run` in embedded mode
 (private Redis, local workers, outputs written) against a single-process loop
 calling the same metric functions on the same instances. Prints both wall
 times, their ratio (goal <= 0.8 on a 2-core machine) and the orchestrator's
-peak RSS.
+peak RSS. `evalq run` goes twice per round: with the run recorded in the history store
+(the default; a fresh SQLite store per round) and with EVALQ_HISTORY=off, so what
+recording costs is measured in the same run (goal: within 10%).
 
     .venv/bin/python bench/bench_cpu.py [--n 100000] [--chunk-size 250] [--repeat 3]
 """
@@ -65,13 +67,18 @@ def in_process(instances: list[dict]) -> float:
     return time.perf_counter() - t0
 
 
-def distributed(job_path: Path, out: Path, chunk_size: int | None) -> tuple[float, int]:
+def distributed(job_path: Path, out: Path, chunk_size: int | None, history: Path | None) -> tuple[float, int]:
+    """``history``: the folder of a fresh history store (EVALQ_CACHE_DIR), None: EVALQ_HISTORY=off."""
     cmd = [sys.executable, "-m", "evalq.cli", "run", str(job_path), "--out", str(out), "-q"]
+    env = {**os.environ, **({"EVALQ_CACHE_DIR": str(history)} if history else {"EVALQ_HISTORY": "off"})}
+    env.pop("EVALQ_HISTORY_URL", None)
+    if history:
+        env.pop("EVALQ_HISTORY", None)
     if chunk_size:
         cmd += ["--chunk-size", str(chunk_size)]
     peak = [0]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     ps = psutil.Process(proc.pid)
 
     def sample() -> None:
@@ -112,20 +119,21 @@ def main() -> None:
     args = parser.parse_args()
 
     instances = synthetic(args.n)
-    locals_, dists, peaks, reports = [], [], [], []
+    locals_, dists, offs, peaks, reports = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="evalq-bench-") as tmp:
         job_path = Path(tmp) / "job.json"
         job_path.write_text(json.dumps({"instances": instances, "metrics": METRICS}))
         for i in range(args.repeat):
             out = Path(tmp) / f"out{i}"
-            dist, peak_rss = distributed(job_path, out, args.chunk_size)
+            dist, peak_rss = distributed(job_path, out, args.chunk_size, Path(tmp) / f"history{i}")
+            offs.append(distributed(job_path, Path(tmp) / f"off{i}", args.chunk_size, None)[0])
             lines = sum(1 for _ in open(out / "log.jsonl"))
             assert lines == 3 * args.n, f"log has {lines} lines, expected {3 * args.n}"
             dists.append(dist)
             peaks.append(peak_rss)
             reports.append(report_pass(out))
             locals_.append(in_process(instances))
-    local, dist = statistics.median(locals_), statistics.median(dists)
+    local, dist, off = statistics.median(locals_), statistics.median(dists), statistics.median(offs)
 
     print(f"machine: {os.cpu_count()} cores; N={args.n} instances x 3 metrics (bleu, rouge, f1_score); "
           f"medians of {args.repeat} alternating runs")
@@ -134,6 +142,8 @@ def main() -> None:
     print(f"evalq run, embedded (end to end) : {dist:8.2f} s  ({3 * args.n / dist:,.0f} items/s)  "
           f"runs: {', '.join(f'{t:.1f}' for t in dists)}")
     print(f"ratio distributed / in-process   : {dist / local:8.2f}  (goal <= 0.8)")
+    print(f"evalq run, EVALQ_HISTORY=off     : {off:8.2f} s  runs: {', '.join(f'{t:.1f}' for t in offs)}")
+    print(f"history on / off                 : {dist / off:8.2f}  (goal <= 1.10)")
     print(f"orchestrator peak RSS            : {max(peaks) / 2**20:8.1f} MiB")
     print(f"evalq report from the log (apart): {statistics.median(reports):7.2f} s  (parsing {3 * args.n:,} "
           "log lines once; the run itself draws report.html from its workers' chunk views)")

@@ -6,8 +6,8 @@ this process times in one run:
 
 - writing the outputs (results.json, log.jsonl, run.json, report.html): what the final
   callback already did for the job;
-- recording it in a fresh SQLite history store (reading every item record for the
-  per-instance values, and storing them) against a baseline run of the suite, so the
+- recording it in a fresh SQLite history store (reading the per-instance values the
+  workers kept per chunk, and storing them) against a baseline run of the suite, so the
   paired regression test runs too.
 
     .venv/bin/python bench/bench_history.py [N]        # default 100000
@@ -73,7 +73,7 @@ def main() -> None:
     print(f"{n} instances x 2 entries (4 fields); the job itself took {job_wall:.1f} s end to end")
     print(f"  writing the outputs (existing callback work):  {outputs:7.2f} s")
     print(f"  recording in the history store:               {record:7.2f} s "
-          f"({read:.2f} s reading the item records, {record - read:.2f} s storing and testing; "
+          f"({read:.2f} s reading the values the workers kept, {record - read:.2f} s storing and testing; "
           f"{len(recorded.regressions)} regressions)")
     print(f"  ratio recording / outputs: {record / outputs:.2f}; SQLite file after two runs: {db / 2**20:.1f} MiB")
 

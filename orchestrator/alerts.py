@@ -3,7 +3,7 @@
 
 The body is JSON ``{"suite", "job_id", "regressions", "text"}``; ``text`` has one
 human-readable line per regression, so a Slack (or Teams, Mattermost) incoming webhook
-shows it as it is. Sent once per run: the history store moves the run's alert from
+shows it as it is, with every name a job gave escaped for the chat's markup. Sent once per run: the history store moves the run's alert from
 ``pending`` to ``sending`` for exactly one caller, then to ``sent`` or ``failed``.
 Transient failures (connection errors, timeouts, 429, 5xx) are retried with back-off
 (``EVALQ_ALERT_ATTEMPTS``, default 4); a webhook that still fails is logged, and the job
@@ -20,6 +20,7 @@ import urllib.request
 from urllib.parse import urlsplit
 
 from evalq.shared.config import env_number
+from evalq.shared.display import chat_text
 
 log = logging.getLogger("evalq.history")
 
@@ -32,10 +33,11 @@ class _Retryable(Exception):
 
 
 def text_line(suite: str, job_id: str, found: dict) -> str:
-    """One line a person reads in a chat channel."""
-    field = "" if found["field"] in ("mean",) else f" {found['field']}"
+    """One line a person reads in a chat channel; what the job named is escaped for the chat's
+    markup and kept to one line (``evalq.shared.display.chat_text``)."""
+    field = "" if found["field"] in ("mean",) else f" {chat_text(found['field'])}"
     test = "paired" if found.get("paired") else "unpaired"
-    return (f"{suite}: {found['name']}{field} regressed to {found['value']:.4g} from {found['baseline']:.4g} "
+    return (f"{chat_text(suite)}: {chat_text(found['name'])}{field} regressed to {found['value']:.4g} from {found['baseline']:.4g} "
             f"({found['delta']:+.4g}, p={found['p_value']:.3g}, {test}, n={found['n']}, "
             f"vs last {found['baseline_runs']} run(s)) in job {job_id}")
 

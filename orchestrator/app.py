@@ -40,6 +40,10 @@ def _transport_options(settings: Settings) -> dict:
         # visibility timeout so a lost worker's tasks come back promptly.
         "unacked_restore_interval": max(1, min(10, vt // 4)),
         "unacked_restore_throttle": 1 if vt < 400 else 10,
+        # the lock kombu holds while it restores them: a worker killed holding it (SIGKILL, OOM)
+        # left it for kombu's 300 s, and nobody restored anything meanwhile (a chaos drill stalled
+        # so); a restore takes well under a second, and one run twice only redelivers idempotent tasks
+        "unacked_mutex_expire": max(10, min(300, vt)),
     }
 
 

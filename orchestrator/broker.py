@@ -55,9 +55,9 @@ def _skip_unreadable(raw: bytes, where: str, exc: Exception) -> None:
         log.warning("sweeper: skipping a message in %s that is not a readable task (%s)", where, exc)
 
 
-def busy_jobs(r: redis.Redis, queues: set[str], candidates: set[str]) -> set[str]:
-    """Which of ``candidates`` have a message of their own queued on ``queues`` or delivered
-    and not yet acknowledged. Each message is read (honouring kombu's ``body_encoding``) and
+def busy_jobs(r: redis.Redis, queues: set[str], candidates: set[str], unacked: bool = True) -> set[str]:
+    """Which of ``candidates`` have a message of their own queued on ``queues`` or (``unacked``)
+    delivered and not yet acknowledged. Each message is read (honouring kombu's ``body_encoding``) and
     counted for the job its arguments name, so one stuck or foreign message blinds no job, and
     another job's backlog on a shared queue does not hide a job whose own messages were lost."""
     found: set[str] = set()
@@ -72,7 +72,7 @@ def busy_jobs(r: redis.Redis, queues: set[str], candidates: set[str]) -> set[str
             found.add(job)
         return found >= candidates
 
-    for _, raw in r.hscan_iter("unacked", count=SCAN_PAGE):  # kombu's delivered-but-unacknowledged messages
+    for _, raw in r.hscan_iter("unacked", count=SCAN_PAGE) if unacked else ():  # kombu's delivered, unacked
         if look(raw, "unacked"):
             return found
     for queue in sorted(queues):

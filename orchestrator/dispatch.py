@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import redis
 
-from evalq.shared import keys
+from evalq.shared import keys, leases
 from evalq.shared.scheduling import PRIORITIES, Tenants, Window
 from evalq.shared.spec import entry_queues, plan, queue_of, stored_spec
 from evalq.shared.status import FINAL, Status, status_of
@@ -48,12 +48,6 @@ SLOTS_TTL = 30.0  # seconds a worker's announcement of its slots counts
 SHARE_WINDOW = 60.0  # seconds over which shares (and tenant caps) are measured
 PROMPT_ESTIMATE = 400  # tokens per judge call assumed before any was measured
 PUSH_BATCH = 1000
-
-# Release a lock only when it is still ours.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 # --- putting a stage's chunks in line ------------------------------------------------------
@@ -192,7 +186,7 @@ def refill(app, r: redis.Redis, queue: str) -> int:
         _backlog(r, queue)
         return sent
     finally:
-        r.eval(_RELEASE, 1, keys.sched(queue, "lock"), token)
+        leases.release(r, keys.sched(queue, "lock"), token)
 
 
 def _hold(r: redis.Redis, queue: str, mark: bool) -> str | None:
@@ -354,8 +348,17 @@ def _recent(r: redis.Redis, queue: str) -> dict[str, float]:
 
 
 def _queue_tpm(r: redis.Redis, queue: str, candidates: list[_Candidate]) -> float:
-    """The TPM of the deployment a judge (or generate) queue serves, from any active job's spec."""
+    """The TPM of the deployment a judge (or generate) queue serves: the operator's catalogue's for
+    its region when it lists one (a job's own declaration never sets a tenant's cap), else what an
+    active job's spec declares."""
+    from evalq.shared.deployments import operator_catalogue
     from evalq.shared.spec import runs
+
+    catalogue = operator_catalogue()
+    region = queue.split(".", 1)[1] if "." in queue else queue
+    listed = [d["tpm"] for d in (catalogue.deployments.values() if catalogue else ()) if d.get("region") == region]
+    if listed:
+        return float(sum(listed))
 
     for c in candidates:
         for _, entry in runs(stored_spec(r, c.job_id)):
@@ -409,7 +412,7 @@ def refill_all(app, r: redis.Redis, count_out, only: set[str] | None = None) -> 
                 r.srem(keys.SCHED_QUEUES, queue)
             _backlog(r, queue)
         finally:
-            r.eval(_RELEASE, 1, keys.sched(queue, "lock"), token)
+            leases.release(r, keys.sched(queue, "lock"), token)
     return sent
 
 

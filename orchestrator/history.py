@@ -17,7 +17,8 @@ schema, under a lock, so a newer evalq opens an older store):
     entries       per (run, entry slot): metric id, name, parameters, n, errors, judge spend
     entry_values  per (run, slot, field): the value results.json reports, its ci95, n, the
                   items' standard deviation and which way is worse
-    item_values   per (run, slot, field): zlib'd JSON {instance id: value} (pairing by id)
+    item_values   per (run, slot, field): the per-instance values (pairing by id), compressed
+                  columns (``pack``; older stores' zlib'd JSON {instance id: value} read too)
     regressions   per (run, slot, field) found worse than the suite's baseline
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import threading
 import zlib
 from contextlib import contextmanager
@@ -36,6 +38,7 @@ import sqlalchemy as sa
 
 from evalq.shared.errors import EvalqError, InfraError
 from evalq.shared.nightly import Regression
+from evalq.shared.stats import Items, columns
 
 metadata = sa.MetaData()
 runs = sa.Table(
@@ -209,12 +212,30 @@ def iso(value: datetime | None) -> str | None:
     return value.replace(tzinfo=timezone.utc).isoformat(timespec="seconds") if value else None
 
 
-def pack(values: dict[str, float]) -> bytes:
-    return zlib.compress(json.dumps(values, separators=(",", ":")).encode(), 6)
+_COLUMNS = b"EVQI2"  # item_values' columnar form: zlib(<u32 n><n bytes: JSON list of ids><float64s>)
 
 
-def unpack(data: bytes) -> dict[str, float]:
-    return json.loads(zlib.decompress(data))
+def pack(items: Items) -> bytes:
+    """A series' per-instance values as stored: the ids (JSON) and the values (little-endian
+    float64), compressed; a million values pack in well under a second."""
+    import numpy as np
+
+    ids, values = columns(items)
+    head = json.dumps(list(ids), separators=(",", ":"), ensure_ascii=False).encode()
+    body = struct.pack("<I", len(head)) + head + np.asarray(values, dtype="<f8").tobytes()
+    return _COLUMNS + zlib.compress(body, 1)
+
+
+def unpack(data: bytes) -> tuple[list[str], list[float]]:
+    """Stored values as columns (ids, values); values stored by older evalq (zlib'd JSON
+    ``{id: value}``, which never starts with the columnar mark) are read too."""
+    import numpy as np
+
+    if data.startswith(_COLUMNS):
+        raw = zlib.decompress(data[len(_COLUMNS):])
+        (n,) = struct.unpack_from("<I", raw)
+        return json.loads(raw[4:4 + n]), np.frombuffer(raw[4 + n:], dtype="<f8").tolist()
+    return columns(json.loads(zlib.decompress(data)))
 
 
 @dataclass
@@ -275,9 +296,14 @@ class HistoryStore:
     def _baseline(self, conn: sa.Connection, run: dict, run_id: int, series: list[dict],
                   how_many: int) -> dict[tuple[str, str, str], list[dict]]:
         """Per (metric, name, field) of ``series``: what each of the suite's last ``how_many``
-        runs that ended done before this one has of it (value, n, sd, and its items if kept)."""
+        runs of the same tenant that ended done before this one has of it (value, n, sd, and its
+        items if kept)."""
+        # a suite is its tenant's: another tenant's runs of the same name are never its baseline
+        # (runs an older store kept without a tenant count for any)
+        tenant = runs.c.tenant.is_(None) if run.get("tenant") is None else \
+            sa.or_(runs.c.tenant == run["tenant"], runs.c.tenant.is_(None))
         earlier = conn.execute(
-            sa.select(runs.c.id).where(runs.c.suite == run["suite"], runs.c.status == "done",
+            sa.select(runs.c.id).where(runs.c.suite == run["suite"], tenant, runs.c.status == "done",
                                        runs.c.id != run_id, runs.c.finished_at <= run["finished_at"])
             .order_by(runs.c.finished_at.desc(), runs.c.id.desc()).limit(how_many)).scalars().all()
         if not earlier:
@@ -320,22 +346,25 @@ class HistoryStore:
             return self._documents(conn, rows)
 
     def latest(self, status: str | None = None) -> list[dict]:
-        """Each suite's last run (of that ``status``, or any), as ``runs_of`` shows runs."""
+        """Each suite's last run per tenant (a suite is its tenant's; of that ``status``, or any), as
+        ``runs_of`` shows runs."""
         with self.engine.connect() as conn:
-            last = sa.select(runs.c.suite, sa.func.max(runs.c.id).label("id")).group_by(runs.c.suite)
+            last = sa.select(runs.c.suite, sa.func.max(runs.c.id).label("id")).group_by(runs.c.suite, runs.c.tenant)
             if status is not None:
                 last = last.where(runs.c.status == status)
             last = last.subquery()
-            rows = conn.execute(sa.select(runs).join(last, runs.c.id == last.c.id).order_by(runs.c.suite)).mappings().all()
+            rows = conn.execute(sa.select(runs).join(last, runs.c.id == last.c.id)
+                                .order_by(runs.c.suite, runs.c.tenant)).mappings().all()
             return self._documents(conn, rows)
 
     def suites(self) -> list[dict]:
-        """Every suite with its number of runs and its last run (without its metrics)."""
+        """Every suite (per tenant) with its number of runs and its last run (without its metrics)."""
         with self.engine.connect() as conn:
-            counts = dict(conn.execute(sa.select(runs.c.suite, sa.func.count()).group_by(runs.c.suite)).all())
+            counts = {(suite, tenant): n for suite, tenant, n in conn.execute(
+                sa.select(runs.c.suite, runs.c.tenant, sa.func.count()).group_by(runs.c.suite, runs.c.tenant)).all()}
         out = []
         for doc in self.latest():
-            out.append({"suite": doc["suite"], "runs": counts.get(doc["suite"], 0),
+            out.append({"suite": doc["suite"], "tenant": doc["tenant"], "runs": counts.get((doc["suite"], doc["tenant"]), 0),
                         "last": {k: doc[k] for k in ("job_id", "status", "finished_at", "cost")}
                         | {"regressions": len(doc["regressions"])}})
         return out

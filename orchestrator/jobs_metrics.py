@@ -7,10 +7,17 @@
                                             EVALQ_STALL_SECONDS (default 900)
     evalq_queue_backlog{queue}              chunks planned and not finished per work queue
                                             (``evalq.orchestrator.backlog``)
-    evalq_suite_value{suite,metric,name,field}   the headline values of each suite's last done run
-    evalq_suite_regressions{suite}          regressions found in that run
-    evalq_suite_last_run_timestamp_seconds{suite,status}   when the suite's last run (any status) ended
-    evalq_suite_cost{suite}                 that run's cost (absent when no price was given)
+    evalq_suite_value{suite,tenant,metric,name,field}   the headline values of each suite's last done run
+    evalq_suite_regressions{suite,tenant}   regressions found in that run
+    evalq_suite_last_run_timestamp_seconds{suite,tenant,status}   when the suite's last run (any status) ended
+    evalq_suite_cost{suite,tenant}          that run's cost (absent when no price was given)
+(a suite is its tenant's: two tenants' runs of one suite name are two series)
+    evalq_suite_series_omitted              suites and value series left out by the bounds below
+
+Jobs name suites and entries, so the suite series are bounded: the ``EVALQ_METRICS_MAX_SUITES``
+(100) suites whose last run ended most recently, none whose last run ended more than
+``EVALQ_METRICS_SUITE_MAX_AGE`` seconds ago (30 days), and ``EVALQ_METRICS_MAX_SUITE_VALUES`` (50)
+value series per suite.
 
 A job's last progress is what the lookers-after record (``evalq.orchestrator.watch``):
 the items done at their last look and when that count changed; a job whose count has
@@ -24,6 +31,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
 
@@ -84,34 +93,73 @@ def job_counts(r: redis.Redis, stall_seconds: float) -> tuple[dict[str, int], in
     return counts, sum(stalled(r, job_id, now, stall_seconds) for job_id in running)
 
 
-def suite_rows(latest: list[dict], done: dict[str, dict] | None = None) -> dict[str, list[tuple[tuple[str, ...], float]]]:
-    """The suite gauges' samples: of each suite's last run (``latest``) its end time and cost,
-    and of its last done run (``done``, by suite; default: those of ``latest`` that are done)
-    its headline values and regressions."""
+MAX_SUITES_ENV, SUITE_AGE_ENV, MAX_VALUES_ENV = ("EVALQ_METRICS_MAX_SUITES", "EVALQ_METRICS_SUITE_MAX_AGE",
+                                                  "EVALQ_METRICS_MAX_SUITE_VALUES")
+
+
+@dataclass(frozen=True)
+class SuiteBounds:
+    """How many suite series a scrape may carry: jobs name suites and entries, so without a bound
+    every message would add series to the operator's Prometheus for ever."""
+
+    max_suites: int = 100        # the suites whose last run ended most recently
+    max_age: float = 30 * 86400  # seconds since a suite's last run after which it is dropped
+    max_values: int = 50         # evalq_suite_value series per suite (its entries' fields in job order)
+
+    @classmethod
+    def from_env(cls) -> "SuiteBounds":
+        return cls(int(env_number(MAX_SUITES_ENV, 100)), float(env_number(SUITE_AGE_ENV, 30 * 86400)),
+                   int(env_number(MAX_VALUES_ENV, 50)))
+
+
+def suite_key(row: dict) -> tuple[str, str]:
+    """A run's series: its suite and its tenant's (a suite is its tenant's)."""
+    return str(row["suite"]), str(row.get("tenant") or "")
+
+
+def suite_rows(latest: list[dict], done: dict[tuple, dict] | None = None, bounds: SuiteBounds = SuiteBounds(),
+               now: float | None = None) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """The suite gauges' samples: of each suite's last run per tenant (``latest``) its end time and
+    cost, and of its last done run (``done``, by (suite, tenant); default: those of ``latest`` that
+    are done) its headline values and regressions; within ``bounds`` (``omitted``: the series left out).
+    A suite is its tenant's: two tenants' runs of one suite name are two series."""
     if done is None:
-        done = {row["suite"]: row for row in latest if row.get("status") == Status.DONE}
+        done = {suite_key(row): row for row in latest if row.get("status") == Status.DONE}
+    now = time.time() if now is None else now
     out: dict[str, list[tuple[tuple[str, ...], float]]] = {
-        "value": [], "regressions": [], "last_run_timestamp_seconds": [], "cost": []}
+        "value": [], "regressions": [], "last_run_timestamp_seconds": [], "cost": [], "series_omitted": []}
+    ended = {suite_key(row): _epoch(row["finished_at"]) if row.get("finished_at") else now for row in latest}
+    recent = sorted((s for s, t in ended.items() if now - t <= bounds.max_age), key=lambda s: (-ended[s], s))
+    kept = set(recent[:bounds.max_suites])
+    omitted = len(ended) - len(kept)
     for row in latest:
-        suite = str(row["suite"])
+        suite = suite_key(row)
+        if suite not in kept:
+            continue
         if row.get("finished_at"):
-            out["last_run_timestamp_seconds"].append(((suite, str(row.get("status") or "")),
-                                                      _epoch(row["finished_at"])))
+            out["last_run_timestamp_seconds"].append(((*suite, str(row.get("status") or "")), ended[suite]))
         if isinstance(row.get("cost"), (int, float)):
-            out["cost"].append(((suite,), float(row["cost"])))
+            out["cost"].append((suite, float(row["cost"])))
     for suite, row in done.items():
-        for m in row.get("metrics") or []:
-            if isinstance(m.get("value"), (int, float)):
-                out["value"].append(((str(suite), str(m["metric"]), str(m.get("name") or m["metric"]),
-                                      str(m.get("field") or "")), float(m["value"])))
-        out["regressions"].append(((str(suite),), float(len(row.get("regressions") or []))))
+        if suite not in kept:
+            continue
+        values = [m for m in row.get("metrics") or [] if isinstance(m.get("value"), (int, float))]
+        for m in values[:bounds.max_values]:
+            out["value"].append(((*suite, str(m["metric"]), str(m.get("name") or m["metric"]),
+                                  str(m.get("field") or "")), float(m["value"])))
+        omitted += max(0, len(values) - bounds.max_values)
+        out["regressions"].append((suite, float(len(row.get("regressions") or []))))
+    out["series_omitted"].append(((), float(omitted)))
     return out
 
 
-SUITE_LABELS = {"value": ("suite", "metric", "name", "field"), "regressions": ("suite",),
-                "last_run_timestamp_seconds": ("suite", "status"), "cost": ("suite",)}
+SUITE_LABELS = {"value": ("suite", "tenant", "metric", "name", "field"), "regressions": ("suite", "tenant"),
+                "last_run_timestamp_seconds": ("suite", "tenant", "status"), "cost": ("suite", "tenant"),
+                "series_omitted": ()}
 SUITE_HELP = {"value": "Headline value of the suite's last run", "regressions": "Regressions in the suite's last run",
-              "last_run_timestamp_seconds": "End time of the suite's last run", "cost": "Cost of the suite's last run"}
+              "last_run_timestamp_seconds": "End time of the suite's last run", "cost": "Cost of the suite's last run",
+              "series_omitted": f"Suites, and value series of suites, left out ({MAX_SUITES_ENV}, {SUITE_AGE_ENV}, "
+                                f"{MAX_VALUES_ENV})"}
 
 
 class JobsCollector:
@@ -125,6 +173,7 @@ class JobsCollector:
         self.open_store = open_store
         self.store: Any = None
         self.failing: set[str] = set()
+        self.bounds = SuiteBounds.from_env()
 
     def describe(self) -> list:
         return []  # nothing is asked of Redis when the collector is registered
@@ -172,8 +221,8 @@ class JobsCollector:
         if self.store is False:
             return []  # EVALQ_HISTORY=off
         # a suite whose last run failed or was cancelled shows the values of its last done one
-        done = {row["suite"]: row for row in self.store.latest(Status.DONE)}
-        rows = suite_rows(self.store.latest(), done)
+        done = {suite_key(row): row for row in self.store.latest(Status.DONE)}
+        rows = suite_rows(self.store.latest(), done, self.bounds)
         families = []
         for kind, samples in rows.items():
             family = GaugeMetricFamily(f"evalq_suite_{kind}", SUITE_HELP[kind], labels=list(SUITE_LABELS[kind]))

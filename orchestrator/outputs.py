@@ -4,8 +4,8 @@ directory (of the worker that runs the callback) or an S3 prefix:
 - ``results.json``: HarpIA's list, one aggregate per enabled metric entry;
 - ``log.jsonl``: one line per (instance, metric entry), after one line per
   generated output (``"metric": "generate"``) when the model under test ran;
-  a line names its entry (``evalq.shared.loglines``), whose parameters
-  results.json and run.json carry once;
+  a line names its entry by its metric, parameters and position
+  (``evalq.shared.loglines``);
 - ``run.json``: what ran: job id, status, source, dataset and how it was
   read, bad records skipped, the generation stage's summary, times and versions,
   and ``cost`` (judges' and generation's; null when nothing had a price).
@@ -115,7 +115,8 @@ def _log_entries(r: redis.Redis, spec: dict, job_id: str,
     slots = {key: slot for slot, key in enumerate(spec["metrics"])}
     for key, entry in runs:
         n = span(spec, entry) if key != GENERATE else spec["n_instances"]
-        head_obj = log_head(entry, slots.get(key))
+        # generated outputs' lines name no parameters: run.json's generation holds the model's
+        head_obj = log_head(entry, slots.get(key), key != GENERATE and spec.get("log_parameters", True))
         head_json = json.dumps(head_obj, ensure_ascii=False)[1:-1]
         rkey = keys.results(job_id, key)
         for start in range(0, n, LOG_BATCH):

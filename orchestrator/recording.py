@@ -2,10 +2,12 @@
 regressions against the suite's past, and send the alert (``evalq.orchestrator.alerts``).
 
 A run's series come from what the callback already has: results.json's content for each
-entry's value and interval, and one read of each entry's item records for the
-per-instance values that pair runs by instance id (at most ``EVALQ_HISTORY_MAX_ITEMS``
-items per entry, default 1,000,000; a bigger entry is compared unpaired). Recording never
-fails the job: an unreachable database is logged, and the outputs stand.
+entry's value and interval, and the per-instance values that pair runs by instance id,
+which the worker that scored each chunk kept beside its records (``chunk_values``), so
+the callback parses no item record (it reads the records only for an entry some chunk of
+which left no values: a chunk given up, a cancelled job). At most ``EVALQ_HISTORY_MAX_ITEMS``
+items per entry are stored, default 1,000,000; a bigger entry is compared unpaired.
+Recording never fails the job: an unreachable database is logged, and the outputs stand.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from evalq.shared.model_under_test import GENERATE
 from evalq.shared.nightly import Regression, suite_of
 from evalq.shared.registry import REGISTRY
 from evalq.shared.results import entry_keys, read
-from evalq.shared.spec import METRICS_STAGE, stage_runs
-from evalq.shared.stats import score_interval
+from evalq.shared.spec import METRICS_STAGE, entry_chunks, stage_runs
+from evalq.shared.stats import Items, columns, score_interval
 
 log = logging.getLogger("evalq.history")
 
@@ -96,32 +98,72 @@ def entries_of(r: redis.Redis, job_id: str, spec: dict, summary: list[dict]) -> 
             "calls": judge.get("calls"), "cost": judge.get("cost"),
             "tokens": (judge.get("prompt_tokens", 0) + judge.get("completion_tokens", 0)) if judge else None})
         kind = REGISTRY.get(entry["id"]).aggregation if entry["id"] in REGISTRY else "mean"
-        for field, items in item_fields(r, job_id, key, kind, entry["parameters"]).items():
-            series.append(one_series(slot, entry, name, field, kind, result, items, keep_items=len(items) <= limit))
+        for field, items in item_fields(r, job_id, key, kind, entry["parameters"],
+                                        entry_chunks(spec, entry)).items():
+            series.append(one_series(slot, entry, name, field, kind, result, items,
+                                     keep_items=len(items[0]) <= limit))
     return entry_rows, series
 
 
-def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict) -> dict[str, dict[str, float]]:
-    """Per field, instance id -> value over the entry's scored items (a jailbreak's injected
-    variants left out, as ``evalq compare`` does)."""
-    fields: dict[str, dict[str, float]] = {}
+def chunk_values(items: list[tuple[int, dict]], readings: list) -> dict:
+    """What the history store needs of one chunk of a metric entry, made by the worker that
+    scored it (``readings``: each item's ``evalq.shared.results.read``, in the items' order):
+    its scored items' instance ids and, per field, their values in the same order (None where
+    an item has no finite value of that field). A jailbreak's injected variants are left out,
+    as ``evalq compare`` leaves them out."""
+    ids: list[str] = []
+    fields: dict[str, list[float | None]] = {}
+    for (_, record), reading in zip(items, readings):
+        if record.get("variant") is not None:
+            continue
+        values = {f: v for f, v in reading.values.items() if math.isfinite(v)}
+        if not values:
+            continue
+        for field, column in fields.items():
+            column.append(values.pop(field, None))
+        for field, value in values.items():  # a field first seen here: None for the items before
+            fields[field] = [None] * len(ids) + [value]
+        ids.append(str(record.get("instance_id")))
+    return {"ids": ids, "fields": fields}
+
+
+def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
+                chunks: int | None = None) -> dict[str, Items]:
+    """Per field, the entry's scored items as columns (instance ids, values): from the values its
+    ``chunks`` chunks kept (``chunk_values``) when every one of them did, else from its item
+    records (a jailbreak's injected variants left out either way)."""
+    fields: dict[str, Items] = {}
+    kept = r.hvals(keys.values(job_id, key)) if chunks is not None else []
+    if chunks is not None and len(kept) == chunks:
+        for raw in kept:
+            chunk = json.loads(raw)
+            ids = chunk["ids"]
+            for field, column in chunk["fields"].items():
+                into_ids, into_values = fields.setdefault(field, ([], []))
+                for iid, value in zip(ids, column):
+                    if value is not None:
+                        into_ids.append(iid)
+                        into_values.append(value)
+        return fields
     for _, raw in r.hscan_iter(keys.results(job_id, key), count=5000):
         record = json.loads(raw)
         if record.get("variant") is not None:
             continue
         for field, value in read(kind, params, record).values.items():
             if math.isfinite(value):
-                fields.setdefault(field, {})[str(record.get("instance_id"))] = value
+                into_ids, into_values = fields.setdefault(field, ([], []))
+                into_ids.append(str(record.get("instance_id")))
+                into_values.append(value)
     return fields
 
 
-def one_series(slot: int, entry: dict, name: str, field: str, kind: str, result: dict, items: dict[str, float],
+def one_series(slot: int, entry: dict, name: str, field: str, kind: str, result: dict, items: Items,
                keep_items: bool = True) -> dict:
     """A series' row: the value and interval results.json reports (else the items' mean and
-    interval), n, the items' standard deviation, and the items themselves when kept."""
+    interval), n, the items' standard deviation, and the items (columns) themselves when kept."""
     from evalq.orchestrator.regressions import worse_direction
 
-    values = list(items.values())
+    values = list(columns(items)[1])
     n = len(values)
     mean = sum(values) / n if n else None
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None

@@ -26,6 +26,7 @@ import math
 from typing import Sequence
 
 from evalq.shared import stats
+from evalq.shared.stats import columns
 from evalq.shared.nightly import Regression
 
 EXACT_MAX = 500  # pairs up to which the resampling test runs as in ``evalq compare``
@@ -58,37 +59,51 @@ def detect(series: list[dict], baseline: dict[tuple[str, str, str], list[dict]],
 
 
 def paired_move(s: dict, past: list[dict]) -> tuple[float, float, float, bool, int] | None:
-    """(delta, p, baseline, True, pairs) over the instances this run shares with the baseline runs."""
-    items = s.get("items")
-    kept = [p["items"] for p in past if p.get("items")]
-    if not items or not kept:
+    """(delta, p, baseline, True, pairs) over the instances this run shares with the baseline runs
+    (each shared instance's baseline: the mean of its values over the runs that have it)."""
+    import numpy as np
+
+    if not s.get("items"):
         return None
-    sums: dict[str, list[float]] = {}
-    for run in kept:
-        for iid, value in run.items():
-            acc = sums.setdefault(iid, [0.0, 0])
-            acc[0] += value
-            acc[1] += 1
-    shared = [iid for iid in items if iid in sums]
-    if len(shared) < max(2, len(items) / 2):
+    ids, values = columns(s["items"])
+    kept = [columns(p["items"]) for p in past if p.get("items")]
+    if not kept:
         return None
-    base = [sums[i][0] / sums[i][1] for i in shared]
-    new = [items[i] for i in shared]
-    if len(shared) <= EXACT_MAX:
-        result = stats.paired(base, new)
+    n = len(ids)
+    sums, counts = np.zeros(n), np.zeros(n)
+    positions = None
+    for past_ids, past_values in kept:
+        if len(past_ids) == n and past_ids == ids:  # the same instances in the same order: the usual night
+            at, vals = np.arange(n), np.asarray(past_values, dtype=float)
+        else:
+            if positions is None:
+                positions = {iid: k for k, iid in enumerate(ids)}
+            at = np.fromiter((positions.get(iid, -1) for iid in past_ids), dtype=np.int64, count=len(past_ids))
+            found = at >= 0
+            at, vals = at[found], np.asarray(past_values, dtype=float)[found]
+        sums += np.bincount(at, weights=vals, minlength=n)
+        counts += np.bincount(at, minlength=n)
+    shared = counts > 0
+    pairs = int(shared.sum())
+    if pairs < max(2, n / 2):
+        return None
+    base = sums[shared] / counts[shared]
+    new = np.asarray(values, dtype=float)[shared]
+    if pairs <= EXACT_MAX:
+        result = stats.paired(base.tolist(), new.tolist())
         delta, p_value = result["diff"], result["p_value"]
     else:
         delta, p_value = normal_paired(base, new)
-    return delta, p_value, sum(base) / len(base), True, len(shared)
+    return delta, p_value, float(base.mean()), True, pairs
 
 
 def normal_paired(base: Sequence[float], new: Sequence[float]) -> tuple[float, float]:
     """Mean difference and two-sided p-value of the paired t statistic (normal reference)."""
-    diffs = [b - a for a, b in zip(base, new)]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
-    return mean, two_sided(mean, math.sqrt(var / n))
+    import numpy as np
+
+    diffs = np.asarray(new, dtype=float) - np.asarray(base, dtype=float)
+    mean = float(diffs.mean())
+    return mean, two_sided(mean, math.sqrt(float(diffs.var(ddof=1)) / len(diffs)))
 
 
 def unpaired_move(s: dict, past: list[dict]) -> tuple[float, float, float, bool, int] | None:

@@ -86,19 +86,19 @@ def record_view(kind: str, params: dict | None, record: dict) -> tuple[dict[str,
     return reading.sample, reading.badness
 
 
-def chunk_view(items: list[tuple[int, dict]], span: int, seed: int, kind: str, params: dict | None,
-               worst: int = WORST) -> dict:
+def chunk_view(items: list[tuple[int, dict]], readings: list, span: int, seed: int, worst: int = WORST) -> dict:
     """What the report needs of one chunk of a metric entry, made by the worker that
     scored it (so the final callback parses no item record): the chunk's ``worst``
     items and a sample of its numbers, whose size is the chunk's share of
-    ``RESERVOIR`` (the merged chunks give about RESERVOIR values per field)."""
+    ``RESERVOIR`` (the merged chunks give about RESERVOIR values per field).
+    ``readings``: each item's ``evalq.shared.results.read``, in the items' order."""
     quota = max(1, -(-RESERVOIR * len(items) // max(span, 1)))
     heap: list = []
     values: dict[str, list[float]] = {}
-    for position, record in items:
+    for (position, record), reading in zip(items, readings):
         if record.get("variant") is not None:
             continue
-        fields, badness = record_view(kind, params, record)
+        fields, badness = reading.sample, reading.badness
         for name, v in fields.items():
             values.setdefault(name, []).append(float(v))
         if badness is not None:

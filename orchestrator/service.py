@@ -24,7 +24,8 @@ from typing import Any
 import redis
 
 from evalq.shared import keys
-from evalq.shared.config import CONTROL_QUEUE, JOBS_QUEUE, Settings
+from evalq.shared.config import (CONTROL_QUEUE, JOBS_QUEUE, TENANT_QUEUE_PREFIX, Settings, tenant_of_queue,
+                                 tenant_queue)
 from evalq.shared.errors import InfraError, JobError
 from evalq.shared.status import FINAL, Status
 
@@ -35,7 +36,8 @@ REQUEST_FIELDS = ("job", "job_uri", "out", "request_id", "reply_to", "chunk_size
 _LIST_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 # Keys a reply must never be pushed onto: evalq's own state, kombu's, and the task queues
 # (a JSON document on a queue list would be read as a task message).
-_RESERVED_PREFIXES = (f"{keys.PREFIX}:", "_kombu.", "unacked", "celery-task-meta-", "judge.", "generate.")
+_RESERVED_PREFIXES = (f"{keys.PREFIX}:", "_kombu.", "unacked", "celery-task-meta-", "judge.", "generate.",
+                      TENANT_QUEUE_PREFIX)
 _RESERVED_NAMES = {"cpu", "gpu", "celery", JOBS_QUEUE, CONTROL_QUEUE}
 
 
@@ -49,11 +51,13 @@ def reply_to_problem(name) -> str | None:
     return None
 
 
-# Bind an idempotency key to a job id and to the message that bound it, at once: a second
-# request with the key is told from this message redelivered while its job is being stored.
+# Bind an idempotency key to a job id, to the message that bound it and to what that request
+# asked (its fingerprint), at once: a second request with the key is told from this message
+# redelivered while its job is being stored, and a different job sent with the key is told apart.
 _BIND = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[3]) then
   redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+  redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[3])
   return 1
 end
 return 0
@@ -66,11 +70,14 @@ def request_id_problem(value) -> str | None:
     return "request.request_id: expected a string (or whole number) of 1 to 200 characters"
 
 
-def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **request: Any) -> dict:
+def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue: str | None = None,
+                   **request: Any) -> dict:
+    """``queue``: the one the request came on (evalq.jobs.<tenant> establishes its tenant)."""
     from evalq.orchestrator import submit
     from evalq.orchestrator.finalize import reply_document, request_key
 
     ttl = Settings.from_env().result_ttl
+    identity = tenant_of_queue(queue)
     request_id = request.get("request_id")
     reply_to = request.get("reply_to")
     bad_reply_to = reply_to_problem(reply_to) if reply_to is not None else None
@@ -79,11 +86,18 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
     bad_request_id = request_id_problem(request_id)
     if bad_request_id:
         request_id = None  # not an idempotency key: the message id is
-    idem = keys.request(str(request_id) if request_id is not None else f"message:{message_id}")
+    # a request_id is its tenant's: two tenants' "nightly-2026-11-25" are two requests
+    scope = f"{identity}/" if identity else ""
+    idem = keys.request(f"{scope}{request_id}" if request_id is not None else f"message:{message_id}")
     job_id = submit.new_job_id()
-    if not r.eval(_BIND, 2, idem, f"{idem}:owner", job_id, message_id, ttl):
+    fingerprint = request_fingerprint(request)
+    if not r.eval(_BIND, 3, idem, f"{idem}:owner", f"{idem}:fingerprint", job_id, message_id, ttl, fingerprint):
         job_id = r.get(idem).decode()
         owner = r.get(f"{idem}:owner")
+        bound = r.get(f"{idem}:fingerprint")
+        if request_id is not None and owner is not None and owner.decode() != message_id and \
+                bound is not None and bound.decode() != fingerprint:
+            return _answer_conflict(r, idem, message_id, request_id, reply_to, ttl)
         spec_raw = r.get(keys.spec(job_id))
         status = (r.get(keys.status(job_id)) or b"").decode()
         if status == Status.INVALID or (owner is not None and owner.decode() != message_id):
@@ -104,12 +118,16 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
         if bad_reply_to or bad_request_id:
             raise JobError([p for p in (bad_reply_to, bad_request_id) if p])
         job, out = _readable(parse_request, request)
+        tenant_policy(job, identity)
         spec = _readable(submit.job_spec, job, request.get("chunk_size"), out, request_id, reply_to)
     except JobError as exc:
         errors = list(exc.problems)
-        r.set(keys.status(job_id), Status.INVALID, ex=ttl)
-        r.set(keys.error(job_id), json.dumps(errors), ex=ttl)
-        r.zadd(keys.JOBS, {job_id: time.time()})
+        # one transaction: a reader never sees "invalid" without its reasons
+        pipe = r.pipeline(transaction=True)
+        pipe.set(keys.error(job_id), json.dumps(errors), ex=ttl)
+        pipe.set(keys.status(job_id), Status.INVALID, ex=ttl)
+        pipe.zadd(keys.JOBS, {job_id: time.time()})
+        pipe.execute()
         if reply_to:  # answered here, and marked so: a redelivery of this message gets nothing more
             pipe = r.pipeline(transaction=True)
             pipe.rpush(reply_to, json.dumps(reply_document(request_id, job_id, Status.INVALID, request.get("out"),
@@ -125,6 +143,35 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, **requ
     log.info("job %s: submitted (%d instances, %d metric entries)", job_id, spec["n_instances"],
              len(spec["metrics"]))
     return {"job_id": job_id, "status": Status.RUNNING}
+
+
+# The fields of a request that say which job it asks for: a repeat of a request_id must ask for the
+# same (``out`` and ``reply_to`` may differ, as ever: a repeat is answered with the first job's document).
+FINGERPRINT_FIELDS = ("job", "job_uri", "chunk_size", "priority", "tenant", "weight", "suite")
+CONFLICT = "conflict"  # the answer to a request_id already bound to a different request
+
+
+def request_fingerprint(request: dict) -> str:
+    import hashlib
+
+    asked = {k: request.get(k) for k in FINGERPRINT_FIELDS}
+    text = json.dumps(asked, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def _answer_conflict(r: redis.Redis, idem: str, message_id: str, request_id, reply_to: str | None, ttl: int) -> dict:
+    """A request whose request_id is bound to a different request (another job, suite,
+    scheduling): nothing starts, and its reply_to is answered ``conflict``, once, with nothing
+    of the other job (neither its id nor its results)."""
+    from evalq.orchestrator.finalize import reply_document
+
+    error = (f"request.request_id: {str(request_id)[:200]!r} is already bound to a different request (another "
+             "job, suite or scheduling was sent with it first); nothing was started for this one: use a new "
+             "request_id, or send the same request again")
+    if reply_to and r.set(f"{idem}:conflict:{message_id}", 1, nx=True, ex=ttl):
+        r.rpush(reply_to, json.dumps(reply_document(request_id, None, CONFLICT, None, [error], None)))
+    log.warning("request %s: conflicts with the request that first used its id; not started", request_id)
+    return {"job_id": None, "status": CONFLICT, "errors": [error]}
 
 
 def _readable(step, *args):
@@ -220,6 +267,53 @@ def parse_request(request: dict):
         job.suite = request["suite"]
     dest.check()
     return job, dest
+
+
+def tenant_policy(job, identity: str | None) -> None:
+    """The operator's policy for the job's tenant (``tenant_scheduling``), applied to ``job``: its
+    suite must be one the tenant may write into, and its cost and token caps are at most the
+    tenant's per-job limits (a job's own caps only tighten them)."""
+    from evalq.shared.scheduling import Tenants
+
+    tenants = Tenants.from_env()
+    job.scheduling = tenant_scheduling(job.scheduling, identity, tenants)
+    tenant = job.scheduling.tenant
+    problem = tenants.suite_problem(tenant, job.suite)
+    if problem:
+        raise JobError(f"request.suite: {problem}")
+    caps = {}
+    for field, limit in (("cost_cap", tenants.policy(tenants.job_cost, tenant)),
+                         ("token_cap", tenants.policy(tenants.job_tokens, tenant))):
+        own = getattr(job.judging, field)
+        if limit is not None and (own is None or own > limit):
+            caps[field] = limit
+    if caps:
+        job.judging = job.judging.model_copy(update=caps)
+
+
+def tenant_scheduling(fields, identity: str | None, tenants=None):
+    """The job's scheduling under its tenant's policy. On a tenant's own queue (``identity``) the
+    tenant is that one: a request claiming another is invalid. On the shared evalq.jobs, once the
+    operator lists tenants (EVALQ_TENANTS), a request is the default tenant's: it may not claim a
+    listed tenant (each writes only its own queue) nor invent one (to escape its caps). A priority
+    above the tenant's ``max_priority`` is invalid."""
+    from evalq.shared.scheduling import Tenants
+
+    tenants = tenants or Tenants.from_env()
+    claimed = fields.tenant
+    if identity is not None:
+        if claimed not in (identity, "default"):
+            raise JobError(f"request.tenant: {claimed!r}: this request came on {tenant_queue(identity)}, the queue "
+                           f"of tenant {identity!r}; a tenant is the queue's, not the request's")
+        fields = fields.model_copy(update={"tenant": identity})
+    elif tenants.names and claimed != "default":
+        where = (f"tenant {claimed!r} submits on its own queue {tenant_queue(claimed)}" if claimed in tenants.names
+                 else f"{claimed!r} is not a tenant the operator lists")
+        raise JobError(f"request.tenant: {where}; a request on {JOBS_QUEUE} is the default tenant's")
+    problem = tenants.priority_problem(fields.tenant, fields.priority)
+    if problem:
+        raise JobError(f"request.priority: {problem}")
+    return fields
 
 
 def _scheduling(fields, request: dict):

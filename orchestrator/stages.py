@@ -89,14 +89,30 @@ def slot_freed(app, r: redis.Redis, queue: str) -> None:
         dispatch.refill(app, r, queue)
 
 
+def callback_lease(r: redis.Redis, job_id: str, stage: str, owner: str = ""):
+    """The lease a stage's callback holds while it runs (``evalq.shared.leases``): one copy
+    works at a time; a copy that finds it held ends at once, and the lookers-after send no
+    other while it is renewed (``callback_running``)."""
+    from evalq.shared.config import Settings
+    from evalq.shared.leases import Lease
+
+    return Lease(r, keys.callback_lease(job_id, stage), Settings.from_env().callback_lease, owner)
+
+
+def callback_running(r: redis.Redis, job_id: str, stage: str) -> bool:
+    return bool(r.exists(keys.callback_lease(job_id, stage)))
+
+
 def stage_complete(r: redis.Redis, job_id: str, stage: str) -> bool:
     total = r.hget(keys.plan(job_id), f"{stage}:total")
     return total is not None and r.scard(keys.chunks_done(job_id, stage)) >= int(total)
 
 
 def fire_callback(app, r: redis.Redis, job_id: str, stage: str, force: bool = False) -> bool:
-    """Send the stage's callback once (``force``: again, e.g. on resume; callbacks are idempotent)."""
-    if r.hsetnx(keys.plan(job_id), f"{stage}:fired", str(time.time())) or force:
+    """Send the stage's callback once (``force``: again, e.g. on resume; callbacks are idempotent),
+    but never while one runs: a second copy would do the same work beside it."""
+    if r.hsetnx(keys.plan(job_id), f"{stage}:fired", str(time.time())) or (
+            force and not callback_running(r, job_id, stage)):
         app.send_task(CALLBACKS[stage], args=(job_id,), queue=CONTROL_QUEUE, ignore_result=True)
         return True
     return False

@@ -78,6 +78,8 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
             # the history store's series, and how its regressions are judged (evalq.orchestrator.history)
             "suite": job.suite, "regression": job.regression.model_dump(mode="json"),
             "submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ttl": ttl}
+    if job.output is not None and not job.output.log_parameters:
+        spec["log_parameters"] = False  # log.jsonl lines name their entry by position only
     if out is not None:
         dest = out if isinstance(out, Destination) else Destination(out)
         # a local folder as an absolute path: the callback may run in another directory
@@ -109,7 +111,7 @@ def destination(job: Job, out: str | None) -> Destination | None:
     """Where a job's outputs go: ``out`` (with the S3 endpoint the job names for
     its output or dataset), else the job's ``output``; None when neither says."""
     if out is None:
-        return Destination(job.output.uri, job.output.endpoint_url) if job.output is not None else None
+        return Destination(job.output.uri, job.output.endpoint_url) if job.output and job.output.uri else None
     endpoint = (job.output.endpoint_url if job.output else None) or \
         (job.dataset.endpoint_url if job.dataset else None)
     return Destination(out, endpoint)

@@ -26,28 +26,49 @@ redis_task = functools.partial(app.task, bind=True, autoretry_for=(redis.Connect
                                retry_backoff=True, max_retries=MAX_BLIPS)
 
 
+def run_once(task, job_id: str, stage: str, work) -> dict:
+    """Run a stage callback's ``work(r)`` under the stage's lease: a copy that finds another
+    running ends at once (two never write a job's outputs side by side), and one that comes
+    after the job ended (done, or failed) does nothing: its outputs are written already."""
+    r = app_redis(task.app)
+    lease = stages.callback_lease(r, job_id, stage, owner=task.request.hostname or "")
+    if not lease.acquire():
+        log.info("job %s: the %s stage's callback is running elsewhere; this copy ends", job_id, stage)
+        return {"job": job_id, "status": "running elsewhere"}
+    with lease:
+        status = status_of(r, job_id)
+        if status in (Status.DONE, Status.FAILED):
+            log.info("job %s: has ended (%s); this copy of its %s callback ends", job_id, status, stage)
+            return {"job": job_id, "status": status}
+        return work(r)
+
+
 @redis_task(name="evalq.finalize")
 def finalize(self, job_id: str) -> dict:
-    r = app_redis(self.app)
-    try:
-        return aggregation.finalize(r, job_id)
-    except (redis.ConnectionError, redis.TimeoutError):
-        raise  # retried
-    except Exception as exc:  # a job must end: failed, saying why, rather than running for ever
-        log.exception("job %s: the final callback failed", job_id)
-        return aggregation.fail(r, job_id, f"the final callback failed: {type(exc).__name__}: {exc}")
+    def work(r: redis.Redis) -> dict:
+        try:
+            return aggregation.finalize(r, job_id)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise  # retried
+        except Exception as exc:  # a job must end: failed, saying why, rather than running for ever
+            log.exception("job %s: the final callback failed", job_id)
+            return aggregation.fail(r, job_id, f"the final callback failed: {type(exc).__name__}: {exc}")
+
+    return run_once(self, job_id, stages.METRICS_STAGE, work)
 
 
 @redis_task(name="evalq.generated")
 def generated(self, job_id: str) -> dict:
     """The generation stage is complete: summarize it, then send the metrics stage."""
-    r = app_redis(self.app)
-    out = aggregation.generated(r, job_id)
-    spec = stored_spec(r, job_id)
-    if status_of(r, job_id) == Status.CANCELLED:
-        return aggregation.finalize(r, job_id, status=Status.CANCELLED)
-    stages.send_stage(self.app, r, job_id, spec, stages.METRICS_STAGE)
-    return out
+    def work(r: redis.Redis) -> dict:
+        out = aggregation.generated(r, job_id)
+        spec = stored_spec(r, job_id)
+        if status_of(r, job_id) == Status.CANCELLED:
+            return aggregation.finalize(r, job_id, status=Status.CANCELLED)
+        stages.send_stage(self.app, r, job_id, spec, stages.METRICS_STAGE)
+        return out
+
+    return run_once(self, job_id, stages.GENERATE_STAGE, work)
 
 
 @app.task(name="evalq.submit_job", bind=True, ignore_result=True)
@@ -55,8 +76,10 @@ def submit_job(self, **request) -> dict:
     """A job request (see ``evalq.orchestrator.service``): validate, store, send the first stage."""
     from evalq.orchestrator.service import handle_request
 
+    # the queue it came on says whose it is: evalq.jobs.<tenant>, which only that tenant may write
+    queue = (self.request.delivery_info or {}).get("routing_key")
     return handle_request(self.app, app_redis(self.app), self.request.id,
-                          self.app.conf.broker_url, **request)
+                          self.app.conf.broker_url, queue=queue, **request)
 
 
 _sweepers: list = []
@@ -119,9 +142,9 @@ def announce_slots(sender, **_) -> None:
     import threading
 
     from evalq.orchestrator import dispatch
-    from evalq.shared.config import CONTROL_QUEUE
+    from evalq.shared.config import CONTROL_QUEUE, is_request_queue
 
-    queues = [q for q in (sender.app.amqp.queues.consume_from or {}) if q not in (CONTROL_QUEUE, JOBS_QUEUE)]
+    queues = [q for q in (sender.app.amqp.queues.consume_from or {}) if q != CONTROL_QUEUE and not is_request_queue(q)]
     slots = int(getattr(getattr(sender, "controller", None), "concurrency", 0) or 1)
     if not queues:
         return

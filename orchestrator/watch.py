@@ -5,8 +5,10 @@ Redis and a worker (the broker killed while a worker pops it, or restarted
 without persistence). Two checks find that from what Redis holds:
 
 - every item of the current stage is recorded, but the stage's callback has
-  not finished ``callback_grace`` seconds later: the callback is sent again
-  (callbacks are idempotent);
+  not finished ``callback_grace`` seconds later, is not running (a running callback
+  holds a lease it renews, ``evalq.orchestrator.stages.callback_lease``) and does not
+  wait in its queue: the callback is sent again (callbacks are idempotent, and two
+  copies never run side by side);
 - no item has finished for ``resume_after`` seconds and nothing of the job is
   queued or unacknowledged: the stage's unfinished chunks are sent again
   (``resume_job``: a finished chunk is not, and a judge item already recorded
@@ -31,9 +33,9 @@ from dataclasses import dataclass
 import redis
 
 from evalq.orchestrator.broker import busy_jobs, out_counts
-from evalq.orchestrator.stages import fire_callback
+from evalq.orchestrator.stages import callback_running, fire_callback
 from evalq.shared import keys
-from evalq.shared.config import Settings
+from evalq.shared.config import CONTROL_QUEUE, Settings
 from evalq.shared.errors import InfraError
 from evalq.shared.spec import current_stage, job_queues, run_keys, stage_items, stage_runs
 from evalq.shared.status import FINAL, status_of
@@ -98,10 +100,13 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
         if r.hsetnx(key, f"complete:{stage}", now):
             r.expire(key, ttl)
         since = float(r.hget(key, f"complete:{stage}") or now)
-        if now - since > timing.callback_grace and r.hsetnx(key, f"nudged:{stage}", now):
+        if (now - since > timing.callback_grace and f"nudged:{stage}" not in seen  # (looked for once)
+                and not callback_running(r, job_id, stage)
+                and job_id not in busy_jobs(r, {CONTROL_QUEUE}, {job_id}, unacked=False)
+                and r.hsetnx(key, f"nudged:{stage}", now)):
             fire_callback(client_app(broker_url), r, job_id, stage, force=True)
             actions.append(f"job {job_id}: every item of the {stage} stage is recorded but its callback has "
-                           "not run (a worker was lost at the wrong moment); sent it again")
+                           "neither run nor started (a worker was lost at the wrong moment); sent it again")
     idle_for = now - float(seen["changed_at"])
     if refill and idle_for > timing.callback_grace:
         # chunks waiting in line while nothing moves: a refill may have been lost with a worker
@@ -117,7 +122,8 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
         pipe.execute()
         actions.append(f"job {job_id}: no progress for {idle_for:.0f} s with nothing queued or running; "
                        f"re-sent {outcome['sent']} unfinished chunk(s)"
-                       + (" and the stage's callback" if outcome["callback"] else ""))
+                       + (" and the stage's callback" if outcome["callback"] and not outcome.get("callback_running")
+                          else ""))
     return actions
 
 
@@ -146,8 +152,9 @@ def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
     app = client_app(broker_url)
     stage = current_stage(spec, status)
     if stage_complete(r, job_id, stage):
-        fire_callback(app, r, job_id, stage, force=True)
-        return {"job_id": job_id, "status": status, "stage": stage, "sent": 0, "callback": CALLBACKS[stage]}
+        sent = fire_callback(app, r, job_id, stage, force=True)  # not while it runs
+        return {"job_id": job_id, "status": status, "stage": stage, "sent": 0, "callback": CALLBACKS[stage],
+                "callback_running": not sent}
     sent = send_stage(app, r, job_id, spec, stage, skip_done=True)
     return {"job_id": job_id, "status": status, "stage": stage, "sent": sent, "callback": None}
 

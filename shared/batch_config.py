@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PlainSerializer, PlainValidator, WithJsonSchema
 
+from evalq.shared import bounds
 from evalq.shared.strict import Strict
 
 JudgingMode = Literal["sync", "batch", "auto"]
@@ -95,7 +96,7 @@ class BatchCapacity(Strict):
     jobs, and on Azure the global-batch deployment that answers (default: the
     deployment's own)."""
 
-    enqueued_tokens: int = Field(gt=0, strict=True,
+    enqueued_tokens: int = Field(gt=0, le=bounds.MAX_ENQUEUED_TOKENS, strict=True,
                                  description="estimated tokens its unfinished batches may hold at once")
     deployment: str | None = Field(default=None, min_length=1, max_length=256,
                                    description="Azure: the global-batch deployment name (default: 'deployment')")

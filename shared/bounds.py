@@ -36,6 +36,18 @@ MAX_DEVICE_CHARS = 16        # cpu, cuda:N, mps
 MAX_BATCH_SIZE = 4_096       # bertscore sentences per forward pass
 MAX_THREADS = 256            # bertscore's (unused) nthreads
 
+# --- rates and durations an endpoint may declare (validation) -------------------------
+# Generous for any real deployment, finite for every one: a budget's window, burst and rates
+# shape when every job on a shared deployment may call it.
+MAX_TPM = 200_000_000        # tokens per minute (the largest provider tiers are tens of millions)
+MAX_RPM = 1_000_000          # requests per minute
+MAX_WINDOW_SECONDS = 3_600   # a budget's sliding window (providers enforce 60 s)
+MAX_MAX_TOKENS = 131_072     # completion tokens per call (the longest outputs models offer)
+MAX_TIMEOUT = 600.0          # seconds per HTTP call
+MAX_RETRIES = 10             # retries after 429, 408, 5xx and timeouts
+MAX_CACHE_TTL = 365 * 86400  # seconds a cached judge reply lives
+MAX_ENQUEUED_TOKENS = 10_000_000_000  # a deployment's Batch API quota (Azure's largest is 5 billion)
+
 # --- runtime (workers) ---------------------------------------------------------------
 ITEM_TIMEOUT_ENV, ITEM_TIMEOUT_DEFAULT = "EVALQ_ITEM_TIMEOUT", 30.0
 ROUGE_L_TOKENS_ENV, ROUGE_L_TOKENS_DEFAULT = "EVALQ_MAX_ROUGE_L_TOKENS", 2_000

@@ -10,6 +10,21 @@ from dataclasses import dataclass
 
 CONTROL_QUEUE = "evalq.control"  # stage callbacks
 JOBS_QUEUE = "evalq.jobs"  # job requests (evalq.submit_job): the orchestrator role
+# A tenant's own request queue: evalq.jobs.<tenant>, which Redis ACLs let only that tenant write
+TENANT_QUEUE_PREFIX = JOBS_QUEUE + "."
+
+
+def tenant_queue(tenant: str) -> str:
+    return TENANT_QUEUE_PREFIX + tenant
+
+
+def tenant_of_queue(queue: str | None) -> str | None:
+    """The tenant whose request queue ``queue`` is; None for the shared evalq.jobs (or anything else)."""
+    return queue[len(TENANT_QUEUE_PREFIX):] if queue and queue.startswith(TENANT_QUEUE_PREFIX) else None
+
+
+def is_request_queue(queue: str) -> bool:
+    return queue == JOBS_QUEUE or queue.startswith(TENANT_QUEUE_PREFIX)
 
 
 def env_number(name: str, default: int | float) -> int | float:
@@ -45,6 +60,9 @@ class Settings:
     sweep_interval: float = 5.0
     callback_grace: float = 10.0
     resume_after: float = 15.0
+    # Seconds a stage callback's lease lasts unrenewed: a running callback renews it every
+    # third of that, so one that died is known as such (and sent again) this long after.
+    callback_lease: float = 30.0
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -55,6 +73,7 @@ class Settings:
             sweep_interval=env_number("EVALQ_SWEEP_INTERVAL", 5.0),
             callback_grace=env_number("EVALQ_CALLBACK_GRACE", 10.0),
             resume_after=env_number("EVALQ_RESUME_AFTER", 15.0),
+            callback_lease=env_number("EVALQ_CALLBACK_LEASE", 30.0),
         )
 
 

@@ -162,8 +162,11 @@ def format_from_name(uri: str) -> str:
 
 
 class OutputSpec(Strict):
-    uri: str = Field(description="directory for results: a local path or s3://bucket/prefix/")
+    uri: str | None = Field(default=None, description="directory for results: a local path or s3://bucket/prefix/")
     endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint")
+    log_parameters: bool = Field(
+        default=True, description="log.jsonl lines repeat their entry's parameters, as HarpIA's log does; "
+        "false: lines name their entry by `entry` only (for entries with large parameters)")
 
 
 class RecordError(ValueError):

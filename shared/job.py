@@ -50,6 +50,8 @@ class Job:
     regression: Regression = field(default_factory=Regression)
     # with a jailbreak: the clean instances come first, then their injected variants
     n_clean: int | None = None
+    # validated without keys (``keys_needed=False``): (place, variable) of each key variable not set here
+    unset_keys: list[tuple[str, str]] = field(default_factory=list)
 
     def span(self, run: MetricRun) -> int:
         """How many instance positions (from the first) a metric entry grades: all
@@ -88,16 +90,18 @@ def read_json(path: str | Path) -> Any:
     return read_document(str(path), hint="put the instances in a JSON Lines dataset, which is streamed")
 
 
-def load_job(path: str | Path) -> Job:
-    return parse_job(read_json(path), source=str(path))
+def load_job(path: str | Path, keys_needed: bool = True) -> Job:
+    return parse_job(read_json(path), source=str(path), keys_needed=keys_needed)
 
 
-def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None) -> Job:
+def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None, keys_needed: bool = True) -> Job:
     """Validate a job. With ``roots`` (a job from a request: untrusted), a local
     file it names (a dataset) must lie under one of these directories; it is not
-    opened otherwise."""
+    opened otherwise. ``keys_needed`` False (a plan, an offline check): the judges' and
+    the model's key variables must be named but need not be set here (``Job.unset_keys``)."""
     problems = Problems(source)
     problems.roots = roots
+    problems.keys_needed = keys_needed
     if not isinstance(raw, dict):
         problems.add("top level", f"expected an object with 'instances' and 'metrics', got {kind(raw)}")
         problems.raise_if_any()
@@ -127,7 +131,8 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None) 
         problems.add("suite", suite_problem(suite))
     regression = parse_section(Regression, raw.get("regression", {}), "regression", problems) or Regression()
     job = Job(source=source, instances=[], metrics=metrics, judges=judges, judging=judging, model=model,
-              output=output, scheduling=scheduling, suite=suite, regression=regression)
+              output=output, scheduling=scheduling, suite=suite, regression=regression,
+              unset_keys=problems.unset_keys)
     _load_instances(raw, job, problems)
     if "jailbreak" in raw and not problems.items:
         _add_jailbreak(raw["jailbreak"], job, problems)
@@ -143,7 +148,11 @@ def _parse_model_section(raw: Any, problems: Problems) -> EndpointModel | Python
     if not isinstance(raw, dict):
         problems.add("model", f"expected an object, got {kind(raw)}")
         return None
-    return parse_section(PythonModel if "runner" in raw else EndpointModel, raw, "model", problems)
+    if "runner" in raw:
+        return parse_section(PythonModel, raw, "model", problems)
+    from evalq.shared.deployments import resolve_endpoint
+
+    return parse_section(EndpointModel, resolve_endpoint(raw, "model", problems), "model", problems)
 
 
 def _required_fields(metrics: list[MetricRun]) -> dict[str, list[str]]:
@@ -219,7 +228,7 @@ def _within_roots(uri: str, where: str, problems: Problems) -> bool:
 
 def _s3_allowed(spec, where: str, problems: Problems) -> bool:
     """An S3 dataset or output the operator's lists allow (checked again at every read and write)."""
-    problem = s3_problem(spec.uri, spec.endpoint_url) if is_s3(spec.uri) else None
+    problem = s3_problem(spec.uri, spec.endpoint_url) if spec.uri and is_s3(spec.uri) else None
     if problem:
         problems.add(where, problem)
     return problem is None

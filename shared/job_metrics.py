@@ -93,8 +93,11 @@ def parse_judges(raw: Any, problems: Problems) -> dict[str, JudgeConfig]:
     if not isinstance(raw, dict):
         problems.add("judges", f"expected an object of named judges, got {kind(raw)}")
         return {}
+    from evalq.shared.deployments import resolve_endpoint
+
     judges = {}
     for name, cfg in raw.items():
+        cfg = resolve_endpoint(cfg, f"judges.{name}", problems)  # the operator's catalogue deployments
         judge = parse_section(JudgeConfig, cfg, f"judges.{name}", problems)
         if judge is not None:
             judges[name] = judge
@@ -170,8 +173,13 @@ def _regions(config: EndpointConfig) -> str:
 
 
 def check_key_env(variable: str, where: str, problems: Problems) -> None:
+    """The API key's variable must be set here; for a check that reads no secret
+    (``problems.keys_needed`` False) it is only named, and an unset one is noted."""
     if not os.environ.get(variable):
-        problems.add(where, f"environment variable {variable} is not set (the API key is read from it)")
+        if not problems.keys_needed:
+            problems.unset_keys.append((where, variable))
+        else:
+            problems.add(where, f"environment variable {variable} is not set (the API key is read from it)")
 
 
 def check_endpoints(config, where: str, problems: Problems) -> None:

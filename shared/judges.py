@@ -15,7 +15,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_serializer, model_validator
 
 from evalq.shared import bounds
 from evalq.shared.batch_config import DEFAULT_AUTO_DEADLINE, BatchCapacity, DeadlineField, JudgingMode
@@ -55,21 +55,48 @@ class Price(Strict):
 
 
 class Deployment(Strict):
+    use: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                            description="the operator's catalogue deployment this is (evalq.shared.deployments)")
     region: str = Field(description="region name; the deployment's queue is judge.<region>")
-    tpm: int = Field(gt=0, description="tokens per minute the deployment may use")
-    rpm: int = Field(gt=0, description="requests per minute the deployment may use")
+    tpm: int = Field(gt=0, le=bounds.MAX_TPM, description="tokens per minute the deployment may use")
+    rpm: int = Field(gt=0, le=bounds.MAX_RPM, description="requests per minute the deployment may use")
     endpoint: str | None = Field(default=None, description="Azure: https://<resource>.openai.azure.com")
     deployment: str | None = Field(default=None, description="Azure: the deployment name")
     base_url: str | None = Field(default=None, description="OpenAI-compatible: e.g. http://host:8000/v1")
     # Length of the budget window. 60 s is what providers enforce; shorter
     # windows exist for simulations (evalq judge-sim --window).
-    window_seconds: int = Field(default=60, gt=0)
+    window_seconds: int = Field(default=60, gt=0, le=bounds.MAX_WINDOW_SECONDS)
     burst_seconds: float | None = Field(
-        default=None, ge=0, description="calls are paced evenly at the TPM/RPM rate; this many seconds' "
-        "worth may go at once (default: a sixth of the window; the window's length turns pacing off)")
+        default=None, ge=0, le=bounds.MAX_WINDOW_SECONDS, allow_inf_nan=False,
+        description="calls are paced evenly at the TPM/RPM rate; this many seconds' worth may go at once "
+        "(default: a sixth of the window; at most the window, whose length turns pacing off)")
     price: Price | None = Field(default=None, description="this deployment's price (instead of its judge's)")
     batch: BatchCapacity | None = Field(default=None, description="its Batch API and enqueued-token quota "
                                         "(judging.mode batch/auto); absent: no batch calls")
+
+    # Set by a worker (evalq.shared.deployments.govern), never by a job: the scope of an inline
+    # deployment's budget keys, and a catalogue deployment's job-own lower (tpm, rpm) and job.
+    _scope: str | None = PrivateAttr(default=None)
+    _own: tuple[int, int] | None = PrivateAttr(default=None)
+    _job: str | None = PrivateAttr(default=None)
+
+    def with_scope(self, scope: str | None, own: tuple[int, int] | None = None,
+                   job_id: str | None = None) -> "Deployment":
+        copy = self.model_copy()
+        copy._scope, copy._own, copy._job = scope, own, job_id
+        return copy
+
+    @property
+    def own_limit(self) -> tuple[str, int, int] | None:
+        """(job id, tpm, rpm) of the lower limit a job asked for on a catalogue deployment, or None."""
+        return (self._job, *self._own) if self._own is not None and self._job else None
+
+    @model_validator(mode="after")
+    def _burst_within_window(self) -> "Deployment":
+        if self.burst_seconds is not None and self.burst_seconds > self.window_seconds:
+            raise ValueError(f"burst_seconds ({self.burst_seconds:g}) may be at most window_seconds "
+                             f"({self.window_seconds})")
+        return self
 
     @field_validator("region")
     @classmethod
@@ -86,10 +113,11 @@ class EndpointConfig(Strict):
     model: str
     api_key_env: str = Field(description="environment variable holding the API key")
     api_version: str | None = Field(default=None, description="Azure API version, e.g. 2024-10-21")
-    max_tokens: int = Field(default=400, gt=0, description="completion token limit per call")
+    max_tokens: int = Field(default=400, gt=0, le=bounds.MAX_MAX_TOKENS, description="completion token limit per call")
     temperature: float = Field(default=0.1, ge=0, le=2)
-    timeout: float = Field(default=60.0, gt=0, description="seconds per HTTP call")
-    max_retries: int = Field(default=4, ge=0, description="retries after 429, 408, 5xx, timeouts")
+    timeout: float = Field(default=60.0, gt=0, le=bounds.MAX_TIMEOUT, allow_inf_nan=False,
+                           description="seconds per HTTP call")
+    max_retries: int = Field(default=4, ge=0, le=bounds.MAX_RETRIES, description="retries after 429, 408, 5xx, timeouts")
     deployments: list[Deployment] = Field(min_length=1)
     price: Price | None = Field(default=None, description="price of its tokens (a deployment's own wins)")
 
@@ -127,20 +155,36 @@ class EndpointConfig(Strict):
 
 
 class JudgeConfig(EndpointConfig):
-    output: Literal["json_schema", "tools", "text"] = Field(
-        default="json_schema", description="how the judge is asked for structured output")
+    output: Literal["auto", "json_schema", "json_object", "tools", "text"] = Field(
+        default="auto", description="how the judge is asked for structured output: auto (json_schema, falling "
+        "back to json_object, tools, then text per deployment when its server refuses one), or that one form")
+
+
+def model_identity(config: EndpointConfig) -> str:
+    """Who answers a call, as the judge cache and the job's memo know it: the provider and model,
+    and for an OpenAI-compatible endpoint where it is (a self-hosted ``base_url`` model and
+    OpenAI's model of the same name never answer each other's requests)."""
+    if config.provider == "azure":
+        return f"azure|{config.model}"
+    urls = sorted({(d.base_url or "https://api.openai.com/v1").rstrip("/") for d in config.deployments})
+    return "|".join([config.provider, config.model, *urls])
 
 
 def deployment_id(judge: EndpointConfig, d: Deployment) -> str:
-    """Stable identity of a deployment's quota, shared by every job that uses it."""
+    """Stable identity of a deployment's quota: a catalogue deployment's is its name's, shared by
+    every job that uses it; an inline one's is its endpoint's, scoped to one job where the
+    operator gives inline deployments keys of their own (``evalq.shared.deployments``)."""
+    if d.use is not None:
+        return f"catalogue-{d.use}"
     url = d.endpoint or d.base_url or "https://api.openai.com/v1"
     raw = f"{judge.provider}|{url.rstrip('/')}|{d.deployment or judge.model}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+    base = hashlib.sha256(raw.encode()).hexdigest()[:16]
+    return f"{base}:{d._scope}" if d._scope else base
 
 
 class JudgingOptions(Strict):
     cache: bool = Field(default=True, description="answer identical requests from the Redis cache")
-    cache_ttl: int = Field(default=30 * 24 * 3600, gt=0, description="seconds a cached reply lives")
+    cache_ttl: int = Field(default=30 * 24 * 3600, gt=0, le=bounds.MAX_CACHE_TTL, description="seconds a cached reply lives")
     token_cap: int | None = Field(default=None, gt=0,
                                   description="stop sending judge calls once the job reserved this many tokens")
     cost_cap: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True,

@@ -93,6 +93,11 @@ def views(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:view:{metric_key}"
 
 
+def values(job_id: str, metric_key: str) -> str:
+    """Per chunk, its items' values by field (``evalq.orchestrator.recording.chunk_values``)."""
+    return f"{job_prefix(job_id)}:values:{metric_key}"
+
+
 def timings(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:time:{metric_key}"
 
@@ -111,6 +116,11 @@ def status(job_id: str) -> str:
 
 def plan(job_id: str) -> str:
     return f"{job_prefix(job_id)}:plan"
+
+
+def callback_lease(job_id: str, stage: str) -> str:
+    """Held by the stage's callback while it runs (``evalq.shared.leases``)."""
+    return f"{job_prefix(job_id)}:callback:{stage}"
 
 
 def chunks_done(job_id: str, stage: str) -> str:
@@ -142,7 +152,17 @@ def request(request_id: str) -> str:
 
 
 # What outlives a job (and an embedded Redis, which saves only these).
-PERSISTENT_PREFIXES = (f"{PREFIX}:judgecache:", f"{PREFIX}:budget:")
+PERSISTENT_PREFIXES = (f"{PREFIX}:judgecache:", f"{PREFIX}:budget:", f"{PREFIX}:dialect:")
+
+
+def tenant_spend(tenant: str, kind: str, day: str) -> str:
+    """What a tenant's jobs spent (``kind``: cost in billionths, or tokens) on a UTC day."""
+    return f"{PREFIX}:tenant:{tenant}:{kind}:{day}"
+
+
+def dialect(dep_id: str) -> str:
+    """How a deployment is asked for structured output (``evalq.workers.judge.dialects``)."""
+    return f"{PREFIX}:dialect:{dep_id}"
 
 
 def budget(dep_id: str, part: str) -> str:
@@ -226,5 +246,5 @@ def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
             batch(job_id, "line"), batch(job_id, "touched"), batch(job_id, "sync"), batch(job_id, "open")]
     for m in metric_keys:
         keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m),
-                 accounting(job_id, m)]
+                 values(job_id, m), accounting(job_id, m)]
     return keys

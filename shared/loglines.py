@@ -1,12 +1,13 @@
 """How a ``log.jsonl`` line names its metric entry: written by the final callback
-(``evalq.orchestrator.outputs``), read by ``evalq report`` and ``evalq compare``.
+(``evalq.orchestrator.outputs``), read by ``evalq report``, ``evalq compare`` and history.
 
-A line carries ``metric``, ``name`` (when the job gave one) and ``entry``, the
-entry's position in results.json (and in run.json's ``metrics``), never the
-entry's parameters: results.json and run.json hold those once, where a line each
-would repeat them for every instance (a job's parameters are its own to make
-long). Logs written before lines carried ``entry`` named it by its parameters;
-readers still accept those.
+As in HarpIA's log, a line carries ``metric``, ``name`` (when the job gave one) and
+the entry's ``parameters`` as run (defaults filled in), and beside them ``entry``, the
+entry's position in results.json (and in run.json's ``metrics``). A job whose
+parameters are large (a rubric with many examples) may set ``output.log_parameters``
+to false: its lines then carry ``entry`` only, and results.json and run.json hold
+the parameters once. Readers take a line's entry from ``entry`` when it has one,
+else from its metric, name and parameters (logs written before lines carried ``entry``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from __future__ import annotations
 import json
 
 
-def log_head(entry: dict, slot: int | None) -> dict:
+def log_head(entry: dict, slot: int | None, parameters: bool = True) -> dict:
     """The fields a line of ``entry`` (as stored in a job's spec) starts with; ``slot``
-    is its position in results.json (None for the generation stage's lines)."""
+    is its position in results.json (None for the generation stage's lines);
+    ``parameters``: the entry's parameters too (HarpIA's format, the default)."""
     head: dict = {"metric": entry["id"]}
     if entry.get("name") is not None:
         head["name"] = entry["name"]
+    if parameters:
+        head["parameters"] = entry["parameters"]
     if slot is not None:
         head["entry"] = slot
     return head

@@ -97,13 +97,18 @@ def parse_model_config(raw: dict) -> EndpointModel | PythonModel:
     return (PythonModel if "runner" in raw else EndpointModel).model_validate(raw)
 
 
-def endpoint_config(spec: dict, name: str) -> "EndpointConfig | PythonModel":
-    """What a stored spec's judge ``name`` is, or its model under test (``generate``)."""
+def endpoint_config(spec: dict, name: str, job_id: str | None = None) -> "EndpointConfig | PythonModel":
+    """What a stored spec's judge ``name`` is, or its model under test (``generate``); with the
+    ``job_id`` of a worker that calls it, governed by the operator's catalogue and inline policy
+    (``evalq.shared.deployments.govern``: ValueError when it may not run here)."""
     from evalq.shared.judges import JudgeConfig
 
-    if name == GENERATE:
-        return parse_model_config(spec["model"])
-    return JudgeConfig.model_validate(spec["judges"][name])
+    config = parse_model_config(spec["model"]) if name == GENERATE else JudgeConfig.model_validate(spec["judges"][name])
+    if job_id is None or isinstance(config, PythonModel):
+        return config
+    from evalq.shared.deployments import govern
+
+    return govern(config, job_id)
 
 
 def runner_class(model: PythonModel) -> type:

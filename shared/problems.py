@@ -16,6 +16,10 @@ MAX_PROBLEMS = 25
 class Problems:
     def __init__(self, source: str):
         self.roots: list[Path] | None = None
+        # False for a check that reads no secret (``evalq plan``, ``validate --offline``): a key
+        # variable must be named, not set; the unset ones are kept here, (place, variable)
+        self.keys_needed = True
+        self.unset_keys: list[tuple[str, str]] = []
         self.source = source
         self.items: list[str] = []
         self.truncated = 0

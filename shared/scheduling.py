@@ -32,6 +32,7 @@ from evalq.shared.strict import Strict
 
 PRIORITIES = ("high", "normal", "low")  # strict precedence, first first
 TENANTS_ENV = "EVALQ_TENANTS"
+LIMITS = ("job_cost", "job_tokens", "daily_cost", "daily_tokens")  # a tenant's spend limits
 _TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -58,14 +59,49 @@ class Scheduling(Strict):
 class Tenants:
     weights: dict[str, float] = field(default_factory=dict)
     max_share: dict[str, float] = field(default_factory=dict)
+    max_priority: dict[str, str] = field(default_factory=dict)
+    suites: dict[str, tuple[str, ...]] = field(default_factory=dict)  # the suite patterns a tenant may use
+    job_cost: dict[str, float] = field(default_factory=dict)   # most a job of the tenant may spend (prices' currency)
+    job_tokens: dict[str, int] = field(default_factory=dict)   # most judge tokens a job of the tenant may reserve
+    daily_cost: dict[str, float] = field(default_factory=dict)  # most the tenant's jobs may spend a UTC day
+    daily_tokens: dict[str, int] = field(default_factory=dict)  # most tokens its jobs may reserve a UTC day
 
     def weight(self, tenant: str) -> float:
         return self.weights.get(tenant, 1.0)
+
+    @property
+    def names(self) -> list[str]:
+        """The tenants the operator lists: each has a request queue of its own (evalq.jobs.<tenant>)."""
+        return sorted(set(self.weights) | set(self.max_share) | set(self.max_priority) | set(self.suites)
+                      | set(self.job_cost) | set(self.job_tokens) | set(self.daily_cost) | set(self.daily_tokens))
+
+    def policy(self, table: dict, tenant: str):
+        """A tenant's entry in ``table``, else the default tenant's, else None."""
+        return table.get(tenant, table.get("default"))
+
+    def suite_problem(self, tenant: str, suite: str) -> str | None:
+        """Why ``tenant`` may not write into ``suite`` (its ``suites`` patterns), or None."""
+        import fnmatch
+
+        allowed = self.policy(self.suites, tenant)
+        if allowed is None or any(fnmatch.fnmatchcase(suite, p) for p in allowed):
+            return None
+        return f"suite {suite!r}: tenant {tenant!r} writes only into {' | '.join(allowed)} ({TENANTS_ENV})"
+
+    def priority_problem(self, tenant: str, priority: str) -> str | None:
+        """Why ``tenant`` may not use ``priority`` (its ``max_priority``, else the default tenant's), or None."""
+        allowed = self.max_priority.get(tenant, self.max_priority.get("default", PRIORITIES[0]))
+        if PRIORITIES.index(priority) < PRIORITIES.index(allowed):
+            return f"priority {priority!r}: tenant {tenant!r} may use at most {allowed!r} ({TENANTS_ENV})"
+        return None
 
     @classmethod
     def parse(cls, text: str, source: str = TENANTS_ENV) -> "Tenants":
         weights: dict[str, float] = {}
         caps: dict[str, float] = {}
+        priorities: dict[str, str] = {}
+        suites: dict[str, tuple[str, ...]] = {}
+        limits: dict[str, dict] = {key: {} for key in LIMITS}
         for entry in re.split(r"[;,\n]", text):
             entry = entry.strip()
             if not entry:
@@ -77,8 +113,21 @@ class Tenants:
                 number = float(value)
             except ValueError:
                 number = math.nan
+            if dot and key == "max_priority" and _TENANT.match(tenant) and value.strip() in PRIORITIES:
+                priorities[tenant] = value.strip()
+                continue
+            if dot and key == "suites" and _TENANT.match(tenant) and value.strip():
+                suites[tenant] = tuple(p.strip() for p in value.split("|") if p.strip())
+                continue
+            if dot and key in LIMITS and _TENANT.match(tenant):
+                if not (math.isfinite(number) and number > 0):
+                    raise JobError(f"{source}: {entry!r}: {key} must be a number > 0")
+                limits[key][tenant] = number if key.endswith("cost") else int(number)
+                continue
             if not eq or not _TENANT.match(tenant) or (dot and key != "max_share") or not math.isfinite(number):
-                raise JobError(f"{source}: {entry!r}: expected <tenant>=<weight> or <tenant>.max_share=<fraction>")
+                raise JobError(f"{source}: {entry!r}: expected <tenant>=<weight>, <tenant>.max_share=<fraction>, "
+                               "<tenant>.max_priority=high|normal|low, <tenant>.suites=<pattern>|..., "
+                               "<tenant>.job_cost|daily_cost=<money> or <tenant>.job_tokens|daily_tokens=<tokens>")
             if dot:
                 if not 0 < number <= 1:
                     raise JobError(f"{source}: {entry!r}: max_share must be more than 0 and at most 1")
@@ -87,7 +136,8 @@ class Tenants:
                 if number <= 0:
                     raise JobError(f"{source}: {entry!r}: a weight must be more than 0")
                 weights[tenant] = number
-        return cls(weights, caps)
+        return cls(weights, caps, priorities, suites, limits["job_cost"], limits["job_tokens"], limits["daily_cost"],
+                   limits["daily_tokens"])
 
     @classmethod
     def from_env(cls) -> "Tenants":

@@ -18,11 +18,22 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Sequence
+from typing import Mapping, Sequence, Tuple, Union
 
 Z95 = 1.959963984540054
 SEED = 20261123
 RESAMPLES = 2000
+
+
+# A series' per-instance values: columns (instance ids, values), or a mapping id -> value
+Items = Union[Tuple[Sequence[str], Sequence[float]], Mapping[str, float]]
+
+
+def columns(items: Items) -> tuple[Sequence[str], Sequence[float]]:
+    """``items`` as columns (instance ids, values in the same order)."""
+    if isinstance(items, Mapping):
+        return list(items), list(items.values())
+    return items
 
 
 def wilson(k: int, n: int, z: float = Z95) -> list[float] | None:

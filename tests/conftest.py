@@ -25,6 +25,9 @@ os.environ.setdefault("EVALQ_ENDPOINTS", "*=http://127.0.0.1:*")
 # ... and reach S3 (moto) on loopback only, in any bucket there
 os.environ.setdefault("EVALQ_S3_ENDPOINTS", "http://127.0.0.1:*")
 os.environ.setdefault("EVALQ_S3_PREFIXES", "s3://*")
+# the test clusters' operator lets jobs share the budgets of the deployments they declare (the tests
+# of a catalogue and of the other policies set their own)
+os.environ.setdefault("EVALQ_INLINE_DEPLOYMENTS", "shared")
 # test clusters start many jobs workers on one machine: the backlog endpoint only where a test asks
 os.environ.setdefault("EVALQ_BACKLOG_PORT", "0")
 # a key variable that is always set, for jobs that are validated but never call out

@@ -65,7 +65,7 @@ def _endpoint_config(r: redis.Redis, job_id: str, name: str):
 
     spec = stored_spec(r, job_id)
     options = JudgingOptions.model_validate(spec["judging"])
-    config = endpoint_config(spec, name)
+    config = endpoint_config(spec, name, job_id)  # governed by this worker's catalogue (ValueError: refused)
     if name == GENERATE:
         # the token cap bounds judge spend (the cost cap, money, bounds both); generation follows
         # the model's own cache setting
@@ -80,20 +80,41 @@ def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, d
     from evalq.workers.judge.client import JudgeClient
 
     name = GENERATE if metric_key == GENERATE else params.judge
-    config, options = _endpoint_config(r, job_id, name)
+    try:
+        config, options = _endpoint_config(r, job_id, name)
+    except ValueError as exc:  # the operator's catalogue or inline policy refuses it: each item says why
+        refused = Refused(str(exc))
+        if metric_key == GENERATE:
+            from evalq.workers.generate import EndpointRunner
+
+            return EndpointRunner(refused, None)
+        return refused
     if isinstance(config, PythonModel):
         from evalq.workers.generate import python_runner
 
         return python_runner(config)
     memo = metric_key != GENERATE and REGISTRY.get(stored_spec(r, job_id)["metrics"][metric_key]["id"]).memo
     client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment, memo=memo,
-                         keeper=keeper)
+                         keeper=keeper, tenant=(stored_spec(r, job_id).get("scheduling") or {}).get("tenant"))
     client.batch = batch_lines(r, job_id, metric_key, name, config, options, params, client.deployments)
     if metric_key == GENERATE:
         from evalq.workers.generate import EndpointRunner
 
         return EndpointRunner(client, config.system)
     return client
+
+
+class Refused:
+    """What a judge or model the operator's catalogue or inline policy refuses answers: every
+    call, an item error saying why; nothing is sent."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def complete(self, *_args, **_kwargs):
+        from evalq.workers.judge.client import JudgeError
+
+        raise JudgeError(f"not sent: {self.reason}")
 
 
 def batch_lines(r: redis.Redis, job_id: str, metric_key: str, name: str, config: Any, options: Any,
@@ -219,14 +240,17 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     new = {p: k["record"] for p, k in kept.items() if "record" in k} | dict(zip(positions, records))
     items = _chunk_records(r, job_id, metric_key, start, stop, dict(new))
     part = chunk_part(spec.aggregation, params.model_dump(mode="json"), [rec for _, rec in items])
-    view = None
-    if metric_key != GENERATE:  # what report.html needs of the chunk, so the final callback parses no record
+    view = values = None
+    if metric_key != GENERATE:  # what report.html and the history store need of the chunk, so the
+        from evalq.orchestrator.recording import chunk_values  # final callback parses no record
         from evalq.orchestrator.report import chunk_view
+        from evalq.shared.results import read
 
-        whole = stored_spec(r, job_id)
-        view = chunk_view(items, span(whole, whole["metrics"][metric_key]), start, spec.aggregation,
-                          params.model_dump(mode="json"))
-    _write(r, job_id, metric_key, start, new, elapsed, part, view,
+        whole, dumped = stored_spec(r, job_id), params.model_dump(mode="json")
+        readings = [read(spec.aggregation, dumped, record) for _, record in items]  # each record read once
+        view = chunk_view(items, readings, span(whole, whole["metrics"][metric_key]), start)
+        values = chunk_values(items, readings)
+    _write(r, job_id, metric_key, start, new, elapsed, part, view, values,
            kept=range(start, stop) if spec.calls_endpoint else range(0))
     # every record in ``new`` went to res:{M} just now (one kept by a deferred run of the
     # chunk was never written there), so each item counts once, as results.json counts it
@@ -282,7 +306,8 @@ def _chunk_records(r: redis.Redis, job_id: str, metric_key: str, start: int, sto
 
 
 def _write(r: redis.Redis, job_id: str, metric_key: str, start: int, records: dict[int, dict], elapsed: float,
-           part: dict | None = None, view: dict | None = None, kept: range = range(0)) -> None:
+           part: dict | None = None, view: dict | None = None, values: dict | None = None,
+           kept: range = range(0)) -> None:
     pipe = r.pipeline(transaction=True)
     if records:
         # HSET by instance position: a redelivered chunk overwrites, it never adds.
@@ -294,5 +319,7 @@ def _write(r: redis.Redis, job_id: str, metric_key: str, start: int, records: di
         pipe.hset(keys.parts(job_id, metric_key), str(start), json.dumps(part))
     if view is not None:
         pipe.hset(keys.views(job_id, metric_key), str(start), json.dumps(view, ensure_ascii=False))
+    if values is not None:
+        pipe.hset(keys.values(job_id, metric_key), str(start), json.dumps(values, ensure_ascii=False))
     pipe.hincrbyfloat(keys.timings(job_id, metric_key), str(start), elapsed)
     pipe.execute()

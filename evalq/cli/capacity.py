@@ -133,7 +133,30 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
                                   else f"{q['queue']} workers"),
                    "fits_window": slowest <= window_s}
     return {"n_instances": n, "window_s": window_s, "queues": queues, "endpoints": list(endpoints.values()),
-            "binding": binding}
+            "binding": binding, "keys": key_variables(job)}
+
+
+def key_variables(job: Job) -> list[dict[str, Any]]:
+    """The API key variables the job names (its judges' and its model's), each with its place
+    and whether it is set here: a plan or an offline check reads none of them."""
+    places = [(f"judges.{name}.api_key_env", judge.api_key_env) for name, judge in sorted(job.judges.items())
+              if any(m.judge is judge for m in job.metrics)]
+    if getattr(job.model, "api_key_env", None):
+        places.append(("model.api_key_env", job.model.api_key_env))
+    unset = {variable for _, variable in job.unset_keys}
+    return [{"variable": variable, "where": where, "set": variable not in unset} for where, variable in places]
+
+
+def render_keys(found: list[dict[str, Any]]) -> list[str]:
+    """What a keyless check says of the key variables: named, and which are not set here."""
+    if not found:
+        return []
+    missing = [k for k in found if not k["set"]]
+    line = "keys: named, not read: " + ", ".join(f"{k['variable']} ({k['where']})" for k in found)
+    if missing:
+        line += (f"; not set here: {', '.join(sorted({k['variable'] for k in missing}))} (the workers that "
+                 "call the endpoints need them)")
+    return [line]
 
 
 def render(plan: dict) -> list[str]:
@@ -156,4 +179,4 @@ def render(plan: dict) -> list[str]:
                      + ("" if b["fits_window"] else "; it does NOT fit the window: add TPM/RPM (deployments), "
                                                    "not workers" if "TPM" in b["constraint"] or "RPM" in
                         b["constraint"] else "; it does NOT fit the window"))
-    return lines
+    return lines + render_keys(plan.get("keys", []))

@@ -99,6 +99,9 @@ def resume(job_id: str, broker: str | None) -> None:
     done = resume_job(waiting.connect(broker), broker, job_id)
     if done["stage"] is None:
         click.echo(f"job {job_id}: {done['status']}; nothing to resume")
+    elif done.get("callback_running"):
+        click.echo(f"job {job_id}: every chunk of the {done['stage']} stage has finished and its callback "
+                   f"({done['callback']}) is running; nothing to resume")
     elif done["callback"]:
         click.echo(f"job {job_id}: every chunk of the {done['stage']} stage has finished; "
                    f"sent its callback ({done['callback']}) again")
@@ -126,7 +129,10 @@ def status(job_id: str | None, broker: str | None, as_json: bool, limit: int, st
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
-        click.echo(jobs.render(info, one=bool(job_id)))
+        from evalq.shared.display import printable
+
+        # names and errors a job gave, one line each on the terminal, no control characters
+        click.echo("\n".join(printable(line, 100_000) for line in jobs.render(info, one=bool(job_id)).splitlines()))
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -174,3 +180,34 @@ def flower(broker: str | None, address: str, port: int, basic_auth: str | None, 
     os.execvpe(argv[0], argv, env)
 
 
+
+
+@cli.group()
+def tenants() -> None:
+    """Tenants' identities on a shared cluster (EVALQ_TENANTS)."""
+
+
+@tenants.command("acl")
+@broker_option
+@click.option("--apply", "apply_", is_flag=True, help="Create or update the users on the broker (ACL SETUSER).")
+@click.option("--show-passwords", is_flag=True, help="Print the passwords in the lines (for an ACL file).")
+def tenants_acl(broker: str | None, apply_: bool, show_passwords: bool) -> None:
+    """The Redis ACL user of each listed tenant: it writes only evalq.jobs.<tenant> and reads only
+    replies:<tenant>:*. Passwords come from EVALQ_TENANT_PASSWORD_<TENANT>. Without --apply the
+    ACL file lines are printed (passwords hidden unless --show-passwords)."""
+    from evalq.shared.scheduling import Tenants
+    from evalq.shared.tenant_acl import acl_line, tenant_users
+
+    users, missing = tenant_users(Tenants.from_env().names)
+    if missing:
+        raise JobError([f"{name}: not set (the password of a tenant EVALQ_TENANTS lists)" for name in missing])
+    if not users:
+        raise JobError("EVALQ_TENANTS lists no tenant: nothing to do")
+    if apply_:
+        r = waiting.connect(need_broker(broker))
+        for tenant, rules in users.items():
+            r.execute_command("ACL", "SETUSER", tenant, *rules)
+            click.echo(f"tenant {tenant}: user {tenant} may write evalq.jobs.{tenant} and read replies:{tenant}:*")
+        return
+    for tenant, rules in users.items():
+        click.echo(acl_line(tenant, rules, hide=not show_passwords))

@@ -19,15 +19,16 @@ broker_option = click.option(
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """evalq: distributed evaluation of LLM applications."""
-    from evalq.shared import bounds, scheduling
+    from evalq.shared import bounds, deployments, scheduling
     from evalq.shared.config import Settings
     from evalq.shared.limits import Limits
 
-    # every EVALQ_* number is read up front: a bad one is reported before anything starts
+    # every EVALQ_* setting is read up front: a bad one is reported before anything starts
     Settings.from_env()
     Limits.from_env()
     bounds.check_env()
     scheduling.check_env()
+    deployments.check_env()  # the operator's catalogue of deployments, validated whole
 
 
 def need_broker(broker: str | None) -> str:

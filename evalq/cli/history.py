@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from evalq.cli.common import cli
+from evalq.shared.display import printable
 
 
 @cli.command()
@@ -66,11 +67,11 @@ def _print_suites(suites: list[dict]) -> None:
     if not suites:
         click.echo("no run recorded yet")
         return
-    click.echo(f"{'suite':<32} {'runs':>5}  {'last run':<25} {'status':<10} {'regr':>4} {'cost':>10}")
+    click.echo(f"{'suite':<32} {'tenant':<12} {'runs':>5}  {'last run':<25} {'status':<10} {'regr':>4} {'cost':>10}")
     for s in suites:
         last = s["last"]
-        click.echo(f"{s['suite']:<32} {s['runs']:>5}  {last['finished_at']:<25} {last['status']:<10} "
-                   f"{last['regressions']:>4} {_num(last['cost'], 2):>10}")
+        click.echo(f"{s['suite']:<32} {printable(s.get('tenant') or '-', 12):<12} {s['runs']:>5}  "
+                   f"{last['finished_at']:<25} {last['status']:<10} {last['regressions']:>4} {_num(last['cost'], 2):>10}")
 
 
 def _print_runs(doc: dict) -> None:
@@ -88,11 +89,11 @@ def _print_runs(doc: dict) -> None:
         click.echo("")
         click.echo("values, oldest first:")
         for (name, field), values in series.items():
-            label = name if field == "mean" else f"{name}.{field}"
+            label = printable(name if field == "mean" else f"{name}.{field}", 30)
             click.echo(f"  {label:<30} " + " ".join(f"{_num(values.get(run['job_id'])):>8}" for run in runs))
     for run in runs:
         for f in run["regressions"]:
-            label = f["name"] if f["field"] == "mean" else f"{f['name']}.{f['field']}"
+            label = printable(f["name"] if f["field"] == "mean" else f"{f['name']}.{f['field']}")
             click.echo(f"REGRESSION {run['finished_at']} job {run['job_id']}: {label} {f['value']:.4f} vs baseline "
                        f"{f['baseline']:.4f} ({f['delta']:+.4f}, p={f['p_value']:.3g}, "
                        f"{'paired' if f['paired'] else 'unpaired'}, n={f['n']})")

@@ -47,14 +47,17 @@ def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | N
 
 @cli.command()
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
-def validate(job_file: Path) -> None:
+@click.option("--offline", is_flag=True,
+              help="Read no secret: the judges' and the model's key variables must be named, not set here.")
+def validate(job_file: Path, offline: bool) -> None:
     """Check JOB_FILE (and its dataset) without running it."""
     from collections import Counter
 
+    from evalq.cli.capacity import key_variables, render_keys
     from evalq.orchestrator.submit import plan
     from evalq.shared.job import load_job
 
-    job = load_job(job_file)
+    job = load_job(job_file, keys_needed=not offline)
     describe(job, job_file, err=False)
     repeated = {m.id for m in job.metrics if sum(o.id == m.id for o in job.metrics) > 1}
     metrics = ", ".join(f"{m.label} (metrics[{m.position}], {m.spec.queue})" if m.id in repeated
@@ -62,6 +65,9 @@ def validate(job_file: Path) -> None:
     per_queue = Counter(chunk.queue for chunk in plan(job, runs=job.runs))
     tasks = ", ".join(f"{n} on {q}" for q, n in sorted(per_queue.items()))
     click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}; tasks: {tasks}")
+    if offline:
+        for line in render_keys(key_variables(job)):
+            click.echo(line)
 
 
 @cli.command()
@@ -127,6 +133,9 @@ def worker(queues: str, broker: str | None, concurrency: int | None, pool: str |
     from evalq.cli.workerargs import worker_argv
 
     os.environ["EVALQ_BROKER_URL"] = broker
+    from evalq.shared.deployments import WORKER_ENV
+
+    os.environ[WORKER_ENV] = "1"  # a cluster's worker: jobs' own deployments default to keys of their own
     consumed = [q.strip() for q in queues.split(",") if q.strip()]
     prepare_node(consumed, broker)  # EVALQ_METRICS_PORT: before any import of prometheus_client
     from evalq.orchestrator.app import app
@@ -159,7 +168,8 @@ def plan_command(job_file: Path, window: str, cpu_items_per_s: float, gpu_pairs_
     from evalq.shared.job import load_job
 
     window_s = _duration(window)
-    result = plan_job(load_job(job_file), window_s, cpu_items_per_s, gpu_pairs_per_s)
+    # a plan reads no secret: the key variables are named, and those not set here are said so
+    result = plan_job(load_job(job_file, keys_needed=False), window_s, cpu_items_per_s, gpu_pairs_per_s)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
@@ -215,8 +225,10 @@ def compare(base: str, new: str, gates: tuple[str, ...], as_json: bool, html: st
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
+        from evalq.shared.display import printable
+
         for line in comparing.render(report, outcome):
-            click.echo(line)
+            click.echo(printable(line, 100_000))  # names and instance ids a job gave: no control characters
     failed = [g["gate"] for g in outcome if not g["passed"]]
     if failed:
         raise comparing.GateFailed(f"{len(failed)} gate(s) failed: {'; '.join(failed)}")

@@ -61,8 +61,10 @@ def _embedded_env(job: Job, dest: Destination) -> dict[str, str]:
     from evalq.shared.egress import job_places
     from evalq.shared.endpoints import ENV, job_endpoints
 
+    from evalq.shared.deployments import INLINE_ENV
+
     configs = list(job.judges.values()) + ([job.model] if hasattr(job.model, "deployments") else [])
-    env = {ENV: job_endpoints(configs)}
+    env = {ENV: job_endpoints(configs), INLINE_ENV: "shared"}  # the user's own cluster: its own deployments
     places = job_places(job, dest.uri)
     if dest.endpoint_url:
         places["EVALQ_S3_ENDPOINTS"] = ",".join(filter(None, [places["EVALQ_S3_ENDPOINTS"],

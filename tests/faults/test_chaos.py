@@ -247,3 +247,28 @@ def test_a_reply_answered_while_redis_is_down_is_written_when_it_is_back(tmp_pat
             server.terminate()
             server.wait(10)
         assert sorted(sim.answered("chaos").values()) == [1, 1, 1, 1]  # no call paid twice
+
+
+def test_a_worker_killed_holding_kombus_restore_lock_stalls_nothing_for_long(private_redis):
+    """A chaos drill once stalled: a worker SIGKILLed while it held kombu's ``unacked_mutex`` (the
+    lock around restoring a dead worker's messages) left it for kombu's default 300 s, and no
+    message came back meanwhile. Every evalq worker now sets that lock to lapse with the visibility
+    timeout (at least 10 s): the lock a dead holder leaves is gone as soon as its messages are due."""
+    import redis
+    from kombu import Connection
+
+    from evalq.orchestrator.app import _transport_options
+    from evalq.shared.config import Settings
+
+    for vt, expected in ((8, 10), (60, 60), (3600, 300)):
+        options = _transport_options(Settings(broker_url=None, visibility_timeout=vt, result_ttl=60))
+        assert options["unacked_mutex_expire"] == expected
+    # what a worker holding the lock leaves in Redis, through kombu's own code
+    options = _transport_options(Settings(broker_url=None, visibility_timeout=8, result_ttl=60))
+    with Connection(private_redis, transport_options=options) as conn:
+        channel = conn.default_channel
+        from kombu.transport.redis import Mutex
+
+        with Mutex(channel.client, channel.unacked_mutex_key, channel.unacked_mutex_expire):
+            ttl = redis.Redis.from_url(private_redis).ttl(channel.unacked_mutex_key)
+    assert 0 < ttl <= 10

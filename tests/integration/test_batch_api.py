@@ -268,3 +268,28 @@ def test_an_endpoint_off_the_allow_list_is_refused_before_anything_is_sent(sim, 
         allowed.upload(b'{"x": 1}\n')
     assert refused.value.retryable
     assert b"".join(trap.received).startswith(b"POST /v1/files")
+
+
+def test_an_output_file_is_read_within_its_lines_bound_and_foreign_lines_are_passed_over(sim, clock, monkeypatch):
+    """A batch's output is read streamed, up to what its lines can take (and the operator's
+    EVALQ_BATCH_OUTPUT_MAX_BYTES): a larger file is not read, its lines fail (and go into another
+    batch). A line for a custom_id evalq did not send is passed over before its reply is read."""
+    from evalq.workers.judge.batch_api import OUTPUT_MAX_ENV, line_bound, read_outcomes
+
+    judge = openai_judge(sim)
+    refs, lines = calls(judge, 5, uuid.uuid4().hex)
+    client = BatchClient(judge, judge.deployments[0])
+    status = until_ended(client, client.submit(lines).id, clock)
+    expected = [cid for cid, _ in lines]
+    whole = client.file_content(status.output_file_id)
+    assert all(isinstance(o, Reply) for o in client.results(status, expected=expected).values())
+    monkeypatch.setenv(OUTPUT_MAX_ENV, str(len(whole) - 1))
+    cut = client.results(status, expected=expected)
+    assert set(cut) == set(expected)
+    assert all(isinstance(o, LineError) and o.code == "output_too_large" and OUTPUT_MAX_ENV in o.message
+               for o in cut.values()), cut
+    # foreign and oversized lines are skipped; the expected ones read as before
+    foreign = json.dumps({"custom_id": "ev1-someone-else", "response": {"status_code": 200, "body": {}}})
+    huge = json.dumps({"custom_id": expected[0], "pad": "x" * (line_bound(judge) + 1)})
+    mixed = read_outcomes(whole + f"\n{foreign}\n{huge}\n".encode(), set(expected[1:]), line_bound(judge))
+    assert set(mixed) == set(expected[1:])

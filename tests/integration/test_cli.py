@@ -43,11 +43,11 @@ def test_embedded_run_of_the_example(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert [m["metric"] for m in results] == enabled
     log = read_log(out)
-    # each line names its entry by its position in results.json, which holds the parameters once
+    # each line names its entry by its position in results.json, and (HarpIA's log) by its parameters
     pairs = [(line["instance_id"], line["metric"], line["entry"]) for line in log]
     assert sorted(pairs) == sorted((i["id"], m["metric"], k)
                                    for i in job["instances"] for k, m in enumerate(results))
-    assert not any("parameters" in line for line in log)
+    assert all(line["parameters"] == results[line["entry"]]["parameters"] for line in log)
     assert len(set(pairs)) == len(pairs)
     time.sleep(0.5)
     assert processes_with_marker(marker) == [], "embedded Redis or workers left running"

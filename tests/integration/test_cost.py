@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 SECRET = "sk-evalq-test-" + uuid.uuid4().hex
 KEY_ENV = "TEST_COST_API_KEY"
 REGIONS = ("lab", "eu", "gen")  # two judge deployments, and the model under test's own
+DAILY = 1.5
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,9 @@ def sim():
 @pytest.fixture(scope="module")
 def worker(redis_url, tmp_path_factory):
     os.environ[KEY_ENV] = SECRET  # validation in this process checks the key variable is set
+    # tenant 'ads' may spend DAILY a UTC day across its jobs (the operator's policy, on the workers)
     yield from running_worker(redis_url, "judge.lab,judge.eu,generate.gen", tmp_path_factory.mktemp("cost-workers"),
-                              "cost", concurrency=8)
+                              "cost", concurrency=8, env={"EVALQ_TENANTS": f"ads=1;ads.daily_cost={DAILY}"})
 
 
 def endpoint(sim, regions, price=None, deployment_prices=None, max_tokens=100, **extra) -> dict:
@@ -212,3 +214,39 @@ def test_cost_cap_holds_the_worst_case_and_settles_to_the_cost(redis_url):
     assert CostCap(r, job_id, None).hold(price, 100, 200) == 0  # no cap: nothing held
     assert int(r.get(keys.job_cost(job_id))) == 123_000_000
     r.delete(keys.job_cost(job_id))
+
+
+def test_a_tenants_daily_spend_holds_across_its_jobs(sim, worker, redis_url, tmp_path):
+    """Spend limits are the operator's and hold across a tenant's jobs: two jobs of tenant 'ads'
+    together spend at most its daily_cost; their items past it carry the limit's error; a job of
+    another tenant on the same judge is not held by it."""
+    import datetime
+
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    r.delete(f"evalq:tenant:ads:cost:{day}")
+    tag = uuid.uuid4().hex
+
+    def job(tenant: str, k: int) -> dict:
+        return {"instances": [{"id": f"{tenant}{k}-{i}", "input": f"Question {i} {tag} {k}?", "actual-output": "An answer.",
+                               "context": "Context."} for i in range(10)],
+                "judges": {"sim": endpoint(sim, ["lab"], JUDGE_PRICE, output="text")}, "judging": {"cache": False},
+                "scheduling": {"tenant": tenant}, "metrics": [{"id": "coherence", "parameters": {"judge": "sim"}}]}
+
+    costs, errors = [], []
+    for k in range(2):
+        run(job("ads", k), tmp_path / f"ads{k}", redis_url, chunk_size=5)
+        result = json.loads((tmp_path / f"ads{k}" / "results.json").read_text())[0]
+        costs.append(result["judge"]["cost"])
+        errors += [line["error"] for line in read_log(tmp_path / f"ads{k}") if "error" in line]
+    assert 0 < sum(costs) <= DAILY  # what both jobs paid, together
+    assert costs[0] > 0 and errors  # the first spent up to the limit; the rest of the items were refused
+    assert all(e == f"CostCapReached: tenant 'ads''s daily cost limit of {DAILY:g} reached (EVALQ_TENANTS)"
+               for e in errors), errors[:2]
+    assert len(errors) == 20 - sum(json.loads((tmp_path / f"ads{k}" / "results.json").read_text())[0]["n"]
+                                   for k in range(2))
+    run(job("search", 0), tmp_path / "search", redis_url, chunk_size=5)
+    other = json.loads((tmp_path / "search" / "results.json").read_text())[0]
+    assert (other["n"], other["n_errors"]) == (10, 0)

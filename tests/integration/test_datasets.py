@@ -215,7 +215,7 @@ def test_model_under_test_generates_then_metrics_run_and_rerun_uses_cache(tmp_pa
         log = read_log(tmp_path / out)
         generated = [line for line in log if line["metric"] == "generate"]
         assert [line["instance_id"] for line in generated] == ["1", "2"]
-        assert "parameters" not in generated[0]  # run.json has the model's, once
+        assert "parameters" not in generated[0]  # not a metric: run.json has the model's, once
         run = json.loads((tmp_path / out / "run.json").read_text())
         assert run["generation"]["parameters"]["prompt_template"] == "Answer in one line: $model_input"
         scores = {line["instance_id"]: line["result"] for line in log if line["metric"] == "exact_match"}

@@ -55,7 +55,7 @@ def run(job_dict, out: Path, redis_url) -> list[dict]:
     return run_job(parse_job(job_dict), out, broker=redis_url, progress=False, stall_timeout=120)
 
 
-@pytest.mark.parametrize("output", ["json_schema", "tools", "text"])
+@pytest.mark.parametrize("output", ["auto", "json_schema", "json_object", "tools", "text"])
 def test_scores_parse_in_every_reply_form(sim, judge_worker, redis_url, tmp_path, output):
     instances = [qa(i, f"Answer {i} {uuid.uuid4().hex} [[sim:score={1 + i % 5}]]") for i in range(10)]
     job = {"instances": instances, "judges": judges(sim, output), "judging": {"cache": False},
@@ -122,6 +122,27 @@ def test_unchanged_rerun_is_answered_from_cache(sim, judge_worker, redis_url, tm
     assert second["relevance"]["judge"]["cache_hits"] == 8
     assert first["relevance"]["judge"]["calls"] == 8
     assert first["relevance"]["score"] == second["relevance"]["score"]
+
+
+def test_a_model_of_the_same_name_elsewhere_is_not_answered_from_the_cache(sim, judge_worker, redis_url, tmp_path):
+    """Two judges of one model name on two endpoints (a self-hosted base_url, and another): the
+    cache and the job's memo know who answers a call, so neither answers the other's requests."""
+    tag = uuid.uuid4().hex
+    instances = [qa(i, f"{tag} answer {i}") for i in range(6)]
+    here, there = judges(sim, regions=("lab",))["sim"], judges(sim, regions=("eu",))["sim"]
+    first = {"instances": instances, "judges": {"sim": here},
+             "metrics": [{"id": "relevance", "parameters": {"judge": "sim"}}]}
+    run(first, tmp_path / "here", redis_url)
+    eu_before = sim.stats("eu")["requests"]
+    both = {"instances": instances, "judges": {"sim": here, "other": there},
+            "metrics": [{"id": "relevance", "parameters": {"judge": "sim"}},
+                        {"id": "relevance", "parameters": {"judge": "other"}}]}
+    run(both, tmp_path / "both", redis_url)
+    results = json.loads((tmp_path / "both" / "results.json").read_text())
+    assert results[0]["judge"]["cache_hits"] == 6 and results[0]["judge"]["calls"] == 0  # the same endpoint
+    assert results[1]["judge"]["cache_hits"] == 0 and results[1]["judge"]["calls"] == 6  # its own endpoint
+    assert results[1]["judge"]["reused"] == 0
+    assert sim.stats("eu")["requests"] - eu_before == 6
 
 
 def test_token_cap_skips_items_without_losing_them(sim, judge_worker, redis_url, tmp_path):

@@ -100,7 +100,9 @@ def test_redis_blips_after_many_deferrals_are_still_retried(redis_url, cpu_worke
     job = parse_job({"instances": [{"id": "1", "actual-output": "a"}], "metrics": [
         {"id": "stubborn", "parameters": {"counter": str(counter), "defers": 7, "blips": 2}}]})
     run_job(job, tmp_path / "out", broker=redis_url, progress=False, stall_timeout=60)
-    assert read_log(tmp_path / "out") == [{"instance_id": "1", "metric": "stubborn", "entry": 0, "result": 10}]
+    assert read_log(tmp_path / "out") == [{"instance_id": "1", "metric": "stubborn",
+                                           "parameters": {"counter": str(counter), "defers": 7, "blips": 2},
+                                           "entry": 0, "result": 10}]
 
 
 def test_summary_from_chunk_parts_equals_summary_from_items(redis_url, cpu_worker, tmp_path):
@@ -162,3 +164,60 @@ def test_an_ended_job_keeps_its_keys_for_the_result_ttl_only(redis_url, cpu_work
     assert len(names) >= 10
     ttls = {name: r.ttl(name) for name in names}
     assert all(0 < t <= 5000 for t in ttls.values()), ttls
+
+
+def test_log_lines_carry_their_parameters_unless_the_job_says_not(redis_url, cpu_worker, tmp_path):
+    """HarpIA's log: each line reproduces its metric's parameters as run; ``output.log_parameters``
+    false (entries with large parameters) leaves them to results.json, and lines keep ``entry``."""
+    instances = synthetic(6)
+    metrics = [{"id": "bleu", "parameters": {"weights": [0.5, 0.5], "smoothing_function": "method1"}},
+               {"id": "bleu", "parameters": {"smoothing_function": "method3"}}, {"id": "f1_score"}]
+    for log_parameters, out in ((True, tmp_path / "harpia"), (False, tmp_path / "short")):
+        job = parse_job({"instances": instances, "metrics": metrics,
+                         **({} if log_parameters else {"output": {"log_parameters": False}})})
+        run_job(job, out, broker=redis_url, chunk_size=4, progress=False)
+        results, log = json.loads((out / "results.json").read_text()), read_log(out)
+        assert len(log) == len(results) * len(instances)
+        for line in log:
+            assert line["metric"] == results[line["entry"]]["metric"]
+            if log_parameters:
+                assert line["parameters"] == results[line["entry"]]["parameters"]
+            else:
+                assert "parameters" not in line
+    assert read_log(tmp_path / "harpia")[0]["parameters"] == {"weights": [0.5, 0.5], "smoothing_function": "method1",
+                                                              "auto_reweigh": False}
+    assert [{k: v for k, v in line.items() if k != "parameters"} for line in read_log(tmp_path / "harpia")] == \
+        read_log(tmp_path / "short")
+
+
+def test_history_values_kept_by_the_workers_equal_those_read_from_the_records(redis_url, cpu_worker, tmp_path):
+    """The final callback records per-instance values in the history store from what each chunk's
+    worker kept (it parses no item record); they equal what reading every record gives."""
+    import redis
+
+    from evalq.orchestrator.recording import item_fields
+    from evalq.shared.registry import REGISTRY
+    from evalq.shared.spec import entry_chunks, stored_spec
+
+    instances = synthetic(31, seed=9)
+    instances[4]["actual-output"] = "FAIL here"
+    job = parse_job({"instances": instances, "metrics": [
+        {"id": "rouge", "parameters": {"rouge_types": ["rouge1", "rougeL"]}}, {"id": "f1_score"},
+        {"id": "fail_on"}, {"id": "exact_match"}]})
+    run_job(job, tmp_path, broker=redis_url, chunk_size=4, progress=False)
+    r = redis.Redis.from_url(redis_url)
+    job_id = json.loads((tmp_path / "run.json").read_text())["job_id"]
+    spec = stored_spec(r, job_id)
+    for key, entry in spec["metrics"].items():
+        kind, params = REGISTRY.get(entry["id"]).aggregation, entry["parameters"]
+        assert r.hlen(keys.values(job_id, key)) == entry_chunks(spec, entry) == 8
+        kept = by_id(item_fields(r, job_id, key, kind, params, entry_chunks(spec, entry)))
+        assert kept == by_id(item_fields(r, job_id, key, kind, params)), key  # from the records
+        assert all(len(values) == len(instances) - (entry["id"] == "fail_on") for values in kept.values())
+    assert set(item_fields(r, job_id, "rouge@0", "mean", spec["metrics"]["rouge@0"]["parameters"], 8)) >= \
+        {"rouge1", "rougeL"}
+
+
+def by_id(fields: dict) -> dict[str, dict[str, float]]:
+    """Per field, instance id -> value (the columns in any order)."""
+    return {field: dict(zip(ids, values)) for field, (ids, values) in fields.items()}

@@ -114,12 +114,14 @@ def test_one_result_per_enabled_entry_in_job_order(ran):
     assert results[2]["parameters"] == {"weights": [0.5, 0.5], "smoothing_function": "method3", "auto_reweigh": True}
     assert [r["parameters"]["idf"] for r in results if r["metric"] == "bertscore"] == [False, True]
     assert all(r["n"] == len(INSTANCES) and r["n_errors"] == 0 for r in results), results
-    # one line per (instance, entry), entry by entry, each naming its entry (its parameters: results.json)
+    # one line per (instance, entry), entry by entry, each naming its entry by its position and, as
+    # HarpIA's log does, by its parameters as run (the same as results.json's)
     assert len(log) == len(results) * len(INSTANCES)
     for k, result in enumerate(results):
         lines = log[k * len(INSTANCES):(k + 1) * len(INSTANCES)]
         assert [line["instance_id"] for line in lines] == [i["id"] for i in INSTANCES]
-        assert all(line["metric"] == result["metric"] and line["entry"] == k and "parameters" not in line
+        assert all(line["metric"] == result["metric"] and line["entry"] == k
+                   and line["parameters"] == result["parameters"]
                    and line.get("name") == result.get("name") for line in lines)
 
 

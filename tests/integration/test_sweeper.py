@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from evalq.shared import keys
-from tests.conftest import evalq, read_log, read_results, start_worker, stop_worker, wait_for_worker
+from tests.conftest import PLUGINS, evalq, read_log, read_results, start_worker, stop_worker, wait_for_worker
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +93,7 @@ def test_a_stage_whose_callback_was_lost_is_finalized_by_the_sweeper(private_red
         for w in workers:
             stop_worker(w)
     check_outputs(tmp_path / "out")
-    assert "every item of the metrics stage is recorded but its callback has not run" in \
+    assert "every item of the metrics stage is recorded but its callback has neither run nor started" in \
         workers[0].log_path.read_text()
     status = json.loads(evalq("status", job_id, "--json", "--broker", private_redis).stdout)
     assert list(status["recovery"]["callbacks_resent"]) == ["metrics"] and "resumes" not in status["recovery"]
@@ -133,3 +133,76 @@ def test_two_lookers_take_a_step_once(private_redis, tmp_path, monkeypatch):
     from evalq.orchestrator.watch import recovery
 
     assert recovery(r, job_id)["resumes"] == 2
+
+
+def slow_callbacks(seconds: float, key: str) -> dict:
+    """A worker whose final callback writes its outputs ``seconds`` late (tests/plugins/slow_callback)."""
+    return {"EVALQ_PLUGINS": PLUGINS + ",tests.plugins.slow_callback", "SLOW_CALLBACK_SECONDS": str(seconds),
+            "SLOW_CALLBACK_KEY": key, "EVALQ_CALLBACK_LEASE": "2"}
+
+
+def writes(r: redis.Redis, key: str) -> list[tuple[str, str, float]]:
+    return [(kind, pid, float(t)) for kind, pid, t in (e.decode().split(":") for e in r.lrange(key, 0, -1))]
+
+
+def test_a_callback_slower_than_the_grace_is_not_sent_again(private_redis, tmp_path):
+    """Before: a big job's final callback took longer than EVALQ_CALLBACK_GRACE, and the waiting
+    client sent it again while it was still writing: two copies wrote the outputs at once. A
+    running callback holds a lease it renews; neither the client nor the sweeper sends another."""
+    r = redis.Redis.from_url(private_redis)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    slow = slow_callbacks(5, "test:writes")
+    workers = [start_worker(private_redis, "evalq.jobs", logs, concurrency=1, env={**FAST, **slow}, name="jobs"),
+               start_worker(private_redis, "cpu", logs, name="cpu", env={**slow, "EVALQ_SWEEP_INTERVAL": "0"})]
+    try:
+        wait_for_worker(private_redis, "jobs")
+        wait_for_worker(private_redis, "cpu")
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps({"instances": [{"id": f"x{i}", "actual-output": "y" * (i % 3),
+                                                   "expected-output": ["y"]} for i in range(N)],
+                                    "metrics": [{"id": "exact_match"}]}))
+        # the waiting client looks after its job too, with the same 1 s grace
+        proc = evalq("run", str(path), "--out", str(tmp_path / "out"), "--broker", private_redis,
+                     "--chunk-size", str(CHUNK), "-q", env={"EVALQ_CALLBACK_GRACE": "1"}, timeout=120)
+    finally:
+        for w in workers:
+            stop_worker(w)
+    assert proc.returncode == 0, proc.stderr
+    check_outputs(tmp_path / "out")
+    assert [kind for kind, _, _ in writes(r, "test:writes")] == ["start", "end"]  # one copy wrote, once
+    said = proc.stderr + "".join(w.log_path.read_text() for w in workers)
+    assert "sent it again" not in said
+    assert not [f for w in r.scan_iter("evalq:*:watch") for f in r.hkeys(w) if f.startswith(b"nudged:")]
+
+
+def test_a_callback_that_died_is_sent_again_once_its_lease_lapses(private_redis, tmp_path):
+    """The worker running the final callback is killed midway: the callback's lease lapses (2 s)
+    and the sweeper of the other worker sends it again; the outputs are written whole, once."""
+    import signal
+
+    r = redis.Redis.from_url(private_redis)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    # long enough that the kill lands mid-write, however slowly `evalq submit` hands back under load
+    slow = slow_callbacks(8, "test:writes")
+    workers = {name: start_worker(private_redis, "evalq.jobs,cpu", logs, concurrency=1, name=name,
+                                  env={**FAST, **slow}) for name in ("one", "two")}
+    try:
+        for name in workers:
+            wait_for_worker(private_redis, name)
+        job_id = submit(private_redis, tmp_path)
+        lease = keys.callback_lease(job_id, "metrics")
+        wait_for(lambda: [k for k, _, _ in writes(r, "test:writes")] == ["start"], 60, "the outputs' writing")
+        holder = r.get(lease).decode().split("@")[0]
+        stop_worker(workers[holder], signal.SIGKILL)  # the whole worker, mid-write
+        wait_for(lambda: r.get(keys.status(job_id)) == b"done", 60, "the callback to be sent again and end")
+    finally:
+        for w in workers.values():
+            stop_worker(w)
+    check_outputs(tmp_path / "out")
+    seen = writes(r, "test:writes")
+    assert [kind for kind, _, _ in seen] == ["start", "start", "end"], seen
+    assert seen[1][2] - seen[0][2] >= 2  # not before the killed copy's lease lapsed
+    survivor = next(w for name, w in workers.items() if name != holder)
+    assert "its callback has neither run nor started" in survivor.log_path.read_text()

@@ -197,3 +197,47 @@ def test_a_bad_setting_is_a_job_error(monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)
     with pytest.raises(JobError, match=variable):
         bounds.check_env()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("window_seconds", 10**9, "less than or equal to 3600"),
+    ("burst_seconds", 10**6, "less than or equal to 3600"),
+    ("burst_seconds", 120, "burst_seconds (120) may be at most window_seconds (60)"),
+    ("tpm", 10**9, "less than or equal to 200000000"),
+    ("rpm", 10**7, "less than or equal to 1000000"),
+])
+def test_a_deployment_declares_bounded_rates_and_durations(field, value, message):
+    """Before: window_seconds 1e9 and burst_seconds 1e6 moved a shared deployment's pace key by
+    weeks per call. Every rate and duration a job may declare now has a documented bound."""
+    from evalq.shared.job import parse_job
+
+    deployment = {"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": 1000, "rpm": 10, field: value}
+    job = {"instances": [{"id": "1", "actual-output": "a", "context": "c"}],
+           "judges": {"j": {"provider": "openai", "model": "m", "api_key_env": "TEST_UNIT_API_KEY",
+                            "deployments": [deployment]}},
+           "metrics": [{"id": "coherence", "parameters": {"judge": "j"}}]}
+    with pytest.raises(JobError) as exc:
+        parse_job(job)
+    assert any("judges.j" in p and message in p for p in exc.value.problems), exc.value.problems
+
+
+@pytest.mark.parametrize("section, field, value", [
+    ("judge", "max_tokens", 10**6), ("judge", "timeout", 10**5), ("judge", "max_retries", 100),
+    ("judging", "cache_ttl", 10**9), ("batch", "enqueued_tokens", 10**12)])
+def test_every_other_endpoint_number_is_bounded(section, field, value):
+    from evalq.shared.job import parse_job
+
+    deployment = {"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": 1000, "rpm": 10}
+    judge = {"provider": "openai", "model": "m", "api_key_env": "TEST_UNIT_API_KEY", "deployments": [deployment]}
+    judging = {}
+    if section == "judge":
+        judge[field] = value
+    elif section == "judging":
+        judging[field] = value
+    else:
+        deployment["batch"] = {field: value}
+    job = {"instances": [{"id": "1", "actual-output": "a", "context": "c"}], "judges": {"j": judge},
+           "judging": judging, "metrics": [{"id": "coherence", "parameters": {"judge": "j"}}]}
+    with pytest.raises(JobError) as exc:
+        parse_job(job)
+    assert any(field in p and "less than or equal to" in p for p in exc.value.problems), exc.value.problems

@@ -26,7 +26,13 @@ BASE_SEV = RNG.integers(0, 8, N)
 NEW_SEV = RNG.integers(0, 8, N)
 
 
-def write_run(path: Path, bleu, rating, severity, ids=None, threshold=4, categories=True) -> Path:
+# How a log line names its entry: HarpIA's parameters with the entry's position (the default),
+# the position only (output.log_parameters false), or parameters only (logs of older evalq)
+LINE_FORMS = {"both": lambda k, h: {**h, "entry": k}, "entry": lambda k, h: {"metric": h["metric"], "entry": k},
+              "parameters": lambda k, h: h}
+
+
+def write_run(path: Path, bleu, rating, severity, ids=None, threshold=4, categories=True, form="parameters") -> Path:
     path.mkdir(parents=True)
     ids = ids if ids is not None else [f"i{k}" for k in range(len(bleu))]
     heads = [{"metric": "bleu", "parameters": {"weights": [0.5, 0.5]}},
@@ -34,11 +40,12 @@ def write_run(path: Path, bleu, rating, severity, ids=None, threshold=4, categor
              {"metric": "violence", "parameters": {"judge": "j", "threshold": threshold}}]
     (path / "results.json").write_text(json.dumps([{**h, "score": None} for h in heads]))
     lines = []
+    named = [LINE_FORMS[form](slot, h) for slot, h in enumerate(heads)]
     for k, iid in enumerate(ids):
         cat = {"category": "even" if k % 2 == 0 else "odd"} if categories else {}
-        lines.append({"instance_id": iid, **cat, **heads[0], "result": float(bleu[k])})
-        lines.append({"instance_id": iid, **cat, **heads[1], "result": {"score": int(rating[k]), "reason": "r"}})
-        lines.append({"instance_id": iid, **cat, **heads[2],
+        lines.append({"instance_id": iid, **cat, **named[0], "result": float(bleu[k])})
+        lines.append({"instance_id": iid, **cat, **named[1], "result": {"score": int(rating[k]), "reason": "r"}})
+        lines.append({"instance_id": iid, **cat, **named[2],
                       "result": {"severity": int(severity[k]), "label": "x", "reason": "r"}})
     (path / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path
@@ -49,6 +56,19 @@ def runs(tmp_path):
     base = write_run(tmp_path / "base", BASE_BLEU, BASE_RATING, BASE_SEV)
     new = write_run(tmp_path / "new", NEW_BLEU, NEW_RATING, NEW_SEV)
     return base, new
+
+
+def test_every_log_line_form_reads_the_same(tmp_path, runs):
+    """Lines with parameters and position (HarpIA's format, the default), with the position only
+    (output.log_parameters false) and with parameters only (older logs) compare the same."""
+    base, new = runs
+    reference = compare(load_run(str(base)), load_run(str(new)))
+    for form in ("both", "entry"):
+        b = write_run(tmp_path / f"base-{form}", BASE_BLEU, BASE_RATING, BASE_SEV, form=form)
+        n = write_run(tmp_path / f"new-{form}", NEW_BLEU, NEW_RATING, NEW_SEV, form=form)
+        report = compare(load_run(str(b)), load_run(str(n)))
+        assert report["entries"] == reference["entries"], form
+        assert field(report, "bleu", "mean")["n_pairs"] == N
 
 
 def field(report, entry, name):

@@ -267,7 +267,7 @@ def test_the_jobs_role_records_history_and_sends_alerts_from_secrets(overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_nightly_cronjob_sends_a_suite_the_nightly_alert_watches(overlay):
     docs = render(overlay)
-    (cron,) = [d for d in docs if d["kind"] == "CronJob"]
+    (cron,) = [d for d in docs if d["kind"] == "CronJob" and d["metadata"]["name"] == "evalq-nightly"]
     pod = pod_of(cron)["spec"]
     script = " ".join(pod["containers"][0]["args"])
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if script.count(m["mountPath"] + "/"))
@@ -296,3 +296,17 @@ def test_alert_rules_and_dashboard_ship_as_configmaps_of_the_monitoring_files(ov
     assert dashboard["data"] == {"evalq.json": (monitoring / "dashboard.json").read_text()}
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"  # Grafana's sidecar picks it up
     assert not [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")]  # annotations only
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_tenant_acl_cronjob_runs_the_cli_command_that_makes_the_users(overlay):
+    """Tenants' Redis ACL users (README "Tenant identity") are applied by `evalq tenants acl --apply`,
+    with each tenant's password from an optional Secret; suspended until the operator lists tenants."""
+    docs = render(overlay)
+    (cron,) = [d for d in docs if d["kind"] == "CronJob" and d["metadata"]["name"] == "evalq-tenant-acl"]
+    container = pod_of(cron)["spec"]["containers"][0]
+    assert container["args"] == ["tenants", "acl", "--apply"] and cron["spec"]["suspend"] is True
+    from evalq.cli import cli
+
+    cli.commands["tenants"].commands["acl"].make_context("acl", ["--apply"])
+    assert {"secretRef": {"name": "evalq-tenant-passwords", "optional": True}} in container["envFrom"]

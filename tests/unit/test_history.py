@@ -229,3 +229,49 @@ def test_a_failing_webhook_never_raises(tmp_path, webhook, monkeypatch):
     webhook.fail_first = 100
     assert not alerts.notify(store, "nightly", "j2", got.regressions)
     assert len(webhook.bodies) == 2 and store.runs_of("nightly")[-1]["alert"] == "failed"
+
+
+def test_stored_values_round_trip_and_older_stores_read():
+    """Per-instance values are stored as compressed columns (the final callback packs a million
+    in well under a second); values that older evalq stored as zlib'd JSON {id: value} read too."""
+    import zlib
+
+    from evalq.orchestrator.history import pack, unpack
+
+    ids, values = [f"i{k}" for k in range(1000)] + ["é \\n\"x"], [k / 7 for k in range(1000)] + [0.1]
+    assert unpack(pack((ids, values))) == (ids, values)
+    assert unpack(pack(dict(zip(ids, values)))) == (ids, values)
+    legacy = zlib.compress(json.dumps(dict(zip(ids, values))).encode(), 6)
+    assert unpack(legacy) == (ids, values)
+
+
+def test_pairing_by_id_whatever_the_order_or_the_form():
+    """The paired move over columns equals the one over {id: value} mappings, with baseline runs
+    that list the instances in another order, miss some or have others."""
+    rng = random.Random(5)
+    new = {f"i{k}": rng.random() for k in range(800)}
+    past = [{f"i{k}": rng.random() for k in rng.sample(range(900), 700)} for _ in range(3)]
+    as_columns = [(list(p), list(p.values())) for p in past]
+    by_dict = regressions.paired_move({"items": new}, [{"items": p} for p in past])
+    by_columns = regressions.paired_move({"items": (list(new), list(new.values()))},
+                                         [{"items": c} for c in as_columns])
+    assert by_dict == pytest.approx(by_columns)
+    shared = [i for i in new if any(i in p for p in past)]
+    base = [sum(p[i] for p in past if i in p) / sum(i in p for p in past) for i in shared]
+    delta, p_value = regressions.normal_paired(base, [new[i] for i in shared])
+    assert by_dict[0] == pytest.approx(delta) and by_dict[1] == pytest.approx(p_value)
+    assert by_dict[2] == pytest.approx(sum(base) / len(base)) and by_dict[4] == len(shared)
+
+
+def test_a_suite_is_its_tenants_another_tenants_runs_are_no_baseline(store_url):
+    """Before: one forged run in another team's suite sent its webhook a false regression, and seven
+    forged low runs hid a real drop. Baselines are now chosen by suite and tenant."""
+    store = open_store(store_url)
+    for day in (1, 2):
+        store.record(run_row(f"j{day}", day), [entry()], [series(GOOD)], SETTINGS)
+    forged = {**run_row("x1", 3), "tenant": "ads"}
+    assert store.record(forged, [entry()], [series({k: 0.0 for k in GOOD})], SETTINGS).regressions == []
+    for day in range(4, 11):  # seven forged low runs in the same suite, from another tenant
+        store.record({**run_row(f"x{day}", day), "tenant": "ads"}, [entry()], [series(WORSE)], SETTINGS)
+    [found] = store.record(run_row("j11", 11), [entry()], [series(WORSE)], SETTINGS).regressions
+    assert found["baseline_runs"] == 2 and found["baseline"] == pytest.approx(0.8)  # search's own nights only

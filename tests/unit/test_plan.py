@@ -71,3 +71,38 @@ def test_the_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "evalq.cli", "plan", str(path), "--window", "soon"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_a_plan_reads_no_secret(tmp_path):
+    """Before: `evalq plan examples/rag_qa.json` on a laptop without DEMO_JUDGE_API_KEY was exit 2.
+    A plan (and `validate --offline`) needs the key variable named, not set, and says which are not set."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "DEMO_JUDGE_API_KEY"}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "evalq.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    plan = cli("plan", "examples/rag_qa.json")
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.splitlines()[-1] == ("keys: named, not read: DEMO_JUDGE_API_KEY (judges.sim.api_key_env); "
+                                            "not set here: DEMO_JUDGE_API_KEY (the workers that call the endpoints "
+                                            "need them)")
+    as_json = json.loads(cli("plan", "examples/rag_qa.json", "--json").stdout)
+    assert as_json["keys"] == [{"variable": "DEMO_JUDGE_API_KEY", "where": "judges.sim.api_key_env", "set": False}]
+    assert as_json["endpoints"][0]["calls"] > 0  # the judge's calls are planned all the same
+    offline = cli("validate", "--offline", "examples/rag_qa.json")
+    assert offline.returncode == 0 and "not set here: DEMO_JUDGE_API_KEY" in offline.stdout, offline.stderr
+    online = cli("validate", "examples/rag_qa.json")  # running it needs the key: still a located error
+    assert online.returncode == 2 and "judges.sim.api_key_env: environment variable DEMO_JUDGE_API_KEY is not set" \
+        in online.stderr and "Traceback" not in online.stderr
+    # a judge that names no key variable is not planned: the field is required
+    job = json.loads((ROOT / "examples/rag_qa.json").read_text())
+    del job["judges"]["sim"]["api_key_env"]
+    (tmp_path / "nokey.json").write_text(json.dumps(job))
+    nameless = cli("plan", str(tmp_path / "nokey.json"))
+    assert nameless.returncode == 2 and "judges.sim.api_key_env" in nameless.stderr, nameless.stderr
+    with_key = subprocess.run([sys.executable, "-m", "evalq.cli", "plan", "examples/rag_qa.json", "--json"], cwd=ROOT,
+                              env={**env, "DEMO_JUDGE_API_KEY": "k"}, capture_output=True, text=True, timeout=120)
+    assert json.loads(with_key.stdout)["keys"][0]["set"] is True

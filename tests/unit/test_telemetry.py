@@ -10,14 +10,16 @@ import os
 import subprocess
 import sys
 import textwrap
+from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from evalq.cli.embedded import free_port
-from evalq.orchestrator.jobs_metrics import JobsCollector, suite_rows
+from evalq.orchestrator.jobs_metrics import SUITE_AGE_ENV, JobsCollector, SuiteBounds, suite_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,6 +94,12 @@ def test_a_nodes_processes_add_up_in_one_scrape():
     assert samples[("evalq_budget_tpm", (("deployment", "lab"),))] == 3000  # the last one set
 
 
+@pytest.fixture(autouse=True)
+def old_suites_shown(monkeypatch):
+    """The rows here ended in January 2026: older than the default 30 days of suite series."""
+    monkeypatch.setenv(SUITE_AGE_ENV, str(10 * 365 * 86400))
+
+
 class Store:
     """The history store's reading side (``evalq.orchestrator.history.HistoryStore``), from rows."""
 
@@ -118,16 +126,17 @@ def test_a_scrape_yields_what_it_can_and_logs_a_failure_once(caplog):
         first = {f.name: f for f in collector.collect()}
         second = {f.name: f for f in collector.collect()}
     assert set(first) == set(second) == {"evalq_suite_value", "evalq_suite_regressions",
-                                         "evalq_suite_last_run_timestamp_seconds", "evalq_suite_cost"}
+                                         "evalq_suite_last_run_timestamp_seconds", "evalq_suite_cost",
+                                         "evalq_suite_series_omitted"}
     logged = [r.getMessage() for r in caplog.records]
     assert len(logged) == 2 and any("jobs" in m for m in logged) and any("backlog" in m for m in logged)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in first.values() for s in f.samples}
     assert samples[("evalq_suite_value", (("field", "rouge1"), ("metric", "rouge"), ("name", "rouge"),
-                                          ("suite", "nightly")))] == 0.5
-    assert samples[("evalq_suite_regressions", (("suite", "nightly"),))] == 1
-    assert samples[("evalq_suite_last_run_timestamp_seconds", (("status", "done"), ("suite", "nightly")))] \
+                                          ("suite", "nightly"), ("tenant", "")))] == 0.5
+    assert samples[("evalq_suite_regressions", (("suite", "nightly"), ("tenant", "")))] == 1
+    assert samples[("evalq_suite_last_run_timestamp_seconds", (("status", "done"), ("suite", "nightly"), ("tenant", "")))] \
         == 1767323045.0
-    assert samples[("evalq_suite_cost", (("suite", "nightly"),))] == 1.25
+    assert samples[("evalq_suite_cost", (("suite", "nightly"), ("tenant", "")))] == 1.25
 
 
 def test_a_failing_history_store_leaves_the_redis_gauges(caplog):
@@ -150,20 +159,51 @@ def test_values_are_the_last_done_runs_and_the_time_the_last_runs():
     families = {f.name: f for f in JobsCollector(unreachable(), open_store=lambda: store).collect()}
     samples = {(f.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
     value = [(labels, v) for (name, labels), v in samples.items() if name == "evalq_suite_value"]
-    assert value == [((("field", "mean"), ("metric", "f1_score"), ("name", "f1"), ("suite", "a")), 0.7)]
-    assert samples[("evalq_suite_regressions", (("suite", "a"),))] == 1  # of the done run
-    assert ("evalq_suite_regressions", (("suite", "b"),)) not in samples  # b never ran to the end
+    assert value == [((("field", "mean"), ("metric", "f1_score"), ("name", "f1"), ("suite", "a"), ("tenant", "")), 0.7)]
+    assert samples[("evalq_suite_regressions", (("suite", "a"), ("tenant", "")))] == 1  # of the done run
+    assert ("evalq_suite_regressions", (("suite", "b"), ("tenant", ""))) not in samples  # b never ran to the end
     stamps = {labels: v for (name, labels), v in samples.items() if name == "evalq_suite_last_run_timestamp_seconds"}
-    assert stamps == {(("status", "failed"), ("suite", "a")): 1767312000.0,
-                      (("status", "cancelled"), ("suite", "b")): 1767398400.0}
-    assert samples[("evalq_suite_cost", (("suite", "a"),))] == 0.5
+    assert stamps == {(("status", "failed"), ("suite", "a"), ("tenant", "")): 1767312000.0,
+                      (("status", "cancelled"), ("suite", "b"), ("tenant", "")): 1767398400.0}
+    assert samples[("evalq_suite_cost", (("suite", "a"), ("tenant", "")))] == 0.5
 
 
 def test_suite_rows_skip_missing_values_and_costs():
     rows = suite_rows([{"suite": "s", "status": "done", "finished_at": None, "cost": None,
                         "metrics": [{"metric": "m", "name": "m", "field": "mean", "value": None}],
                         "regressions": []}])
-    assert rows == {"value": [], "regressions": [(("s",), 0.0)], "last_run_timestamp_seconds": [], "cost": []}
+    assert rows == {"value": [], "regressions": [(("s", ""), 0.0)], "last_run_timestamp_seconds": [], "cost": [],
+                    "series_omitted": [((), 0.0)]}
+
+
+def test_suite_series_are_bounded():
+    """Before: 5 messages of 100 entries gave 503 series, one 2,000-entry message 2,503, kept for ever.
+    Now: the most recent suites only, none older than the age bound, and so many values per suite."""
+    day = 86400.0
+    now = 1_800_000_000.0
+
+    def row(suite: str, ended_days_ago: float, entries: int) -> dict:
+        at = datetime.fromtimestamp(now - ended_days_ago * day, timezone.utc).isoformat()
+        return {"suite": suite, "status": "done", "finished_at": at, "cost": 1.0, "regressions": [],
+                "metrics": [{"metric": "m", "name": f"e{k}", "field": "mean", "value": 0.5} for k in range(entries)]}
+
+    latest = [row(f"s{k}", k, 100) for k in range(5)] + [row("big", 0.5, 2000), row("stale", 40, 3)]
+    rows = suite_rows(latest, bounds=SuiteBounds(max_suites=4, max_age=30 * day, max_values=50), now=now)
+    kept = {labels[0] for labels, _ in rows["regressions"]}
+    assert kept == {"s0", "big", "s1", "s2"}  # the four most recent; s3, s4 and the stale one are out
+    assert len(rows["value"]) == 4 * 50 and len(rows["cost"]) == 4 == len(rows["last_run_timestamp_seconds"])
+    assert rows["series_omitted"] == [((), 3 + 3 * 50 + 1950)]  # 3 suites, and the values past 50 of the kept
+
+
+def test_a_suite_is_its_tenants_in_the_gauges():
+    """Before: a forged run in another team's suite set its evalq_suite_value. Two tenants' runs of
+    one suite name are two series now, each with its tenant."""
+    rows = [{"suite": "rag-nightly", "tenant": tenant, "status": "done", "finished_at": None, "cost": None,
+             "regressions": [], "metrics": [{"metric": "exact_match", "name": "exact_match", "field": "mean",
+                                             "value": value}]} for tenant, value in (("search", 0.9), ("ads", 0.0))]
+    values = suite_rows(rows)["value"]
+    assert sorted(values) == [(("rag-nightly", "ads", "exact_match", "exact_match", "mean"), 0.0),
+                              (("rag-nightly", "search", "exact_match", "exact_match", "mean"), 0.9)]
 
 
 def test_a_killed_nodes_directory_goes_when_the_next_node_starts(tmp_path):

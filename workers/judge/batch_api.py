@@ -41,6 +41,7 @@ MAX_LINES = {"openai": 50_000, "azure": 100_000}   # requests per batch file
 MAX_FILE_BYTES = 200 * 1024 * 1024                 # and its size (both providers)
 MAX_METADATA = 16                                  # pairs; keys <= 64, values <= 512 characters
 FILE_TIMEOUT = 600.0  # seconds for an upload or a download (a chat call's timeout is too short for 200 MB)
+OUTPUT_MAX_ENV = "EVALQ_BATCH_OUTPUT_MAX_BYTES"  # the operator's bound on a batch's output files
 
 # custom_id: "ev1-<job 10>-<entry 8>-<item>-<call 16>", at most 64 characters of [a-z0-9-]
 # (OpenAI keeps 64; Anthropic's batches take ^[a-zA-Z0-9_-]{1,64}$). Job and entry are
@@ -58,6 +59,10 @@ class BatchApiError(Exception):
     def __init__(self, message: str, retryable: bool, status_code: int | None = None):
         super().__init__(message)
         self.retryable, self.status_code = retryable, status_code
+
+
+class OutputTooLarge(BatchApiError):
+    """A batch's output or error file larger than its lines can take (``output_limit``)."""
 
 
 # -- custom_id --------------------------------------------------------------------------
@@ -274,20 +279,39 @@ def line_outcome(record: dict) -> tuple[str, Reply | LineError]:
                           status if isinstance(status, int) else None)
 
 
-def read_outcomes(data: bytes | str) -> dict[str, Reply | LineError]:
-    """An output or error file's lines by custom_id (a line that is not JSON is skipped:
-    its custom_id is unknown, so it reads as ``missing``)."""
-    text = data.decode("utf-8") if isinstance(data, bytes) else data
+def read_outcomes(data: bytes | str, expected: set[str] | None = None,
+                  max_line: int | None = None) -> dict[str, Reply | LineError]:
+    """An output or error file's lines by custom_id (a line that is not JSON, or longer than
+    ``max_line`` characters, is skipped: it reads as ``missing``). With ``expected``, a line
+    for any other custom_id is passed over before its reply is read."""
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
     outcomes: dict[str, Reply | LineError] = {}
     for line in text.splitlines():
+        if max_line is not None and len(line) > max_line:
+            continue
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if isinstance(record, dict):
+        if isinstance(record, dict) and (expected is None or record.get("custom_id") in expected):
             cid, outcome = line_outcome(record)
             outcomes[cid] = outcome
     return outcomes
+
+
+def line_bound(judge: JudgeConfig) -> int:
+    """The most characters an answered line of this judge's can take: its completion (at most
+    ``max_tokens``, a token is rarely over 16 bytes as JSON), the envelope and some slack."""
+    return judge.max_tokens * 16 + 16_384
+
+
+def output_limit(judge: JudgeConfig, lines: int | None) -> int:
+    """The most bytes of a batch's output and error files evalq reads: its lines' bound, within
+    the operator's ``EVALQ_BATCH_OUTPUT_MAX_BYTES`` (1 GiB)."""
+    from evalq.shared.config import env_number
+
+    cap = int(env_number(OUTPUT_MAX_ENV, 2**30))
+    return min(cap, (lines if lines is not None else MAX_LINES[judge.provider]) * line_bound(judge))
 
 
 # -- the provider's API -------------------------------------------------------------------------
@@ -361,10 +385,21 @@ class BatchClient:
         answered stay in its output file."""
         return status_of(self._call("cancel", self.sdk.batches.cancel, batch_id))
 
-    def file_content(self, file_id: str) -> bytes:
-        content = self._call("read file", self.sdk.files.content, file_id,
-                             timeout=max(FILE_TIMEOUT, self.judge.timeout))
-        return content.read()
+    def file_content(self, file_id: str, limit: int | None = None) -> bytes:
+        """A file's bytes, streamed; more than ``limit`` of them is a ``BatchApiError`` (its
+        lines then count as failed, and go into another batch or synchronously)."""
+        def read() -> bytes:
+            with self.sdk.files.with_streaming_response.content(
+                    file_id, timeout=max(FILE_TIMEOUT, self.judge.timeout)) as response:
+                data = bytearray()
+                for chunk in response.iter_bytes(1 << 16):
+                    data += chunk
+                    if limit is not None and len(data) > limit:
+                        raise OutputTooLarge(f"read file: {file_id} is larger than {limit:,} bytes, the most "
+                                             f"its lines can take ({OUTPUT_MAX_ENV} bounds it)", retryable=False)
+                return bytes(data)
+
+        return self._call("read file", read)
 
     def delete_file(self, file_id: str) -> None:
         self._call("delete file", self.sdk.files.delete, file_id)
@@ -376,10 +411,16 @@ class BatchClient:
         enqueued-token limit) gives each the batch's error."""
         if not status.ended:
             raise ValueError(f"batch {status.id} is {status.state}: read its results once it ended")
+        wanted = set(expected) if expected is not None else None
+        limit = output_limit(self.judge, len(wanted) if wanted is not None else None)
         outcomes: dict[str, Reply | LineError] = {}
         for file_id in (status.error_file_id, status.output_file_id):  # an answer wins over an error
             if file_id:
-                outcomes.update(read_outcomes(self.file_content(file_id)))
+                try:
+                    data = self.file_content(file_id, limit)
+                except OutputTooLarge as exc:  # none of it is read: every line failed, and is sent again
+                    return {cid: LineError("failed", "output_too_large", str(exc)) for cid in wanted or ()}
+                outcomes.update(read_outcomes(data, wanted, line_bound(self.judge)))
         if expected is None:
             return outcomes
         if status.state == "failed":

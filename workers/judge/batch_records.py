@@ -65,12 +65,25 @@ def count(pipe, job_id: str, entry: str, region: str, fields: dict[str, int]) ->
         getattr(pipe, method)(*args)
 
 
-def to_sync(pipe, job_id: str, digest: str, line: dict, why: str) -> None:
-    """The line is sent synchronously by its chunk; its holds of the caps go back."""
+def spend_keys(job_id: str, spec: dict) -> dict[str, list[str]]:
+    """The counters a batch line's holds are on (``evalq.workers.judge.cost``): the job's caps and
+    its tenant's daily limits, as the judge client that registered the line held them."""
+    from evalq.shared.judges import JudgingOptions
+    from evalq.workers.judge.cost import counters
+
+    options = JudgingOptions.model_validate(spec.get("judging") or {})
+    tenant = (spec.get("scheduling") or {}).get("tenant")
+    return {kind: [c.key for c in counters(job_id, tenant, kind, cap)]
+            for kind, cap in (("cost", options.cost_cap), ("tokens", options.token_cap))}
+
+
+def to_sync(pipe, job_id: str, digest: str, line: dict, why: str, spent: dict[str, list[str]]) -> None:
+    """The line is sent synchronously by its chunk; its holds of the caps (on ``spent``, the job's
+    ``spend_keys``) go back."""
     pipe.hset(keys.batch(job_id, "sync"), digest, why)
     pipe.expire(keys.batch(job_id, "sync"), Settings.from_env().result_ttl)
     pipe.hdel(keys.batch(job_id, "line"), digest)
-    if line.get("h"):
-        pipe.decrby(keys.job_cost(job_id), line["h"])
-    if line.get("k"):
-        pipe.decrby(keys.job_tokens(job_id), line["k"])
+    for key in spent["cost"] if line.get("h") else ():
+        pipe.decrby(key, line["h"])
+    for key in spent["tokens"] if line.get("k") else ():
+        pipe.decrby(key, line["k"])

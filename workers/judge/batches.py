@@ -37,14 +37,14 @@ import uuid
 
 import redis
 
-from evalq.shared import keys, telemetry
+from evalq.shared import keys, leases, telemetry
 from evalq.shared.config import Settings
 from evalq.shared.judge_reply import Reply
 from evalq.shared.judges import JudgingOptions, deployment_id
 from evalq.shared.model_under_test import endpoint_config as endpoint
 from evalq.shared.status import FINAL, status_of
 from evalq.workers.judge.batch_records import (MAX_TRIES, UNFINISHED, BatchTiming, auto_deadline, count,
-                                                deployment_in, records, to_sync)
+                                                deployment_in, records, spend_keys, to_sync)
 from evalq.workers.judge.batch_api import BatchApiError, BatchClient, BatchStatus, custom_id, input_file, poll_delay
 from evalq.workers.judge.client import JudgeError
 
@@ -52,14 +52,6 @@ log = logging.getLogger("evalq.batch")
 
 FULL_WAKE = 30.0       # seconds between looks at every parked chunk (a lost wake costs no more)
 
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
 
 
 class Manager:
@@ -93,7 +85,7 @@ class Manager:
                     self.renew()
             finally:
                 self._held = None
-                self.r.eval(_RELEASE, 1, keys.batch_lock(region), token)
+                leases.release(self.r, keys.batch_lock(region), token)
 
     @property
     def _lock_ms(self) -> int:
@@ -102,7 +94,7 @@ class Manager:
     def renew(self) -> None:
         """Keep the region's lock while a tick works (before and after each upload)."""
         if self._held is not None:
-            self.r.eval(_RENEW, 1, self._held[0], self._held[1], str(self._lock_ms))
+            leases.renew(self.r, self._held[0], self._held[1], self._lock_ms)
 
     def job_tick(self, job_id: str, region: str, now: float) -> None:
         status = status_of(self.r, job_id)
@@ -139,7 +131,7 @@ class Manager:
         chosen, rest, late, too_big, tokens, deadline = [], [], [], [], 0, None
         if lines:
             name = lines[0][1]["j"]
-            config = endpoint(spec, name)
+            config = endpoint(spec, name, job_id)  # this worker's catalogue: the quota is the operator's
             d = deployment_in(config, region)
             limit = d.batch.enqueued_tokens
             room = limit - self.enqueued(deployment_id(config, d))
@@ -157,15 +149,16 @@ class Manager:
                         deadline = line["d"] if deadline is None else min(deadline, line["d"])
                 else:
                     rest.append(digest)  # waits for room in the quota
+        spent = spend_keys(job_id, spec) if late or too_big else {}
         pipe = self.r.pipeline(transaction=True)
         pipe.ltrim(queued, len(digests), -1)
         if rest:
             pipe.lpush(queued, *reversed(rest))
         for digest, line in late:
-            to_sync(pipe, job_id, digest, line, "the auto deadline passed")
+            to_sync(pipe, job_id, digest, line, "the auto deadline passed", spent)
         for digest, line in too_big:
             to_sync(pipe, job_id, digest, line, f"~{line['t']} tokens never fit the deployment's "
-                                                      "enqueued-token quota")
+                                                      "enqueued-token quota", spent)
         rec = None
         if chosen:
             rec = {"id": uuid.uuid4().hex[:16], "judge": name, "region": region, "dep": deployment_id(config, d),
@@ -191,14 +184,14 @@ class Manager:
                     total += rec["tokens"]
         return total
 
-    def client(self, spec: dict, rec: dict) -> BatchClient:
-        config = endpoint(spec, rec["judge"])
+    def client(self, job_id: str, spec: dict, rec: dict) -> BatchClient:
+        config = endpoint(spec, rec["judge"], job_id)  # this worker's catalogue: endpoint and price
         return BatchClient(config, deployment_in(config, rec["region"]), self.policy)
 
     def send(self, job_id: str, spec: dict, rec: dict, now: float) -> None:
         """Upload and create a recorded batch (again, after a cut-short attempt: found, not doubled)."""
         try:
-            client = self.client(spec, rec)
+            client = self.client(job_id, spec, rec)
             status = client.find("evalq_batch", rec["id"], rec["created"] - 3600) if rec["tried"] else None
             if status is None:
                 if rec["file"] is None:
@@ -215,13 +208,13 @@ class Manager:
                      rec["lines"], rec["tokens"], rec["region"])
         except BatchApiError as exc:
             if not exc.retryable:
-                self._give_up(job_id, rec, str(exc))
+                self._give_up(job_id, spec, rec, str(exc))
                 return
             rec.update(next=now + self._delay(rec["polls"]), polls=rec["polls"] + 1, error=str(exc))
             self._save(job_id, rec)
             log.warning("batch: job %s: creating batch %s failed, trying again: %s", job_id, rec["id"], exc)
         except (JudgeError, ValueError) as exc:  # refused by the allow-list, no key, a file too large
-            self._give_up(job_id, rec, str(exc))
+            self._give_up(job_id, spec, rec, str(exc))
 
     def _input(self, job_id: str, client: BatchClient, rec: dict) -> bytes:
         return input_file(client.judge, client.deployment, ((custom_id(job_id, line["e"], line["i"], d), line["b"])
@@ -232,13 +225,14 @@ class Manager:
         found = self.r.hmget(keys.batch(job_id, "line"), digests) if digests else []
         return [(d, json.loads(raw)) for d, raw in zip(digests, found) if raw is not None]
 
-    def _give_up(self, job_id: str, rec: dict, why: str) -> None:
+    def _give_up(self, job_id: str, spec: dict, rec: dict, why: str) -> None:
         """A batch the provider will not take: its lines go synchronously (where the same
         refusal, if any, becomes each item's error)."""
         log.warning("batch: job %s: batch %s not sent, its lines go synchronously: %s", job_id, rec["id"], why)
+        spent = spend_keys(job_id, spec)
         pipe = self.r.pipeline(transaction=True)
         for digest, line in self._members(job_id, rec):
-            to_sync(pipe, job_id, digest, line, f"not sent as a batch: {why}")
+            to_sync(pipe, job_id, digest, line, f"not sent as a batch: {why}", spent)
         rec.update(state="not_sent", error=why)
         pipe.hset(keys.batch(job_id, "open"), rec["id"], json.dumps(rec))
         pipe.delete(keys.batch(job_id, f"members:{rec['id']}"))
@@ -253,7 +247,7 @@ class Manager:
             self.send(job_id, spec, rec, now)
             return
         try:
-            client = self.client(spec, rec)
+            client = self.client(job_id, spec, rec)
             if rec.get("deadline") and rec["deadline"] <= now and not rec.get("cancel_sent"):
                 rec["cancel_sent"] = True  # auto: what is not back goes synchronously
                 try:
@@ -282,6 +276,7 @@ class Manager:
         price = client.judge.price_of(client.deployment)
         price = price.batch() if price is not None else None
         options = JudgingOptions.model_validate(spec.get("judging") or {})
+        spent = spend_keys(job_id, spec)
         pipe = self.r.pipeline(transaction=True)
         cached, counted, retried = [], [], 0
         for cid, outcome in outcomes.items():
@@ -295,8 +290,8 @@ class Manager:
                 prompt = outcome.usage.get("prompt_tokens") or 0
                 completion = outcome.usage.get("completion_tokens") or 0
                 cost = price.cost_nano(prompt, completion) if price is not None else 0
-                if line.get("h"):  # the cost cap's hold becomes what the line cost
-                    pipe.incrby(keys.job_cost(job_id), cost - line["h"])
+                for key in spent["cost"] if line.get("h") else ():  # the caps' hold becomes what it cost
+                    pipe.incrby(key, cost - line["h"])
                 fields = {"calls": 1, "prompt_tokens": prompt, "completion_tokens": completion,
                           "cost_nano": cost, "batch_calls": 1, "batch_prompt_tokens": prompt,
                           "batch_completion_tokens": completion, "batch_cost_nano": cost}
@@ -315,7 +310,7 @@ class Manager:
             else:
                 why = "the auto deadline passed" if late else \
                     f"{outcome.kind} in {line['n']} batch(es) ({outcome.code}: {outcome.message[:200]})"
-                to_sync(pipe, job_id, digest, line, why)
+                to_sync(pipe, job_id, digest, line, why, spent)
         if retried:  # the next batch goes after the settle time, with lines that joined since
             pipe.hset(keys.batch(job_id, "touched"), rec["region"], repr(now))
         rec.update(state=status.state, completed=status.completed, failed=status.failed, total=status.total,
@@ -344,7 +339,7 @@ class Manager:
                 continue
             try:
                 if spec is not None and (rec["provider"] or rec["tried"]):
-                    client = self.client(spec, rec)
+                    client = self.client(job_id, spec, rec)
                     found = client.find("evalq_batch", rec["id"], rec["created"] - 3600) \
                         if rec["provider"] is None else None
                     provider = rec["provider"] or (found.id if found else None)

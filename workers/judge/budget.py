@@ -164,6 +164,7 @@ class Reservation:
     impossible: bool = False
     bucket: int = 0      # where an admitted call's tokens were booked (see settle)
     tokens: int = 0
+    own: "Reservation | None" = None  # the job's own budget's, beside a catalogue deployment's
 
 
 class Budget:
@@ -237,3 +238,38 @@ class Budget:
 
     def healthy(self) -> bool:
         return int(self.r.get(keys.budget(self.dep_id, "fail")) or 0) < FAIL_THRESHOLD
+
+
+class WithinOwn(Budget):
+    """A catalogue deployment's shared budget, and the lower limit a job asked for on it, kept on
+    budget keys of the job's own (``evalq.shared.deployments``): a call is admitted by both (the
+    job's first), and settled in both. What a job's limit holds never touches what others get."""
+
+    def __init__(self, r: redis.Redis, dep_id: str, tpm: int, rpm: int, window: int, safety: float,
+                 burst: float | None, own: "Budget"):
+        super().__init__(r, dep_id, tpm, rpm, window, safety=safety, burst=burst)
+        self.own = own
+
+    def reserve(self, tokens: int) -> Reservation:
+        mine = self.own.reserve(tokens)
+        if not mine.admitted:
+            return mine  # (a refusal of the shared one after this admits only costs the job itself)
+        shared = super().reserve(tokens)
+        return Reservation(shared.admitted, shared.wait, shared.impossible, shared.bucket, shared.tokens, mine) \
+            if shared.admitted else shared
+
+    def settle(self, reservation: Reservation) -> None:
+        super().settle(reservation)
+        if reservation.own is not None:
+            self.own.settle(reservation.own)
+
+
+def budget_of(r: redis.Redis, dep_id: str, d, safety: float) -> Budget:
+    """The budget a deployment's calls are admitted by (``d``, as ``evalq.shared.deployments.govern``
+    gives it): its own, and for a catalogue deployment a job asked less of, the job's beside it."""
+    own = d.own_limit
+    if own is None:
+        return Budget(r, dep_id, d.tpm, d.rpm, d.window_seconds, safety=safety, burst=d.burst_seconds)
+    job_id, tpm, rpm = own
+    mine = Budget(r, f"{dep_id}:job-{job_id}", tpm, rpm, d.window_seconds, safety=safety, burst=d.burst_seconds)
+    return WithinOwn(r, dep_id, d.tpm, d.rpm, d.window_seconds, safety, d.burst_seconds, mine)

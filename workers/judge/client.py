@@ -35,11 +35,12 @@ import redis
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from evalq.shared import keys, telemetry
-from evalq.shared.errors import Deferred, MetricError, Pending, Skipped
+from evalq.shared.errors import Deferred, MetricError, Pending
 from evalq.shared.judge_reply import Reply, reply_from_completion
-from evalq.shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id
-from evalq.workers.judge.budget import Budget, Reservation
-from evalq.workers.judge.cost import CostCap, CostCapReached
+from evalq.shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id, model_identity
+from evalq.workers.judge.budget import Budget, Reservation, budget_of
+from evalq.workers.judge.cost import CostCap, CostCapReached, TokenCap
+from evalq.workers.judge.dialects import Dialects, refused_as_invalid, shape
 from evalq.shared.tokens import estimate_request_tokens
 from evalq.workers.keeping import DOWN, WRITE_BEHIND, ItemKeeper, Op, execute
 
@@ -102,13 +103,11 @@ def chat_request(judge: JudgeConfig, messages: list[dict], schema: dict | None =
     cache): what is sent synchronously, and what a batch line carries."""
     request: dict[str, Any] = {"model": judge.model, "messages": messages,
                                "temperature": judge.temperature, "max_tokens": judge.max_tokens}
-    if schema is not None and judge.output == "json_schema":
+    if schema is not None and judge.output != "text":  # ``auto`` is known by this form, whatever carries it
         request["response_format"] = {"type": "json_schema", "json_schema": {
             "name": schema_name, "schema": schema, "strict": True}}
-    elif schema is not None and judge.output == "tools":
-        request["tools"] = [{"type": "function", "function": {
-            "name": schema_name, "description": "Submit the evaluation.", "parameters": schema}}]
-        request["tool_choice"] = {"type": "function", "function": {"name": schema_name}}
+        if judge.output in ("json_object", "tools"):
+            request = shape(request, judge.output)
     return request
 
 
@@ -127,6 +126,8 @@ def _retry_after(exc: openai.APIStatusError) -> float:
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, _RateLimited)):
         return True
+    if refused_as_invalid(exc):  # the same request would be refused again (some servers say so with a 500)
+        return False
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in (408, 409) or exc.status_code >= 500
     return False
@@ -137,7 +138,7 @@ class JudgeClient:
 
     def __init__(self, r: redis.Redis, job_id: str, metric_key: str, name: str, judge: JudgeConfig,
                  options: JudgingOptions, preferred: str | None = None, memo: bool = False,
-                 keeper: ItemKeeper | None = None):
+                 keeper: ItemKeeper | None = None, tenant: str | None = None):
         self.r = r
         self.batch: Any = None  # a BatchLines in batch mode: unanswered calls wait for a provider batch
         self.memo = memo
@@ -152,14 +153,15 @@ class JudgeClient:
             self.deployments.sort(key=lambda d: d.region != preferred)
         self._last_failed: str | None = None  # a retry prefers another deployment
         telemetry.deployment_limits((d.region, d.tpm, d.rpm) for d in self.deployments)
-        self.budgets = {d.region: Budget(r, deployment_id(judge, d), d.tpm, d.rpm, d.window_seconds,
-                                         safety=SAFETY, burst=d.burst_seconds) for d in self.deployments}
-        self.cost_cap = CostCap(r, job_id, options.cost_cap)
+        self.budgets = {d.region: budget_of(r, deployment_id(judge, d), d, SAFETY) for d in self.deployments}
+        self.cost_cap = CostCap(r, job_id, options.cost_cap, tenant)
+        self.token_cap = TokenCap(r, job_id, options.token_cap, tenant)
+        self.dialects, self.identity = Dialects(r), model_identity(judge)
 
     # -- public -----------------------------------------------------------------
     def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating") -> Reply:
         request = chat_request(self.judge, messages, schema, schema_name)
-        digest = request_digest(request)
+        digest = request_digest(request, self.identity)
         kept = self.keeper.reply(digest) if self.keeper is not None else None
         if kept is None and self.batch is not None:
             answered = self._from_batch(digest, request)
@@ -210,7 +212,7 @@ class JudgeClient:
         if self.keeper is not None:
             self.keeper.before_call()
         item = self.keeper.position if self.keeper is not None and self.keeper.position is not None else 0
-        counted = tokens if self.options.token_cap is not None else 0
+        counted = tokens if self.token_cap.counters else 0
         registered = self.batch.register(digest, request, item, held, counted)
         if registered != 1:  # the line's holds are taken already, or it needs none any more
             self._release_cap(tokens)
@@ -328,12 +330,12 @@ class JudgeClient:
 
     def _send(self, request: dict, deployment: Deployment, budget: Budget, reservation: Reservation):
         """The HTTP call on an admitted deployment; a 429 pauses it for every worker."""
-        body = dict(request)
-        if self.judge.provider == "azure":
-            body["model"] = deployment.deployment
         try:
             try:
-                response = sdk_client(self.judge, deployment).chat.completions.create(**body)
+                response = self.dialects.create(
+                    sdk_client(self.judge, deployment), request, budget.dep_id, deployment.region,
+                    auto=getattr(self.judge, "output", None) == "auto",  # (a model under test has none)
+                    model=deployment.deployment if self.judge.provider == "azure" else None)
             finally:  # the reply (or error) is back: the budget counts the call from now
                 _bookkeeping(budget.settle, reservation)
         except openai.RateLimitError as exc:
@@ -347,7 +349,7 @@ class JudgeClient:
             self._failed(deployment, budget)
             raise
         except openai.APIStatusError as exc:
-            if exc.status_code in (408, 409) or exc.status_code >= 500:
+            if (exc.status_code in (408, 409) or exc.status_code >= 500) and not refused_as_invalid(exc):
                 self._failed(deployment, budget)
             raise
         return response
@@ -393,17 +395,10 @@ class JudgeClient:
         self._count(deployment.region, failed_calls=1)
 
     def _check_cap(self, tokens: int) -> None:
-        cap = self.options.token_cap
-        if cap is None:
-            return
-        total = self.r.incrby(keys.job_tokens(self.job_id), tokens)
-        if total > cap:
-            self.r.decrby(keys.job_tokens(self.job_id), tokens)
-            raise Skipped(f"job token cap of {cap} reached")
+        self.token_cap.check(tokens)  # the job's token cap, its tenant's daily tokens: Skipped when reached
 
     def _release_cap(self, tokens: int) -> None:
-        if self.options.token_cap is not None:
-            self.r.decrby(keys.job_tokens(self.job_id), tokens)
+        self.token_cap.release(tokens)
 
     def _count(self, region: str | None, **fields: int) -> None:
         """Add to the job's accounting of this metric entry: totals, and per region
@@ -425,9 +420,9 @@ def accounting_ops(job_id: str, metric_key: str, region: str | None, fields: dic
     return ops
 
 
-def request_digest(request: dict) -> str:
-    """What keys a call in the job's memo, the cache and a batch line: its request's sha256."""
-    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+def request_digest(request: dict, identity: str) -> str:
+    """A call's key in the job's memo, the cache and a batch line: sha256 of who answers (identity), and what."""
+    return hashlib.sha256(f"{identity}\n{json.dumps(request, sort_keys=True)}".encode()).hexdigest()
 
 
 def _reply(raw: str | bytes) -> Reply:

@@ -1,0 +1,53 @@
+"""The Redis ACL user of each tenant the operator lists (EVALQ_TENANTS): it may write only its own
+request queue (kombu's priority lists and binding of it too) and read only its own reply lists
+(``replies:<tenant>:*``). ``evalq tenants acl`` prints the lines, or applies them to the broker."""
+
+from __future__ import annotations
+
+import os
+import re
+
+# what kombu's publish needs (LPUSH inside MULTI, LLEN of the priority lists, SADD of the binding),
+# what a pipeline's wait on its replies needs, and the connection's own commands
+COMMANDS = ("+lpush", "+sadd", "+multi", "+exec", "+llen", "+blpop", "+lpop", "+ping", "+hello", "+auth",
+            "+select", "+client|setname", "+info")
+
+
+def password_env(tenant: str) -> str:
+    """The variable holding a tenant's Redis password: EVALQ_TENANT_PASSWORD_<TENANT>."""
+    return "EVALQ_TENANT_PASSWORD_" + re.sub(r"[^A-Za-z0-9]", "_", tenant).upper()
+
+
+def rules(tenant: str, password: str) -> list[str]:
+    """The ACL SETUSER arguments of ``tenant`` (after the user name)."""
+    queue = f"evalq.jobs.{tenant}"
+    return ["reset", "on", f">{password}", f"~{queue}", f"~{queue}\x06\x16*", f"~_kombu.binding*.{queue}",
+            f"~replies:{tenant}:*", "resetchannels", "-@all", *COMMANDS]
+
+
+def tenant_users(tenants: list[str], environ=os.environ) -> tuple[dict[str, list[str]], list[str]]:
+    """(tenant -> its ACL rules, the password variables that are not set) for ``tenants``
+    (the default tenant has no user of its own: it is the shared evalq.jobs)."""
+    users, missing = {}, []
+    for tenant in tenants:
+        if tenant == "default":
+            continue
+        password = environ.get(password_env(tenant))
+        if not password:
+            missing.append(password_env(tenant))
+        else:
+            users[tenant] = rules(tenant, password)
+    return users, missing
+
+
+def acl_line(tenant: str, rules_: list[str], hide: bool = True) -> str:
+    """One line of an ACL file (Redis's own quoting; the \\x06\\x16 of kombu's priority lists
+    escaped), the password shown as ``>***`` unless ``hide`` is False."""
+    def quote(arg: str) -> str:
+        if arg.startswith(">") and hide:
+            return ">***"
+        if "\x06" in arg:
+            return '"' + arg.replace("\x06", "\\x06").replace("\x16", "\\x16") + '"'
+        return arg
+
+    return " ".join(["user", tenant, *(quote(a) for a in rules_)])

