@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean fmeval-reference
 
 install: $(STAMP)
 
@@ -14,6 +14,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# fmeval 1.2.3, the reference tests/fmeval compares evalq's fmeval algorithms with, in a venv of
+# its own: its dependencies (ray, numpy 1, pyarrow < 18 for that numpy) do not fit evalq's. A .pth
+# file lets it import what .venv already has (torch, nltk, sklearn), so it installs only the rest
+# (about 40 s).
+FMEVAL_VENV := .venv-fmeval
+FMEVAL_STAMP := $(FMEVAL_VENV)/.installed
+fmeval-reference: $(FMEVAL_STAMP)
+$(FMEVAL_STAMP): $(STAMP)
+	test -x $(FMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(FMEVAL_VENV)
+	$(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+	    "$$($(FMEVAL_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/evalq-venv.pth"
+	$(FMEVAL_VENV)/bin/pip install --quiet fmeval==1.2.3 'pyarrow<18' 'datasets<3'
+	touch $@
 
 demo: $(STAMP)
 	$(BIN)/evalq run examples/translation.json --out out/translation
@@ -30,7 +44,7 @@ demo: $(STAMP)
 # workers and ports, and a module's cluster fixtures stay in one process. Most of the suite waits
 # on workers, servers and timeouts, so 4 processes fit a 2-core machine (README: Development).
 TEST_WORKERS ?= 4
-test: $(STAMP)
+test: $(STAMP) $(FMEVAL_STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 bench: $(STAMP)
@@ -43,4 +57,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_batch.py
 
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) $(FMEVAL_VENV) out

@@ -342,6 +342,13 @@ AGGREGATORS = {"mean": MeanAggregator, "distribution": DistributionAggregator, "
                "defect": DefectAggregator}
 
 
+def register_aggregator(kind: str, cls: type) -> None:
+    """Add an aggregation kind (a metric family's own, e.g. ``evalq.shared.fmeval.classification``)."""
+    if AGGREGATORS.get(kind, cls) is not cls:
+        raise ValueError(f"aggregation {kind!r} is already registered")
+    AGGREGATORS[kind] = cls
+
+
 def aggregator_for(kind: str, params: dict | None = None):
     return AGGREGATORS[kind](params)
 

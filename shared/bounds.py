@@ -35,6 +35,11 @@ MAX_LANG_CHARS = 35          # a language tag (BCP 47 tags are at most 35 charac
 MAX_DEVICE_CHARS = 16        # cpu, cuda:N, mps
 MAX_BATCH_SIZE = 4_096       # bertscore sentences per forward pass
 MAX_THREADS = 256            # bertscore's (unused) nthreads
+MAX_DELIMITER_CHARS = 64     # fmeval's target_output_delimiter
+MAX_LABELS = 1_000           # classification_accuracy's valid_labels
+MAX_LABEL_CHARS = 200        # each of them
+MAX_PERTURBATIONS = 20       # semantic_robustness: perturbed inputs per item, each a model call
+MAX_BASELINE_SAMPLES = 10    # semantic_robustness: answers to the same input, each a model call
 
 # --- rates and durations an endpoint may declare (validation) -------------------------
 # Generous for any real deployment, finite for every one: a budget's window, burst and rates

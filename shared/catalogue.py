@@ -152,6 +152,9 @@ REGISTRY.register(MetricSpec(
     description="Does the answer carry no information, only formalities? true is a defect."))
 
 
+import evalq.shared.fmeval.catalogue  # noqa: E402,F401  (fmeval's algorithms: a family of their own)
+
+
 def load_plugins() -> None:
     """Import the modules named in ``EVALQ_PLUGINS`` (comma-separated); each
     registers its own metrics. The orchestrator and every worker must see the

@@ -62,7 +62,12 @@ class MetricRun:
         queue of its own) and, for runs with deployments, their ``regions`` (``[name, TPM]``)."""
         if self.judge is not None:
             return {"queue": self.spec.queue, "regions": [[d.region, d.tpm] for d in self.judge.deployments]}
-        return {"queue": RUNNER_QUEUE if self.spec.queue == "generate" else self.spec.queue}
+        return {"queue": RUNNER_QUEUE if self.spec.queue == "generate" else self.kind}
+
+    @property
+    def kind(self) -> str:
+        """The queue kind the entry runs on (its parameters may decide: ``MetricSpec.kind``)."""
+        return self.spec.kind(self.params)
 
     @property
     def queues(self) -> list[str]:

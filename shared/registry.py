@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel
 
 QueueKind = Literal["cpu", "gpu", "judge", "generate"]
-Aggregation = Literal["mean", "distribution", "rating", "defect"]
+Aggregation = Literal["mean", "distribution", "rating", "defect", "classification"]
 
 
 CHUNKS_PER_ENTRY = 100
@@ -62,12 +62,19 @@ class MetricSpec:
     # job's lifetime, so a call made once (a text's claims, a re-run item's answered
     # calls) is never paid again, even with the cross-job cache off.
     memo: bool = False
+    # The queue kind for an entry's parameters, when they decide it (a part that needs a model
+    # on the gpu queue only when asked for); None: always ``queue``.
+    queue_for: Callable[[Any], QueueKind] | None = None
     _loaded: list = field(default_factory=list, repr=False, compare=False)
 
     @property
     def calls_endpoint(self) -> bool:
         """Items cost a model call: a re-run skips items already recorded."""
         return self.queue in ("judge", "generate")
+
+    def kind(self, params: Any) -> QueueKind:
+        """The queue kind an entry with these parameters runs on."""
+        return self.queue_for(params) if self.queue_for is not None else self.queue
 
     @property
     def needs_references(self) -> bool:

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.fmeval_reference.fixture import fmeval  # noqa: E402,F401  (fmeval 1.2.3 itself, a session fixture)
+
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = "tests.plugins.faulty,tests.plugins.echo_runner"
 

@@ -71,8 +71,8 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
     n = len(job.instances)
     sample = _sample(job)
     queues: list[dict] = []
-    cpu_items = sum(job.span(m) for m in job.metrics if m.spec.queue == "cpu")
-    gpu_items = sum(job.span(m) for m in job.metrics if m.spec.queue == "gpu")
+    cpu_items = sum(job.span(m) for m in job.metrics if m.kind == "cpu")
+    gpu_items = sum(job.span(m) for m in job.metrics if m.kind == "gpu")
     if cpu_items:
         seconds = cpu_items / cpu_items_per_s
         queues.append({"queue": "cpu", "items": cpu_items, "rate_per_worker": cpu_items_per_s,

@@ -60,8 +60,8 @@ def validate(job_file: Path, offline: bool) -> None:
     job = load_job(job_file, keys_needed=not offline)
     describe(job, job_file, err=False)
     repeated = {m.id for m in job.metrics if sum(o.id == m.id for o in job.metrics) > 1}
-    metrics = ", ".join(f"{m.label} (metrics[{m.position}], {m.spec.queue})" if m.id in repeated
-                        else f"{m.label} ({m.spec.queue})" for m in job.metrics)
+    metrics = ", ".join(f"{m.label} (metrics[{m.position}], {m.kind})" if m.id in repeated
+                        else f"{m.label} ({m.kind})" for m in job.metrics)
     per_queue = Counter(chunk.queue for chunk in plan(job, runs=job.runs))
     tasks = ", ".join(f"{n} on {q}" for q, n in sorted(per_queue.items()))
     click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}; tasks: {tasks}")

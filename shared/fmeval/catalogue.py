@@ -1,0 +1,39 @@
+"""Registry entries for fmeval's algorithms (aws/fmeval ``eval_algorithms``), by fmeval's names."""
+
+from __future__ import annotations
+
+import evalq.shared.fmeval.classification  # noqa: F401  (registers the "classification" aggregation)
+from evalq.shared.fmeval.params import (ClassificationAccuracyParams, FactualKnowledgeParams, QAAccuracyParams,
+                                        SummarizationAccuracyParams, on_gpu)
+from evalq.shared.registry import REGISTRY, MetricSpec
+
+UNIT = (0.0, 1.0)
+WITH_TARGETS = ("actual-output", "expected-output")
+
+REGISTRY.register(MetricSpec(
+    id="factual_knowledge", params=FactualKnowledgeParams, impl="evalq.workers.fmeval.text:factual_knowledge",
+    queue="cpu", bounds=UNIT, requires=WITH_TARGETS,
+    description="fmeval FactualKnowledge: 1 if the output contains a target (any with OR, every one with AND), "
+    "case-folded (factual_knowledge) and after normalisation (factual_knowledge_quasi_exact)."))
+
+REGISTRY.register(MetricSpec(
+    id="qa_accuracy", params=QAAccuracyParams, impl="evalq.workers.fmeval.text:qa_accuracy",
+    queue="gpu", queue_for=on_gpu, batch=True, bounds=(-1.0, 1.0), requires=WITH_TARGETS,
+    description="fmeval QAAccuracy: exact_match_score, quasi_exact_match_score, precision_over_words, "
+    "recall_over_words, f1_score (word sets) and bertscore, each the best over the targets."))
+
+REGISTRY.register(MetricSpec(
+    id="summarization_accuracy", params=SummarizationAccuracyParams,
+    impl="evalq.workers.fmeval.summarization:summarization_accuracy",
+    queue="gpu", queue_for=on_gpu, batch=True, bounds=(-1.0, 1.0), requires=WITH_TARGETS,
+    description="fmeval SummarizationAccuracy: meteor (WordNet offline), rouge (rouge_type) and bertscore, "
+    "each the best over the targets."))
+
+REGISTRY.register(MetricSpec(
+    id="classification_accuracy", params=ClassificationAccuracyParams,
+    impl="evalq.workers.fmeval.classification:classification_accuracy",
+    prepare="evalq.shared.fmeval.classification:valid_labels",
+    queue="cpu", aggregation="classification", bounds=UNIT, requires=WITH_TARGETS,
+    description="fmeval ClassificationAccuracy: the output's first valid label against the target "
+    "(classification_accuracy_score per item); balanced_accuracy_score, precision_score and recall_score "
+    "over the whole job (and per category)."))
