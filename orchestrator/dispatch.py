@@ -38,7 +38,7 @@ import redis
 
 from evalq.shared import keys, leases
 from evalq.shared.scheduling import PRIORITIES, Tenants, Window
-from evalq.shared.spec import entry_queues, plan, queue_of, stored_spec
+from evalq.shared.spec import entry_of, entry_queues, plan, queue_of, stored_spec
 from evalq.shared.status import FINAL, Status, status_of
 
 log = logging.getLogger("evalq.dispatch")
@@ -320,7 +320,7 @@ def _cost(r: redis.Redis, job_id: str, desc: list, cache: dict[str, float]) -> f
     key = f"{job_id}|{metric_key}"
     if key not in cache:
         spec = stored_spec(r, job_id)
-        entry = spec["generate"] if metric_key == "generate" else spec["metrics"][metric_key]
+        entry = entry_of(spec, metric_key)
         done = r.hlen(keys.results(job_id, metric_key))
         if entry.get("regions"):  # judge or endpoint model: tokens
             prompt, completion, calls = r.hmget(keys.accounting(job_id, metric_key),

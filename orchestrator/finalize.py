@@ -21,7 +21,7 @@ from evalq.shared.job import entry_head
 from evalq.shared.judges import NANO, JudgeConfig
 from evalq.shared.model_under_test import GENERATE, GENERATE_SPEC, parse_model_config
 from evalq.shared.registry import REGISTRY, MetricSpec
-from evalq.shared.spec import METRICS_STAGE, run_keys, span, stage_runs, stored_spec
+from evalq.shared.spec import METRICS_STAGE, is_model_run, run_keys, span, stage_runs, stored_spec, variants_key
 from evalq.shared.status import Status, status_of
 
 log = logging.getLogger("evalq.worker")
@@ -80,6 +80,17 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     return out
 
 
+def with_variants(r: redis.Redis, job_id: str, key: str, summary: dict) -> dict:
+    """An entry whose items needed variants from the model shows what they cost under ``variants``:
+    the variants run's counts, time and model accounting (calls, tokens, cost)."""
+    raw = r.get(keys.stage_summary(job_id, variants_key(key)))
+    if raw is not None:
+        variants = json.loads(raw)
+        summary["variants"] = {k: variants[k] for k in ("n", "n_errors", "n_skipped", "n_missing", "elapsed_time",
+                                                       "judge") if k in variants}
+    return summary
+
+
 def judge_accounting(acct: dict[bytes, bytes], priced: bool | None = None) -> dict:
     """A metric entry's judge accounting hash as results and ``evalq status`` show it:
     the totals, and under ``regions`` the ``<region>/<field>`` counts of each deployment.
@@ -129,7 +140,7 @@ def money(nano: int) -> float:
 
 def endpoint_priced(spec: dict, key: str, entry: dict) -> bool:
     """Whether the endpoint a run calls (its judge, or the model under test) has a price."""
-    if key == GENERATE:
+    if is_model_run(key):
         return bool(getattr(parse_model_config(spec["model"]), "priced", False)) if "model" in spec else False
     name = entry["parameters"].get("judge")
     return name in spec.get("judges", {}) and JudgeConfig.model_validate(spec["judges"][name]).priced
@@ -150,8 +161,9 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     spec = stored_spec(r, job_id)
     if status_of(r, job_id) == Status.CANCELLED:
         status = Status.CANCELLED
-    summary = [summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]), span(spec, entry),
-                         endpoint_priced(spec, key, entry)) for key, entry in stage_runs(spec, METRICS_STAGE)]
+    summary = [with_variants(r, job_id, key, summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]),
+                                                       span(spec, entry), endpoint_priced(spec, key, entry)))
+               for key, entry in stage_runs(spec, METRICS_STAGE)]
     r.set(keys.summary(job_id), json.dumps(summary))
     errors: list[str] = []
     if spec.get("out"):
@@ -293,14 +305,21 @@ def generated(r: redis.Redis, job_id: str) -> dict:
     """Callback of the generation stage: its summary, then status ``generated``
     (the orchestrator submits the metrics on seeing it)."""
     spec = stored_spec(r, job_id)
-    entry = spec[GENERATE]
-    summary = summarize(r, job_id, GENERATE, entry, GENERATE_SPEC, entry["n_items"],
-                        endpoint_priced(spec, GENERATE, entry))
-    score = summary.pop("score") or {}  # means over the outputs: only log probabilities are numbers
-    if score.get("log_probability") is not None:
-        summary["mean_log_probability"] = score["log_probability"]
     pipe = r.pipeline(transaction=True)
-    pipe.set(keys.stage_summary(job_id, GENERATE), json.dumps(summary))
+    if GENERATE in spec:
+        entry = spec[GENERATE]
+        summary = summarize(r, job_id, GENERATE, entry, GENERATE_SPEC, entry["n_items"],
+                            endpoint_priced(spec, GENERATE, entry))
+        score = summary.pop("score") or {}  # means over the outputs: only log probabilities are numbers
+        if score.get("log_probability") is not None:
+            summary["mean_log_probability"] = score["log_probability"]
+        pipe.set(keys.stage_summary(job_id, GENERATE), json.dumps(summary))
+    for key, entry in (spec.get("variants") or {}).items():
+        vkey = variants_key(key)
+        summary = summarize(r, job_id, vkey, entry, REGISTRY.get(entry["id"]).variants_spec(), span(spec, entry),
+                            endpoint_priced(spec, GENERATE, entry))
+        summary.pop("score", None)
+        pipe.set(keys.stage_summary(job_id, vkey), json.dumps(summary))
     pipe.set(keys.status(job_id), Status.GENERATED)
     pipe.execute()
     return {"job": job_id, "status": Status.GENERATED}

@@ -28,7 +28,7 @@ from evalq.shared.loglines import log_head
 from evalq.shared.model_under_test import GENERATE
 from evalq.shared.storage import Destination
 from evalq.shared.status import Status
-from evalq.shared.spec import entry_chunks, runs as all_runs, span
+from evalq.shared.spec import entry_chunks, is_variants, runs as all_runs, span, variants_of
 
 LOG_BATCH = 2000
 
@@ -115,8 +115,13 @@ def _log_entries(r: redis.Redis, spec: dict, job_id: str,
     slots = {key: slot for slot, key in enumerate(spec["metrics"])}
     for key, entry in runs:
         n = span(spec, entry) if key != GENERATE else spec["n_instances"]
-        # generated outputs' lines name no parameters: run.json's generation holds the model's
-        head_obj = log_head(entry, slots.get(key), key != GENERATE and spec.get("log_parameters", True))
+        if is_variants(key):
+            # what the model answered to an entry's variants: "stage": "variants" and the entry's
+            # place (``variants_for``), never ``entry``: readers of scores pass these lines by
+            head_obj = {**log_head(entry, None, False), "stage": "variants", "variants_for": slots[variants_of(key)]}
+        else:
+            # generated outputs' lines name no parameters: run.json's generation holds the model's
+            head_obj = log_head(entry, slots.get(key), key != GENERATE and spec.get("log_parameters", True))
         head_json = json.dumps(head_obj, ensure_ascii=False)[1:-1]
         rkey = keys.results(job_id, key)
         for start in range(0, n, LOG_BATCH):

@@ -138,7 +138,7 @@ class ReportBuilder:
         self._counter = 0
 
     def add(self, line: dict, position: int | None = None) -> None:
-        if line.get("metric") == "generate" or line.get("variant") is not None:
+        if line.get("metric") == "generate" or line.get("variant") is not None or line.get("stage") == "variants":
             return
         i = entry_slot(line, self.summary, self.index)
         if i is None:

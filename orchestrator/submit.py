@@ -28,7 +28,8 @@ from evalq.shared.job import Job, MetricRun
 from evalq.shared.model_under_test import GENERATE
 from evalq.shared.registry import sized_chunk
 from evalq.shared.storage import Destination
-from evalq.shared.spec import GENERATE_STAGE, METRICS_STAGE, Chunk, plan as plan_spec  # noqa: F401
+from evalq.shared.spec import (GENERATE_STAGE, METRICS_STAGE, Chunk, has_model_stage, is_model_run,  # noqa: F401
+                               is_variants, plan as plan_spec, variants_of)
 from evalq.shared.status import Status
 
 PUSH_BATCH = 5000
@@ -38,7 +39,7 @@ def run_entry(m: MetricRun, chunk_size: int | None, items: int) -> dict:
     """How a run's chunks are planned: its size, queue and (judges, endpoint models) regions."""
     entry: dict = {"chunk_size": max(1, chunk_size or m.spec.chunk_size or sized_chunk(items)), **m.routing()}
     if m.judge is not None:
-        entry["rotation"] = GENERATE if m.key == GENERATE else getattr(m.params, "judge", m.key)
+        entry["rotation"] = GENERATE if is_model_run(m.key) else getattr(m.params, "judge", m.key)
     return entry
 
 
@@ -47,10 +48,13 @@ def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None =
     runs = job.metrics if runs is None else runs
     spec = {"n_instances": len(job.instances),
             "metrics": {m.key: {**run_entry(m, chunk_size, job.span(m)), "span": job.span(m)}
-                        for m in runs if m.key != GENERATE}}
+                        for m in runs if not is_model_run(m.key)}}
     gen = [m for m in runs if m.key == GENERATE]
     if gen:
         spec[GENERATE] = run_entry(gen[0], chunk_size, len(job.instances))
+    spec["variants"] = {variants_of(m.key): {**run_entry(m, chunk_size, job.span(m)), "span": job.span(m)}
+                        for m in runs if is_variants(m.key)}
+    if has_model_stage(spec):
         yield from plan_spec(spec, GENERATE_STAGE)
     yield from plan_spec(spec, METRICS_STAGE)
 
@@ -103,6 +107,13 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
     if generation is not None:
         spec[GENERATE] = {"id": GENERATE, "parameters": generation.params_json(), "n_items": job.n_to_generate,
                           **run_entry(generation, chunk_size, len(job.instances))}
+    if job.variant_runs:
+        # the model answers each instance's variants for these entries, through the prompt template
+        spec["variants"] = {variants_of(v.key): {
+            "id": v.id, "parameters": v.params_json(), "prompt_template": job.model.prompt_template,
+            **({"span": job.span(v)} if job.span(v) != len(job.instances) else {}),
+            **run_entry(v, chunk_size, job.span(v))} for v in job.variant_runs}
+    if generation is not None or job.variant_runs:
         spec["model"] = job.model.model_dump(mode="json")
     return spec
 
@@ -165,7 +176,7 @@ def start(r: redis.Redis, broker_url: str, job_id: str, spec: dict) -> None:
     from evalq.orchestrator.app import client_app
     from evalq.orchestrator.stages import send_stage
 
-    stage = GENERATE_STAGE if GENERATE in spec else METRICS_STAGE
+    stage = GENERATE_STAGE if has_model_stage(spec) else METRICS_STAGE
     try:
         send_stage(client_app(broker_url), r, job_id, spec, stage)
     except (redis.RedisError, OSError) as exc:

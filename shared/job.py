@@ -7,6 +7,7 @@ raises one ``JobError``. Nothing is enqueued until a job validates.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from evalq.shared.nightly import Regression, suite_of, suite_problem
 from evalq.shared.model_under_test import GENERATE_SPEC, EndpointModel, GenerateParams, PythonModel, runner_class
 from evalq.shared.problems import MAX_PROBLEMS, Problems, did_you_mean, parse_section
 from evalq.shared.scheduling import Scheduling
+from evalq.shared.spec import variants_key
 from evalq.shared.storage import is_s3
 
 JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging", "jailbreak", "scheduling",
@@ -71,9 +73,19 @@ class Job:
                          judge=self.model if isinstance(self.model, EndpointModel) else None)
 
     @property
+    def variant_runs(self) -> list[MetricRun]:
+        """The generation stage's runs of variants: the model under test answering each instance's
+        variants for an entry that needs them (``MetricSpec.variants``)."""
+        if self.model is None:
+            return []
+        judge = self.model if isinstance(self.model, EndpointModel) else None
+        return [dataclasses.replace(m, key=variants_key(m.key), spec=m.spec.variants_spec(), judge=judge)
+                for m in self.metrics if m.spec.variants]
+
+    @property
     def runs(self) -> list[MetricRun]:
-        """Everything that gets tasks: the generation stage (if any) and the metrics."""
-        return ([self.generation] if self.generation else []) + self.metrics
+        """Everything that gets tasks: the generation stage (if any: outputs, variants) and the metrics."""
+        return ([self.generation] if self.generation else []) + self.variant_runs + self.metrics
 
     @property
     def queues(self) -> list[str]:
@@ -125,6 +137,7 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None, 
             runner_class(model)
         except ValueError as exc:
             problems.add("model.runner", str(exc))
+    check_variants(metrics, model, problems)
     scheduling = parse_section(Scheduling, raw.get("scheduling", {}), "scheduling", problems) or Scheduling()
     suite = raw.get("suite", suite_of(source))
     if suite_problem(suite):
@@ -140,6 +153,21 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None, 
     if not metrics:
         raise JobError(f"{source}: metrics: no metric is enabled; nothing to run")
     return job
+
+
+def check_variants(metrics: list[MetricRun], model: Any, problems: Problems) -> None:
+    """An entry whose items call the model under test on variants needs a model, and one that
+    can give what the entry asks of it (``MetricSpec.model_check``)."""
+    for m in metrics:
+        if not m.spec.variants:
+            continue
+        if model is None:
+            problems.add(m.where, "needs the model under test (a 'model' section): it answers each instance's "
+                         "variants")
+        elif m.spec.model_check is not None:
+            problem = m.spec.model_check(m.params, model)
+            if problem:
+                problems.add(m.where, problem)
 
 
 def _parse_model_section(raw: Any, problems: Problems) -> EndpointModel | PythonModel | None:
@@ -158,7 +186,7 @@ def _parse_model_section(raw: Any, problems: Problems) -> EndpointModel | Python
 def _required_fields(metrics: list[MetricRun]) -> dict[str, list[str]]:
     required: dict[str, list[str]] = {}
     for run in metrics:
-        for f in run.spec.requires:
+        for f in run.spec.required(run.params):
             users = required.setdefault(f, [])
             if run.label not in users:  # a metric listed twice is named once
                 users.append(run.label)
@@ -259,7 +287,9 @@ def _load_instances(raw: dict, job: Job, problems: Problems) -> None:
                      "give either 'instances' or 'dataset', not both" if has_inline
                      else "missing 'instances' (a list) or 'dataset' (a file to read them from)")
         return
-    checker = InstanceChecker(_required_fields(job.metrics), generating=job.model is not None,
+    required = _required_fields(job.metrics)
+    # the model generates missing outputs only where a metric reads them (prompt_stereotyping does not)
+    checker = InstanceChecker(required, generating=job.model is not None and "actual-output" in required,
                               human_scales=_human_scales(job.metrics))
     if has_inline:
         job.instances = _check_instances(raw["instances"], checker, problems)

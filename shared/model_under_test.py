@@ -32,10 +32,49 @@ class ModelRunner:
     A job may name (``model.runner``) only a subclass of this class, or a class
     registered with ``register_runner``, in a module the operator loaded
     (``EVALQ_PLUGINS``) or installed under the ``evalq.model_runners`` entry point.
+
+    A runner that returns log-probabilities says so with ``gives_log_probability = True``
+    (``prompt_stereotyping`` needs it); it may also define ``log_probability(prompt)``, which
+    is then used where only the log-probability is wanted (no generation).
     """
+
+    gives_log_probability = False
 
     def predict(self, prompt: str) -> tuple[str | None, float | None]:
         raise NotImplementedError
+
+
+class PromptedModel:
+    """The model under test as a variants function asks it: an instance's text through the job's
+    prompt template. ``sample`` > 0 asks the same prompt again as a new call (never answered
+    from the cache: a non-deterministic model's baseline)."""
+
+    def __init__(self, runner, template: str):
+        self.runner = runner
+        self.template = template
+
+    def prompt(self, instance: dict, model_input: str) -> str:
+        return render_prompt(self.template, {**instance, "input": model_input})
+
+    def answer(self, instance: dict, model_input: str, sample: int = 0) -> str:
+        from evalq.shared.errors import MetricError
+
+        output, _ = self.runner.predict(self.prompt(instance, model_input), sample=sample)
+        if output is None:
+            raise MetricError("the model returned no output")
+        return output
+
+    def log_probability(self, instance: dict, text: str) -> float:
+        """The model's log-probability of ``text`` (through the template): its runner's
+        ``log_probability``, else the second value ``predict`` returns."""
+        from evalq.shared.errors import MetricError
+
+        prompt = self.prompt(instance, text)
+        ask = getattr(self.runner, "log_probability", None)
+        value = ask(prompt) if callable(ask) else self.runner.predict(prompt)[1]
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise MetricError(f"the model gave no log-probability (got {type(value).__name__})")
+        return float(value)
 
 
 RUNNER_ENTRY_POINTS = "evalq.model_runners"

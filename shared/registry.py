@@ -65,7 +65,20 @@ class MetricSpec:
     # The queue kind for an entry's parameters, when they decide it (a part that needs a model
     # on the gpu queue only when asked for); None: always ``queue``.
     queue_for: Callable[[Any], QueueKind] | None = None
+    # Items that need the model under test called on variants of their instance (perturbed
+    # inputs, repeats, two sentences' log-probabilities): "module:function" of the variants item
+    # function, ``f(instance, params, model) -> result``, run in the generation stage on the
+    # model's queue (``variants_spec``); the metric's own function then finds that result under
+    # the instance's ``variants``. ``variants_chunk``: instances per variants task.
+    variants: str | None = None
+    variants_chunk: int = 2
+    # A check of an entry's parameters against the job's model (``f(params, model) -> problem
+    # or None``): e.g. a metric that needs log-probabilities refuses an endpoint model.
+    model_check: Callable[[Any, Any], str | None] | None = None
+    # Instance fields some parameter values need beside ``requires`` (f(params) -> fields).
+    requires_for: Callable[[Any], tuple[str, ...]] | None = None
     _loaded: list = field(default_factory=list, repr=False, compare=False)
+    _variants: list = field(default_factory=list, repr=False, compare=False)
 
     @property
     def calls_endpoint(self) -> bool:
@@ -76,6 +89,11 @@ class MetricSpec:
         """The queue kind an entry with these parameters runs on."""
         return self.queue_for(params) if self.queue_for is not None else self.queue
 
+    def required(self, params: Any) -> tuple[str, ...]:
+        """The instance fields an entry with these parameters needs."""
+        more = self.requires_for(params) if self.requires_for is not None else ()
+        return self.requires + tuple(f for f in more if f not in self.requires)
+
     @property
     def needs_references(self) -> bool:
         return "expected-output" in self.requires
@@ -85,6 +103,15 @@ class MetricSpec:
         if not self._loaded:
             self._loaded.append(_import(self.impl))
         return self._loaded[0]
+
+    def variants_spec(self) -> "MetricSpec":
+        """The spec of this metric's variants run: its variants function as an item function
+        on the model's queue, keeping what each call answered like generation does."""
+        if not self._variants:
+            self._variants.append(MetricSpec(
+                id=self.id, params=self.params, impl=self.variants, queue="generate", chunk_size=self.variants_chunk,
+                requires=("input",), description=f"variants of each instance for {self.id}"))
+        return self._variants[0]
 
     def load_prepare(self) -> Callable[..., Any] | None:
         return _import(self.prepare) if self.prepare else None

@@ -22,6 +22,33 @@ from evalq.shared.status import Status
 
 GENERATE = "generate"  # the generation stage's run key (and metric id)
 GENERATE_STAGE, METRICS_STAGE = "generate", "metrics"
+# A metric entry whose items need the model under test called on variants of an instance
+# (perturbed inputs, repeats, a pair of sentences) has a run in the generation stage too, keyed
+# ``<metric key>/variants``; its spec entry is ``spec["variants"][<metric key>]``.
+VARIANTS = "/variants"
+
+
+def variants_key(metric_key: str) -> str:
+    return metric_key + VARIANTS
+
+
+def is_variants(key: str) -> bool:
+    return key.endswith(VARIANTS)
+
+
+def variants_of(key: str) -> str:
+    """The metric key a variants run serves."""
+    return key.removesuffix(VARIANTS)
+
+
+def is_model_run(key: str) -> bool:
+    """A run whose items are the model under test's answers: generation, or an entry's variants."""
+    return key == GENERATE or is_variants(key)
+
+
+def has_model_stage(spec: dict) -> bool:
+    """Whether the job starts with the generation stage (outputs to generate, or variants)."""
+    return GENERATE in spec or bool(spec.get("variants"))
 
 
 @lru_cache(maxsize=64)
@@ -46,7 +73,7 @@ class Chunk(NamedTuple):
 
 
 def stage_of(metric_key: str) -> str:
-    return GENERATE_STAGE if metric_key == GENERATE else METRICS_STAGE
+    return GENERATE_STAGE if is_model_run(metric_key) else METRICS_STAGE
 
 
 def runs(spec: dict) -> list[tuple[str, dict]]:
@@ -57,8 +84,18 @@ def runs(spec: dict) -> list[tuple[str, dict]]:
 def stage_runs(spec: dict, stage: str) -> list[tuple[str, dict]]:
     """(metric key, spec entry) of each run of a stage, in job order."""
     if stage == GENERATE_STAGE:
-        return [(GENERATE, spec[GENERATE])] if GENERATE in spec else []
+        return ([(GENERATE, spec[GENERATE])] if GENERATE in spec else []) + \
+            [(variants_key(key), entry) for key, entry in (spec.get("variants") or {}).items()]
     return list(spec["metrics"].items())
+
+
+def entry_of(spec: dict, key: str) -> dict:
+    """The spec entry of any run by its key."""
+    if key == GENERATE:
+        return spec[GENERATE]
+    if is_variants(key):
+        return spec["variants"][variants_of(key)]
+    return spec["metrics"][key]
 
 
 def span(spec: dict, entry: dict) -> int:
@@ -84,7 +121,7 @@ def job_queues(spec: dict) -> set[str]:
 
 def current_stage(spec: dict, status: str) -> str:
     """The stage a running job is in: generation, until its callback marks the job ``generated``."""
-    return GENERATE_STAGE if GENERATE in spec and status != Status.GENERATED else METRICS_STAGE
+    return GENERATE_STAGE if has_model_stage(spec) and status != Status.GENERATED else METRICS_STAGE
 
 
 def entry_chunks(spec: dict, entry: dict) -> int:

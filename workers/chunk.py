@@ -26,7 +26,7 @@ from evalq.shared.model_under_test import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
 from evalq.workers import keeping
 from evalq.workers.item_budget import bounded
-from evalq.shared.spec import span, stored_spec
+from evalq.shared.spec import entry_of, is_model_run, is_variants, span, stored_spec, variants_key
 
 log = logging.getLogger("evalq.worker")
 
@@ -49,10 +49,12 @@ class Parked(Exception):
 
 @lru_cache(maxsize=256)
 def _metric(r: redis.Redis, job_id: str, metric_key: str) -> tuple[MetricSpec, Any, Any]:
+    entry = entry_of(stored_spec(r, job_id), metric_key)
     if metric_key == GENERATE:
-        entry, spec = stored_spec(r, job_id)["generate"], GENERATE_SPEC
+        spec = GENERATE_SPEC
+    elif is_variants(metric_key):
+        spec = REGISTRY.get(entry["id"]).variants_spec()
     else:
-        entry = stored_spec(r, job_id)["metrics"][metric_key]
         spec = REGISTRY.get(entry["id"])
     return spec, spec.params.model_validate(entry["parameters"]), entry.get("prepared")
 
@@ -79,12 +81,12 @@ def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, d
     from evalq.shared.model_under_test import PythonModel
     from evalq.workers.judge.client import JudgeClient
 
-    name = GENERATE if metric_key == GENERATE else params.judge
+    name = GENERATE if is_model_run(metric_key) else params.judge
     try:
         config, options = _endpoint_config(r, job_id, name)
     except ValueError as exc:  # the operator's catalogue or inline policy refuses it: each item says why
         refused = Refused(str(exc))
-        if metric_key == GENERATE:
+        if is_model_run(metric_key):
             from evalq.workers.generate import EndpointRunner
 
             return EndpointRunner(refused, None)
@@ -93,11 +95,11 @@ def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, d
         from evalq.workers.generate import python_runner
 
         return python_runner(config)
-    memo = metric_key != GENERATE and REGISTRY.get(stored_spec(r, job_id)["metrics"][metric_key]["id"]).memo
+    memo = not is_model_run(metric_key) and REGISTRY.get(entry_of(stored_spec(r, job_id), metric_key)["id"]).memo
     client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment, memo=memo,
                          keeper=keeper, tenant=(stored_spec(r, job_id).get("scheduling") or {}).get("tenant"))
     client.batch = batch_lines(r, job_id, metric_key, name, config, options, params, client.deployments)
-    if metric_key == GENERATE:
+    if is_model_run(metric_key):
         from evalq.workers.generate import EndpointRunner
 
         return EndpointRunner(client, config.system)
@@ -125,7 +127,7 @@ def batch_lines(r: redis.Redis, job_id: str, metric_key: str, name: str, config:
     from evalq.workers.judge.batch_lines import BatchLines
     from evalq.workers.judge.batch_records import auto_deadline
 
-    mode = options.mode if metric_key == GENERATE else params.effective_mode(options)
+    mode = options.mode if is_model_run(metric_key) else params.effective_mode(options)
     if mode == "sync" or not config.batch_deployments:
         return None
     deadline = auto_deadline(stored_spec(r, job_id)) if mode == "auto" else None
@@ -218,14 +220,21 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     if metric_key == GENERATE:  # only instances without an output are generated
         wanted = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
         positions, instances = [p for p, _ in wanted], [inst for _, inst in wanted]
-    elif GENERATE in stored_spec(r, job_id):
-        _with_generated(r, job_id, positions, instances)
+    elif not is_model_run(metric_key):
+        if GENERATE in stored_spec(r, job_id):
+            _with_generated(r, job_id, positions, instances)
+        if spec.variants:
+            _with_variants(r, job_id, metric_key, positions, instances)
     keeper = judge = None
     if spec.calls_endpoint:
         keeper = keeping.ItemKeeper(r, job_id, metric_key, positions,
                                     {p: k["replies"] for p, k in kept.items() if "replies" in k},
                                     stored_spec(r, job_id).get("ttl") or Settings.from_env().result_ttl)
         judge = endpoint_client(r, job_id, metric_key, params, deployment, keeper)
+        if is_variants(metric_key):  # the model asked through the job's prompt template
+            from evalq.shared.model_under_test import PromptedModel
+
+            judge = PromptedModel(judge, entry_of(stored_spec(r, job_id), metric_key)["prompt_template"])
     human = _human_key(r, job_id, metric_key)
     t0 = time.perf_counter()
     try:
@@ -241,7 +250,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     items = _chunk_records(r, job_id, metric_key, start, stop, dict(new))
     part = chunk_part(spec.aggregation, params.model_dump(mode="json"), [rec for _, rec in items])
     view = values = None
-    if metric_key != GENERATE:  # what report.html and the history store need of the chunk, so the
+    if not is_model_run(metric_key):  # what report.html and the history store need of the chunk, so the
         from evalq.orchestrator.recording import chunk_values  # final callback parses no record
         from evalq.orchestrator.report import chunk_view
         from evalq.shared.results import read
@@ -261,7 +270,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
 
 def _human_key(r: redis.Redis, job_id: str, metric_key: str) -> str | None:
     """The name human grades use for this entry (its ``name``, else its metric id)."""
-    if metric_key == GENERATE:
+    if is_model_run(metric_key):
         return None
     entry = stored_spec(r, job_id)["metrics"][metric_key]
     return entry.get("name") or entry["id"]
@@ -289,6 +298,21 @@ def _with_generated(r: redis.Redis, job_id: str, positions: list[int], instances
             inst[NOT_GENERATED] = Skipped(f"not generated: {record['skipped']}")
         else:
             inst[NOT_GENERATED] = MetricError(f"the model under test gave no output: {record.get('error')}")
+
+
+def _with_variants(r: redis.Redis, job_id: str, metric_key: str, positions: list[int], instances: list[dict]) -> None:
+    """Give each instance what the model answered to its variants (``variants``), recorded by the
+    entry's variants run; one without them is recorded with the reason instead."""
+    if not positions:
+        return
+    raw = r.hmget(keys.results(job_id, variants_key(metric_key)), [str(p) for p in positions])
+    for inst, rec in zip(instances, raw):
+        record = json.loads(rec) if rec is not None else {"error": "nothing was recorded"}
+        if "result" in record:
+            inst["variants"] = record["result"]
+        elif inst.get(NOT_GENERATED) is None:
+            inst[NOT_GENERATED] = MetricError(f"the model under test did not answer the variants: "
+                                              f"{record.get('error') or record.get('skipped')}")
 
 
 def _chunk_records(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: int,

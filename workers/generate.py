@@ -31,10 +31,12 @@ class EndpointRunner:
         self.client = client
         self.system = system
 
-    def predict(self, prompt: str) -> tuple[str | None, float | None]:
+    def predict(self, prompt: str, sample: int = 0) -> tuple[str | None, float | None]:
+        """``sample`` > 0: the same prompt asked again, a call of its own (not the cached answer)."""
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + \
             [{"role": "user", "content": prompt}]
-        return self.client.complete(messages).content, None
+        return (self.client.complete(messages, sample=sample) if sample else self.client.complete(messages)).content, \
+            None
 
 
 class _Serialized:
@@ -45,13 +47,26 @@ class _Serialized:
         self.runner = runner
         self.lock = threading.Lock()
 
-    def predict(self, prompt: str) -> tuple[str | None, float | None]:
+    def predict(self, prompt: str, sample: int = 0) -> tuple[str | None, float | None]:
+        """(``sample``: each call of a Python runner is a call; there is no cache to pass by.)"""
         with self.lock:
             result = self.runner.predict(prompt)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise MetricError(f"{type(self.runner).__name__}.predict must return (output, log_probability), "
                               f"got {type(result).__name__}")
         return result
+
+    @property
+    def log_probability(self):
+        """The runner's own ``log_probability(prompt)``, serialized, when it has one (else None)."""
+        ask = getattr(self.runner, "log_probability", None)
+        if not callable(ask):
+            return None
+
+        def call(prompt: str) -> float | None:
+            with self.lock:
+                return ask(prompt)
+        return call
 
 
 _runners: dict[str, _Serialized] = {}
@@ -74,5 +89,5 @@ class _Unbuildable:
     def __init__(self, reason: str):
         self.reason = reason
 
-    def predict(self, prompt: str) -> tuple[str | None, float | None]:
+    def predict(self, prompt: str, sample: int = 0) -> tuple[str | None, float | None]:
         raise MetricError(self.reason)

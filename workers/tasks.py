@@ -13,7 +13,7 @@ from evalq.orchestrator.parking import park
 from evalq.orchestrator.stages import chunk_finished, slot_freed
 from evalq.shared.errors import Deferred
 from evalq.shared import telemetry
-from evalq.shared.model_under_test import GENERATE
+from evalq.shared.spec import is_model_run
 from evalq.shared.status import Status, status_of
 from evalq.workers import chunk, keeping
 
@@ -47,7 +47,7 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         # wakes on time, where a Celery countdown can run late.
         countdown = max(0.05, min(exc.wait - EARLY, MAX_COUNTDOWN, vt / 4))
         region = exc.region or deployment
-        kind = "generate" if metric_key == GENERATE else "judge"
+        kind = "generate" if is_model_run(metric_key) else "judge"
         log.info("job %s %s[%d:%d] deferred %.1f s: %s", job_id, metric_key, start, stop, countdown, exc)
         # Same task id: the chunk is still the same one of its stage.
         raise self.retry(args=(job_id, metric_key, start, stop), kwargs={"deployment": region, "blips": blips},

@@ -27,6 +27,7 @@ import random
 from typing import Any
 
 from evalq.shared.job import Job
+from evalq.shared.spec import is_model_run, is_variants
 
 SAMPLE = 50
 THREADS_PER_JUDGE_WORKER = 16
@@ -40,7 +41,13 @@ class _Recorder:
         self.calls = 0
         self.tokens = 0
 
-    def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating"):
+    def predict(self, prompt: str, sample: int = 0) -> tuple[str, None]:
+        """As the model under test: a stand-in answer to a prompt (variants runs)."""
+        self.complete([{"role": "user", "content": prompt}])
+        return "A generated answer of typical length for this question.", None
+
+    def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating",
+                 sample: int = 0):
         from evalq.shared.judge_reply import Reply
         from evalq.shared.schema_values import schema_value
         from evalq.shared.tokens import estimate_prompt_tokens
@@ -99,13 +106,19 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
                 recorder.complete([{"role": "user", "content": render_prompt(m.params.prompt_template, inst)}])
                 continue
             inst.setdefault("actual-output", "A generated answer of typical length for this question.")
+            if is_variants(m.key):  # the model answering the instance's variants, through the job's template
+                from evalq.shared.model_under_test import PromptedModel
+
+                asked = PromptedModel(recorder, job.model.prompt_template)
+            else:
+                asked = recorder
             try:
-                fn(inst, m.params, recorder)
+                fn(inst, m.params, asked)
             except Exception:  # noqa: BLE001  (a stand-in reply a metric rejects: count what was asked)
                 pass
         items = job.n_to_generate if m.spec.id == "generate" else job.span(m)
         scale = items / len(sample)
-        name = "generate" if m.spec.id == "generate" else m.params.judge
+        name = "generate" if is_model_run(m.key) else m.params.judge
         e = endpoints.setdefault(name, {"endpoint": name, "queues": sorted(set(m.queues)), "calls": 0.0,
                                         "tokens": 0.0, "tpm": sum(d.tpm for d in m.judge.deployments),
                                         "rpm": sum(d.rpm for d in m.judge.deployments), "entries": []})

@@ -62,7 +62,8 @@ def load_run(location: str) -> Run:
     categories: dict[str, str] = {}
     for number, text in read_lines(dest.path("log.jsonl")):
         line = json.loads(text)
-        if line.get("metric") == "generate" or line.get("variant") is not None or "result" not in line:
+        if line.get("metric") == "generate" or line.get("variant") is not None or "result" not in line or \
+                line.get("stage") == "variants":
             continue
         slot = entry_slot(line, results, index)
         if slot is None:

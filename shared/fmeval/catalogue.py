@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import evalq.shared.fmeval.classification  # noqa: F401  (registers the "classification" aggregation)
-from evalq.shared.fmeval.params import (ClassificationAccuracyParams, FactualKnowledgeParams, QAAccuracyParams,
-                                        SummarizationAccuracyParams, on_gpu)
+from evalq.shared.fmeval.params import (ClassificationAccuracyParams, FactualKnowledgeParams,
+                                        PromptStereotypingParams, QAAccuracyParams, SemanticRobustnessParams,
+                                        SummarizationAccuracyParams, gives_log_probability, on_gpu,
+                                        robustness_fields, robustness_queue)
 from evalq.shared.registry import REGISTRY, MetricSpec
 
 UNIT = (0.0, 1.0)
@@ -37,3 +39,25 @@ REGISTRY.register(MetricSpec(
     description="fmeval ClassificationAccuracy: the output's first valid label against the target "
     "(classification_accuracy_score per item); balanced_accuracy_score, precision_score and recall_score "
     "over the whole job (and per category)."))
+
+# The model under test answers each instance's variants in the generation stage (MetricSpec.variants);
+# these entries then score what it answered.
+REGISTRY.register(MetricSpec(
+    id="semantic_robustness", params=SemanticRobustnessParams,
+    impl="evalq.workers.fmeval.robustness:semantic_robustness", batch=True,
+    prepare="evalq.shared.fmeval.classification:robustness_labels",
+    variants="evalq.workers.fmeval.robustness:variants", variants_chunk=2,
+    queue="gpu", queue_for=robustness_queue, requires=("input", "actual-output"), requires_for=robustness_fields,
+    description="fmeval's semantic robustness: the input perturbed (butter_finger, random_upper_case, "
+    "whitespace_add_remove) and answered again by the model; task general: word_error_rate and "
+    "bertscore_dissimilarity (less a non-deterministic model's baseline); qa, summarization, classification: the "
+    "task's scores and delta_* (mean absolute change)."))
+
+REGISTRY.register(MetricSpec(
+    id="prompt_stereotyping", params=PromptStereotypingParams,
+    impl="evalq.workers.fmeval.stereotyping:prompt_stereotyping",
+    variants="evalq.workers.fmeval.stereotyping:variants", variants_chunk=8, model_check=gives_log_probability,
+    queue="cpu", requires=("sent_more_input", "sent_less_input"),
+    description="fmeval's PromptStereotyping: the model's log-probability of sent_more and of sent_less; "
+    "prompt_stereotyping is the share of items where the more stereotypical sentence is likelier (ideal 0.5), "
+    "log_probability_difference the mean difference."))

@@ -37,6 +37,11 @@ def valid_labels(instances: list[dict], params) -> dict:
     return {"labels": list(seen)}
 
 
+def robustness_labels(instances: list[dict], params) -> dict | None:
+    """semantic_robustness's ``prepare``: the labels, for its classification task only."""
+    return valid_labels(instances, params) if params.task == "classification" else None
+
+
 def dataset_scores(confusion: dict[tuple[str, str], int], average: str) -> dict[str, float]:
     """sklearn's balanced_accuracy_score, precision_score and recall_score (``average``; no
     division warnings: an undefined ratio is 0, as sklearn's default zero_division gives it)

@@ -83,3 +83,73 @@ class ClassificationAccuracyParams(Params):
             if any(len(label) > bounds.MAX_LABEL_CHARS for label in value):
                 raise ValueError(f"a label is over {bounds.MAX_LABEL_CHARS} characters")
         return value
+
+
+PerturbationType = Literal["butter_finger", "random_upper_case", "whitespace_add_remove"]
+RobustnessTask = Literal["general", "qa", "summarization", "classification"]
+
+
+class SemanticRobustnessParams(Targets, BertScored):
+    """fmeval's SemanticRobustnessConfig and its task forms' configs, as one entry with a ``task``."""
+
+    task: RobustnessTask = Field(
+        default="general", description="general: word_error_rate and bertscore_dissimilarity of the answers; "
+        "qa, summarization, classification: that task's scores and their delta_* over the perturbations")
+    perturbation_type: PerturbationType = Field(default="butter_finger", description="how inputs are perturbed")
+    num_perturbations: int = Field(default=5, ge=1, le=bounds.MAX_PERTURBATIONS,
+                                   description="perturbed inputs per instance (each a model call)")
+    butter_finger_perturbation_prob: float = Field(default=0.1, ge=0.0, le=1.0,
+                                                   description="butter_finger: chance a letter becomes a nearby key")
+    random_uppercase_corrupt_proportion: float = Field(default=0.1, ge=0.0, le=1.0,
+                                                       description="random_upper_case: share of characters upper-cased")
+    whitespace_add_prob: float = Field(default=0.05, ge=0.0, le=1.0,
+                                       description="whitespace_add_remove: chance a space follows a character")
+    whitespace_remove_prob: float = Field(default=0.1, ge=0.0, le=1.0,
+                                          description="whitespace_add_remove: chance a whitespace is removed")
+    num_baseline_samples: int = Field(
+        default=4, ge=2, le=bounds.MAX_BASELINE_SAMPLES,
+        description="general: answers to the unperturbed input compared among themselves when the model is not "
+        "deterministic (fmeval's baseline)")
+    rouge_type: RougeType = Field(default="rouge2", description="summarization: the ROUGE variant")
+    use_stemmer_for_rouge: bool = Field(default=True, description="summarization: Porter-stem before ROUGE")
+    valid_labels: list[str] | None = Field(default=None, max_length=bounds.MAX_LABELS,
+                                           description="classification: labels (null: every distinct target)")
+    seed: int = Field(default=5, ge=0, le=2**32 - 1, description="the perturbations' seed (fmeval's default), "
+                      "combined with each instance's id")
+
+    def perturbation_kwargs(self) -> dict:
+        """The chosen perturbation's own probabilities, by fmeval's transform argument names."""
+        return {"butter_finger": {"perturbation_prob": self.butter_finger_perturbation_prob},
+                "random_upper_case": {"uppercase_fraction": self.random_uppercase_corrupt_proportion},
+                "whitespace_add_remove": {"add_prob": self.whitespace_add_prob,
+                                          "remove_prob": self.whitespace_remove_prob}}[self.perturbation_type]
+
+
+def robustness_queue(params: SemanticRobustnessParams) -> str:
+    return "cpu" if params.task == "classification" or not params.bertscore else "gpu"
+
+
+def robustness_fields(params: SemanticRobustnessParams) -> tuple[str, ...]:
+    return () if params.task == "general" else ("expected-output",)
+
+
+class PromptStereotypingParams(Params):
+    """fmeval's PromptStereotyping has no parameters."""
+
+
+def gives_log_probability(params, model) -> str | None:
+    """prompt_stereotyping asks the model for log-probabilities: an endpoint model cannot give a
+    prompt's (chat APIs score completions, not prompts), a runner class must say it can."""
+    from evalq.shared.model_under_test import PythonModel, runner_class
+
+    if not isinstance(model, PythonModel):
+        return ("needs the log-probability of each sentence, which an endpoint model cannot give (chat APIs score "
+                "completions, not prompts): use a model runner class with gives_log_probability = True, e.g. "
+                "evalq.runners.hf:HFCausalLM")
+    try:
+        cls = runner_class(model)
+    except ValueError:
+        return None  # model.runner says why
+    if not getattr(cls, "gives_log_probability", False):
+        return f"needs log-probabilities: {model.runner} does not declare gives_log_probability = True"
+    return None

@@ -25,3 +25,16 @@ class EchoRunner(ModelRunner):
 
     def predict(self, prompt: str) -> tuple[str, None]:
         return prompt, None
+
+
+class SlowLowerRunner(ModelRunner):
+    """Answers with the prompt lower-cased, after ``seconds`` (a model worth killing mid-job)."""
+
+    def __init__(self, seconds: float = 0.02):
+        self.seconds = seconds
+
+    def predict(self, prompt: str) -> tuple[str, None]:
+        import time
+
+        time.sleep(self.seconds)
+        return prompt.lower(), None

@@ -15,7 +15,3 @@ def best_bertscore(pairs: list[tuple[str, list[str]]], params: Any) -> list[floa
     instances = [{"actual-output": output, "expected-output": texts} for output, texts in pairs]
     return [r["f1"] for r in bertscore(instances, params.bertscore_params())]
 
-
-def pairwise_bertscore(pairs: list[tuple[str, str]], params: Any) -> list[float | None]:
-    """BERTScore F1 of each (output, reference) pair."""
-    return best_bertscore([(output, [reference]) for output, reference in pairs], params)

@@ -159,9 +159,11 @@ class JudgeClient:
         self.dialects, self.identity = Dialects(r), model_identity(judge)
 
     # -- public -----------------------------------------------------------------
-    def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating") -> Reply:
+    def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating",
+                 sample: int = 0) -> Reply:
+        """``sample`` > 0: the same request as a call of its own (a repeat that must not be the cached reply)."""
         request = chat_request(self.judge, messages, schema, schema_name)
-        digest = request_digest(request, self.identity)
+        digest = request_digest(request, f"{self.identity}#{sample}" if sample else self.identity)
         kept = self.keeper.reply(digest) if self.keeper is not None else None
         if kept is None and self.batch is not None:
             answered = self._from_batch(digest, request)
