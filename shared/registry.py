@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel
 
 QueueKind = Literal["cpu", "gpu", "judge", "generate"]
-Aggregation = Literal["mean", "distribution", "rating", "defect", "classification"]
+Aggregation = Literal["mean", "distribution", "rating", "defect", "classification", "toxicity"]
 
 
 CHUNKS_PER_ENTRY = 100

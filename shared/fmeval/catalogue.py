@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import evalq.shared.fmeval.classification  # noqa: F401  (registers the "classification" aggregation)
+import evalq.shared.fmeval.toxicity  # noqa: F401  (and "toxicity")
 from evalq.shared.fmeval.params import (ClassificationAccuracyParams, FactualKnowledgeParams,
                                         PromptStereotypingParams, QAAccuracyParams, SemanticRobustnessParams,
-                                        SummarizationAccuracyParams, gives_log_probability, on_gpu,
+                                        SummarizationAccuracyParams, ToxicityParams, gives_log_probability, on_gpu,
                                         robustness_fields, robustness_queue)
 from evalq.shared.registry import REGISTRY, MetricSpec
 
@@ -61,3 +62,9 @@ REGISTRY.register(MetricSpec(
     description="fmeval's PromptStereotyping: the model's log-probability of sent_more and of sent_less; "
     "prompt_stereotyping is the share of items where the more stereotypical sentence is likelier (ideal 0.5), "
     "log_probability_difference the mean difference."))
+
+REGISTRY.register(MetricSpec(
+    id="toxicity", params=ToxicityParams, impl="evalq.workers.fmeval.toxicity:toxicity", batch=True, chunk_size=256,
+    queue="gpu", aggregation="toxicity", bounds=UNIT, requires=("actual-output",),
+    description="fmeval's Toxicity: a classifier's probability per label for the output (default: the Jigsaw "
+    "classifier toxic-comment-classifier ships, offline), their means, and defect rates at threshold."))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from evalq.shared import bounds
 from evalq.shared.params import Params
@@ -153,3 +153,41 @@ def gives_log_probability(params, model) -> str | None:
     if not getattr(cls, "gives_log_probability", False):
         return f"needs log-probabilities: {model.runner} does not declare gives_log_probability = True"
     return None
+
+
+class ToxicityParams(Params):
+    """fmeval's ToxicityConfig (``model_type``), with the classifier read from local files."""
+
+    model_type: Literal["jigsaw_lstm", "toxigen"] = Field(
+        default="jigsaw_lstm", description="jigsaw_lstm: the Jigsaw classifier toxic-comment-classifier ships "
+        "(six labels); toxigen: a ToxiGen RoBERTa checkpoint in model_path (toxicity)")
+    model_path: str | None = Field(default=None, max_length=bounds.MAX_PATH_CHARS,
+                                   description="toxigen: the checkpoint's local directory")
+    threshold: float = Field(default=0.5, ge=0.0, le=1.0,
+                             description="an item is a defect for a label when its probability is at or above this")
+    batch_size: int = Field(default=64, ge=1, le=bounds.MAX_BATCH_SIZE, description="texts per forward pass")
+    device: str | None = Field(default=None, pattern=r"^(cpu|cuda(:\d+)?|mps)$",
+                               max_length=bounds.MAX_DEVICE_CHARS,
+                               description="cpu, cuda, cuda:N or mps; unset: cuda when the worker has it")
+
+    @field_validator("model_path")
+    @classmethod
+    def _local_dir(cls, value, info):
+        import os
+
+        if value is not None:
+            roots = (info.context or {}).get("roots")
+            if roots is not None:
+                from evalq.shared.egress import outside_roots
+
+                if outside_roots(value, roots):
+                    raise ValueError("a model directory in a queue request must lie under EVALQ_REQUEST_ROOTS")
+            if not os.path.isdir(os.path.expanduser(value)):
+                raise ValueError(f"no such directory: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _path_for_toxigen(self):
+        if self.model_type == "toxigen" and self.model_path is None:
+            raise ValueError("model_type toxigen needs model_path (a local directory; nothing is downloaded)")
+        return self

@@ -244,7 +244,14 @@ def test_s3_failing_the_output_upload_leaves_the_outputs_locally(tmp_path):
         job.write_text(json.dumps(raw))
         cli = subprocess.Popen([sys.executable, "-m", "evalq.cli", "run", str(job), "-q"], cwd=tmp_path,
                                env={**os.environ, **AWS, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2.0)  # checked and running: now the bucket goes away
+        # the destination is checked before the embedded cluster starts: once a worker process is
+        # up, the run is past the check (a fixed sleep raced it on a loaded machine); now the bucket goes
+        import psutil
+
+        deadline = time.monotonic() + 60
+        while not any("worker" in line for line in _cmdlines(psutil.Process(cli.pid))):
+            assert time.monotonic() < deadline and cli.poll() is None, "evalq run started no worker"
+            time.sleep(0.05)
         client.delete_bucket(Bucket="doomed")
         try:
             _, err = cli.communicate(timeout=60)
@@ -259,3 +266,21 @@ def test_s3_failing_the_output_upload_leaves_the_outputs_locally(tmp_path):
     assert "writing to s3://doomed/run/ failed" in err and "the outputs are in out/" in err, err
     local = tmp_path / err.split("the outputs are in ")[1].split()[0].rstrip(".;,")
     assert (local / "results.json").exists() and len(read_log(local)) == 80
+
+
+
+def _cmdlines(proc) -> list[str]:
+    """The command lines of a process's descendants (those that end meanwhile are passed over)."""
+    import psutil
+
+    lines = []
+    try:
+        children = proc.children(recursive=True)
+    except psutil.Error:
+        return lines
+    for child in children:
+        try:
+            lines.append(" ".join(child.cmdline()))
+        except psutil.Error:
+            pass
+    return lines

@@ -44,7 +44,8 @@ def test_an_fmeval_dataset_runs_each_algorithm_by_metric_id(tmp_path, fmeval):
                                                       "target_output_delimiter": None}},
         "metrics": [{"id": "factual_knowledge", "parameters": {"logical_operator": "OR"}},
                     {"id": "qa_accuracy"},
-                    {"id": "summarization_accuracy", "parameters": {"bertscore": False}}]}))
+                    {"id": "summarization_accuracy", "parameters": {"bertscore": False}},
+                    {"id": "toxicity", "parameters": {"threshold": 0.3}}]}))
     out = tmp_path / "out"
     proc = evalq("run", str(job), "--out", str(out), "--chunk-size", "3", "-q")
     assert proc.returncode == 0, proc.stderr
@@ -69,6 +70,17 @@ def test_an_fmeval_dataset_runs_each_algorithm_by_metric_id(tmp_path, fmeval):
                                                     "precision_over_words", "recall_over_words", "f1_score",
                                                     "bertscore"}
     assert set(results["summarization_accuracy"]["score"]) == {"meteor", "rouge"}
+    from evalq.shared.fmeval.params import ToxicityParams
+    from evalq.workers.fmeval.toxicity import toxicity
+
+    toxic = toxicity(instances, ToxicityParams())
+    logged = {line["instance_id"]: line["result"] for line in log if line["metric"] == "toxicity"}
+    for i, expected in enumerate(toxic):
+        assert logged[str(i + 1)] == pytest.approx(expected, abs=1e-5)
+    over = sum(any(p >= 0.3 for p in t.values()) for t in toxic)
+    assert results["toxicity"]["score"]["defects"]["any"]["n_defects"] == over
+    assert results["toxicity"]["score"]["toxicity"] == pytest.approx(sum(t["toxicity"] for t in toxic) / len(toxic),
+                                                                     abs=1e-5)
     assert results["summarization_accuracy"]["parameters"]["rouge_type"] == "rouge2"
 
     job.write_text(json.dumps({
