@@ -1,5 +1,6 @@
-"""`make demo`, the fmeval part: examples/fmeval_facts.json (factual knowledge, QA accuracy,
-toxicity, and QA semantic robustness, whose perturbed questions SmolLM2-135M answers) and
+"""`make demo`, the fmeval part: examples/fmeval_facts.json (SmolLM2-135M answers each question;
+factual knowledge, QA accuracy and toxicity of its answers, and QA semantic robustness, whose
+perturbed questions it answers too) and
 examples/fmeval_stereotyping.json (CrowS-Pairs-style sentence pairs scored by SmolLM2's
 log-probabilities), run in embedded mode.
 
@@ -34,7 +35,8 @@ def main() -> int:
         if done.returncode:
             return done.returncode
         for entry in json.loads((ROOT / "out" / name / "results.json").read_text()):
-            print(f"  {entry['metric']}: {json.dumps(entry['score'])[:160]}")
+            numbers = {k: round(v, 3) for k, v in entry["score"].items() if isinstance(v, (int, float))}
+            print(f"  {entry['metric']}: {json.dumps(numbers)}")
     return 0
 
 
