@@ -33,6 +33,10 @@ BATCH_COST_FIELD = "batch_cost_nano"  # of it, what batch lines cost (evalq.work
 BATCH_FIELDS = ("calls", "prompt_tokens", "completion_tokens", "failed_lines")
 
 
+# aggregations whose score is means (beside what they add), with an interval beside the score
+MEAN_LIKE = ("mean", "distribution", "classification", "toxicity", "robustness")
+
+
 def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: MetricSpec, total: int,
               priced: bool = False) -> dict:
     """One metric's (or the generation stage's) aggregate: merged from its
@@ -61,7 +65,7 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     elapsed = sum(float(v) for v in r.hvals(keys.timings(job_id, key)))
     counts = _counts(overall)
     out = {**entry_head(entry), "score": counts.pop("score")}
-    if metric.aggregation in ("mean", "distribution", "classification", "toxicity") and overall.n:
+    if metric.aggregation in MEAN_LIKE and overall.n:
         out["ci95"] = overall.intervals(metric.bounds)  # beside the score (ratings and defect rates carry theirs inside it)
     out.update({"elapsed_time": round(elapsed, 6), **counts})
     if by_category:

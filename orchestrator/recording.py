@@ -173,7 +173,7 @@ def one_series(slot: int, entry: dict, name: str, field: str, kind: str, result:
         bounds = REGISTRY.get(entry["id"]).bounds if entry["id"] in REGISTRY else None
         ci = score_interval(n, sum(values), sum(v * v for v in values), all(v in (0.0, 1.0) for v in values), bounds)
     return {"slot": slot, "metric": entry["id"], "name": name, "field": field, "value": value,
-            "ci95": ci, "n": n, "sd": sd, "worse": worse_direction(field), "items": items if keep_items else None}
+            "ci95": ci, "n": n, "sd": sd, "worse": worse_direction(field, entry["id"]), "items": items if keep_items else None}
 
 
 def reported(result: dict, kind: str, field: str) -> tuple[float | None, list | None]:

@@ -32,9 +32,14 @@ from evalq.shared.nightly import Regression
 EXACT_MAX = 500  # pairs up to which the resampling test runs as in ``evalq compare``
 
 
-def worse_direction(field: str) -> str:
-    """Which way a field gets worse: defect rates up, everything else down."""
-    return "higher" if field == "defect_rate" else "lower"
+def worse_direction(field: str, metric: str | None = None) -> str:
+    """Which way a field gets worse: as the metric's registry entry says (``MetricSpec.worse``:
+    a word error rate up, a stereotyping share neither way), else defect rates up and everything
+    else down."""
+    from evalq.shared.registry import REGISTRY
+
+    own = REGISTRY.get(metric).worse_direction(field) if metric is not None and metric in REGISTRY else None
+    return own or ("higher" if field == "defect_rate" else "lower")
 
 
 def detect(series: list[dict], baseline: dict[tuple[str, str, str], list[dict]], settings: Regression) -> list[dict]:
@@ -44,7 +49,8 @@ def detect(series: list[dict], baseline: dict[tuple[str, str, str], list[dict]],
     found = []
     for s in series:
         past = baseline.get((s["metric"], s["name"], s["field"]))
-        if not past or s.get("value") is None or not s.get("n"):
+        # "neither": an ideal in the middle (prompt_stereotyping's 0.5), no side is worse
+        if not past or s.get("value") is None or not s.get("n") or s["worse"] == "neither":
             continue
         move = paired_move(s, past) or unpaired_move(s, past)
         if move is None:

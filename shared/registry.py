@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel
 
 QueueKind = Literal["cpu", "gpu", "judge", "generate"]
-Aggregation = Literal["mean", "distribution", "rating", "defect", "classification", "toxicity"]
+Aggregation = Literal["mean", "distribution", "rating", "defect", "classification", "toxicity", "robustness"]
 
 
 CHUNKS_PER_ENTRY = 100
@@ -77,6 +77,10 @@ class MetricSpec:
     model_check: Callable[[Any, Any], str | None] | None = None
     # Instance fields some parameter values need beside ``requires`` (f(params) -> fields).
     requires_for: Callable[[Any], tuple[str, ...]] | None = None
+    # Which way a result field gets worse, where it is not the default (scores worse lower, defect
+    # rates higher): (fnmatch pattern of field names, "higher" | "lower" | "neither"), first match wins.
+    # History's regressions and its page read it (e.g. a word error rate is worse higher).
+    worse: tuple[tuple[str, str], ...] = ()
     _loaded: list = field(default_factory=list, repr=False, compare=False)
     _variants: list = field(default_factory=list, repr=False, compare=False)
 
@@ -88,6 +92,12 @@ class MetricSpec:
     def kind(self, params: Any) -> QueueKind:
         """The queue kind an entry with these parameters runs on."""
         return self.queue_for(params) if self.queue_for is not None else self.queue
+
+    def worse_direction(self, field: str) -> str | None:
+        """The entry's own direction for a field (None: the default one)."""
+        import fnmatch
+
+        return next((way for pattern, way in self.worse if fnmatch.fnmatchcase(field, pattern)), None)
 
     def required(self, params: Any) -> tuple[str, ...]:
         """The instance fields an entry with these parameters needs."""

@@ -14,6 +14,9 @@ Kinds:
 - ``defect``: a severity ``{"severity": s}``, content_safety's ``{harm: {"severity": s}}``
   or a flag ``{"<flag>": true|false}``; an item is a defect at ``s >= threshold`` (any
   harm) or with its flag true, and passes when it is not.
+- ``classification``, ``toxicity``, ``robustness`` (fmeval's): objects of numbers read as
+  ``mean``'s; a toxicity item is as bad as its likeliest label, a robustness item as its
+  largest measured change.
 """
 
 from __future__ import annotations
@@ -66,9 +69,17 @@ def read(kind: str, params: dict | None, record: dict) -> Reading:
     values = mean_values(result)
     if not values:
         return Reading()
+    if kind == "toxicity":  # the likeliest label is the item's badness
+        return Reading(values, values, max(values.values()))
+    if kind == "robustness":  # how much the answers moved: the largest change measured
+        moved = [v for k, v in values.items() if k in CHANGE_FIELDS or k.startswith("delta_")]
+        return Reading(values, values, max(moved) if moved else None)
     headline = values.get("mean", values.get("score", values.get("f1")))
     return Reading(values, values, -(headline if headline is not None else min(values.values())))
 
+
+# semantic_robustness's fields that measure a change (higher: the model moved more)
+CHANGE_FIELDS = ("word_error_rate", "bertscore_dissimilarity")
 
 ERROR, SKIPPED, SCORED = "error", "skipped", "scored"
 

@@ -19,18 +19,18 @@ REGISTRY.register(MetricSpec(
     description="fmeval FactualKnowledge: 1 if the output contains a target (any with OR, every one with AND), "
     "case-folded (factual_knowledge) and after normalisation (factual_knowledge_quasi_exact)."))
 
-REGISTRY.register(MetricSpec(
-    id="qa_accuracy", params=QAAccuracyParams, impl="evalq.workers.fmeval.text:qa_accuracy",
-    queue="gpu", queue_for=on_gpu, batch=True, bounds=(-1.0, 1.0), requires=WITH_TARGETS,
-    description="fmeval QAAccuracy: exact_match_score, quasi_exact_match_score, precision_over_words, "
-    "recall_over_words, f1_score (word sets) and bertscore, each the best over the targets."))
-
-REGISTRY.register(MetricSpec(
-    id="summarization_accuracy", params=SummarizationAccuracyParams,
-    impl="evalq.workers.fmeval.summarization:summarization_accuracy",
-    queue="gpu", queue_for=on_gpu, batch=True, bounds=(-1.0, 1.0), requires=WITH_TARGETS,
-    description="fmeval SummarizationAccuracy: meteor (WordNet offline), rouge (rouge_type) and bertscore, "
-    "each the best over the targets."))
+# With a bertscore part: on the gpu queue unless an entry leaves it out (`bertscore: false`).
+_WITH_BERTSCORE = [
+    ("qa_accuracy", QAAccuracyParams, "evalq.workers.fmeval.text:qa_accuracy",
+     "fmeval QAAccuracy: exact_match_score, quasi_exact_match_score, precision_over_words, recall_over_words, "
+     "f1_score (word sets) and bertscore, each the best over the targets."),
+    ("summarization_accuracy", SummarizationAccuracyParams, "evalq.workers.fmeval.summarization:summarization_accuracy",
+     "fmeval SummarizationAccuracy: meteor (WordNet offline), rouge (rouge_type) and bertscore, each the best "
+     "over the targets."),
+]
+for _id, _params, _impl, _description in _WITH_BERTSCORE:
+    REGISTRY.register(MetricSpec(id=_id, params=_params, impl=_impl, queue="gpu", queue_for=on_gpu, batch=True,
+                                 bounds=(-1.0, 1.0), requires=WITH_TARGETS, description=_description))
 
 REGISTRY.register(MetricSpec(
     id="classification_accuracy", params=ClassificationAccuracyParams,
@@ -48,7 +48,9 @@ REGISTRY.register(MetricSpec(
     impl="evalq.workers.fmeval.robustness:semantic_robustness", batch=True,
     prepare="evalq.shared.fmeval.classification:robustness_labels",
     variants="evalq.workers.fmeval.robustness:variants", variants_chunk=2,
-    queue="gpu", queue_for=robustness_queue, requires=("input", "actual-output"), requires_for=robustness_fields,
+    queue="gpu", queue_for=robustness_queue, aggregation="robustness", requires=("input", "actual-output"),
+    requires_for=robustness_fields,
+    worse=(("word_error_rate", "higher"), ("bertscore_dissimilarity", "higher"), ("delta_*", "higher")),
     description="fmeval's semantic robustness: the input perturbed (butter_finger, random_upper_case, "
     "whitespace_add_remove) and answered again by the model; task general: word_error_rate and "
     "bertscore_dissimilarity (less a non-deterministic model's baseline); qa, summarization, classification: the "
@@ -58,6 +60,7 @@ REGISTRY.register(MetricSpec(
     id="prompt_stereotyping", params=PromptStereotypingParams,
     impl="evalq.workers.fmeval.stereotyping:prompt_stereotyping",
     variants="evalq.workers.fmeval.stereotyping:variants", variants_chunk=8, model_check=gives_log_probability,
+    worse=(("*", "neither"),),  # unbiased is 0.5 (and a difference of 0): neither way is simply worse
     queue="cpu", requires=("sent_more_input", "sent_less_input"),
     description="fmeval's PromptStereotyping: the model's log-probability of sent_more and of sent_less; "
     "prompt_stereotyping is the share of items where the more stereotypical sentence is likelier (ideal 0.5), "
@@ -65,6 +68,6 @@ REGISTRY.register(MetricSpec(
 
 REGISTRY.register(MetricSpec(
     id="toxicity", params=ToxicityParams, impl="evalq.workers.fmeval.toxicity:toxicity", batch=True, chunk_size=256,
-    queue="gpu", aggregation="toxicity", bounds=UNIT, requires=("actual-output",),
+    queue="gpu", aggregation="toxicity", bounds=UNIT, requires=("actual-output",), worse=(("*", "higher"),),
     description="fmeval's Toxicity: a classifier's probability per label for the output (default: the Jigsaw "
     "classifier toxic-comment-classifier ships, offline), their means, and defect rates at threshold."))

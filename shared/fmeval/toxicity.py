@@ -48,3 +48,5 @@ class ToxicityAggregator(MeanAggregator):
 
 
 register_aggregator("toxicity", ToxicityAggregator)
+# semantic_robustness: means, like "mean"; its own kind so that its items read as bad as their change
+register_aggregator("robustness", type("RobustnessAggregator", (MeanAggregator,), {}))

@@ -174,7 +174,10 @@ def test_the_enqueued_token_quota_is_held_across_jobs(sim, worker, broker, tmp_p
     stats = sim.stats()["bqtight"]["batch"]
     assert stats["batches_failed"] == 0  # the provider never refused a batch over the limit
     assert 0 < stats["peak_enqueued_tokens"] <= QUOTA
-    assert stats["batches_created"] >= 3  # 16 lines of ~450 tokens do not fit 6000 at once
+    # 16 lines of ~450 tokens (two jobs' 8: a batch holds one job's lines) do not fit 6000 at once: at
+    # least two batches, never both enqueued together (the peak above). How many more depends on how
+    # the lines meet the settle time (a loaded machine gathers each job's 8 into one)
+    assert stats["batches_created"] >= 2
     assert stats["lines_answered"] == 16 and sim.stats()["bqtight"]["requests"] == 0
     for tag in tags:
         assert all(isinstance(v, dict) for v in values(tmp_path / tag).values())
