@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean fmeval-reference
+.PHONY: demo test install bench clean references
 
 install: $(STAMP)
 
@@ -26,12 +26,23 @@ $(STAMP): pyproject.toml
 # (about 40 s).
 FMEVAL_VENV := .venv-fmeval
 FMEVAL_STAMP := $(FMEVAL_VENV)/.installed
-fmeval-reference: $(FMEVAL_STAMP)
-$(FMEVAL_STAMP): $(STAMP)
-	test -x $(FMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(FMEVAL_VENV)
+# ragas, the reference the trajectory metrics are compared with (tests/agents): its langchain pins
+# fit neither evalq's nor fmeval's environment (langchain-community < 0.4 still has what ragas imports)
+RAGAS_VENV := .venv-ragas
+RAGAS_STAMP := $(RAGAS_VENV)/.installed
+references: $(FMEVAL_STAMP) $(RAGAS_STAMP)
+# a reference venv that sees .venv's packages through a .pth file and installs only what it lacks
+define reference_venv
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
-	    "$$($(FMEVAL_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/evalq-venv.pth"
-	$(FMEVAL_VENV)/bin/pip install --quiet fmeval==1.2.3 'pyarrow<18' 'datasets<3'
+	    "$$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/evalq-venv.pth"
+	$(1)/bin/pip install --quiet $(2)
+endef
+$(FMEVAL_STAMP): $(STAMP)
+	$(call reference_venv,$(FMEVAL_VENV),fmeval==1.2.3 'pyarrow<18' 'datasets<3')
+	touch $@
+$(RAGAS_STAMP): $(STAMP)
+	$(call reference_venv,$(RAGAS_VENV),ragas==0.4.3 'langchain-community<0.4')
 	touch $@
 
 demo: $(STAMP)
@@ -40,6 +51,7 @@ demo: $(STAMP)
 	$(BIN)/evalq run examples/qa_dataset.json --out out/qa_dataset
 	$(BIN)/python examples/run_rag_demo.py
 	$(BIN)/python examples/run_fmeval_demo.py
+	$(BIN)/evalq run examples/agent_trajectories.json --out out/agent_trajectories
 	$(BIN)/evalq compare out/translation out/translation_v2 --html out/compare.html \
 	    --gate "delta(bleu.mean) >= -0.05" --gate "exact_match.mean >= 0.5"
 	$(BIN)/evalq history translation --html out/history.html
@@ -50,7 +62,7 @@ demo: $(STAMP)
 # workers and ports, and a module's cluster fixtures stay in one process. Most of the suite waits
 # on workers, servers and timeouts, so 4 processes fit a 2-core machine (README: Development).
 TEST_WORKERS ?= 4
-test: $(STAMP) $(FMEVAL_STAMP)
+test: $(STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 bench: $(STAMP)
@@ -62,6 +74,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_history.py
 	$(BIN)/python bench/bench_batch.py
 	$(BIN)/python bench/bench_robustness.py
+	$(BIN)/python bench/bench_trajectory.py
 
 clean:
-	rm -rf $(VENV) $(FMEVAL_VENV) out
+	rm -rf $(VENV) $(FMEVAL_VENV) $(RAGAS_VENV) out

@@ -153,6 +153,7 @@ REGISTRY.register(MetricSpec(
 
 
 import evalq.shared.fmeval.catalogue  # noqa: E402,F401  (fmeval's algorithms: a family of their own)
+import evalq.shared.agents.catalogue  # noqa: E402,F401  (agents' trajectories: another)
 
 
 def load_plugins() -> None:

@@ -49,6 +49,12 @@ PRESETS: dict[str, dict[str, str]] = {
                            "model_output_location": f"{_LAST_ASSISTANT}.content",
                            "context_location": f"{_LAST_ASSISTANT}.context.citations[].content",
                            "messages_location": "messages", "category_location": "category"},
+    # OpenAI chat logs of an agent: the conversation with its tool calls and results, the tools it had
+    # (``tools``, as the Chat Completions request gives them) and the calls expected
+    "openai_chat": {"id_location": "id", "model_input_location": "messages[?role=='user'] | [-1].content",
+                    "model_output_location": f"{_LAST_ASSISTANT}.content", "messages_location": "messages",
+                    "tool_definitions_location": "tools", "expected_tool_calls_location": "expected_tool_calls",
+                    "category_location": "category"},
     # HarpIA instances as records (one per line)
     "harpia": {"id_location": "id", "model_input_location": "input",
                "model_output_location": '"actual-output"', "target_output_location": '"expected-output"',
@@ -61,7 +67,7 @@ class DataConfig(Strict):
 
     model_config = ConfigDict(extra="allow")  # any <name>_location (fmeval's rule), checked below
 
-    preset: Literal["azure_qa", "azure_conversation", "harpia"] | None = Field(
+    preset: Literal["azure_qa", "azure_conversation", "openai_chat", "harpia"] | None = Field(
         default=None, description="start from a built-in mapping; locations given here override it")
     dataset_name: str | None = None
     dataset_uri: str | None = Field(default=None, description="fmeval's name for dataset.uri")
@@ -106,7 +112,7 @@ def detect_preset(record: Any) -> str | None:
     if not isinstance(record, dict):
         return None
     if isinstance(record.get("messages"), list):
-        return "azure_conversation"
+        return "openai_chat" if "tools" in record or "expected_tool_calls" in record else "azure_conversation"
     if "question" in record or "ground_truth" in record:
         return "azure_qa"
     if "actual-output" in record or "expected-output" in record:

@@ -102,6 +102,16 @@ class HumanScale:
         return None if is_int and self.lo <= grade <= self.hi else f"expected an integer from {self.lo} to {self.hi}"
 
 
+def is_agent_run(inst: dict) -> bool:
+    """An instance that carries an agent's run: tool definitions, expected calls, or messages with
+    tool calls or tool results."""
+    if "tool_definitions" in inst or "expected_tool_calls" in inst:
+        return True
+    messages = inst.get("messages")
+    return isinstance(messages, list) and any(
+        isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages)
+
+
 class InstanceChecker:
     """Checks instances one by one against the fields the job's metrics need.
 
@@ -130,6 +140,10 @@ class InstanceChecker:
         if refs is not None and not (isinstance(refs, list) and all(isinstance(r, str) for r in refs)):
             problems.append("'expected-output' must be a list of strings (the acceptable references), "
                             f"got {_kind(refs)}")
+        if is_agent_run(inst):  # tool calls, tool results, definitions, the expected calls: all checked
+            from evalq.shared.agents.trajectory import check as check_agent_run
+
+            problems += check_agent_run(inst)
         category = inst.get("category")
         if category is not None and not isinstance(category, str):
             problems.append(f"'category' must be a string, got {_kind(category)}")

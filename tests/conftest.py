@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.fmeval_reference.fixture import fmeval  # noqa: E402,F401  (fmeval 1.2.3 itself, a session fixture)
+from tests.references.fixtures import fmeval, ragas  # noqa: E402,F401  (peer libraries, session fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = "tests.plugins.faulty,tests.plugins.echo_runner"

@@ -1,0 +1,144 @@
+"""An agent instance's trajectory, read one way for validation and for the metrics.
+
+- ``messages``: OpenAI chat messages; an assistant message's ``tool_calls`` are
+  ``{"id", "type": "function", "function": {"name", "arguments": <JSON object as text>}}``
+  (arguments given as an object are taken too); a ``tool`` message answers one earlier call by
+  its ``tool_call_id``.
+- ``tool_definitions``: OpenAI's ``{"type": "function", "function": {"name", "description",
+  "parameters": <JSON schema>}}`` or the flat ``{"name", "description", "parameters"}``.
+- ``expected_tool_calls``: ``[{"name", "arguments": {...}}]``, in the order expected.
+
+Validation is strict and located: a call that names no defined tool, arguments that are not a
+JSON object, a ``tool`` message that answers no call; nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: dict
+    id: str | None = None
+
+    def key(self) -> str:
+        """Name and arguments as one comparable text (argument order does not matter)."""
+        return json.dumps([self.name, self.arguments], sort_keys=True, ensure_ascii=False)
+
+
+def _arguments(raw: Any, where: str, problems: list[str]) -> dict | None:
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError as exc:
+            problems.append(f"{where}: arguments are not JSON ({exc.msg} at column {exc.colno})")
+            return None
+        if isinstance(value, dict):
+            return value
+    problems.append(f"{where}: arguments must be a JSON object, got {type(raw).__name__}")
+    return None
+
+
+def definitions(raw: Any, problems: list[str]) -> dict[str, dict] | None:
+    """Tool name -> its parameters' JSON schema (None when the instance has no definitions)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        problems.append("'tool_definitions' must be a list of tools")
+        return None
+    tools: dict[str, dict] = {}
+    for i, tool in enumerate(raw):
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            problems.append(f"tool_definitions[{i}]: expected {{'name', 'parameters'}} (or OpenAI's "
+                            "{'type': 'function', 'function': {...}}), got no name")
+            continue
+        if name in tools:
+            problems.append(f"tool_definitions[{i}]: tool {name!r} is defined twice")
+        schema = fn.get("parameters", {})
+        if not isinstance(schema, dict):
+            problems.append(f"tool_definitions[{i}] ({name}): parameters must be a JSON schema object")
+            schema = {}
+        tools[name] = schema
+    return tools
+
+
+def calls(messages: Any, problems: list[str], tools: dict[str, dict] | None = None) -> list[Call]:
+    """The tool calls the assistant made, in order, with what is wrong with the messages."""
+    if not isinstance(messages, list):
+        problems.append("'messages' must be a list of chat messages")
+        return []
+    made: list[Call] = []
+    open_ids: set[str] = set()
+    for m, msg in enumerate(messages):
+        where = f"messages[{m}]"
+        if not isinstance(msg, dict) or msg.get("role") not in ROLES:
+            problems.append(f"{where}: expected a chat message with a role ({', '.join(ROLES)})")
+            continue
+        if msg["role"] == "tool":
+            answered = msg.get("tool_call_id")
+            if answered not in open_ids:
+                problems.append(f"{where}: a tool message answers no call (tool_call_id {answered!r})")
+            open_ids.discard(answered)
+            continue
+        for c, tc in enumerate(msg.get("tool_calls") or [] if msg["role"] == "assistant" else []):
+            at = f"{where}.tool_calls[{c}]"
+            fn = tc.get("function") if isinstance(tc, dict) else None
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if not isinstance(name, str) or not name:
+                problems.append(f"{at}: expected {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}")
+                continue
+            if tools is not None and name not in tools:
+                problems.append(f"{at}: calls {name!r}, which tool_definitions do not define")
+            args = _arguments(fn.get("arguments", {}), f"{at} ({name})", problems)
+            if args is not None:
+                made.append(Call(name, args, tc.get("id")))
+            if tc.get("id") is not None:
+                open_ids.add(tc["id"])
+    return made
+
+
+def expected(raw: Any, problems: list[str], tools: dict[str, dict] | None = None) -> list[Call]:
+    if not isinstance(raw, list):
+        problems.append("'expected_tool_calls' must be a list of {'name', 'arguments'}")
+        return []
+    out = []
+    for i, call in enumerate(raw):
+        name = call.get("name") if isinstance(call, dict) else None
+        if not isinstance(name, str) or not name:
+            problems.append(f"expected_tool_calls[{i}]: expected {{'name', 'arguments'}}")
+            continue
+        if tools is not None and name not in tools:
+            problems.append(f"expected_tool_calls[{i}]: names {name!r}, which tool_definitions do not define")
+        args = _arguments(call.get("arguments", {}), f"expected_tool_calls[{i}] ({name})", problems)
+        if args is not None:
+            out.append(Call(name, args))
+    return out
+
+
+def check(inst: dict) -> list[str]:
+    """Every problem of an agent instance's messages, definitions and expected calls."""
+    problems: list[str] = []
+    tools = definitions(inst.get("tool_definitions"), problems)
+    if "messages" in inst:
+        calls(inst["messages"], problems, tools)
+    if "expected_tool_calls" in inst:
+        expected(inst["expected_tool_calls"], problems, tools)
+    return problems
+
+
+def read(inst: dict) -> tuple[list[Call], list[Call], dict[str, dict] | None]:
+    """(calls made, calls expected, tool schemas) of a validated instance."""
+    ignored: list[str] = []
+    tools = definitions(inst.get("tool_definitions"), ignored)
+    return (calls(inst.get("messages") or [], ignored), expected(inst.get("expected_tool_calls") or [], ignored),
+            tools)

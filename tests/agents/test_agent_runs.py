@@ -1,0 +1,65 @@
+"""Agent runs end to end: a JSON Lines file of OpenAI chat logs (the openai_chat preset: messages
+with tool calls and results, the request's tools, the expected calls), scored by the trajectory
+metrics on real cpu workers in chunks; and validation that names the line and the call."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.agents.test_trajectory import CASES
+from evalq.shared.agents.params import ToolCallF1Params, TrajectoryParams
+from evalq.workers.agents.trajectory import tool_call_f1, trajectory
+from tests.conftest import evalq, read_log, read_results
+
+pytestmark = pytest.mark.integration
+
+
+def chat_log(name: str, inst: dict) -> dict:
+    """A logged Chat Completions exchange, as a team would keep it."""
+    inst = json.loads(json.dumps(inst))  # a copy: tests change theirs
+    return {"id": name.replace(" ", "-"), "messages": inst["messages"], "tools": inst["tool_definitions"],
+            "expected_tool_calls": inst["expected_tool_calls"], "category": "parallel" if "parallel" in name else "serial"}
+
+
+def test_chat_logs_run_unchanged_with_the_trajectory_metrics(tmp_path):
+    data = tmp_path / "agent.jsonl"
+    data.write_text("".join(json.dumps(chat_log(n, i)) + "\n" for n, i in CASES.items()))
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"dataset": {"uri": str(data)},
+                               "metrics": [{"id": "trajectory"}, {"id": "tool_call_f1"},
+                                           {"id": "trajectory", "name": "trajectory_subset",
+                                            "parameters": {"argument_match": "subset", "strict_order": False}}]}))
+    proc = evalq("run", str(job), "--out", str(tmp_path / "out"), "--chunk-size", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "preset openai_chat" in proc.stderr  # picked from the records' shape, and said
+    log = read_log(tmp_path / "out")
+    by = {(line.get("name") or line["metric"], line["instance_id"]): line["result"] for line in log}
+    for name, inst in CASES.items():
+        key = name.replace(" ", "-")
+        assert by[("trajectory", key)] == trajectory(inst, TrajectoryParams())
+        assert by[("trajectory_subset", key)] == trajectory(inst, TrajectoryParams(argument_match="subset",
+                                                                                    strict_order=False))
+        assert by[("tool_call_f1", key)] == tool_call_f1(inst, ToolCallF1Params())
+    results = read_results(tmp_path / "out")
+    f1s = [trajectory(i, TrajectoryParams())["f1"] for i in CASES.values()]
+    assert results["trajectory"]["score"]["f1"] == pytest.approx(sum(f1s) / len(f1s))
+    assert results["trajectory"]["score"]["extra_calls"] == pytest.approx(
+        sum(trajectory(i, TrajectoryParams())["extra_calls"] for i in CASES.values()) / len(CASES))
+    assert set(results["trajectory"]["categories"]) == {"parallel", "serial"}
+
+
+def test_a_call_to_an_undefined_tool_is_exit_2_naming_the_line(tmp_path):
+    records = [chat_log(n, i) for n, i in list(CASES.items())[:3]]
+    records[1]["messages"][1]["tool_calls"][0]["function"]["name"] = "teleport"
+    records[2]["messages"][1]["tool_calls"][0]["function"]["arguments"] = "{not json"
+    data = tmp_path / "agent.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"dataset": {"uri": str(data)}, "metrics": [{"id": "trajectory"}]}))
+    proc = evalq("validate", str(job))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{data} line 2: messages[1].tool_calls[0]: calls 'teleport', which tool_definitions do not define" \
+        in proc.stderr
+    assert f"{data} line 3: messages[1].tool_calls[0] (weather): arguments are not JSON" in proc.stderr

@@ -1,0 +1,1 @@
+"""Agent metrics: trajectories of tool calls scored without a judge (``trajectory``)."""
