@@ -56,6 +56,10 @@ MAX_ENQUEUED_TOKENS = 10_000_000_000  # a deployment's Batch API quota (Azure's 
 # --- runtime (workers) ---------------------------------------------------------------
 ITEM_TIMEOUT_ENV, ITEM_TIMEOUT_DEFAULT = "EVALQ_ITEM_TIMEOUT", 30.0
 ROUGE_L_TOKENS_ENV, ROUGE_L_TOKENS_DEFAULT = "EVALQ_MAX_ROUGE_L_TOKENS", 2_000
+# an agent run: messages and tool calls per instance (a judge metric sends the whole transcript;
+# tool_call_accuracy makes a call per tool call)
+MESSAGES_ENV, MESSAGES_DEFAULT = "EVALQ_MAX_MESSAGES", 500
+TOOL_CALLS_ENV, TOOL_CALLS_DEFAULT = "EVALQ_MAX_TOOL_CALLS", 200
 
 
 def item_timeout() -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from evalq.shared.agents.params import ToolCallF1Params, TrajectoryParams
+from evalq.shared.judges import JudgeParams
 from evalq.shared.registry import REGISTRY, MetricSpec
 
 AGENT_RUN = ("messages", "expected_tool_calls")
@@ -18,3 +19,24 @@ REGISTRY.register(MetricSpec(
     id="tool_call_f1", params=ToolCallF1Params, impl="evalq.workers.agents.trajectory:tool_call_f1", queue="cpu",
     bounds=(0.0, 1.0), requires=AGENT_RUN,
     description="ragas' ToolCallF1: F1 of the distinct (name, arguments) calls made against those expected."))
+
+# Judge metrics over the agent's run (Azure AI Evaluation's agent evaluators, evalq's own prompts): 1-5
+# with a one-line reason, on the judge queues, batchable like the others.
+_JUDGED = [
+    ("intent_resolution", ("messages", "actual-output"), "rating",
+     "Did the agent identify the user's intent and resolve it? 1-5."),
+    ("task_adherence", ("messages",), "rating",
+     "Did the agent do the task it was given, within its rules and tools? 1-5."),
+    ("response_completeness", ("actual-output", "expected-output"), "rating",
+     "Does the final answer hold everything the ground truth holds? 1-5, best over references."),
+]
+for _id, _needs, _aggregation, _description in _JUDGED:
+    REGISTRY.register(MetricSpec(id=_id, params=JudgeParams, impl=f"evalq.workers.agents.judged:{_id}",
+                                 queue="judge", requires=_needs, aggregation=_aggregation, chunk_size=4,
+                                 description=_description))
+
+REGISTRY.register(MetricSpec(
+    id="tool_call_accuracy", params=JudgeParams, impl="evalq.workers.agents.judged:tool_call_accuracy",
+    queue="judge", requires=("messages",), bounds=(1.0, 5.0), chunk_size=2,
+    description="Each tool call rated 1-5 by the judge (the right tool, the right arguments, given the "
+    "conversation so far and the tool definitions); the mean per item, each call's verdict beside it."))

@@ -91,46 +91,54 @@ def calls(messages: Any, problems: list[str], tools: dict[str, dict] | None = No
             open_ids.discard(answered)
             continue
         for c, tc in enumerate(msg.get("tool_calls") or [] if msg["role"] == "assistant" else []):
-            at = f"{where}.tool_calls[{c}]"
             fn = tc.get("function") if isinstance(tc, dict) else None
-            name = fn.get("name") if isinstance(fn, dict) else None
-            if not isinstance(name, str) or not name:
-                problems.append(f"{at}: expected {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}")
-                continue
-            if tools is not None and name not in tools:
-                problems.append(f"{at}: calls {name!r}, which tool_definitions do not define")
-            args = _arguments(fn.get("arguments", {}), f"{at} ({name})", problems)
-            if args is not None:
-                made.append(Call(name, args, tc.get("id")))
-            if tc.get("id") is not None:
+            call = _call(fn, f"{where}.tool_calls[{c}]", "calls", tools, problems,
+                         "{'id', 'type': 'function', 'function': {'name', 'arguments'}}")
+            if call is not None:
+                made.append(Call(call.name, call.arguments, tc.get("id")))
+            if isinstance(tc, dict) and tc.get("id") is not None:
                 open_ids.add(tc["id"])
     return made
+
+
+def _call(raw: Any, at: str, verb: str, tools: dict[str, dict] | None, problems: list[str],
+          shape: str) -> Call | None:
+    """One call (``{"name", "arguments"}``) read, or None with its problems said."""
+    name = raw.get("name") if isinstance(raw, dict) else None
+    if not isinstance(name, str) or not name:
+        problems.append(f"{at}: expected {shape}")
+        return None
+    if tools is not None and name not in tools:
+        problems.append(f"{at}: {verb} {name!r}, which tool_definitions do not define")
+    args = _arguments(raw.get("arguments", {}), f"{at} ({name})", problems)
+    return Call(name, args) if args is not None else None
 
 
 def expected(raw: Any, problems: list[str], tools: dict[str, dict] | None = None) -> list[Call]:
     if not isinstance(raw, list):
         problems.append("'expected_tool_calls' must be a list of {'name', 'arguments'}")
         return []
-    out = []
-    for i, call in enumerate(raw):
-        name = call.get("name") if isinstance(call, dict) else None
-        if not isinstance(name, str) or not name:
-            problems.append(f"expected_tool_calls[{i}]: expected {{'name', 'arguments'}}")
-            continue
-        if tools is not None and name not in tools:
-            problems.append(f"expected_tool_calls[{i}]: names {name!r}, which tool_definitions do not define")
-        args = _arguments(call.get("arguments", {}), f"expected_tool_calls[{i}] ({name})", problems)
-        if args is not None:
-            out.append(Call(name, args))
-    return out
+    found = (_call(c, f"expected_tool_calls[{i}]", "names", tools, problems, "{'name', 'arguments'}")
+             for i, c in enumerate(raw))
+    return [c for c in found if c is not None]
 
 
 def check(inst: dict) -> list[str]:
-    """Every problem of an agent instance's messages, definitions and expected calls."""
+    """Every problem of an agent instance's messages, definitions and expected calls, and its size
+    against ``EVALQ_MAX_MESSAGES`` / ``EVALQ_MAX_TOOL_CALLS``."""
+    from evalq.shared.bounds import MESSAGES_DEFAULT, MESSAGES_ENV, TOOL_CALLS_DEFAULT, TOOL_CALLS_ENV
+    from evalq.shared.config import env_number
+
     problems: list[str] = []
     tools = definitions(inst.get("tool_definitions"), problems)
     if "messages" in inst:
-        calls(inst["messages"], problems, tools)
+        made = calls(inst["messages"], problems, tools)
+        for what, n, env, default in (("messages", len(inst["messages"]) if isinstance(inst["messages"], list)
+                                       else 0, MESSAGES_ENV, MESSAGES_DEFAULT),
+                                      ("tool calls", len(made), TOOL_CALLS_ENV, TOOL_CALLS_DEFAULT)):
+            limit = int(env_number(env, default))
+            if limit and n > limit:
+                problems.append(f"the run has {n} {what}, over the limit of {limit} ({env} raises it)")
     if "expected_tool_calls" in inst:
         expected(inst["expected_tool_calls"], problems, tools)
     return problems

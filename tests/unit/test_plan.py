@@ -33,9 +33,9 @@ def test_plan_against_a_hand_computation():
     cpu = next(q for q in plan["queues"] if q["queue"] == "cpu")
     assert cpu["items"] == 2 * N and cpu["seconds_one_worker"] == pytest.approx(2 * N / 7250) and cpu["workers"] == 1
     # the one call coherence makes per item: what the budget reserves for it
-    messages = quality._messages(
+    messages = quality.prompt(
         "Rate COHERENCE: do the sentences of the ANSWER fit together and read naturally as a whole?\n"
-        + quality._scale("coherence"), [("QUESTION", "How long is the trail?"), ("ANSWER", "About twelve miles.")])
+        + quality.scale("coherence"), [("QUESTION", "How long is the trail?"), ("ANSWER", "About twelve miles.")])
     per_call = estimate_prompt_tokens(messages, json.dumps(quality.rating_schema(1, 5))) + 300
     judge = plan["endpoints"][0]
     assert judge["calls"] == pytest.approx(N) and judge["tokens"] == pytest.approx(N * per_call)

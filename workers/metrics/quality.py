@@ -137,14 +137,14 @@ STARS = {1: "completely lacks {p}", 2: "mostly lacks {p}", 3: "partially has {p}
          5: "has perfect {p}"}
 
 
-def _scale(prop: str, anchors: dict[int, str] | None = None) -> str:
+def scale(prop: str, anchors: dict[int, str] | None = None) -> str:
     anchors = anchors or {k: v.format(p=prop) for k, v in STARS.items()}
     return "\n".join(f"{k}: the answer {v}" if not v.startswith("the ") else f"{k}: {v}"
                      for k, v in sorted(anchors.items()))
 
 
 
-def _messages(task: str, fields: list[tuple[str, str]]) -> list[dict]:
+def prompt(task: str, fields: list[tuple[str, str]]) -> list[dict]:
     """The task, then each field as delimited data (no ``<`` inside it)."""
     body = "\n\n".join(data(name, value) for name, value in fields if value is not None)
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{task}\n\n{body}"}]
@@ -161,12 +161,12 @@ def groundedness(instance: dict, params: JudgeParams, judge: Judge) -> dict:
     task = ("Rate GROUNDEDNESS: is every claim in the ANSWER supported by the CONTEXT? An answer that "
             "follows logically from the context is grounded even if worded differently; a claim that the "
             "context contradicts, or that cannot be checked against it, is not.\n"
-            + _scale("grounding", {1: "the answer contradicts the context or cannot be verified from it",
+            + scale("grounding", {1: "the answer contradicts the context or cannot be verified from it",
                                    2: "most claims are unsupported by the context",
                                    3: "some claims are supported, others are not",
                                    4: "nearly all claims are supported; a minor detail is not",
                                    5: "every claim follows from the context"}))
-    return rate(judge, _messages(task, [("CONTEXT", context_text(instance)),
+    return rate(judge, prompt(task, [("CONTEXT", context_text(instance)),
                                         ("QUESTION", instance.get("input")),
                                         ("ANSWER", instance["actual-output"])]))
 
@@ -189,38 +189,38 @@ def relevance(instance: dict, params: JudgeParams, judge: Judge) -> dict:
         task += (" A GROUND TRUTH answer is given: an answer that contradicts it scores 1 or 2; one that "
                  "lacks information it has scores lower.")
         fields.append(("GROUND TRUTH", refs[0]))
-    task += "\n" + _scale("relevance", {1: "the answer is completely irrelevant",
+    task += "\n" + scale("relevance", {1: "the answer is completely irrelevant",
                                         2: "the answer is barely relevant",
                                         3: "the answer is partly relevant or padded with irrelevant content",
                                         4: "the answer is mostly relevant, a little too narrow or too broad",
                                         5: "the answer covers everything needed and nothing else"})
     fields += [("QUESTION", instance.get("input")), ("ANSWER", instance["actual-output"])]
-    return rate(judge, _messages(task, fields))
+    return rate(judge, prompt(task, fields))
 
 
 def coherence(instance: dict, params: JudgeParams, judge: Judge) -> dict:
     task = ("Rate COHERENCE: do the sentences of the ANSWER fit together and read naturally as a whole?\n"
-            + _scale("coherence"))
-    return rate(judge, _messages(task, [("QUESTION", instance.get("input")), ("ANSWER", instance["actual-output"])]))
+            + scale("coherence"))
+    return rate(judge, prompt(task, [("QUESTION", instance.get("input")), ("ANSWER", instance["actual-output"])]))
 
 
 def fluency(instance: dict, params: JudgeParams, judge: Judge) -> dict:
     task = ("Rate FLUENCY: is each sentence of the ANSWER well written, grammatical and with apt "
-            "vocabulary? Judge the language, not the content.\n" + _scale("fluency"))
-    return rate(judge, _messages(task, [("QUESTION", instance.get("input")), ("ANSWER", instance["actual-output"])]))
+            "vocabulary? Judge the language, not the content.\n" + scale("fluency"))
+    return rate(judge, prompt(task, [("QUESTION", instance.get("input")), ("ANSWER", instance["actual-output"])]))
 
 
 def similarity(instance: dict, params: JudgeParams, judge: Judge) -> dict:
     """Best over references, as HarpIA specifies for several references."""
     task = ("Rate SIMILARITY: is the information in the ANSWER equivalent to the CORRECT ANSWER, given "
-            "the QUESTION?\n" + _scale("similarity", {1: "the answer is not at all similar to the correct answer",
+            "the QUESTION?\n" + scale("similarity", {1: "the answer is not at all similar to the correct answer",
                                                       2: "the answer is mostly not similar",
                                                       3: "the answer is somewhat similar",
                                                       4: "the answer is mostly similar",
                                                       5: "the answer is completely equivalent"}))
     best = None
     for ref in instance["expected-output"]:
-        out = rate(judge, _messages(task, [("QUESTION", instance.get("input")), ("CORRECT ANSWER", ref),
+        out = rate(judge, prompt(task, [("QUESTION", instance.get("input")), ("CORRECT ANSWER", ref),
                                            ("ANSWER", instance["actual-output"])]))
         if best is None or out["score"] > best["score"]:
             best = out
@@ -231,12 +231,12 @@ def retrieval(instance: dict, params: JudgeParams, judge: Judge) -> dict:
     task = ("Rate RETRIEVAL: how useful are the retrieved DOCUMENTS for answering the QUESTION (use the "
             "CONVERSATION, when given, to understand an ambiguous question)? Consider each document, then "
             "the set as a whole.\n"
-            + _scale("retrieval", {1: "the documents: none is relevant to the question",
+            + scale("retrieval", {1: "the documents: none is relevant to the question",
                                    2: "the documents: barely relevant, little use for an answer",
                                    3: "the documents: partly relevant, an answer needs more",
                                    4: "the documents: mostly sufficient for a good answer",
                                    5: "the documents: one or a few are ideal for answering"}))
-    return rate(judge, _messages(task, [("CONVERSATION", _conversation(instance)),
+    return rate(judge, prompt(task, [("CONVERSATION", _conversation(instance)),
                                         ("QUESTION", instance.get("input")),
                                         ("DOCUMENTS", context_text(instance))]))
 
@@ -263,4 +263,4 @@ def rubric(instance: dict, params: RubricParams, judge: Judge) -> dict:
     if refs:
         fields.append(("REFERENCE ANSWER", "\n".join(refs)))
     fields.append(("ANSWER", instance["actual-output"]))
-    return rate(judge, _messages(task, fields), lo, hi)
+    return rate(judge, prompt(task, fields), lo, hi)
