@@ -55,6 +55,12 @@ PRESETS: dict[str, dict[str, str]] = {
                     "model_output_location": f"{_LAST_ASSISTANT}.content", "messages_location": "messages",
                     "tool_definitions_location": "tools", "expected_tool_calls_location": "expected_tool_calls",
                     "category_location": "category"},
+    # Azure AI Evaluation's agent data: query and response message lists with content parts
+    # (evalq.shared.agents.azure reads them into chat messages), tool_definitions
+    "azure_agent": {"id_location": "id", "query_location": "query", "response_location": "response",
+                    "tool_definitions_location": "tool_definitions",
+                    "expected_tool_calls_location": "expected_tool_calls", "category_location": "category",
+                    "target_output_location": "ground_truth"},
     # HarpIA instances as records (one per line)
     "harpia": {"id_location": "id", "model_input_location": "input",
                "model_output_location": '"actual-output"', "target_output_location": '"expected-output"',
@@ -67,7 +73,7 @@ class DataConfig(Strict):
 
     model_config = ConfigDict(extra="allow")  # any <name>_location (fmeval's rule), checked below
 
-    preset: Literal["azure_qa", "azure_conversation", "openai_chat", "harpia"] | None = Field(
+    preset: Literal["azure_qa", "azure_conversation", "openai_chat", "azure_agent", "harpia"] | None = Field(
         default=None, description="start from a built-in mapping; locations given here override it")
     dataset_name: str | None = None
     dataset_uri: str | None = Field(default=None, description="fmeval's name for dataset.uri")
@@ -111,6 +117,8 @@ def detect_preset(record: Any) -> str | None:
     """The preset a record's shape calls for, when no data_config is given."""
     if not isinstance(record, dict):
         return None
+    if isinstance(record.get("response"), list) and ("query" in record or "tool_definitions" in record):
+        return "azure_agent"
     if isinstance(record.get("messages"), list):
         return "openai_chat" if "tools" in record or "expected_tool_calls" in record else "azure_conversation"
     if "question" in record or "ground_truth" in record:
@@ -206,6 +214,13 @@ class RecordMapper:
             if value is not None:  # an absent field is an error only where a metric needs it
                 inst[self.fields[name]] = self._convert(name, value)
         inst.setdefault("id", default_id)
+        if self.config.preset == "azure_agent":  # query and response message lists into chat messages
+            from evalq.shared.agents.azure import AzureAgentError, to_instance
+
+            try:
+                return to_instance(inst)
+            except AzureAgentError as exc:
+                raise RecordError(str(exc)) from None
         return inst
 
     def origin(self, field: str) -> str:
