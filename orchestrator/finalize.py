@@ -321,7 +321,7 @@ def generated(r: redis.Redis, job_id: str) -> dict:
     for key, entry in (spec.get("variants") or {}).items():
         vkey = variants_key(key)
         summary = summarize(r, job_id, vkey, entry, REGISTRY.get(entry["id"]).variants_spec(), span(spec, entry),
-                            endpoint_priced(spec, GENERATE, entry))
+                            endpoint_priced(spec, vkey, entry))
         summary.pop("score", None)
         pipe.set(keys.stage_summary(job_id, vkey), json.dumps(summary))
     pipe.set(keys.status(job_id), Status.GENERATED)

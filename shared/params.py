@@ -147,17 +147,7 @@ class BertScoreParams(Params):
     @field_validator("baseline_path")
     @classmethod
     def _baseline_file_exists(cls, value, info):
-        import os
-
-        if value is not None and _roots(info) is not None:
-            from evalq.shared.egress import outside_roots
-
-            if outside_roots(value, _roots(info)):  # a queue request: never look outside the roots
-                raise PydanticCustomError("bertscore", "{path}: a file in a queue request must lie under "
-                                          "EVALQ_REQUEST_ROOTS", {"path": value})
-        if value is not None and not os.path.isfile(os.path.expanduser(value)):
-            raise PydanticCustomError("bertscore", "no such file: {path}", {"path": value})
-        return value
+        return local_path(value, info, "file")
 
     @field_validator("rescale_with_baseline")
     @classmethod
@@ -172,6 +162,25 @@ class BertScoreParams(Params):
             _as_param_error(bertscore.resolve_baseline, name, path, data["lang"],
                             data["baseline_path"], layers, data["all_layers"], _roots(info))
         return value
+
+
+def local_path(value: str | None, info, kind: str = "file") -> str | None:
+    """A parameter naming a local ``file`` or ``directory``: it must exist, and in a queue request
+    lie under ``EVALQ_REQUEST_ROOTS`` (never looked at outside them)."""
+    import os
+
+    if value is None:
+        return value
+    if _roots(info) is not None:
+        from evalq.shared.egress import outside_roots
+
+        if outside_roots(value, _roots(info)):
+            raise PydanticCustomError("local_path", "{path}: a {kind} in a queue request must lie under "
+                                      "EVALQ_REQUEST_ROOTS", {"path": value, "kind": kind})
+    exists = os.path.isdir if kind == "directory" else os.path.isfile
+    if not exists(os.path.expanduser(value)):
+        raise PydanticCustomError("local_path", "no such {kind}: {path}", {"path": value, "kind": kind})
+    return value
 
 
 def _roots(info) -> list | None:

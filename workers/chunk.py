@@ -95,9 +95,13 @@ def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, d
         from evalq.workers.generate import python_runner
 
         return python_runner(config)
-    memo = not is_model_run(metric_key) and REGISTRY.get(entry_of(stored_spec(r, job_id), metric_key)["id"]).memo
+    spec = stored_spec(r, job_id)
+    # the model's runs share the job memo when there are variants: a variants run asks the unperturbed
+    # prompt the generation run asks too, in the same stage; the first asks, the other waits for it
+    memo = (bool(spec.get("variants")) if is_model_run(metric_key)
+            else REGISTRY.get(entry_of(spec, metric_key)["id"]).memo)
     client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment, memo=memo,
-                         keeper=keeper, tenant=(stored_spec(r, job_id).get("scheduling") or {}).get("tenant"))
+                         keeper=keeper, tenant=(spec.get("scheduling") or {}).get("tenant"))
     client.batch = batch_lines(r, job_id, metric_key, name, config, options, params, client.deployments)
     if is_model_run(metric_key):
         from evalq.workers.generate import EndpointRunner

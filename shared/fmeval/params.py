@@ -145,7 +145,7 @@ def gives_log_probability(params, model) -> str | None:
     if not isinstance(model, PythonModel):
         return ("needs the log-probability of each sentence, which an endpoint model cannot give (chat APIs score "
                 "completions, not prompts): use a model runner class with gives_log_probability = True, e.g. "
-                "evalq.runners.hf:HFCausalLM")
+                "evalq.workers.runners.hf:HFCausalLM")
     try:
         cls = runner_class(model)
     except ValueError:
@@ -173,18 +173,9 @@ class ToxicityParams(Params):
     @field_validator("model_path")
     @classmethod
     def _local_dir(cls, value, info):
-        import os
+        from evalq.shared.params import local_path
 
-        if value is not None:
-            roots = (info.context or {}).get("roots")
-            if roots is not None:
-                from evalq.shared.egress import outside_roots
-
-                if outside_roots(value, roots):
-                    raise ValueError("a model directory in a queue request must lie under EVALQ_REQUEST_ROOTS")
-            if not os.path.isdir(os.path.expanduser(value)):
-                raise ValueError(f"no such directory: {value}")
-        return value
+        return local_path(value, info, "directory")
 
     @model_validator(mode="after")
     def _path_for_toxigen(self):

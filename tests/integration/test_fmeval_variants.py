@@ -41,7 +41,7 @@ def test_an_endpoint_model_answers_the_variants_under_its_budget(tmp_path):
     data = tmp_path / "qs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     key_env = "TEST_ROBUST_API_KEY"
-    with JudgeSim([Region("lab", tpm=200_000, rpm=600)], api_key="k") as sim:
+    with JudgeSim([Region("lab", tpm=200_000, rpm=600)], api_key="k", per_request=True) as sim:
         model = {"provider": "openai", "model": "m", "api_key_env": key_env, "max_tokens": 40,
                  "prompt_template": "Answer briefly: $model_input",
                  "deployments": [{"region": "lab", "base_url": sim.base_url("lab"), "tpm": 200_000, "rpm": 600}]}
@@ -54,7 +54,7 @@ def test_an_endpoint_model_answers_the_variants_under_its_budget(tmp_path):
         proc = evalq("run", str(job), "--out", str(out), "--chunk-size", "2", "-q",
                      env={key_env: "k", "EVALQ_CACHE_DIR": str(tmp_path / "cache")})
         assert proc.returncode == 0, proc.stderr
-        stats = sim.stats()["lab"]
+        stats, answered = sim.stats()["lab"], sim.answered()
     log = read_log(out)
     generated = {line["instance_id"]: line["result"]["output"] for line in log if line["metric"] == "generate"}
     variants = variant_lines(log)
@@ -78,7 +78,16 @@ def test_an_endpoint_model_answers_the_variants_under_its_budget(tmp_path):
     # per item: 3 perturbed inputs, the original input, one repeat (judge-sim is deterministic); the
     # original input's request is the generation stage's: answered once, the other from the cache
     assert cost["calls"] + cost["cache_hits"] + cost["reused"] == len(records) * 5
-    assert stats["ok"] == len(records) * 5  # 1 generation + 4 new variant calls each, none twice
+    # paid for exactly what the job must ask: each question's prompt twice (the generation's request, which
+    # the variants' unperturbed input shares, and the one repeat), each other perturbed prompt once; never a
+    # request twice because two runs asked it at the same moment
+    must: dict[str, int] = {}
+    for r in records:
+        must[r["question"]] = 2
+        for text in perturbed_inputs({"id": r["id"], "input": r["question"]}, params):
+            must.setdefault(text, 1)
+    assert sorted(answered.values()) == sorted(must.values())
+    assert stats["ok"] == sum(must.values())
 
 
 def test_a_killed_generation_worker_leaves_every_variant_once(tmp_path):

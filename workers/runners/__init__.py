@@ -1,2 +1,3 @@
-"""Model runners evalq ships for the model under test (``model.runner``), registered under the
-``evalq.model_runners`` entry point so a job may name them."""
+"""Model runners evalq ships for the model under test (``model.runner``). A job may name one only
+where the operator loaded its module (``EVALQ_PLUGINS=evalq.workers.runners.hf``): a runner loads a
+model from local files onto the worker, which is the operator's to allow, not a job's."""

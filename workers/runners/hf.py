@@ -9,6 +9,9 @@ log-probability beside the output, as the seed computes it: minus the model's me
 over ``bos_token + prompt``. ``log_probability(prompt)`` gives only that (one forward pass, no
 generation): prompt_stereotyping asks for nothing else. A GGUF file (``gguf_file``) is
 de-quantized by transformers (it needs the ``gguf`` package).
+
+Jobs may name it only where the operator loads this module (``EVALQ_PLUGINS``): it puts on the
+worker whatever model a job's ``model_name`` names.
 """
 
 from __future__ import annotations
