@@ -1,5 +1,6 @@
 """`make demo`, second half: examples/rag_qa.json, examples/safety_jailbreak.json and
-examples/rag_qa_batch.json (the RAG job judged through the Batch API) against judge-sim.
+examples/rag_qa_batch.json (the RAG job judged through the Batch API) and
+examples/agent_conversations.json (multi-turn agent chats scored turn by turn) against judge-sim.
 
 Starts two simulated regions on the ports the examples name, runs the jobs in
 embedded mode, and stops the simulator. judge-sim's scores are deterministic
@@ -36,7 +37,8 @@ def main() -> int:
                "EVALQ_BATCH_POLL": "0.5", "EVALQ_BATCH_POLL_MAX": "2"}
         rc = 0
         for job, out in (("examples/rag_qa.json", "out/rag_qa"), ("examples/safety_jailbreak.json", "out/safety"),
-                         ("examples/rag_qa_batch.json", "out/rag_qa_batch")):
+                         ("examples/rag_qa_batch.json", "out/rag_qa_batch"),
+                         ("examples/agent_conversations.json", "out/agent_conversations")):
             cmd = [sys.executable, "-m", "evalq.cli", "run", job, "--out", out]
             rc = rc or subprocess.call(cmd, cwd=ROOT, env=env)
         if rc == 0:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 
 from evalq.shared.results import read
 from evalq.shared.loglines import entry_index, entry_slot
+from evalq.orchestrator.report_agents import CSS as AGENT_CSS, trajectory_html, turns_html
 
 RESERVOIR = 20_000
 WORST = 10
@@ -289,6 +290,7 @@ class ReportBuilder:
                 for label, key in (("input", "input"), ("output", "actual-output"), ("references", "expected-output")):
                     if key in inst:
                         out.append(f"<p><b>{label}</b></p><pre>{_esc(inst[key])}</pre>")
+                out.append(trajectory_html(inst, result) + turns_html(result))  # an agent's run, a conversation
                 if what:
                     out.append(f"<p><b>{'error' if error else 'judge reason'}</b> {_esc(what)}</p>")
                 out.append(f"<p><b>result</b></p><pre>{_esc(result)}</pre></details>")
@@ -310,6 +312,7 @@ th{background:#f3f5fa}.ci{color:#667}.headline{font-size:16px}.params,.sub{color
 details{margin:4px 0;border:1px solid #e3e6ee;padding:4px 8px;border-radius:4px}
 pre{white-space:pre-wrap;background:#f7f8fb;padding:6px;margin:2px 0}code{font-size:12px}
 .pass{color:#1b7f3b}.fail{color:#b3261e}
+""" + AGENT_CSS + """
 </style></head><body>"""
 
 

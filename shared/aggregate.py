@@ -180,43 +180,76 @@ def _describe(values: list[float], quantiles: dict[str, float], bins: int) -> di
 class RatingAggregator(MeanAggregator):
     """Integer ratings ``{"score": k, "reason": ...}``: the mean, the count of
     each point of the scale and, with a ``threshold`` parameter, the pass rate
-    (share of rated items scoring at least the threshold)."""
+    (share of rated items scoring at least the threshold).
+
+    A conversation scored turn by turn (``{"score": <mean>, "turns": [{"turn", "score"}, ...]}``)
+    counts once in the mean (its own mean), each of its turns in the distribution, and passes
+    when every turn does; ``turns`` then says how the turns went: how many were rated, their
+    pooled mean, the mean of each conversation's last turn and of its lowest."""
 
     def __init__(self, params: dict | None = None) -> None:
         super().__init__(params)
         lo, hi = self.params.get("scale_min", 1), self.params.get("scale_max", 5)
         self.counts = {k: 0 for k in range(lo, hi + 1)}
+        self.conversations = {"n": 0, "passed": 0, "last": 0.0, "lowest": 0.0, "failed_turns": 0}
 
     def add(self, record: dict[str, Any]) -> None:
         super().add(record)
-        if "result" in record and record.get("error") is None:
-            score = record["result"]["score"]
+        if "result" not in record or record.get("error") is not None:
+            return
+        result = record["result"]
+        if isinstance(result.get("turns"), list):
+            rated = [t["score"] for t in result["turns"] if isinstance(t, dict) and "score" in t]
+            convo = self.conversations
+            convo["n"] += 1
+            convo["failed_turns"] += len(result["turns"]) - len(rated)
+            convo["last"] += rated[-1]
+            convo["lowest"] += min(rated)
+            threshold = self.params.get("threshold")
+            convo["passed"] += threshold is not None and min(rated) >= threshold
+        else:
+            rated = [result["score"]]
+        for score in rated:
             self.counts[score] = self.counts.get(score, 0) + 1
 
     def state(self) -> dict[str, Any]:
-        return {**super().state(), "counts": {str(k): c for k, c in self.counts.items() if c}}
+        return {**super().state(), "counts": {str(k): c for k, c in self.counts.items() if c},
+                "conversations": self.conversations}
 
     def merge(self, state: dict[str, Any]) -> None:
         super().merge(state)
         for k, c in state["counts"].items():
             self.counts[int(k)] = self.counts.get(int(k), 0) + c
+        for k, v in state.get("conversations", {}).items():
+            self.conversations[k] += v
 
     def score(self) -> dict[str, Any] | None:
         if self.n == 0:
             return None
         from evalq.shared.stats import score_interval, wilson
 
-        total = sum(k * c for k, c in self.counts.items())
         scale = (self.params.get("scale_min", 1), self.params.get("scale_max", 5))
-        ci = score_interval(self.n, total, sum(k * k * c for k, c in self.counts.items()),
-                            scale == (0, 1), scale)
-        out: dict[str, Any] = {"mean": total / self.n, "ci95": ci,
-                               "distribution": {str(k): c for k, c in sorted(self.counts.items())}}
         threshold = self.params.get("threshold")
+        convo = self.conversations
+        rated = sum(self.counts.values())
+        if convo["n"]:  # conversations scored turn by turn: each counts once, by its own mean
+            n, total, total_sq = self._count.get("score", 0), self._sum.get("score", 0.0), self._sumsq.get("score", 0.0)
+            passed = convo["passed"]
+        else:
+            n, total = self.n, sum(k * c for k, c in self.counts.items())
+            total_sq = sum(k * k * c for k, c in self.counts.items())
+            passed = sum(c for k, c in self.counts.items() if threshold is not None and k >= threshold)
+        if n == 0:
+            return None
+        out: dict[str, Any] = {"mean": total / n, "ci95": score_interval(n, total, total_sq, scale == (0, 1), scale),
+                               "distribution": {str(k): c for k, c in sorted(self.counts.items())}}
         if threshold is not None:
-            passed = sum(c for k, c in self.counts.items() if k >= threshold)
-            out["pass_rate"] = passed / self.n
-            out["pass_rate_ci95"] = wilson(passed, self.n)
+            out["pass_rate"] = passed / n
+            out["pass_rate_ci95"] = wilson(passed, n)
+        if convo["n"]:
+            out["turns"] = {"rated": rated, "failed": convo["failed_turns"],
+                            "mean": sum(k * c for k, c in self.counts.items()) / rated,
+                            "last_mean": convo["last"] / convo["n"], "lowest_mean": convo["lowest"] / convo["n"]}
         return out
 
 

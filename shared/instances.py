@@ -103,13 +103,9 @@ class HumanScale:
 
 
 def is_agent_run(inst: dict) -> bool:
-    """An instance that carries an agent's run: tool definitions, expected calls, or messages with
-    tool calls or tool results."""
-    if "tool_definitions" in inst or "expected_tool_calls" in inst:
-        return True
-    messages = inst.get("messages")
-    return isinstance(messages, list) and any(
-        isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages)
+    """An instance that carries an agent's run or a conversation: messages, tool definitions or
+    expected calls (all checked: the conversation metrics read the messages' roles too)."""
+    return "messages" in inst or "tool_definitions" in inst or "expected_tool_calls" in inst
 
 
 class InstanceChecker:

@@ -65,7 +65,10 @@ def read(kind: str, params: dict | None, record: dict) -> Reading:
         if value is None:
             return Reading()
         threshold = params.get("threshold")
-        return Reading({"mean": value}, {"mean": value}, -value, value >= threshold if threshold is not None else None)
+        turns = result.get("turns") if isinstance(result, dict) else None
+        lowest = min((t["score"] for t in turns if "score" in t), default=value) if isinstance(turns, list) else value
+        # a conversation scored turn by turn passes when every turn does
+        return Reading({"mean": value}, {"mean": value}, -value, lowest >= threshold if threshold is not None else None)
     values = mean_values(result)
     if not values:
         return Reading()

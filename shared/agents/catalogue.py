@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evalq.shared.agents.params import ToolCallF1Params, TrajectoryParams
+from evalq.shared.agents.params import ToolCallF1Params, TrajectoryParams, TurnsParams
 from evalq.shared.judges import JudgeParams
 from evalq.shared.registry import REGISTRY, MetricSpec
 
@@ -22,21 +22,29 @@ REGISTRY.register(MetricSpec(
 
 # Judge metrics over the agent's run (Azure AI Evaluation's agent evaluators, evalq's own prompts): 1-5
 # with a one-line reason, on the judge queues, batchable like the others.
+# The metrics over ``messages`` score the last assistant turn or, with ``turns: all``, every one.
 _JUDGED = [
-    ("intent_resolution", ("messages", "actual-output"), "rating",
-     "Did the agent identify the user's intent and resolve it? 1-5."),
-    ("task_adherence", ("messages",), "rating",
-     "Did the agent do the task it was given, within its rules and tools? 1-5."),
-    ("response_completeness", ("actual-output", "expected-output"), "rating",
+    ("intent_resolution", TurnsParams, ("messages",),
+     "Did the agent identify the user's intent and resolve it? 1-5, per turn (turns: last|all)."),
+    ("task_adherence", TurnsParams, ("messages",),
+     "Did the agent do the task it was given, within its rules and tools? 1-5, per turn (turns: last|all)."),
+    ("response_completeness", JudgeParams, ("actual-output", "expected-output"),
      "Does the final answer hold everything the ground truth holds? 1-5, best over references."),
+    # conversation-level: the whole exchange, seen once
+    ("conversation_relevance", JudgeParams, ("messages",),
+     "Is every assistant turn relevant to what the user asked at that point? 1-5, the whole conversation."),
+    ("knowledge_retention", JudgeParams, ("messages",),
+     "Does the assistant keep what the user told it earlier, never forgetting or contradicting it? 1-5, "
+     "the whole conversation."),
 ]
-for _id, _needs, _aggregation, _description in _JUDGED:
-    REGISTRY.register(MetricSpec(id=_id, params=JudgeParams, impl=f"evalq.workers.agents.judged:{_id}",
-                                 queue="judge", requires=_needs, aggregation=_aggregation, chunk_size=4,
+for _id, _params, _needs, _description in _JUDGED:
+    REGISTRY.register(MetricSpec(id=_id, params=_params, impl=f"evalq.workers.agents.judged:{_id}",
+                                 queue="judge", requires=_needs, aggregation="rating", chunk_size=4,
                                  description=_description))
 
 REGISTRY.register(MetricSpec(
-    id="tool_call_accuracy", params=JudgeParams, impl="evalq.workers.agents.judged:tool_call_accuracy",
+    id="tool_call_accuracy", params=TurnsParams, impl="evalq.workers.agents.judged:tool_call_accuracy",
     queue="judge", requires=("messages",), bounds=(1.0, 5.0), chunk_size=2,
     description="Each tool call rated 1-5 by the judge (the right tool, the right arguments, given the "
-    "conversation so far and the tool definitions); the mean per item, each call's verdict beside it."))
+    "conversation so far and the tool definitions); the mean per turn, each call's verdict beside it; the last "
+    "turn that called a tool, or every one (turns: all)."))

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from evalq.shared.agents.conversation import TurnChoice
+from evalq.shared.judges import JudgeParams
 from evalq.shared.params import Params
 
 
@@ -19,3 +21,12 @@ class TrajectoryParams(Params):
 
 class ToolCallF1Params(Params):
     """ragas' ToolCallF1 has no parameters."""
+
+
+class TurnsParams(JudgeParams):
+    """Agent judge metrics over ``messages``: the last assistant turn, or every one."""
+
+    turns: TurnChoice = Field(
+        default="last", description="last: score the conversation's last assistant turn; all: score every "
+        "assistant turn (each on the conversation up to it), per-turn results in the log, the item's score "
+        "their mean")

@@ -150,3 +150,21 @@ def read(inst: dict) -> tuple[list[Call], list[Call], dict[str, dict] | None]:
     tools = definitions(inst.get("tool_definitions"), ignored)
     return (calls(inst.get("messages") or [], ignored), expected(inst.get("expected_tool_calls") or [], ignored),
             tools)
+
+
+def side_by_side(made: list[Call], wanted: list[Call]) -> list[tuple[Call | None, Call | None, str]]:
+    """The calls made against the calls expected, aligned the way a reader compares them: the
+    longest run of calls to the same tools in the same order pairs up, then each row is ``same``,
+    ``arguments differ``, ``extra`` (made, not expected) or ``missing`` (expected, not made). A
+    reordered call shows as extra where it was made and missing where it was expected."""
+    from difflib import SequenceMatcher
+
+    rows: list[tuple[Call | None, Call | None, str]] = []
+    matcher = SequenceMatcher(a=[c.name for c in made], b=[c.name for c in wanted], autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            rows += [(a, b, "same" if a.arguments == b.arguments else "arguments differ")
+                     for a, b in zip(made[i1:i2], wanted[j1:j2])]
+        else:
+            rows += [(a, None, "extra") for a in made[i1:i2]] + [(None, b, "missing") for b in wanted[j1:j2]]
+    return rows

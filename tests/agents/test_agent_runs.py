@@ -48,6 +48,18 @@ def test_chat_logs_run_unchanged_with_the_trajectory_metrics(tmp_path):
     assert results["trajectory"]["score"]["extra_calls"] == pytest.approx(
         sum(trajectory(i, TrajectoryParams())["extra_calls"] for i in CASES.values()) / len(CASES))
     assert set(results["trajectory"]["categories"]) == {"parallel", "serial"}
+    # report.html: the worst runs' calls made against the calls expected, side by side
+    page = (tmp_path / "out" / "report.html").read_text()
+    wrong = page[page.index("<code>wrong-argument</code>"):]
+    wrong = wrong[:wrong.index("</details>")]
+    assert ("<tr><td><code>weather({&quot;city&quot;: &quot;Milan&quot;})</code></td>"
+            "<td><code>weather({&quot;city&quot;: &quot;Rome&quot;})</code></td>"
+            "<td class='arguments'>arguments differ</td>") in wrong
+    assert wrong.count("<td class='same'>same</td>") == 2
+    nothing = page[page.index("<code>nothing-called</code>"):]
+    assert nothing[:nothing.index("</details>")].count("<td class='missing'>missing</td>") == 3
+    extra = page[page.index("<code>extra</code>"):]
+    assert extra[:extra.index("</details>")].count("<td class='extra'>extra</td>") == 1
 
 
 def test_a_call_to_an_undefined_tool_is_exit_2_naming_the_line(tmp_path):

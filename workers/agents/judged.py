@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import json
 
-from evalq.shared.agents.trajectory import read
+from typing import Callable
+
+from evalq.shared.agents.conversation import Turn, turn_view, turns
+from evalq.shared.agents.params import TurnsParams
 from evalq.shared.errors import MetricError
 from evalq.shared.judges import JudgeParams
 from evalq.workers.metrics.quality import prompt, rate, scale
+from evalq.workers.metrics.structured import each
 
 
 def transcript(messages: list[dict], upto: int | None = None) -> str:
@@ -56,7 +60,42 @@ def _final(instance: dict) -> str:
     return answer
 
 
-def intent_resolution(instance: dict, params: JudgeParams, judge) -> dict:
+def by_turn(instance: dict, params: TurnsParams, score: Callable[[dict, Turn], dict],
+            wanted: Callable[[Turn], bool] = lambda turn: True, what: str = "assistant turn") -> dict:
+    """``score(view, turn)`` of the conversation's last wanted turn (``turns: last``), or of each
+    (``turns: all``): then the item's score is their mean, its reason the lowest turn's, and
+    ``turns`` holds every turn's result; a turn the judge could not score carries its error and
+    the others still count. Each turn is scored on the conversation up to its end."""
+    convo = [t for t in turns(instance["messages"], instance.get("actual-output")) if wanted(t)]
+    if not convo:
+        raise MetricError(f"the conversation has no {what} to score")
+    if params.turns == "last":
+        return score(turn_view(instance, convo[-1]), convo[-1])
+
+    def question(turn: Turn) -> Callable[[], dict]:
+        def ask() -> dict:
+            try:
+                return {"turn": turn.number, **score(turn_view(instance, turn), turn)}
+            except MetricError as exc:  # this turn's failure is recorded on it; the others count
+                return {"turn": turn.number, "error": str(exc)}
+        return ask
+
+    results = each(question(t) for t in convo)
+    scored = [r for r in results if "score" in r]
+    if not scored:
+        raise MetricError("no turn could be scored: " + "; ".join(f"turn {r['turn']}: {r['error']}" for r in results))
+    out: dict = {"score": sum(r["score"] for r in scored) / len(scored)}
+    lowest = min(scored, key=lambda r: r["score"])
+    if "reason" in lowest:
+        out["reason"] = f"turn {lowest['turn']} of {len(results)} (the lowest, {lowest['score']:g}): {lowest['reason']}"
+    return {**out, "turns": results}
+
+
+def intent_resolution(instance: dict, params: TurnsParams, judge) -> dict:
+    return by_turn(instance, params, lambda view, _turn: _intent_resolution(view, judge))
+
+
+def _intent_resolution(instance: dict, judge) -> dict:
     task = ("Rate INTENT RESOLUTION: did the AGENT identify what the user wanted in the CONVERSATION and "
             "resolve it in its FINAL ANSWER (using its tools where needed)?\n"
             + scale("intent resolution", {1: "the agent misread the intent or did not address it",
@@ -68,7 +107,11 @@ def intent_resolution(instance: dict, params: JudgeParams, judge) -> dict:
                                         ("FINAL ANSWER", _final(instance))]))
 
 
-def task_adherence(instance: dict, params: JudgeParams, judge) -> dict:
+def task_adherence(instance: dict, params: TurnsParams, judge) -> dict:
+    return by_turn(instance, params, lambda view, _turn: _task_adherence(view, judge))
+
+
+def _task_adherence(instance: dict, judge) -> dict:
     task = ("Rate TASK ADHERENCE: did the AGENT do the task it was given (the system and user instructions in "
             "the CONVERSATION), within its rules and with the TOOLS it had, without doing something else?\n"
             + scale("task adherence", {1: "the agent ignored the task or broke its rules",
@@ -98,28 +141,73 @@ def response_completeness(instance: dict, params: JudgeParams, judge) -> dict:
     return best
 
 
-def tool_call_accuracy(instance: dict, params: JudgeParams, judge) -> dict:
-    """Each tool call rated on its own (the right tool, the right arguments, given the conversation
-    up to it and the tool definitions); the item's score is their mean, each call's verdict beside it."""
-    made, _, _ = read(instance)
-    if not made:
-        raise MetricError("the run made no tool call to rate")
-    task = ("Rate this TOOL CALL of the agent: given the CONVERSATION so far and the TOOLS it had, was it the "
-            "right tool to call, with the right arguments (taken from the conversation, none invented or "
-            "missing)?\n"
-            + scale("tool call accuracy", {1: "the wrong tool, or arguments that make the call useless",
-                                            2: "a poor choice, or arguments mostly wrong",
-                                            3: "a reasonable tool with some wrong or missing arguments",
-                                            4: "the right tool, arguments nearly right",
-                                            5: "the right tool with exactly the right arguments"}))
-    calls = []
+def tool_call_accuracy(instance: dict, params: TurnsParams, judge) -> dict:
+    """Each tool call of the turn rated on its own (the right tool, the right arguments, given the
+    conversation up to it and the tool definitions); the turn's score is their mean, each call's
+    verdict beside it. ``turns: last`` rates the last turn that called a tool."""
     messages = instance["messages"]
-    for m, msg in enumerate(messages):
-        for tc in msg.get("tool_calls") or [] if msg.get("role") == "assistant" else []:
-            fn = tc.get("function") or {}
-            call = {"name": fn.get("name"), "arguments": fn.get("arguments")}
-            verdict = rate(judge, prompt(task, [("TOOLS", _tools(instance)),
-                                                   ("CONVERSATION", transcript(messages, upto=m)),
-                                                   ("TOOL CALL", call)]))
-            calls.append({"name": call["name"], **verdict})
-    return {"score": sum(c["score"] for c in calls) / len(calls), "calls": calls}
+
+    def calls_in(turn: Turn) -> list[tuple[int, dict]]:
+        return [(m, tc) for m in range(turn.start, turn.end) if messages[m].get("role") == "assistant"
+                for tc in messages[m].get("tool_calls") or []]
+
+    def rate_turn(_view: dict, turn: Turn) -> dict:
+        verdicts = each(_rate_call(instance, m, tc, judge) for m, tc in calls_in(turn))
+        return {"score": sum(v["score"] for v in verdicts) / len(verdicts), "calls": verdicts}
+
+    return by_turn(instance, params, rate_turn, wanted=lambda turn: bool(calls_in(turn)),
+                   what="turn with a tool call")
+
+
+_CALL_TASK = ("Rate this TOOL CALL of the agent: given the CONVERSATION so far and the TOOLS it had, was it the "
+              "right tool to call, with the right arguments (taken from the conversation, none invented or "
+              "missing)?\n"
+              + scale("tool call accuracy", {1: "the wrong tool, or arguments that make the call useless",
+                                              2: "a poor choice, or arguments mostly wrong",
+                                              3: "a reasonable tool with some wrong or missing arguments",
+                                              4: "the right tool, arguments nearly right",
+                                              5: "the right tool with exactly the right arguments"}))
+
+
+def _rate_call(instance: dict, at: int, tc: dict, judge) -> Callable[[], dict]:
+    fn = tc.get("function") or {}
+    call = {"name": fn.get("name"), "arguments": fn.get("arguments")}
+    material = [("TOOLS", _tools(instance)), ("CONVERSATION", transcript(instance["messages"], upto=at)),
+                ("TOOL CALL", call)]
+    return lambda: {"name": call["name"], **rate(judge, prompt(_CALL_TASK, material))}
+
+
+# --- the whole exchange, seen once --------------------------------------------
+
+
+def conversation_relevance(instance: dict, params: JudgeParams, judge) -> dict:
+    task = ("Rate CONVERSATION RELEVANCE: across the whole CONVERSATION, is every assistant turn relevant to "
+            "what the user asked at that point, given what was said before it (no off-topic, generic or "
+            "repeated replies)?\n"
+            + scale("conversation relevance", {1: "most assistant turns do not address the user",
+                                                2: "several assistant turns are off-topic or generic",
+                                                3: "about half of the assistant turns are relevant",
+                                                4: "nearly every assistant turn is relevant; one strays",
+                                                5: "every assistant turn addresses what the user asked"}))
+    return rate(judge, prompt(task, [("CONVERSATION", _whole(instance))]))
+
+
+def knowledge_retention(instance: dict, params: JudgeParams, judge) -> dict:
+    task = ("Rate KNOWLEDGE RETENTION: does the assistant keep what the user told it earlier in the "
+            "CONVERSATION (facts, preferences, constraints) in its later turns, never asking for it again, "
+            "forgetting it or contradicting it?\n"
+            + scale("knowledge retention", {1: "the assistant forgets or contradicts what it was told throughout",
+                                             2: "the assistant loses most of what it was told",
+                                             3: "the assistant keeps some of it and loses some",
+                                             4: "the assistant keeps nearly all of it; one lapse",
+                                             5: "the assistant keeps everything it was told"}))
+    return rate(judge, prompt(task, [("CONVERSATION", _whole(instance))]))
+
+
+def _whole(instance: dict) -> str:
+    """The whole exchange, with the final answer where the record keeps it apart from the messages."""
+    text = transcript(instance["messages"])
+    final, messages = instance.get("actual-output"), instance["messages"]
+    if final and not (messages and messages[-1].get("role") == "assistant" and messages[-1].get("content") == final):
+        text += f"\nassistant: {final}"
+    return text
