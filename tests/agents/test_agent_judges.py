@@ -30,7 +30,8 @@ def agent_run(n: int, score: int) -> dict:
     return inst
 
 
-def test_agent_judge_metrics_on_real_workers(redis_url, tmp_path):
+def judged_run(redis_url: str, tmp_path, instances: list[dict], metrics: list[dict]) -> None:
+    """The job run on a real judge.lab worker against judge-sim (judge ``j``), outputs in tmp_path/out."""
     os.environ[KEY_ENV] = "k"
     with JudgeSim([Region("lab")], api_key="k", seed=1) as sim:
         name = f"aj{uuid.uuid4().hex[:6]}"
@@ -40,14 +41,17 @@ def test_agent_judge_metrics_on_real_workers(redis_url, tmp_path):
             judge = {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV, "max_tokens": 100,
                      "deployments": [{"region": "lab", "base_url": sim.base_url("lab"), "tpm": 1_000_000,
                                       "rpm": 10_000}]}
-            instances = [agent_run(n, 1 + n % 5) for n in range(5)]
-            metrics = [{"id": m, "parameters": {"judge": "j"}} for m in
-                       ("intent_resolution", "task_adherence", "response_completeness", "tool_call_accuracy")]
             run_job(parse_job({"instances": instances, "judges": {"j": judge}, "judging": {"cache": False},
                                "metrics": metrics}), tmp_path / "out", broker=redis_url, progress=False,
                     stall_timeout=120)
         finally:
             stop_worker(worker)
+
+
+def test_agent_judge_metrics_on_real_workers(redis_url, tmp_path):
+    judged_run(redis_url, tmp_path, [agent_run(n, 1 + n % 5) for n in range(5)],
+               [{"id": m, "parameters": {"judge": "j"}} for m in
+                ("intent_resolution", "task_adherence", "response_completeness", "tool_call_accuracy")])
     log = read_log(tmp_path / "out")
     for line in log:
         assert "error" not in line, line

@@ -6,24 +6,17 @@ turn's verdict says which turn the judge was shown."""
 
 from __future__ import annotations
 
-import json
-import os
 import uuid
 
 import pytest
 
-from evalq.cli.run import run_job
 from evalq.shared.agents.conversation import turn_view, turns
 from evalq.shared.agents.params import TurnsParams
 from evalq.shared.aggregate import RatingAggregator
-from evalq.shared.job import parse_job
-from evalq.sim import JudgeSim, Region
 from evalq.workers.agents.judged import intent_resolution, tool_call_accuracy
-from tests.agents.test_agent_judges import Recorder
+from tests.agents.test_agent_judges import Recorder, judged_run
 from tests.agents.test_trajectory import TOOLS, call
-from tests.conftest import read_log, read_results, start_worker, stop_worker, wait_for_worker
-
-KEY_ENV = "TEST_CONVERSATION_API_KEY"
+from tests.conftest import read_log, read_results
 
 
 def conversation(cid: str, scores: list[int], calls: list[int] | None = None) -> dict:
@@ -95,29 +88,16 @@ def test_a_conversation_counts_once_and_each_turn_in_the_distribution():
 
 @pytest.mark.integration
 def test_conversations_on_real_judge_workers(redis_url, tmp_path):
-    os.environ[KEY_ENV] = "k"
     chats = [conversation("a", [2, 4, 5], calls=[1, 3]), conversation("b", [3, 1], calls=[2]),
              conversation("c", [5])]
     chats[1]["messages"][-1]["content"] += " [[sim:malformed]]"  # the judge cannot rate b's last turn
     chats[1]["actual-output"] = chats[1]["messages"][-1]["content"]
-    with JudgeSim([Region("lab")], api_key="k", seed=1) as sim:
-        name = f"cv{uuid.uuid4().hex[:6]}"
-        worker = start_worker(redis_url, "judge.lab", tmp_path, concurrency=8, name=name)
-        try:
-            wait_for_worker(redis_url, name)
-            judge = {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV, "max_tokens": 100,
-                     "deployments": [{"region": "lab", "base_url": sim.base_url("lab"), "tpm": 1_000_000,
-                                      "rpm": 10_000}]}
-            metrics = [{"id": "intent_resolution", "name": "last", "parameters": {"judge": "j"}},
-                       {"id": "intent_resolution", "name": "every turn", "parameters": {"judge": "j", "turns": "all"}},
-                       {"id": "tool_call_accuracy", "name": "calls", "parameters": {"judge": "j", "turns": "all"}},
-                       {"id": "conversation_relevance", "parameters": {"judge": "j"}},
-                       {"id": "knowledge_retention", "parameters": {"judge": "j"}}]
-            run_job(parse_job({"instances": chats, "judges": {"j": judge}, "judging": {"cache": False},
-                               "metrics": metrics}), tmp_path / "out", broker=redis_url, progress=False,
-                    stall_timeout=120)
-        finally:
-            stop_worker(worker)
+    metrics = [{"id": "intent_resolution", "name": "last", "parameters": {"judge": "j"}},
+               {"id": "intent_resolution", "name": "every turn", "parameters": {"judge": "j", "turns": "all"}},
+               {"id": "tool_call_accuracy", "name": "calls", "parameters": {"judge": "j", "turns": "all"}},
+               {"id": "conversation_relevance", "parameters": {"judge": "j"}},
+               {"id": "knowledge_retention", "parameters": {"judge": "j"}}]
+    judged_run(redis_url, tmp_path, chats, metrics)
     lines = {(line.get("name") or line["metric"], line["instance_id"]): line for line in read_log(tmp_path / "out")}
     assert lines["last", "a"]["result"]["score"] == 5 and "turns" not in lines["last", "a"]["result"]
     assert "error" in lines["last", "b"]  # its only scored turn could not be rated

@@ -180,28 +180,31 @@ def _rate_call(instance: dict, at: int, tc: dict, judge) -> Callable[[], dict]:
 # --- the whole exchange, seen once --------------------------------------------
 
 
-def conversation_relevance(instance: dict, params: JudgeParams, judge) -> dict:
-    task = ("Rate CONVERSATION RELEVANCE: across the whole CONVERSATION, is every assistant turn relevant to "
-            "what the user asked at that point, given what was said before it (no off-topic, generic or "
-            "repeated replies)?\n"
-            + scale("conversation relevance", {1: "most assistant turns do not address the user",
-                                                2: "several assistant turns are off-topic or generic",
-                                                3: "about half of the assistant turns are relevant",
-                                                4: "nearly every assistant turn is relevant; one strays",
-                                                5: "every assistant turn addresses what the user asked"}))
-    return rate(judge, prompt(task, [("CONVERSATION", _whole(instance))]))
+def _whole_exchange(task: str) -> Callable[[dict, JudgeParams, object], dict]:
+    """A metric that rates the whole CONVERSATION in one judge call."""
+    def metric(instance: dict, params: JudgeParams, judge) -> dict:
+        return rate(judge, prompt(task, [("CONVERSATION", _whole(instance))]))
+    return metric
 
 
-def knowledge_retention(instance: dict, params: JudgeParams, judge) -> dict:
-    task = ("Rate KNOWLEDGE RETENTION: does the assistant keep what the user told it earlier in the "
-            "CONVERSATION (facts, preferences, constraints) in its later turns, never asking for it again, "
-            "forgetting it or contradicting it?\n"
-            + scale("knowledge retention", {1: "the assistant forgets or contradicts what it was told throughout",
-                                             2: "the assistant loses most of what it was told",
-                                             3: "the assistant keeps some of it and loses some",
-                                             4: "the assistant keeps nearly all of it; one lapse",
-                                             5: "the assistant keeps everything it was told"}))
-    return rate(judge, prompt(task, [("CONVERSATION", _whole(instance))]))
+conversation_relevance = _whole_exchange(
+    "Rate CONVERSATION RELEVANCE: across the whole CONVERSATION, is every assistant turn relevant to what the "
+    "user asked at that point, given what was said before it (no off-topic, generic or repeated replies)?\n"
+    + scale("conversation relevance", {1: "most assistant turns do not address the user",
+                                        2: "several assistant turns are off-topic or generic",
+                                        3: "about half of the assistant turns are relevant",
+                                        4: "nearly every assistant turn is relevant; one strays",
+                                        5: "every assistant turn addresses what the user asked"}))
+
+knowledge_retention = _whole_exchange(
+    "Rate KNOWLEDGE RETENTION: does the assistant keep what the user told it earlier in the CONVERSATION "
+    "(facts, preferences, constraints) in its later turns, never asking for it again, forgetting it or "
+    "contradicting it?\n"
+    + scale("knowledge retention", {1: "the assistant forgets or contradicts what it was told throughout",
+                                     2: "the assistant loses most of what it was told",
+                                     3: "the assistant keeps some of it and loses some",
+                                     4: "the assistant keeps nearly all of it; one lapse",
+                                     5: "the assistant keeps everything it was told"}))
 
 
 def _whole(instance: dict) -> str:
