@@ -270,8 +270,29 @@ def _getter(expression: str):
             return record
 
         return lookup
+    last = _LAST_MATCH.fullmatch(expression)
+    if last:  # the presets' "the last message from the user": read backwards, no interpreter
+        return _last_match(*last.groups())
     interpreter = TreeInterpreter()
     return lambda record: interpreter.visit(ast, record)
+
+
+# ``items[?key=='value'] | [-1]`` and ``... | [-1].field``: the last element of a list whose key
+# equals a string, as JMESPath gives it (None where anything is missing or of another type)
+_LAST_MATCH = re.compile(r"(\w+)\[\?(\w+)\s*==\s*'([^'\\]*)'\]\s*\|\s*\[-1\](?:\.(\w+))?")
+
+
+def _last_match(items: str, key: str, value: str, field: str | None):
+    def lookup(record: Any) -> Any:
+        found = record.get(items) if isinstance(record, dict) else None
+        if not isinstance(found, list):
+            return None
+        for item in reversed(found):
+            if isinstance(item, dict) and isinstance(item.get(key), str) and item[key] == value:
+                return item if field is None else item.get(field)
+        return None
+
+    return lookup
 
 
 def _text(value: Any, where: str) -> str:

@@ -245,6 +245,36 @@ def test_location_lookups_agree_with_jmespath(expression):
     assert _getter(expression)(record) == jmespath.search(expression, record)
 
 
+@pytest.mark.parametrize("expression", ["messages[?role=='user'] | [-1].content", "messages[?role=='assistant'] | [-1]",
+                                        "turns[?speaker == 'bot'] | [-1].text"])
+def test_the_last_match_lookup_agrees_with_jmespath_on_any_record(expression):
+    """The presets' "last message from ..." is read without the interpreter; on records of every
+    shape (missing fields, other types, no match, several) it gives what JMESPath gives."""
+    import random
+
+    import jmespath
+
+    from evalq.shared.dataset import _LAST_MATCH, _getter
+
+    assert _LAST_MATCH.fullmatch(expression)
+    items, key, field = expression.split("[")[0], expression.split("?")[1].split("=")[0].strip(), "content"
+    rng = random.Random(7)
+    values = [None, 1, True, "user", "assistant", "bot", {"a": 1}, [], "x"]
+    lookup = _getter(expression)
+    for _ in range(2000):
+        elements = [{k: rng.choice(values) for k in rng.sample([key, field, "text", "other"], rng.randint(0, 4))}
+                    if rng.random() < 0.8 else rng.choice(values) for _ in range(rng.randint(0, 5))]
+        record = rng.choice([{items: elements}, {items: rng.choice(values)}, {}, rng.choice(values)])
+        assert lookup(record) == jmespath.search(expression, record), record
+
+
+def test_nesting_depth_is_measured_level_by_level():
+    from evalq.shared.limits import too_deep
+
+    assert too_deep([[[[{"a": [1]}]]]], 5) and not too_deep([[[[{"a": [1]}]]]], 6)
+    assert not too_deep("text", 0) and not too_deep({"a": [], "b": {"c": 1}}, 2) and too_deep({"b": {"c": {}}}, 2)
+
+
 def test_relative_dataset_path_is_read_from_the_job_files_folder(tmp_path, monkeypatch):
     from evalq.shared.job import load_job
 
