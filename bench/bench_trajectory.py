@@ -90,6 +90,18 @@ def in_process_whole(data: Path, out: Path) -> float:
     return time.perf_counter() - t0
 
 
+def evalq_run(job: Path, out: Path, concurrency: int | None) -> tuple[float, float]:
+    """(whole run, cluster part): the cluster part is run.json's wall time (submission to outputs);
+    the rest is reading, validating and storing the dataset in the submitting process."""
+    extra = ["--concurrency", str(concurrency)] if concurrency else []
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "evalq.cli", "run", str(job), "--out", str(out), "-q", *extra],
+                          cwd=ROOT, env={**os.environ, "EVALQ_HISTORY": "off"})
+    total = time.perf_counter() - t0
+    assert done.returncode == 0
+    return total, json.loads((out / "run.json").read_text())["wall_time"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000)
@@ -102,21 +114,23 @@ def main() -> None:
                 f.write(json.dumps(r) + "\n")
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"dataset": {"uri": str(data)}, "metrics": METRICS}))
-        t0 = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "evalq.cli", "run", str(job), "--out", str(Path(tmp) / "out"),
-                               "-q"], cwd=ROOT, env={**os.environ, "EVALQ_HISTORY": "off"})
-        dist = time.perf_counter() - t0
-        assert done.returncode == 0
+        dist, cluster = evalq_run(job, Path(tmp) / "out", None)
         lines = sum(1 for _ in open(Path(tmp) / "out" / "log.jsonl"))
         assert lines == 2 * args.n, lines
+        one, one_cluster = evalq_run(job, Path(tmp) / "out1", 1)
         size = data.stat().st_size
         whole = in_process_whole(data, Path(tmp) / "local.jsonl")
     local = in_process(records)
-    print(f"machine: {os.cpu_count()} cores; N={args.n:,} agent runs x 10 tool calls ({size / 1e6:.0f} MB of chat "
+    cores = os.cpu_count()
+    print(f"machine: {cores} cores; N={args.n:,} agent runs x 10 tool calls ({size / 1e6:.0f} MB of chat "
           f"logs) x (trajectory, tool_call_f1)")
     print(f"in-process loop (1 process, metrics only): {local:8.2f} s ({2 * args.n / local:,.0f} items/s)")
     print(f"in-process loop (1 process, read+score+log): {whole:6.2f} s ({2 * args.n / whole:,.0f} items/s)")
     print(f"evalq run (embedded, everything)         : {dist:8.2f} s ({2 * args.n / dist:,.0f} items/s)")
+    print(f"  of which read+validate+store (1 process): {dist - cluster:7.2f} s; cluster (score on {cores} worker "
+          f"processes, write outputs): {cluster:.2f} s")
+    print(f"evalq run, 1 worker process              : {one:8.2f} s; cluster {one_cluster:.2f} s "
+          f"(the cluster part {one_cluster / cluster:.2f}x the {cores}-process one)")
     print(f"ratio distributed / in-process           : {dist / local:.2f} (metrics only), {dist / whole:.2f} "
           f"(read+score+log)")
 

@@ -23,6 +23,7 @@ from typing import Iterator
 import redis
 
 from evalq.shared import keys
+from evalq.shared.instances import with_shared
 from evalq.shared.job import entry_head as head
 from evalq.shared.loglines import log_head
 from evalq.shared.model_under_test import GENERATE
@@ -66,7 +67,8 @@ def _instances_at(r: redis.Redis, job_id: str, positions: list[int]) -> dict[int
     pipe = r.pipeline(transaction=False)
     for p in positions:
         pipe.lindex(keys.instances(job_id), p)
-    return {p: json.loads(raw) for p, raw in zip(positions, pipe.execute()) if raw is not None}
+    found = {p: json.loads(raw) for p, raw in zip(positions, pipe.execute()) if raw is not None}
+    return dict(zip(found, with_shared(r, job_id, list(found.values()))))
 
 
 def run_info(spec: dict, job_id: str, generation: dict | None, status: str = Status.DONE,

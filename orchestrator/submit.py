@@ -142,13 +142,16 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None) -
     ttl = spec["ttl"]
     try:
         if r.exists(keys.instances(job_id)):
-            r.delete(keys.instances(job_id))
+            r.delete(keys.instances(job_id), keys.shared_values(job_id))
         pipe = r.pipeline(transaction=False)
-        ikey = keys.instances(job_id)
-        for batch in _batches(json_lines(job.instances), PUSH_BATCH):
+        ikey, shared = keys.instances(job_id), {}
+        for batch in _batches(json_lines(job.instances, shared), PUSH_BATCH):
             pipe.rpush(ikey, *batch)
             pipe.execute()
         pipe.expire(ikey, ttl)
+        if shared:  # the values the instances refer to (evalq.shared.instances.SHARED_FIELDS)
+            pipe.hset(keys.shared_values(job_id), mapping=shared)
+            pipe.expire(keys.shared_values(job_id), ttl)
         # the spec last: a job with a spec has all its instances
         pipe.set(keys.spec(job_id), json.dumps(spec), ex=ttl)
         pipe.set(keys.status(job_id), Status.RUNNING, ex=ttl)

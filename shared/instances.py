@@ -10,9 +10,11 @@ has validated.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from array import array
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
@@ -25,28 +27,95 @@ from evalq.shared.storage import LineError, read_lines
 MAX_BAD_SHOWN = 20  # bad records quoted in run.json when they are skipped
 
 
+# Fields that most instances of a dataset carry identically (every run of an agent had the same
+# tools): stored once per job, each instance holding {SHARED: <digest>} in their place. 100,000 runs
+# of an agent with 30 tools would otherwise keep 100,000 copies of their schemas in Redis, and
+# every worker would decode each copy.
+SHARED = "$shared"
+SHARED_FIELDS = ("tool_definitions",)
+
+
+def share(instance: dict, shared: dict[str, str]) -> dict:
+    """The instance with each shared field replaced by a reference to its one copy, added to
+    ``shared`` (digest -> JSON text) the first time it is seen."""
+    out = instance
+    for name in SHARED_FIELDS:
+        value = instance.get(name)
+        if isinstance(value, list) and value:
+            text = json.dumps(value, ensure_ascii=False)
+            digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+            shared.setdefault(digest, text)
+            out = {**out, name: {SHARED: digest}}
+    return out
+
+
+def shared_refs(instance: dict) -> list[str]:
+    """The digests an instance read back from storage refers to (validation keeps a dict out of
+    these fields, so a reference is always evalq's own)."""
+    return [v[SHARED] for v in (instance.get(name) for name in SHARED_FIELDS) if isinstance(v, dict) and SHARED in v]
+
+
+def unshare(instance: dict, values: dict[str, Any]) -> dict:
+    """Put the shared values (digest -> decoded value) back in place, in the instance itself."""
+    for name in SHARED_FIELDS:
+        value = instance.get(name)
+        if isinstance(value, dict) and SHARED in value:
+            instance[name] = values[value[SHARED]]
+    return instance
+
+
+_DECODED: "OrderedDict[str, Any]" = OrderedDict()  # digest -> decoded value (content-addressed: any job's)
+_DECODED_MAX = 64
+
+
+def with_shared(r: Any, job_id: str, instances: list[dict]) -> list[dict]:
+    """Instances read from Redis with their shared values back in place: each value is fetched
+    and decoded once per process (a worker scores chunk after chunk of the same job)."""
+    wanted = {digest for inst in instances for digest in shared_refs(inst)}
+    if not wanted:
+        return instances
+    missing = [d for d in wanted if d not in _DECODED]
+    if missing:
+        from evalq.shared import keys
+
+        for digest, text in zip(missing, r.hmget(keys.shared_values(job_id), missing)):
+            if text is None:
+                raise LookupError(f"job {job_id}: a shared instance value ({digest}) is gone from Redis")
+            _DECODED[digest] = json.loads(text)
+    values = {d: _DECODED[d] for d in wanted}
+    for d in wanted:
+        _DECODED.move_to_end(d)
+    while len(_DECODED) > _DECODED_MAX:
+        _DECODED.popitem(last=False)
+    return [unshare(inst, values) for inst in instances]
+
+
 class SpooledInstances:
-    """Instances as JSON lines in a temporary file: ``len`` and repeatable iteration."""
+    """Instances as JSON lines in a temporary file: ``len`` and repeatable iteration; the values
+    they share (``SHARED_FIELDS``) are kept once, in ``shared``."""
 
     def __init__(self) -> None:
         self._file = tempfile.NamedTemporaryFile("w+b", prefix="evalq-instances-", suffix=".jsonl")
         self._n = 0
+        self.shared: dict[str, str] = {}
 
     def append(self, instance: dict) -> None:
-        self._file.write(json.dumps(instance, ensure_ascii=False).encode("utf-8") + b"\n")
+        self._file.write(json.dumps(share(instance, self.shared), ensure_ascii=False).encode("utf-8") + b"\n")
         self._n += 1
 
     def __len__(self) -> int:
         return self._n
 
     def json_lines(self) -> Iterator[str]:
+        """The stored form: shared fields as references (``shared`` holds their values)."""
         self._file.flush()
         with open(self._file.name, encoding="utf-8") as f:
             for line in f:
                 yield line.rstrip("\n")
 
     def __iter__(self) -> Iterator[dict]:
-        return (json.loads(line) for line in self.json_lines())
+        values = {digest: json.loads(text) for digest, text in self.shared.items()}
+        return (unshare(json.loads(line), values) for line in self.json_lines())
 
 
 def context_passages(instance: dict) -> list[str]:
@@ -64,11 +133,13 @@ def context_text(instance: dict) -> str:
     return "\n\n".join(context_passages(instance))
 
 
-def json_lines(instances: Iterable[dict]) -> Iterator[str]:
-    """Each instance as one JSON string, without re-encoding a spool."""
+def json_lines(instances: Iterable[dict], shared: dict[str, str]) -> Iterator[str]:
+    """Each instance as one JSON string in its stored form (shared fields as references, their
+    values added to ``shared``), without re-encoding a spool."""
     if isinstance(instances, SpooledInstances):
+        shared.update(instances.shared)
         return instances.json_lines()
-    return (json.dumps(inst, ensure_ascii=False) for inst in instances)
+    return (json.dumps(share(inst, shared), ensure_ascii=False) for inst in instances)
 
 
 @dataclass

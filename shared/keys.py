@@ -77,6 +77,11 @@ def instances(job_id: str) -> str:
     return f"{job_prefix(job_id)}:instances"
 
 
+def shared_values(job_id: str) -> str:
+    """Hash: digest -> JSON of a value many instances share, stored once (tool definitions)."""
+    return f"{job_prefix(job_id)}:shared"
+
+
 def results(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:res:{metric_key}"
 
@@ -239,7 +244,7 @@ def backlog(queue: str) -> str:
 
 def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
     """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage."""
-    keys = [spec(job_id), instances(job_id), summary(job_id), status(job_id),
+    keys = [spec(job_id), instances(job_id), shared_values(job_id), summary(job_id), status(job_id),
             job_tokens(job_id), job_cost(job_id), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
             replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
             chunks_done(job_id, "generate"), chunks_done(job_id, "metrics"), parked(job_id),

@@ -1,0 +1,49 @@
+"""Tool definitions that every run of an agent dataset repeats are stored once per job: each
+stored instance refers to that one copy, and workers and the report read the instances whole."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+from evalq.orchestrator import submit
+from evalq.shared import keys
+from evalq.shared.instances import SHARED, SpooledInstances, json_lines, with_shared
+from evalq.shared.job import load_job
+from tests.agents.test_agent_runs import chat_log
+from tests.agents.test_trajectory import CASES, TOOLS
+
+
+def test_a_spool_keeps_one_copy_and_gives_the_instances_back_whole():
+    spool = SpooledInstances()
+    other = [{"name": "lookup", "parameters": {"type": "object"}}]
+    originals = [{"id": str(n), "tool_definitions": TOOLS if n % 3 else other, "messages": []} for n in range(9)]
+    for inst in originals:
+        spool.append(inst)
+    assert len(spool.shared) == 2
+    assert all(json.loads(line)["tool_definitions"].keys() == {SHARED} for line in spool.json_lines())
+    assert list(spool) == originals
+    shared: dict = {}  # inline instances are shared the same way as they are stored
+    assert all(SHARED in json.loads(line)["tool_definitions"] for line in json_lines(originals, shared))
+    assert sorted(shared.values()) == sorted(spool.shared.values())
+
+
+def test_a_stored_agent_dataset_holds_its_tools_once(redis_url, tmp_path):
+    data = tmp_path / "agent.jsonl"
+    data.write_text("".join(json.dumps(chat_log(n, i)) + "\n" for n, i in CASES.items()))
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps({"dataset": {"uri": str(data)}, "metrics": [{"id": "trajectory"}]}))
+    job = load_job(job_file)
+    r = redis.Redis.from_url(redis_url)
+    job_id = submit.store_job(r, job, submit.job_spec(job))
+    try:
+        stored = [json.loads(raw) for raw in r.lrange(keys.instances(job_id), 0, -1)]
+        assert r.hlen(keys.shared_values(job_id)) == 1 and len(stored) == len(CASES)
+        assert all('"parameters"' not in json.dumps(inst) for inst in stored)
+        whole = with_shared(r, job_id, stored)
+        assert [inst["tool_definitions"] for inst in whole] == [TOOLS] * len(CASES)
+        assert r.ttl(keys.shared_values(job_id)) > 0  # it goes when the job's keys go
+    finally:
+        submit.delete_job(r, job_id, [m.key for m in job.runs])
+    assert not r.exists(keys.shared_values(job_id))
