@@ -366,11 +366,13 @@ def compare_html(report: dict) -> str:
             parts.append(f"<p class=fail>{_esc(w)}</p>")
         fields = entry.get("fields", {})
         if fields:
+            moved = {"worse": "<td class=fail>worse</td>", "better": "<td class=pass>better</td>"}
             rows = "".join(f"<tr><td>{_esc(k)}</td><td>{_num(f.get('base'))}</td><td>{_num(f.get('new'))}</td>"
                            f"<td>{_num(f['diff'])}{_ci(f.get('ci95'))}</td><td>{_num(f['p_value'])}</td>"
-                           f"<td>{f['n_pairs']}</td></tr>" for k, f in fields.items())
+                           f"<td>{f['n_pairs']}</td>{moved.get(f.get('moved'), '<td></td>')}</tr>"
+                           for k, f in fields.items())
             parts.append("<table><tr><th>field</th><th>base</th><th>new</th><th>difference</th><th>p</th>"
-                         f"<th>pairs</th></tr>{rows}</table>")
+                         f"<th>pairs</th><th>reads as</th></tr>{rows}</table>")
             parts.append(bar_chart([f"{k} base" for k in fields] + [f"{k} new" for k in fields],
                                    [f.get("base") or 0 for f in fields.values()] +
                                    [f.get("new") or 0 for f in fields.values()], f"{entry['entry']} base vs new"))

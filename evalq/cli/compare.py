@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
+from evalq.orchestrator.regressions import worse_direction
 from evalq.shared import stats
 from evalq.shared.results import entry_keys, read
 from evalq.shared.errors import EvalqError, JobError
@@ -121,8 +122,8 @@ def compare(base: Run, new: Run) -> dict:
         common = sorted(set(base.values[key]) & set(new.values[key]))
         for field in _field_names(new, key):
             pairs = _pairs(base, new, key, field)
-            entry["fields"][field] = _paired(list(pairs.values()), summary(base, key, field),
-                                             summary(new, key, field))
+            entry["fields"][field] = reading(_paired(list(pairs.values()), summary(base, key, field),
+                                                     summary(new, key, field)), worse_direction(field, m["metric"]))
             by_category: dict[str, list] = {}
             for i, pair in pairs.items():
                 if i in new.categories:
@@ -139,6 +140,20 @@ def compare(base: Run, new: Run) -> dict:
         if key not in new.keys:
             report["entries"].append({"entry": key, "metric": heads[key]["metric"], "warnings": ["only in the base run"]})
     return report
+
+
+SIGNIFICANT = 0.05
+
+
+def reading(field: dict, worse: str) -> dict:
+    """The field's comparison with which way it gets worse (the registry's word: extra tool calls
+    and error rates up, scores down, a stereotyping share neither way) and ``moved``: "better" or
+    "worse" when the paired difference is significant (p < 0.05), else null."""
+    diff, p = field.get("diff"), field.get("p_value")
+    moved = None
+    if diff and p is not None and p < SIGNIFICANT and worse != "neither":
+        moved = "worse" if (diff > 0) == (worse == "higher") else "better"
+    return {**field, "worse": worse, "moved": moved}
 
 
 def _pairs(base: Run, new: Run, key: str, field: str) -> dict[str, tuple[float, float]]:
@@ -228,7 +243,8 @@ def render(report: dict, gates: list[dict]) -> Iterator[str]:
             new = "n/a" if f.get("new") is None else f"{f['new']:.4f}"
             diff = "n/a" if f["diff"] is None else f"{f['diff']:+.4f}"
             p = "n/a" if f["p_value"] is None else f"{f['p_value']:.4f}"
-            yield f"  {field:<18} {base} -> {new}  diff {diff}  95% CI {ci}  p {p}  ({f['n_pairs']} pairs)"
+            moved = f"  {f['moved'].upper()}" if f.get("moved") else ""
+            yield f"  {field:<18} {base} -> {new}  diff {diff}  95% CI {ci}  p {p}  ({f['n_pairs']} pairs){moved}"
         flips = entry.get("flips")
         if flips:
             yield (f"  pass->fail {flips['pass_to_fail']['n']} {', '.join(flips['pass_to_fail']['ids'][:5])}  "

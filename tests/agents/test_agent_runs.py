@@ -75,3 +75,27 @@ def test_a_call_to_an_undefined_tool_is_exit_2_naming_the_line(tmp_path):
     assert f"{data} line 2: messages[1].tool_calls[0]: calls 'teleport', which tool_definitions do not define" \
         in proc.stderr
     assert f"{data} line 3: messages[1].tool_calls[0] (weather): arguments are not JSON" in proc.stderr
+
+
+def test_compare_reads_more_extra_calls_as_worse(tmp_path):
+    """Two nights of the same agent: the second makes an extra call in every run. compare pairs the
+    runs and reads extra_calls up and precision down both as worse, recall as unmoved."""
+    from tests.agents.test_trajectory import S, W, B, run
+
+    outs = []
+    for night, calls in (("base", [[S], [W], [B]]), ("new", [[S], [W], [("search", {"q": "again"})], [B]])):
+        records = [{**chat_log(f"r{n}", run(*calls, expected=[S, W, B])), "id": f"r{n}"} for n in range(10)]
+        data = tmp_path / f"{night}.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in records))
+        job = tmp_path / f"{night}.json"
+        job.write_text(json.dumps({"dataset": {"uri": str(data)}, "metrics": [{"id": "trajectory"}]}))
+        proc = evalq("run", str(job), "--out", str(tmp_path / night))
+        assert proc.returncode == 0, proc.stderr
+        outs.append(str(tmp_path / night))
+    proc = evalq("compare", *outs, "--json", "--html", str(tmp_path / "compare.html"))
+    assert proc.returncode == 0, proc.stderr
+    fields = json.loads(proc.stdout)["entries"][0]["fields"]
+    assert fields["extra_calls"]["diff"] == 1 and fields["extra_calls"]["worse"] == "higher"
+    assert fields["extra_calls"]["moved"] == "worse" and fields["precision"]["moved"] == "worse"
+    assert fields["recall"]["diff"] == 0 and fields["recall"]["moved"] is None
+    assert "<td class=fail>worse</td>" in (tmp_path / "compare.html").read_text()
