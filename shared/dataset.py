@@ -54,7 +54,7 @@ PRESETS: dict[str, dict[str, str]] = {
     "openai_chat": {"id_location": "id", "model_input_location": "messages[?role=='user'] | [-1].content",
                     "model_output_location": f"{_LAST_ASSISTANT}.content", "messages_location": "messages",
                     "tool_definitions_location": "tools", "expected_tool_calls_location": "expected_tool_calls",
-                    "category_location": "category"},
+                    "target_output_location": "ground_truth", "category_location": "category"},
     # Azure AI Evaluation's agent data: query and response message lists with content parts
     # (evalq.shared.agents.azure reads them into chat messages), tool_definitions
     "azure_agent": {"id_location": "id", "query_location": "query", "response_location": "response",
