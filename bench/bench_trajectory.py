@@ -127,7 +127,7 @@ def main() -> None:
     print(f"in-process loop (1 process, metrics only): {local:8.2f} s ({2 * args.n / local:,.0f} items/s)")
     print(f"in-process loop (1 process, read+score+log): {whole:6.2f} s ({2 * args.n / whole:,.0f} items/s)")
     print(f"evalq run (embedded, everything)         : {dist:8.2f} s ({2 * args.n / dist:,.0f} items/s)")
-    print(f"  of which read+validate+store (1 process): {dist - cluster:7.2f} s; cluster (score on {cores} worker "
+    print(f"  of which read+validate+store (submitting): {dist - cluster:7.2f} s; cluster (score on {cores} worker "
           f"processes, write outputs): {cluster:.2f} s")
     print(f"evalq run, 1 worker process              : {one:8.2f} s; cluster {one_cluster:.2f} s "
           f"(the cluster part {one_cluster / cluster:.2f}x the {cores}-process one)")

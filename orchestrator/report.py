@@ -257,8 +257,9 @@ class ReportBuilder:
                + (f", {m['n_skipped']} skipped" if m.get("n_skipped") else "") + "</p>"]
         if isinstance(score, dict) and isinstance(score.get("distribution"), dict) and \
                 all(isinstance(v, int) for v in score["distribution"].values()):
+            per = "turns" if isinstance(score.get("turns"), dict) else "items"  # a conversation's every turn counts
             out.append(bar_chart(list(score["distribution"]), list(score["distribution"].values()),
-                                 f"{self._label(m)}: items per score"))
+                                 f"{self._label(m)}: {per} per score"))
         elif isinstance(score, dict) and isinstance(score.get("severity"), dict):
             out.append(bar_chart(list(score["severity"]), list(score["severity"].values()),
                                  f"{self._label(m)}: items per severity band"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import tempfile
 from array import array
 from collections import OrderedDict
@@ -105,6 +106,13 @@ class SpooledInstances:
 
     def __len__(self) -> int:
         return self._n
+
+    def extend_from(self, path: str, n: int, shared: dict[str, str]) -> None:
+        """Append ``n`` instances already in their stored form, one per line of ``path``."""
+        with open(path, "rb") as part:
+            shutil.copyfileobj(part, self._file)
+        self._n += n
+        self.shared.update(shared)
 
     def json_lines(self) -> Iterator[str]:
         """The stored form: shared fields as references (``shared`` holds their values)."""
@@ -242,6 +250,15 @@ class InstanceChecker:
             self._hashes.append(hash(str(inst["id"])))
         return problems
 
+    def hashes(self) -> array:
+        return self._hashes
+
+    def merge(self, n_to_generate: int, categories: set[str], hashes: array) -> None:
+        """Add what another process's checker counted over its part of the records (in order)."""
+        self.n_to_generate += n_to_generate
+        self.categories |= categories
+        self._hashes.extend(hashes)
+
     def duplicate_ids(self) -> set[str] | None:
         """Hashes of ids seen twice or more (None when there are none)."""
         import numpy as np
@@ -279,24 +296,27 @@ class LoadedDataset:
 
 def load_dataset(spec: DatasetSpec, checker: InstanceChecker, add_problem: Callable[[str, str], None],
                  max_problems: int) -> LoadedDataset:
-    """Stream the dataset through the mapper and checker into a spool."""
+    """Stream the dataset through the mapper and checker into a spool (a large local JSON Lines
+    file in several processes: ``evalq.shared.parallel_read``, the same result)."""
+    from evalq.shared import parallel_read
+
     uri = spec.uri
     records = _records(spec)
     mapper: RecordMapper | None = None
     spool, lines, bad = SpooledInstances(), array("q"), BadRecords()
     n_problems = 0
+    processes = parallel_read.processes_for(spec)
     for number, where, record in records:
-        if isinstance(record, RecordError):
-            problems = [str(record)]
-        else:
-            if mapper is None:  # from the first readable record
-                mapper = _mapper(spec, record, where)
-                checker.missing = lambda f, m=mapper: f"{m.origin(f)} not found"
-            try:
-                inst = mapper.map(record, default_id=str(number))
-                problems = checker.check(inst)
-            except RecordError as exc:
-                problems = [str(exc)]
+        if not isinstance(record, RecordError) and mapper is None:  # from the first readable record
+            mapper = _mapper(spec, record, where)
+            checker.missing = lambda f, m=mapper: f"{m.origin(f)} not found"
+            if processes > 1 and not n_problems and not bad.count:  # (nothing said yet: the parts read it all)
+                records.close()
+                steps = parallel_read.Steps(parsed=parsed, examine=examine, share=share, place=record_place)
+                n_problems = parallel_read.read_parallel(spec, checker, mapper, processes, steps, spool, lines, bad,
+                                                         add_problem, max_problems, MAX_BAD_SHOWN)
+                break
+        inst, problems = examine(mapper, checker, record, number)
         if not problems:
             spool.append(inst)
             lines.append(number)
@@ -314,6 +334,19 @@ def load_dataset(spec: DatasetSpec, checker: InstanceChecker, add_problem: Calla
     if not len(spool) and not n_problems:
         add_problem(uri, "no valid records; nothing to evaluate" if bad.count else "no records; nothing to evaluate")
     return LoadedDataset(spool, lines, bad, mapper.describe() if mapper else "")
+
+
+def examine(mapper: RecordMapper | None, checker: InstanceChecker, record: Any, number: int
+            ) -> tuple[dict | None, list[str]]:
+    """One record mapped and checked: (the instance, []) or (None, what is wrong with it)."""
+    if isinstance(record, RecordError):
+        return None, [str(record)]
+    try:
+        inst = mapper.map(record, default_id=str(number))
+        problems = checker.check(inst)
+    except RecordError as exc:
+        return None, [str(exc)]
+    return (None, problems) if problems else (inst, [])
 
 
 def _mapper(spec: DatasetSpec, first: Any, where: str) -> RecordMapper:
@@ -338,23 +371,30 @@ def record_place(spec: DatasetSpec, number: int, short: bool = False) -> str:
     return place if short else f"{spec.uri} {place}"
 
 
+def parsed(text: str, limits: Limits) -> Any:
+    """A JSON Lines line as a record, a RecordError saying what is wrong with it, or None for a
+    blank line (skipped)."""
+    if isinstance(text, LineError):
+        return RecordError(str(text))
+    if not text.strip():
+        return None
+    try:
+        return loads(text, limits.json_depth)
+    except json.JSONDecodeError as exc:
+        return RecordError(f"invalid JSON at column {exc.colno}: {exc.msg}")
+    except OverLimit as exc:
+        return RecordError(str(exc))
+
+
 def _records(spec: DatasetSpec) -> Iterator[tuple[int, str, Any]]:
     """(number, place, record or RecordError) in file order."""
     uri = spec.uri
     limits = Limits.from_env()
     if spec.format == "jsonl":
         for number, text in read_lines(uri, spec.endpoint_url):
-            if isinstance(text, LineError):
-                yield number, record_place(spec, number), RecordError(str(text))
-                continue
-            if not text.strip():
-                continue
-            try:
-                yield number, record_place(spec, number), loads(text, limits.json_depth)
-            except json.JSONDecodeError as exc:
-                yield number, record_place(spec, number), RecordError(f"invalid JSON at column {exc.colno}: {exc.msg}")
-            except OverLimit as exc:
-                yield number, record_place(spec, number), RecordError(str(exc))
+            record = parsed(text, limits)
+            if record is not None:
+                yield number, record_place(spec, number), record
         return
     doc = read_document(uri, spec.endpoint_url, hint="use a JSON Lines dataset, which is streamed")
     if spec.format == "harpia":

@@ -31,12 +31,12 @@ def submit(job_file: Path, out: str | None, request_id: str | None, reply_to: st
     from evalq.orchestrator import submit as submitting
     from evalq.shared import keys
     from evalq.shared.config import Settings
-    from evalq.shared.job import load_job
+    from evalq.cli.common import read_job
 
     from evalq.orchestrator.service import reply_to_problem
 
     broker = need_broker(broker)
-    job = load_job(job_file)
+    job = read_job(job_file)
     scheduled(job, suite, priority, tenant, weight)
     if reply_to is not None and reply_to_problem(reply_to):
         raise JobError(reply_to_problem(reply_to).replace("request.reply_to", "--reply-to"))

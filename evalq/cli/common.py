@@ -95,3 +95,16 @@ def scheduled(job, suite: str | None, priority: str | None, tenant: str | None, 
         job.scheduling = job.scheduling.with_overrides(priority, tenant, weight)
     except ValidationError as exc:
         raise JobError([f"--{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]) from None
+
+
+def read_job(job_file, keys_needed: bool = True):
+    """A job file and its dataset read and validated here, a large local dataset with every core
+    (``evalq.shared.parallel_read``; ``EVALQ_READ_PROCESSES`` sets how many, 1: one process)."""
+    import os
+
+    from evalq.shared import parallel_read
+    from evalq.shared.config import env_number
+    from evalq.shared.job import load_job
+
+    parallel_read.READ_PROCESSES = int(env_number("EVALQ_READ_PROCESSES", os.cpu_count() or 1))
+    return load_job(job_file, keys_needed=keys_needed)

@@ -31,9 +31,9 @@ def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | N
         tenant: str | None, weight: float | None) -> None:
     """Validate JOB_FILE, run it, write results.json, log.jsonl and run.json."""
     from evalq.cli.run import run_job
-    from evalq.shared.job import load_job
+    from evalq.cli.common import read_job
 
-    job = load_job(job_file)
+    job = read_job(job_file)
     scheduled(job, suite, priority, tenant, weight)
     dest = destination_for(job, out, job_file)
     if not quiet:
@@ -55,9 +55,9 @@ def validate(job_file: Path, offline: bool) -> None:
 
     from evalq.cli.capacity import key_variables, render_keys
     from evalq.orchestrator.submit import plan
-    from evalq.shared.job import load_job
+    from evalq.cli.common import read_job
 
-    job = load_job(job_file, keys_needed=not offline)
+    job = read_job(job_file, keys_needed=not offline)
     describe(job, job_file, err=False)
     repeated = {m.id for m in job.metrics if sum(o.id == m.id for o in job.metrics) > 1}
     metrics = ", ".join(f"{m.label} (metrics[{m.position}], {m.kind})" if m.id in repeated
@@ -165,11 +165,11 @@ def _duration(text: str) -> float:
 def plan_command(job_file: Path, window: str, cpu_items_per_s: float, gpu_pairs_per_s: float, as_json: bool) -> None:
     """Capacity plan for JOB_FILE: time per queue, the binding constraint, workers to fit --window."""
     from evalq.cli.capacity import plan_job, render
-    from evalq.shared.job import load_job
+    from evalq.cli.common import read_job
 
     window_s = _duration(window)
     # a plan reads no secret: the key variables are named, and those not set here are said so
-    result = plan_job(load_job(job_file, keys_needed=False), window_s, cpu_items_per_s, gpu_pairs_per_s)
+    result = plan_job(read_job(job_file, keys_needed=False), window_s, cpu_items_per_s, gpu_pairs_per_s)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

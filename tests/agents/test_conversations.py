@@ -120,6 +120,7 @@ def test_conversations_on_real_judge_workers(redis_url, tmp_path):
     # report.html: each turn's score and reason, and the judge's verdict beside each call it rated
     page = (tmp_path / "out" / "report.html").read_text()
     assert "<tr><th>turn</th><th>score</th><th>judge reason</th></tr><tr><td>1</td><td>2</td>" in page
+    assert "every turn: turns per score" in page and "last: items per score" in page
     assert "<td><code>weather({&quot;city&quot;: &quot;Rome 3 [[sim:score=5]]&quot;})</code></td><td></td><td></td>" \
            "<td>5: " in page
 
