@@ -379,3 +379,30 @@ def test_a_creation_cut_short_is_found_again_not_made_twice(sim, broker):
     manager.job_tick(job_id, "bqcut", time.time())
     assert not r.sismember(keys.BATCH_JOBS, job_id)
     until(lambda: sim.stats()["bqcut"]["batch"]["batches_cancelled"] == 1, what="the batch was not cancelled")
+
+
+def test_agent_metrics_turn_by_turn_by_batch_give_the_sync_values(sim, worker, broker, tmp_path):
+    """The agent judge metrics are batchable like the others: every turn's (and every call's)
+    question of a conversation goes into the batch at once, and the values equal a sync run's."""
+    from tests.agents.test_conversations import conversation
+
+    tag = uuid.uuid4().hex[:8]
+    chats = [conversation(f"{tag}-{n}", [1 + n % 5, 1 + (n + 2) % 5, 1 + (n + 4) % 5], calls=[1, 3]) for n in range(4)]
+    metrics = [{"id": "intent_resolution", "parameters": {"judge": "j", "turns": "all"}},
+               {"id": "tool_call_accuracy", "parameters": {"judge": "j", "turns": "all"}},
+               {"id": "conversation_relevance", "parameters": {"judge": "j"}}]
+
+    def spec(region: str, mode: str) -> dict:
+        return {"instances": chats, "judges": {"j": judge(sim, region)}, "judging": {"cache": False, "mode": mode},
+                "metrics": metrics}
+
+    sim.reset_stats()
+    run(spec("bqa", "sync"), tmp_path / "sync", broker)
+    sync_calls = sim.stats()["bqa"]["requests"]
+    assert sync_calls == 4 * (3 + 2 + 1)  # per conversation: 3 turns, 2 calls, the whole exchange
+    sim.reset_stats()
+    run(spec("bqb", "batch"), tmp_path / "batch", broker)
+    stats = sim.stats()["bqb"]
+    assert stats["requests"] == 0 and stats["batch"]["lines_answered"] == sync_calls
+    assert values(tmp_path / "batch") == values(tmp_path / "sync")
+    assert all(len(v["turns"]) == 3 for (m, _), v in values(tmp_path / "batch").items() if m == "intent_resolution")
