@@ -10,6 +10,7 @@ has validated.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -252,6 +253,13 @@ class InstanceChecker:
 
     def hashes(self) -> array:
         return self._hashes
+
+    def apart(self) -> "InstanceChecker":
+        """A checker that checks the same way and counts from zero: for a part of the records read
+        in another process (which may read several parts), merged back with ``merge``."""
+        twin = copy.copy(self)
+        twin.n_to_generate, twin.categories, twin._hashes = 0, set(), array("q")
+        return twin
 
     def merge(self, n_to_generate: int, categories: set[str], hashes: array) -> None:
         """Add what another process's checker counted over its part of the records (in order)."""

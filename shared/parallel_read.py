@@ -126,7 +126,8 @@ def _read(task: tuple[int, int, int, str]) -> Part:
 
     examine, parsed, share = _job["examine"], _job["parsed"], _job["share"]
     start, end, base, out = task
-    spec, checker, mapper, limits = _job["spec"], _job["checker"], _job["mapper"], _job["limits"]
+    # a pool process may read several parts: each part counts its own instances
+    spec, checker, mapper, limits = _job["spec"], _job["checker"].apart(), _job["mapper"], _job["limits"]
     keep_rejected = _job["keep_rejected"]
     part = Part()
     with open(out, "w", encoding="utf-8") as f:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from evalq.shared import parallel_read
-from evalq.shared.dataset import DatasetSpec
+from evalq.shared.dataset import DataConfig, DatasetSpec, RecordMapper
 from evalq.shared.instances import MAX_BAD_SHOWN, InstanceChecker, load_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +81,28 @@ def test_several_processes_read_what_one_reads(tmp_path, on_bad, bad_every, max_
         assert problems[-1][1].startswith("stopped reading here") and len(problems) == 25
     if on_bad == "skip":
         assert len(shown) == min(n_bad, MAX_BAD_SHOWN)
+
+
+def test_a_process_that_reads_two_parts_counts_each_apart(tmp_path):
+    """A pool process may be handed a second part: its counts (instances to generate, categories,
+    the id hashes of the duplicate check) are that part's alone, not the sum of both."""
+    from evalq.shared import instances
+
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"".join(lines(0)))
+    spec = DatasetSpec(uri=str(path))
+    checker = InstanceChecker({"actual-output": ["m"]}, generating=False)
+    mapper = RecordMapper(DataConfig(preset="openai_chat"))
+    parts = parallel_read.ranges(path, 2)
+    parallel_read._job.update(path=path, spec=spec, checker=checker, mapper=mapper,
+                              limits=parallel_read.Limits.from_env(), keep_rejected=10,
+                              examine=instances.examine, parsed=instances.parsed, share=instances.share)
+    try:
+        read = [parallel_read._read((a, b, 0, str(tmp_path / f"{k}.jsonl"))) for k, (a, b) in enumerate(parts)]
+    finally:
+        parallel_read._job.clear()
+    assert [len(p.hashes) for p in read] == [p.n_kept for p in read] and sum(p.n_kept for p in read) == 400
+    assert checker.hashes().tolist() == []  # the parent's checker is merged into, never counted in
 
 
 def test_a_process_with_threads_reads_with_one(tmp_path, monkeypatch):
