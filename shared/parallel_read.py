@@ -32,7 +32,6 @@ from evalq.shared.limits import Limits
 
 READ_PROCESSES = 1
 MIN_BYTES = 8 << 20
-_PIECE = 1 << 20
 
 _job: dict[str, Any] = {}  # what the forked readers see: set by the parent just before it forks
 
@@ -63,13 +62,15 @@ def processes_for(spec: Any) -> int:
 
 def ranges(path: Path, n: int) -> list[tuple[int, int]]:
     """``n`` byte ranges (fewer where lines are long) that each start at a line's start."""
+    from evalq.shared.storage import LineReader
+
     size = path.stat().st_size
     bounds = [0]
     with open(path, "rb") as f:
         for k in range(1, n):
             f.seek(max(size * k // n, bounds[-1]))
             while True:  # to the end of the line the offset falls in, in bounded pieces
-                piece = f.readline(_PIECE)
+                piece = f.readline(LineReader.PIECE)
                 if not piece or piece.endswith(b"\n"):
                     break
             if f.tell() > bounds[-1]:
@@ -79,30 +80,12 @@ def ranges(path: Path, n: int) -> list[tuple[int, int]]:
 
 
 def _range_lines(path: Path, start: int, end: int, record_bytes: int):
-    """(local line number, text or LineError) of the range, as ``read_lines`` reads a file."""
-    from evalq.shared.limits import size
-    from evalq.shared.storage import LineError
+    """(local line number, text or LineError) of the range, read as ``read_lines`` reads a file."""
+    from evalq.shared.storage import LineReader
 
     with open(path, "rb") as f:
         f.seek(start)
-        number = 0
-        while f.tell() < end:
-            raw = f.readline(record_bytes + 1)
-            long_line = len(raw) > record_bytes and not raw.endswith(b"\n")
-            while long_line:
-                rest = f.readline(_PIECE)
-                if not rest or rest.endswith(b"\n"):
-                    break
-            if not raw:
-                return
-            number += 1
-            if long_line:
-                yield number, LineError(f"line longer than {size(record_bytes)} (EVALQ_MAX_RECORD_BYTES)")
-                continue
-            try:
-                yield number, raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield number, LineError(f"not UTF-8 ({exc.reason} at byte {exc.start})")
+        yield from enumerate(LineReader(f, record_bytes, end=end), 1)
 
 
 def _count(part: tuple[int, int]) -> int:

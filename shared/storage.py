@@ -150,34 +150,59 @@ def read_lines(uri: str, endpoint_url: str | None = None) -> Iterator[tuple[int,
     from evalq.shared.limits import Limits, size
 
     limits = Limits.from_env()
-    total = 0
     with open_binary(uri, endpoint_url) as stream:
+        reader = LineReader(stream, limits.record_bytes, max_total=limits.dataset_bytes)
+        lines = iter(reader)
         number = 0
         while True:
             try:
-                raw = stream.readline(limits.record_bytes + 1)
-                long_line = len(raw) > limits.record_bytes and not raw.endswith(b"\n")
-                while long_line:  # read past the rest of it in bounded pieces
-                    rest = stream.readline(1 << 20)
-                    total += len(rest)
-                    if not rest or rest.endswith(b"\n") or total > limits.dataset_bytes:
-                        break
+                text = next(lines, None)
             except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
                 raise JobError(f"{uri} line {number + 1}: cannot read: {exc}") from None
-            if not raw:
+            if text is None:
                 return
             number += 1
-            total += len(raw)
-            if total > limits.dataset_bytes:
+            if reader.total > limits.dataset_bytes:
                 raise JobError(f"{uri} line {number}: stopped reading: the dataset is larger than "
                                f"{size(limits.dataset_bytes)} once decompressed (EVALQ_MAX_DATASET_BYTES)")
+            yield number, text
+
+
+class LineReader:
+    """The lines of a binary stream as evalq reads every JSON Lines dataset: each line's text, or a
+    LineError for a line over ``record_bytes`` (read past in bounded pieces, never held) or one that
+    is not UTF-8. ``total`` counts the bytes read; the skip of a long line stops once it passes
+    ``max_total``. With ``end``, reading stops at that offset (a part of a file read by one of several
+    processes, which starts at a line's start: ``evalq.shared.parallel_read``)."""
+
+    PIECE = 1 << 20
+
+    def __init__(self, stream: IO[bytes], record_bytes: int, max_total: int | None = None, end: int | None = None):
+        self.stream, self.record_bytes, self.max_total, self.end = stream, record_bytes, max_total, end
+        self.total = 0
+
+    def __iter__(self) -> Iterator[str]:
+        from evalq.shared.limits import size
+
+        stream, limit = self.stream, self.record_bytes
+        while self.end is None or stream.tell() < self.end:
+            raw = stream.readline(limit + 1)
+            long_line = len(raw) > limit and not raw.endswith(b"\n")
+            while long_line:  # read past the rest of it in bounded pieces
+                rest = stream.readline(self.PIECE)
+                self.total += len(rest)
+                if not rest or rest.endswith(b"\n") or (self.max_total is not None and self.total > self.max_total):
+                    break
+            if not raw:
+                return
+            self.total += len(raw)
             if long_line:
-                yield number, LineError(f"line longer than {size(limits.record_bytes)} (EVALQ_MAX_RECORD_BYTES)")
+                yield LineError(f"line longer than {size(limit)} (EVALQ_MAX_RECORD_BYTES)")
                 continue
             try:
-                yield number, raw.decode("utf-8")
+                yield raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                yield number, LineError(f"not UTF-8 ({exc.reason} at byte {exc.start})")
+                yield LineError(f"not UTF-8 ({exc.reason} at byte {exc.start})")
 
 
 class Destination:
