@@ -18,15 +18,12 @@ from typing import Any, Callable, Iterable
 
 from evalq.shared.results import read
 from evalq.shared.loglines import entry_index, entry_slot
+from evalq.orchestrator.markup import esc
 from evalq.orchestrator.report_agents import CSS as AGENT_CSS, trajectory_html, turns_html
 
 RESERVOIR = 20_000
 WORST = 10
 BINS = 20
-
-
-def _esc(value: Any) -> str:
-    return html.escape(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
 
 
 def _num(value: Any, digits: int = 4) -> str:
@@ -56,10 +53,10 @@ def bar_chart(labels: list[str], values: list[float], title: str, width: int = 5
         h = (height - 50) * v / top
         x = 30 + i * slot
         bars.append(f'<rect x="{x + slot * 0.1:.1f}" y="{height - 30 - h:.1f}" width="{slot * 0.8:.1f}" '
-                    f'height="{max(h, 0.5):.1f}" class=bar><title>{_esc(label)}: {_num(v)}</title></rect>'
-                    f'<text x="{x + slot / 2:.1f}" y="{height - 14}" text-anchor=middle class=tick>{_esc(label)}</text>'
+                    f'height="{max(h, 0.5):.1f}" class=bar><title>{esc(label)}: {_num(v)}</title></rect>'
+                    f'<text x="{x + slot / 2:.1f}" y="{height - 14}" text-anchor=middle class=tick>{esc(label)}</text>'
                     f'<text x="{x + slot / 2:.1f}" y="{height - 34 - h:.1f}" text-anchor=middle class=val>{_num(v, 2)}</text>')
-    return (f'<svg class=chart role=img aria-label="{_esc(title)}" width="{width}" height="{height}" '
+    return (f'<svg class=chart role=img aria-label="{esc(title)}" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}"><line x1=28 y1="{height - 30}" x2="{width - 8}" y2="{height - 30}" '
             f'class=axis></line>{"".join(bars)}</svg>')
 
@@ -190,7 +187,7 @@ class ReportBuilder:
         if run.get("generation"):
             meta.append(("model", run["generation"].get("parameters", {}).get("model")))
         parts = [_HEAD, "<h1>evalq report</h1><table class=meta>",
-                 "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in meta if v is not None),
+                 "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in meta if v is not None),
                  "</table>", self._overview(), self._spend(), self._slowest()]
         for i, m in enumerate(self.summary):
             parts.append(self._section(i, m, instances))
@@ -218,7 +215,7 @@ class ReportBuilder:
         return "no score"
 
     def _overview(self) -> str:
-        rows = "".join(f"<tr><td><a href='#m{i}'>{_esc(self._label(m))}</a></td><td>{self._headline(m)}</td>"
+        rows = "".join(f"<tr><td><a href='#m{i}'>{esc(self._label(m))}</a></td><td>{self._headline(m)}</td>"
                        f"<td>{m.get('n', 0)}</td><td>{m.get('n_errors', 0)}</td></tr>"
                        for i, m in enumerate(self.summary))
         return (f"<h2>Overview</h2><table><tr><th>metric</th><th>score</th><th>items</th><th>errors</th></tr>"
@@ -233,8 +230,8 @@ class ReportBuilder:
         cols = ("calls", "cache_hits", "reused", "prompt_tokens", "completion_tokens", "rate_limited", "failed_calls")
         if any("cost" in j for _, j in rows):  # a judge with a price: money, in the prices' currency
             cols += ("cost",)
-        body = "".join(f"<tr><td>{_esc(label)}</td>" + "".join(f"<td>{j.get(c, '' if c == 'cost' else 0)}</td>" for c in cols) + "</tr>"
-                       + "".join(f"<tr class=sub><td>&nbsp;&nbsp;{_esc(region)}</td>"
+        body = "".join(f"<tr><td>{esc(label)}</td>" + "".join(f"<td>{j.get(c, '' if c == 'cost' else 0)}</td>" for c in cols) + "</tr>"
+                       + "".join(f"<tr class=sub><td>&nbsp;&nbsp;{esc(region)}</td>"
                                  + "".join(f"<td>{r.get(c, '')}</td>" for c in cols) + "</tr>"
                                  for region, r in j.get("regions", {}).items())
                        for label, j in rows)
@@ -250,9 +247,9 @@ class ReportBuilder:
 
     def _section(self, i: int, m: dict, instances: dict[int, dict]) -> str:
         score = m.get("score")
-        out = [f"<section id=m{i}><h2>{_esc(self._label(m))}</h2>",
+        out = [f"<section id=m{i}><h2>{esc(self._label(m))}</h2>",
                f"<p class=headline>{self._headline(m)}</p>",
-               f"<p class=params>metric <code>{_esc(m['metric'])}</code> parameters <code>{_esc(m['parameters'])}</code>"
+               f"<p class=params>metric <code>{esc(m['metric'])}</code> parameters <code>{esc(m['parameters'])}</code>"
                f" &middot; {m.get('n', 0)} items, {m.get('n_errors', 0)} errors"
                + (f", {m['n_skipped']} skipped" if m.get("n_skipped") else "") + "</p>"]
         if isinstance(score, dict) and isinstance(score.get("distribution"), dict) and \
@@ -269,7 +266,7 @@ class ReportBuilder:
                                  f"{self._label(m)}: defect rate per harm"))
         else:
             for name, values in self.samples[i].items():
-                out.append(f"<p class=sub>{_esc(name)}</p>" + histogram(values, f"{self._label(m)} {name}"))
+                out.append(f"<p class=sub>{esc(name)}</p>" + histogram(values, f"{self._label(m)} {name}"))
         if isinstance(score, dict) and isinstance(score.get("jailbreak"), dict):
             jb = score["jailbreak"]
             out.append(f"<p>with the jailbreak: defect rate {_num(jb['defect_rate'])} (delta {jb['delta']:+.4f}, "
@@ -278,7 +275,7 @@ class ReportBuilder:
             out.append("<p>agreement with people: " + ", ".join(f"{k} {_num(v)}" for k, v in m["agreement"].items())
                        + "</p>")
         if m.get("categories"):
-            rows = "".join(f"<tr><td>{_esc(c)}</td><td>{self._headline(v)}</td><td>{v.get('n', 0)}</td></tr>"
+            rows = "".join(f"<tr><td>{esc(c)}</td><td>{self._headline(v)}</td><td>{v.get('n', 0)}</td></tr>"
                            for c, v in m["categories"].items())
             out.append(f"<h3>Per category</h3><table><tr><th>category</th><th>score</th><th>items</th></tr>{rows}</table>")
         worst = sorted(self.heaps[i], reverse=True)
@@ -287,14 +284,14 @@ class ReportBuilder:
             for badness, _, iid, position, result, error in worst:
                 inst = instances.get(position, {}) if position is not None else {}
                 what = error if error else (result.get("reason") if isinstance(result, dict) else None)
-                out.append(f"<details><summary><code>{_esc(iid)}</code> {_esc(error or _short(result))}</summary>")
+                out.append(f"<details><summary><code>{esc(iid)}</code> {esc(error or _short(result))}</summary>")
                 for label, key in (("input", "input"), ("output", "actual-output"), ("references", "expected-output")):
                     if key in inst:
-                        out.append(f"<p><b>{label}</b></p><pre>{_esc(inst[key])}</pre>")
+                        out.append(f"<p><b>{label}</b></p><pre>{esc(inst[key])}</pre>")
                 out.append(trajectory_html(inst, result) + turns_html(result))  # an agent's run, a conversation
                 if what:
-                    out.append(f"<p><b>{'error' if error else 'judge reason'}</b> {_esc(what)}</p>")
-                out.append(f"<p><b>result</b></p><pre>{_esc(result)}</pre></details>")
+                    out.append(f"<p><b>{'error' if error else 'judge reason'}</b> {esc(what)}</p>")
+                out.append(f"<p><b>result</b></p><pre>{esc(result)}</pre></details>")
         out.append("</section>")
         return "".join(out)
 
@@ -355,20 +352,20 @@ def report_from_outputs(location: str) -> str:
 
 def compare_html(report: dict) -> str:
     parts = [_HEAD.replace("evalq report", "evalq comparison"), "<h1>evalq comparison</h1>",
-             f"<p>base <code>{_esc(report['base'])}</code> &rarr; new <code>{_esc(report['new'])}</code></p>"]
+             f"<p>base <code>{esc(report['base'])}</code> &rarr; new <code>{esc(report['new'])}</code></p>"]
     if report.get("gates"):
-        rows = "".join(f"<tr><td><code>{_esc(g['gate'])}</code></td><td>{_num(g['value'])}{_ci(g.get('ci95'))}</td>"
+        rows = "".join(f"<tr><td><code>{esc(g['gate'])}</code></td><td>{_num(g['value'])}{_ci(g.get('ci95'))}</td>"
                        f"<td class={'pass' if g['passed'] else 'fail'}>{'PASS' if g['passed'] else 'FAIL'}</td></tr>"
                        for g in report["gates"])
         parts.append(f"<h2>Gates</h2><table><tr><th>gate</th><th>value</th><th></th></tr>{rows}</table>")
     for entry in report["entries"]:
-        parts.append(f"<h2>{_esc(entry['entry'])}</h2>")
+        parts.append(f"<h2>{esc(entry['entry'])}</h2>")
         for w in entry.get("warnings", []):
-            parts.append(f"<p class=fail>{_esc(w)}</p>")
+            parts.append(f"<p class=fail>{esc(w)}</p>")
         fields = entry.get("fields", {})
         if fields:
             moved = {"worse": "<td class=fail>worse</td>", "better": "<td class=pass>better</td>"}
-            rows = "".join(f"<tr><td>{_esc(k)}</td><td>{_num(f.get('base'))}</td><td>{_num(f.get('new'))}</td>"
+            rows = "".join(f"<tr><td>{esc(k)}</td><td>{_num(f.get('base'))}</td><td>{_num(f.get('new'))}</td>"
                            f"<td>{_num(f['diff'])}{_ci(f.get('ci95'))}</td><td>{_num(f['p_value'])}</td>"
                            f"<td>{f['n_pairs']}</td>{moved.get(f.get('moved'), '<td></td>')}</tr>"
                            for k, f in fields.items())
@@ -380,11 +377,11 @@ def compare_html(report: dict) -> str:
         if entry.get("flips"):
             fl = entry["flips"]
             parts.append(f"<p>pass &rarr; fail: {fl['pass_to_fail']['n']} "
-                         f"<code>{_esc(', '.join(fl['pass_to_fail']['ids']))}</code>; fail &rarr; pass: "
-                         f"{fl['fail_to_pass']['n']} <code>{_esc(', '.join(fl['fail_to_pass']['ids']))}</code></p>")
+                         f"<code>{esc(', '.join(fl['pass_to_fail']['ids']))}</code>; fail &rarr; pass: "
+                         f"{fl['fail_to_pass']['n']} <code>{esc(', '.join(fl['fail_to_pass']['ids']))}</code></p>")
     for only in ("only_in_base", "only_in_new"):
         if report.get(only, {}).get("n"):
             parts.append(f"<p>{only.replace('_', ' ')}: {report[only]['n']} "
-                         f"<code>{_esc(', '.join(report[only]['ids']))}</code></p>")
+                         f"<code>{esc(', '.join(report[only]['ids']))}</code></p>")
     parts.append("</body></html>")
     return "".join(parts)

@@ -3,24 +3,20 @@
 
 from __future__ import annotations
 
-import html
 import json
 from typing import Any
 
+from evalq.orchestrator.markup import esc
 from evalq.shared.agents.trajectory import Call, read, side_by_side
 
 CSS = (".traj td{vertical-align:top}.traj .same{color:#1b7f3b}.traj .extra,.traj .missing{color:#b3261e}"
        ".traj .arguments{color:#a15c00}")
 
 
-def _esc(value: Any) -> str:
-    return html.escape(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
-
-
 def _call(call: Call | None) -> str:
     if call is None:
         return ""
-    return f"<code>{_esc(call.name)}({_esc(json.dumps(call.arguments, ensure_ascii=False, sort_keys=True))})</code>"
+    return f"<code>{esc(call.name)}({esc(json.dumps(call.arguments, ensure_ascii=False, sort_keys=True))})</code>"
 
 
 def _verdicts(result: Any, n_made: int) -> list[dict | None]:
@@ -49,8 +45,8 @@ def trajectory_html(inst: dict, result: Any) -> str:
     rows = []
     for a, b, status in side_by_side(made, wanted) if "expected_tool_calls" in inst else [(c, None, "") for c in made]:
         verdict = by_call.get(id(a)) if a is not None else None
-        judged = f"{verdict['score']}: {_esc(verdict.get('reason', ''))}" if isinstance(verdict, dict) else ""
-        marked = f"<td class='{status.split()[0]}'>{_esc(status)}</td>" if status else "<td></td>"
+        judged = f"{verdict['score']}: {esc(verdict.get('reason', ''))}" if isinstance(verdict, dict) else ""
+        marked = f"<td class='{status.split()[0]}'>{esc(status)}</td>" if status else "<td></td>"
         rows.append(f"<tr><td>{_call(a)}</td><td>{_call(b)}</td>{marked}<td>{judged}</td></tr>")
     out = ["<p><b>tool calls</b> (made / expected)</p><table class=traj><tr><th>made</th><th>expected</th>"
            "<th></th><th>judge on the call</th></tr>", "".join(rows), "</table>"]
@@ -61,6 +57,6 @@ def turns_html(result: Any) -> str:
     """A conversation scored turn by turn: each turn's score and the judge's reason."""
     if not isinstance(result, dict) or not isinstance(result.get("turns"), list):
         return ""
-    rows = "".join(f"<tr><td>{_esc(t.get('turn'))}</td><td>{_esc(t.get('score', ''))}</td>"
-                   f"<td>{_esc(t.get('reason') or t.get('error') or '')}</td></tr>" for t in result["turns"])
+    rows = "".join(f"<tr><td>{esc(t.get('turn'))}</td><td>{esc(t.get('score', ''))}</td>"
+                   f"<td>{esc(t.get('reason') or t.get('error') or '')}</td></tr>" for t in result["turns"])
     return f"<p><b>turns</b></p><table><tr><th>turn</th><th>score</th><th>judge reason</th></tr>{rows}</table>"

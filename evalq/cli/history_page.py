@@ -12,11 +12,11 @@ only drawn when they are numbers. The page holds only what the document holds.
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from typing import Any
 
+from evalq.orchestrator.markup import esc
 from evalq.orchestrator.report import page_head
 
 MAX_SERIES = 200
@@ -38,10 +38,6 @@ CSS = """
 .legend{font-size:12px;color:#556}.legend .sw{display:inline-block;width:11px;height:11px;vertical-align:-1px;
 margin:0 3px 0 10px;border-radius:2px}td.num{text-align:right;font-variant-numeric:tabular-nums}
 """
-
-
-def esc(value: Any) -> str:
-    return html.escape(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False), quote=True)
 
 
 def number(value: Any) -> float | None:
