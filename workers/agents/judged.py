@@ -10,14 +10,13 @@ instructions, whatever it says.
 from __future__ import annotations
 
 import json
-
 from typing import Callable
 
 from evalq.shared.agents.conversation import Turn, turn_view, turns
 from evalq.shared.agents.params import TurnsParams
 from evalq.shared.errors import MetricError
 from evalq.shared.judges import JudgeParams
-from evalq.workers.metrics.quality import prompt, rate, scale
+from evalq.workers.metrics.quality import best_over_references, prompt, rate, scale
 from evalq.workers.metrics.structured import each
 
 
@@ -91,54 +90,43 @@ def by_turn(instance: dict, params: TurnsParams, score: Callable[[dict, Turn], d
     return {**out, "turns": results}
 
 
+_INTENT = ("Rate INTENT RESOLUTION: did the AGENT identify what the user wanted in the CONVERSATION and resolve "
+           "it in its FINAL ANSWER (using its tools where needed)?\n"
+           + scale("intent resolution", {1: "the agent misread the intent or did not address it",
+                                          2: "the agent addressed the intent poorly, mostly unresolved",
+                                          3: "the intent was understood but only partly resolved",
+                                          4: "the intent was understood and resolved with minor gaps",
+                                          5: "the intent was understood and fully resolved"}))
+_ADHERENCE = ("Rate TASK ADHERENCE: did the AGENT do the task it was given (the system and user instructions in "
+              "the CONVERSATION), within its rules and with the TOOLS it had, without doing something else?\n"
+              + scale("task adherence", {1: "the agent ignored the task or broke its rules",
+                                          2: "the agent mostly strayed from the task",
+                                          3: "the agent followed the task in part",
+                                          4: "the agent followed the task with a minor deviation",
+                                          5: "the agent followed the task and its rules throughout"}))
+_COMPLETENESS = ("Rate RESPONSE COMPLETENESS: does the agent's FINAL ANSWER contain everything the GROUND TRUTH "
+                 "contains (extra content neither helps nor hurts)?\n"
+                 + scale("completeness", {1: "the answer has none of the ground truth's information",
+                                           2: "the answer has little of it",
+                                           3: "the answer has about half of it",
+                                           4: "the answer has most of it",
+                                           5: "the answer has all of it"}))
+
+
 def intent_resolution(instance: dict, params: TurnsParams, judge) -> dict:
-    return by_turn(instance, params, lambda view, _turn: _intent_resolution(view, judge))
-
-
-def _intent_resolution(instance: dict, judge) -> dict:
-    task = ("Rate INTENT RESOLUTION: did the AGENT identify what the user wanted in the CONVERSATION and "
-            "resolve it in its FINAL ANSWER (using its tools where needed)?\n"
-            + scale("intent resolution", {1: "the agent misread the intent or did not address it",
-                                           2: "the agent addressed the intent poorly, mostly unresolved",
-                                           3: "the intent was understood but only partly resolved",
-                                           4: "the intent was understood and resolved with minor gaps",
-                                           5: "the intent was understood and fully resolved"}))
-    return rate(judge, prompt(task, [("CONVERSATION", transcript(instance["messages"])),
-                                        ("FINAL ANSWER", _final(instance))]))
+    return by_turn(instance, params, lambda view, _turn: rate(judge, prompt(_INTENT, [
+        ("CONVERSATION", transcript(view["messages"])), ("FINAL ANSWER", _final(view))])))
 
 
 def task_adherence(instance: dict, params: TurnsParams, judge) -> dict:
-    return by_turn(instance, params, lambda view, _turn: _task_adherence(view, judge))
-
-
-def _task_adherence(instance: dict, judge) -> dict:
-    task = ("Rate TASK ADHERENCE: did the AGENT do the task it was given (the system and user instructions in "
-            "the CONVERSATION), within its rules and with the TOOLS it had, without doing something else?\n"
-            + scale("task adherence", {1: "the agent ignored the task or broke its rules",
-                                        2: "the agent mostly strayed from the task",
-                                        3: "the agent followed the task in part",
-                                        4: "the agent followed the task with a minor deviation",
-                                        5: "the agent followed the task and its rules throughout"}))
-    return rate(judge, prompt(task, [("TOOLS", _tools(instance)),
-                                        ("CONVERSATION", transcript(instance["messages"])),
-                                        ("FINAL ANSWER", instance.get("actual-output"))]))
+    return by_turn(instance, params, lambda view, _turn: rate(judge, prompt(_ADHERENCE, [
+        ("TOOLS", _tools(view)), ("CONVERSATION", transcript(view["messages"])),
+        ("FINAL ANSWER", view.get("actual-output"))])))
 
 
 def response_completeness(instance: dict, params: JudgeParams, judge) -> dict:
-    """Best over the references, as HarpIA specifies for several."""
-    task = ("Rate RESPONSE COMPLETENESS: does the agent's FINAL ANSWER contain everything the GROUND TRUTH "
-            "contains (extra content neither helps nor hurts)?\n"
-            + scale("completeness", {1: "the answer has none of the ground truth's information",
-                                      2: "the answer has little of it",
-                                      3: "the answer has about half of it",
-                                      4: "the answer has most of it",
-                                      5: "the answer has all of it"}))
-    best = None
-    for ref in instance["expected-output"]:
-        out = rate(judge, prompt(task, [("GROUND TRUTH", ref), ("FINAL ANSWER", _final(instance))]))
-        if best is None or out["score"] > best["score"]:
-            best = out
-    return best
+    return best_over_references(judge, _COMPLETENESS, instance["expected-output"],
+                                lambda ref: [("GROUND TRUTH", ref), ("FINAL ANSWER", _final(instance))])
 
 
 def tool_call_accuracy(instance: dict, params: TurnsParams, judge) -> dict:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from evalq.shared.instances import context_text
 from evalq.shared.judges import JudgeParams, RubricParams
-from evalq.workers.metrics.structured import MATERIAL, ask, data, escape
+from evalq.workers.metrics.structured import MATERIAL, ask, data, each, escape
 
 
 class Judge(Protocol):
@@ -218,13 +218,17 @@ def similarity(instance: dict, params: JudgeParams, judge: Judge) -> dict:
                                                       3: "the answer is somewhat similar",
                                                       4: "the answer is mostly similar",
                                                       5: "the answer is completely equivalent"}))
-    best = None
-    for ref in instance["expected-output"]:
-        out = rate(judge, prompt(task, [("QUESTION", instance.get("input")), ("CORRECT ANSWER", ref),
-                                           ("ANSWER", instance["actual-output"])]))
-        if best is None or out["score"] > best["score"]:
-            best = out
-    return best
+    return best_over_references(judge, task, instance["expected-output"], lambda ref: [
+        ("QUESTION", instance.get("input")), ("CORRECT ANSWER", ref), ("ANSWER", instance["actual-output"])])
+
+
+def best_over_references(judge: Judge, task: str, refs: list[str],
+                         fields: Callable[[str], list[tuple[str, Any]]]) -> dict:
+    """The best rating over the references, as HarpIA specifies for several (the first of equal
+    ones); ``fields(ref)`` is the prompt's material for one reference. The references are asked
+    side by side, so in batch mode they are one round."""
+    return max(each(lambda ref=ref: rate(judge, prompt(task, fields(ref))) for ref in refs),
+               key=lambda out: out["score"])
 
 
 def retrieval(instance: dict, params: JudgeParams, judge: Judge) -> dict:
