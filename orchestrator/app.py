@@ -153,3 +153,70 @@ def drop_unreadable_messages() -> None:
 
     guarded.evalq_guarded = True
     channel._brpop_read = guarded
+
+
+# The only task a request queue (evalq.jobs, evalq.jobs.<tenant>) carries: a tenant may write
+# its own queue, so anything else there (a stage callback, a chunk, Celery's own canvas tasks)
+# would run with the cluster's rights on whatever job it named.
+REQUEST_TASK = "evalq.submit_job"
+_stamping = False
+
+
+def stamp_consumed_queue() -> None:
+    """Make a worker establish, for every message it takes, the queue it really took it from.
+
+    A kombu message on Redis is a JSON document its sender writes whole, ``delivery_info``
+    (exchange, routing key) and ``delivery_tag`` included, and kombu trusts them: Celery's
+    ``request.delivery_info["routing_key"]`` is whatever the sender wrote, and a message put
+    back after its worker died goes to the queue its routing key names. So a tenant that may
+    write only ``evalq.jobs.ads`` could push a message there saying ``evalq.jobs.search`` and be
+    taken for ``search``. Here the transport's own knowledge (the list BRPOP popped) replaces
+    them before Celery or kombu's unacked bookkeeping reads the message: ``delivery_info`` says
+    that queue (through the anonymous exchange, so a restore puts the message back exactly
+    there), and the delivery tag is a fresh one (a sender's could name another message's entry
+    in ``unacked``). A message on a request queue that is not ``evalq.submit_job`` is dropped
+    with a warning, and so is one whose properties are not an object.
+    """
+    global _stamping
+    import logging
+    import uuid
+
+    from kombu.transport import redis as kombu_redis
+
+    from evalq.shared.config import is_request_queue
+
+    transport = kombu_redis.Transport
+    if getattr(transport._deliver, "evalq_stamped", False):
+        _stamping = True
+        return
+    deliver = transport._deliver
+    log = logging.getLogger("evalq.worker")
+
+    def stamped(self, message, queue):
+        props = message.get("properties") if isinstance(message, dict) else None
+        headers = message.get("headers") if isinstance(message, dict) else None
+        if not isinstance(props, dict) or (headers is not None and not isinstance(headers, dict)):
+            log.warning("dropped a message on %s that is not a readable task (properties are not an object)", queue)
+            return None
+        if queue and is_request_queue(queue) and (headers or {}).get("task") != REQUEST_TASK:
+            log.warning("dropped a message on request queue %s: task %.80r; a request queue carries only %s",
+                        queue, (headers or {}).get("task"), REQUEST_TASK)
+            return None
+        info = props.get("delivery_info")
+        info = dict(info) if isinstance(info, dict) else {}
+        info.update(exchange="", routing_key=queue)
+        props["delivery_info"] = info
+        props["delivery_tag"] = str(uuid.uuid4())
+        return deliver(self, message, queue)
+
+    stamped.evalq_stamped = True
+    transport._deliver = stamped
+    _stamping = True
+
+
+def consumed_queue(request) -> str | None:
+    """The queue a task's message was really taken from (``stamp_consumed_queue``), or None where
+    this process does not establish it (then nothing may be concluded from the message's own)."""
+    if not _stamping:
+        return None
+    return (request.delivery_info or {}).get("routing_key")

@@ -220,7 +220,7 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
     stage = r.get(keys.stage_summary(job_id, GENERATE))
     run = run_info(spec, job_id, json.loads(stage) if stage else None, status, summary)
     dest = Destination(spec["out"], spec.get("out_endpoint_url"))
-    refused = destination_problem(dest.uri, dest.endpoint_url)
+    refused = destination_problem(dest.uri, dest.endpoint_url, tenant=spec.get("namespace"))
     try:
         if refused:
             raise EvalqError(f"not written there: {refused}")

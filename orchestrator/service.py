@@ -26,6 +26,7 @@ import redis
 from evalq.shared import keys
 from evalq.shared.config import (CONTROL_QUEUE, JOBS_QUEUE, TENANT_QUEUE_PREFIX, Settings, tenant_of_queue,
                                  tenant_queue)
+from evalq.shared.egress import Reach
 from evalq.shared.errors import InfraError, JobError
 from evalq.shared.status import FINAL, Status
 
@@ -41,14 +42,43 @@ _RESERVED_PREFIXES = (f"{keys.PREFIX}:", "_kombu.", "unacked", "celery-task-meta
 _RESERVED_NAMES = {"cpu", "gpu", "celery", JOBS_QUEUE, CONTROL_QUEUE}
 
 
-def reply_to_problem(name) -> str | None:
+REPLIES = "replies"  # a tenant's reply lists: replies:<tenant>:..., which its Redis ACL user may read
+
+
+def reply_to_problem(name, tenant: str | None = None) -> str | None:
     """Why ``name`` cannot be a reply list, or None. A request (untrusted input)
-    picks the list, so it may not be one of the cluster's own keys or queues."""
+    picks the list, so it may not be one of the cluster's own keys or queues; and a
+    request of ``tenant`` (the cluster lists tenants) only one of that tenant's own,
+    ``replies:<tenant>:...``, so it can never push onto another tenant's."""
     if not isinstance(name, str) or not _LIST_NAME.match(name):
         return "request.reply_to: expected a Redis list name of 1 to 200 letters, digits and _ . : -"
     if name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIXES):
         return f"request.reply_to: {name!r} is one of the cluster's own keys or queues; use a list of your own"
+    own = f"{REPLIES}:{tenant}:"
+    if tenant is not None and (not name.startswith(own) or len(name) == len(own)):
+        return (f"request.reply_to: {name!r} is not a list of tenant {tenant!r}; a request of {tenant!r} is "
+                f"answered only on {own}<name>")
     return None
+
+
+def request_identity(queue: str | None, tenants) -> tuple[str | None, str | None]:
+    """(tenant, problem) of a request taken from ``queue``, the queue the worker really consumed
+    it from (``evalq.orchestrator.app.stamp_consumed_queue``; None where that is not known). The
+    tenant is the queue's: ``evalq.jobs.<tenant>``, or on the shared ``evalq.jobs`` the default
+    tenant once the operator lists tenants (None: no tenants, a single team's cluster). Nothing
+    the message says of itself (routing key, headers, body) is evidence."""
+    if queue is None:
+        return None, ("request: this worker does not know which queue the request came on, so it cannot tell "
+                      "whose it is; requests are taken only by `evalq worker`")
+    if queue != JOBS_QUEUE and not queue.startswith(TENANT_QUEUE_PREFIX):
+        return None, f"request: came on {queue!r}; evalq.submit_job is taken only from {JOBS_QUEUE} and " \
+                     f"{TENANT_QUEUE_PREFIX}<tenant>"
+    tenant = tenant_of_queue(queue)
+    if tenant is not None and tenants.names and tenant not in tenants.names:
+        return None, f"request: came on {queue!r}, the queue of {tenant!r}, which is not a tenant the operator lists"
+    if tenant is None and tenants.names:
+        tenant = "default"
+    return tenant, None
 
 
 # Bind an idempotency key to a job id, to the message that bound it and to what that request
@@ -76,19 +106,24 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
     from evalq.orchestrator import submit
     from evalq.orchestrator.finalize import reply_document, request_key
 
+    from evalq.shared.scheduling import Tenants
+
     ttl = Settings.from_env().result_ttl
-    identity = tenant_of_queue(queue)
+    tenants = Tenants.from_env()
+    tenant, bad_queue = request_identity(queue, tenants)
+    identity = tenant_of_queue(queue) if not bad_queue else None  # a tenant's own queue
     request_id = request.get("request_id")
     reply_to = request.get("reply_to")
-    bad_reply_to = reply_to_problem(reply_to) if reply_to is not None else None
-    if bad_reply_to:
+    bad_reply_to = reply_to_problem(reply_to, tenant) if reply_to is not None else None
+    if bad_reply_to or bad_queue:
         reply_to = None  # nothing is pushed to it, not even the answer "invalid"
     bad_request_id = request_id_problem(request_id)
     if bad_request_id:
         request_id = None  # not an idempotency key: the message id is
-    # a request_id is its tenant's: two tenants' "nightly-2026-11-25" are two requests
-    scope = f"{identity}/" if identity else ""
-    idem = keys.request(f"{scope}{request_id}" if request_id is not None else f"message:{message_id}")
+    # a request_id (and a message id) is its tenant's: two tenants' "nightly-2026-11-25" are two
+    # requests, and one tenant's message can never be taken for another's redelivered
+    scope = f"{tenant}/" if tenant else ""
+    idem = keys.request(f"{scope}{request_id}" if request_id is not None else f"message:{scope}{message_id}")
     job_id = submit.new_job_id()
     fingerprint = request_fingerprint(request)
     if not r.eval(_BIND, 3, idem, f"{idem}:owner", f"{idem}:fingerprint", job_id, message_id, ttl, fingerprint):
@@ -115,11 +150,13 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
             return {"job_id": job_id, "status": status or Status.RUNNING}
         log.info("job %s: request redelivered before the job was stored; storing it again", job_id)
     try:
-        if bad_reply_to or bad_request_id:
-            raise JobError([p for p in (bad_reply_to, bad_request_id) if p])
-        job, out = _readable(parse_request, request)
-        tenant_policy(job, identity)
+        if bad_queue or bad_reply_to or bad_request_id:
+            raise JobError([p for p in (bad_queue, bad_reply_to, bad_request_id) if p])
+        job, out = _readable(parse_request, request, Reach.of(tenant))
+        tenant_policy(job, identity, tenants)
         spec = _readable(submit.job_spec, job, request.get("chunk_size"), out, request_id, reply_to)
+        if tenant is not None:
+            spec["namespace"] = tenant  # the final callback writes only into this tenant's places
     except JobError as exc:
         errors = list(exc.problems)
         # one transaction: a reader never sees "invalid" without its reasons
@@ -209,23 +246,24 @@ def _answer_duplicate(r: redis.Redis, job_id: str, message_id: str, request: dic
 MAX_CHUNK_SIZE = 10_000  # items per task: a bigger chunk holds a worker past any sane visibility timeout
 
 
-def parse_request(request: dict):
+def parse_request(request: dict, reach: Reach | None = None):
     """The request's job and destination, validated; JobError lists every problem.
 
-    Everything a request names is checked before it is opened: local files under
-    ``EVALQ_REQUEST_ROOTS``, S3 places and endpoints against the operator's lists
-    (``evalq.shared.egress``), and the job document itself by the one bounded reader.
+    Everything a request names is checked before it is opened, against what its tenant may
+    reach (``reach``: ``evalq.shared.egress.Reach``): local files under its part of
+    ``EVALQ_REQUEST_ROOTS`` (to read, ``EVALQ_SHARED_ROOTS`` too), S3 places and endpoints
+    against its part of the operator's lists, and the job document itself by the one bounded
+    reader. Outputs go only where the tenant may write.
     """
     from evalq.orchestrator.submit import destination
-    from evalq.shared.egress import request_roots, roots_problem, s3_problem
     from evalq.shared.job import parse_job
     from evalq.shared.documents import check_inline, read_document
-    from evalq.shared.storage import is_s3
 
-    roots = request_roots()
+    reach = reach or Reach.of(None)
+    roots = reach.read_roots
 
-    def check_place(uri: str, endpoint_url: str | None, where: str) -> None:
-        problem = s3_problem(uri, endpoint_url) if is_s3(uri) else roots_problem(uri, roots)
+    def check_place(uri: str, endpoint_url: str | None, where: str, write: bool = False) -> None:
+        problem = reach.write_problem(uri, endpoint_url) if write else reach.read_problem(uri, endpoint_url)
         if problem:
             raise JobError(f"{where}: {problem}")
 
@@ -243,20 +281,20 @@ def parse_request(request: dict):
         raise JobError("request: give exactly one of 'job' (the job object) or 'job_uri' (a path or s3:// URI)")
     if has_job:
         check_inline(request["job"], "request.job")
-        job = parse_job(request["job"], source="request.job", roots=roots)
+        job = parse_job(request["job"], source="request.job", roots=roots, s3=reach.s3_read)
     else:
         uri = request["job_uri"]
         if not isinstance(uri, str) or not uri or len(uri) > 1024:
             raise JobError("request.job_uri: expected a path or an s3:// URI")
         check_place(uri, None, "request.job_uri")
-        job = parse_job(read_document(uri), source=uri, roots=roots)
+        job = parse_job(read_document(uri), source=uri, roots=roots, s3=reach.s3_read)
     out = request.get("out")
     if out is not None and (not isinstance(out, str) or not out or len(out) > 1024):
         raise JobError("request.out: expected a directory or an s3://bucket/prefix/")
     dest = destination(job, out)
     if dest is None:
         raise JobError("request.out: missing, and the job has no output.uri; say where the outputs go")
-    check_place(dest.uri, dest.endpoint_url, "request.out" if out is not None else "output.uri")
+    check_place(dest.uri, dest.endpoint_url, "request.out" if out is not None else "output.uri", write=True)
     job.scheduling = _scheduling(job.scheduling, request)
     if request.get("suite") is not None:
         from evalq.shared.nightly import suite_problem
@@ -269,18 +307,25 @@ def parse_request(request: dict):
     return job, dest
 
 
-def tenant_policy(job, identity: str | None) -> None:
+def tenant_policy(job, identity: str | None, tenants=None) -> None:
     """The operator's policy for the job's tenant (``tenant_scheduling``), applied to ``job``: its
     suite must be one the tenant may write into, and its cost and token caps are at most the
     tenant's per-job limits (a job's own caps only tighten them)."""
     from evalq.shared.scheduling import Tenants
 
-    tenants = Tenants.from_env()
+    tenants = tenants or Tenants.from_env()
     job.scheduling = tenant_scheduling(job.scheduling, identity, tenants)
     tenant = job.scheduling.tenant
     problem = tenants.suite_problem(tenant, job.suite)
     if problem:
         raise JobError(f"request.suite: {problem}")
+    if tenants.policy(tenants.job_cost, tenant) is not None or tenants.policy(tenants.daily_cost, tenant) is not None:
+        unpriced = sorted({d.use for e in _endpoints(job) for d in e.deployments
+                           if d.use is not None and d.price is None})
+        if unpriced:
+            raise JobError(f"request: tenant {tenant!r} has a cost limit (EVALQ_TENANTS), and the operator's "
+                           f"catalogue gives no price for {', '.join(map(repr, unpriced))}: its calls could not be "
+                           "counted against it (the operator prices them; a job's own price never counts)")
     caps = {}
     for field, limit in (("cost_cap", tenants.policy(tenants.job_cost, tenant)),
                          ("token_cap", tenants.policy(tenants.job_tokens, tenant))):
@@ -289,6 +334,14 @@ def tenant_policy(job, identity: str | None) -> None:
             caps[field] = limit
     if caps:
         job.judging = job.judging.model_copy(update=caps)
+
+
+def _endpoints(job) -> list:
+    """The judges the job's entries use and its endpoint model: what its calls go to."""
+    found = [run.judge for run in job.metrics if getattr(run, "judge", None) is not None]
+    if hasattr(job.model, "deployments"):
+        found.append(job.model)
+    return found
 
 
 def tenant_scheduling(fields, identity: str | None, tenants=None):

@@ -74,10 +74,12 @@ def generated(self, job_id: str) -> dict:
 @app.task(name="evalq.submit_job", bind=True, ignore_result=True)
 def submit_job(self, **request) -> dict:
     """A job request (see ``evalq.orchestrator.service``): validate, store, send the first stage."""
+    from evalq.orchestrator.app import consumed_queue
     from evalq.orchestrator.service import handle_request
 
-    # the queue it came on says whose it is: evalq.jobs.<tenant>, which only that tenant may write
-    queue = (self.request.delivery_info or {}).get("routing_key")
+    # the queue it was really taken from says whose it is: evalq.jobs.<tenant>, which only that
+    # tenant may write (the transport's knowledge, never what the message says of itself)
+    queue = consumed_queue(self.request)
     return handle_request(self.app, app_redis(self.app), self.request.id,
                           self.app.conf.broker_url, queue=queue, **request)
 
@@ -90,12 +92,14 @@ _beats: list = []  # the slot announcers' stop events
 def cluster_worker(**_) -> None:
     """A worker is the cluster: S3 places and endpoints not listed by the operator are
     refused (``evalq.shared.egress``), in this process and the pool children it forks;
-    and a queue message it cannot parse is dropped, not a reason to stop."""
+    a queue message it cannot parse is dropped, not a reason to stop; and every message
+    says the queue it was really taken from (``stamp_consumed_queue``), not its sender's claim."""
     from evalq.shared.egress import enforce_on_cluster
-    from evalq.orchestrator.app import drop_unreadable_messages
+    from evalq.orchestrator.app import drop_unreadable_messages, stamp_consumed_queue
 
     enforce_on_cluster()
     drop_unreadable_messages()
+    stamp_consumed_queue()
 
 
 @worker_ready.connect

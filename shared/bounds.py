@@ -40,6 +40,7 @@ MAX_LABELS = 1_000           # classification_accuracy's valid_labels
 MAX_LABEL_CHARS = 200        # each of them
 MAX_PERTURBATIONS = 20       # semantic_robustness: perturbed inputs per item, each a model call
 MAX_BASELINE_SAMPLES = 10    # semantic_robustness: answers to the same input, each a model call
+MAX_NEW_TOKENS = 4_096       # a local model runner's generated tokens per prompt (a worker's CPU or GPU time)
 
 # --- rates and durations an endpoint may declare (validation) -------------------------
 # Generous for any real deployment, finite for every one: a budget's window, burst and rates
@@ -60,6 +61,9 @@ ROUGE_L_TOKENS_ENV, ROUGE_L_TOKENS_DEFAULT = "EVALQ_MAX_ROUGE_L_TOKENS", 2_000
 # tool_call_accuracy makes a call per tool call)
 MESSAGES_ENV, MESSAGES_DEFAULT = "EVALQ_MAX_MESSAGES", 500
 TOOL_CALLS_ENV, TOOL_CALLS_DEFAULT = "EVALQ_MAX_TOOL_CALLS", 200
+# ... and its total size: the UTF-8 bytes of every message's text, call arguments and tool results
+# (a judge metric sends all of it in one prompt; a judge's context is ~128k tokens, ~0.5 MB)
+RUN_BYTES_ENV, RUN_BYTES_DEFAULT = "EVALQ_MAX_RUN_BYTES", 1_048_576
 
 
 def item_timeout() -> float:

@@ -18,6 +18,14 @@ touches only what the operator lists:
   request may name files under; on the cluster, when set, outputs are written
   only under them too. Unset: a request names S3 only.
 
+Once the operator lists tenants (``EVALQ_TENANTS``), every queue request is a
+tenant's (``evalq.orchestrator.service``) and reaches only that tenant's part of
+each place (``Reach``): ``<root>/<tenant>`` of every request root and
+``s3://<prefix>/<tenant>/`` of every S3 prefix, or, where a root or prefix
+names ``{tenant}``, that with the tenant put in. What every tenant may read but
+none may write (shared datasets, models, baselines) the operator lists apart:
+``EVALQ_SHARED_ROOTS`` and ``EVALQ_S3_SHARED_PREFIXES``.
+
 The ``evalq`` command a person runs is the operator of its own process: unset
 lists there allow what the job names (its reads use the person's credentials),
 and embedded mode gives its private workers exactly the job's own endpoints and
@@ -37,6 +45,9 @@ from evalq.shared.endpoints import URLPattern
 S3_ENDPOINTS_ENV = "EVALQ_S3_ENDPOINTS"
 S3_PREFIXES_ENV = "EVALQ_S3_PREFIXES"
 ROOTS_ENV = "EVALQ_REQUEST_ROOTS"
+SHARED_ROOTS_ENV = "EVALQ_SHARED_ROOTS"
+S3_SHARED_PREFIXES_ENV = "EVALQ_S3_SHARED_PREFIXES"
+TENANT_MARK = "{tenant}"
 
 _cluster = False
 
@@ -77,6 +88,12 @@ class S3Policy:
         if places is None and cluster:
             places = []
         return cls(parsed, places)
+
+    def for_tenant(self, tenant: str) -> "S3Policy":
+        """The places of one tenant: its part of each prefix (``tenant_place``)."""
+        if self.prefixes is None:  # the evalq command with the list unset: not a cluster
+            return self
+        return S3Policy(self.endpoints, [tenant_place(p, tenant) for p in self.prefixes])
 
     def endpoint_problem(self, endpoint_url: str | None) -> str | None:
         if endpoint_url is None or self.endpoints is None:
@@ -126,10 +143,62 @@ def check_s3(uri: str, endpoint_url: str | None) -> None:
         raise JobError(f"{uri}: not read or written: {problem}")
 
 
-def request_roots(environ=os.environ) -> list[Path]:
+def request_roots(environ=os.environ, tenant: str | None = None) -> list[Path]:
     """Directories a request may name local files under (``EVALQ_REQUEST_ROOTS``,
-    separated by ``:``); none by default: a request's files come from S3."""
-    return [Path(p).expanduser().resolve() for p in environ.get(ROOTS_ENV, "").split(":") if p]
+    separated by ``:``); none by default: a request's files come from S3. With ``tenant``,
+    that tenant's part of each (``tenant_place``)."""
+    return [Path(tenant_place(p, tenant)).expanduser().resolve() for p in environ.get(ROOTS_ENV, "").split(":") if p]
+
+
+def tenant_place(place: str, tenant: str | None) -> str:
+    """A tenant's part of a root or S3 prefix the operator lists: ``{tenant}`` in it replaced,
+    else ``<place>/<tenant>``; without a tenant (nobody listed) the place itself."""
+    if tenant is None:
+        return place.replace(TENANT_MARK, "default")
+    if TENANT_MARK in place:
+        return place.replace(TENANT_MARK, tenant)
+    return place.rstrip("/") + "/" + tenant
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What one queue request may read and write: local roots and S3 places. ``tenant`` None: the
+    cluster lists no tenants, and a request reaches every root and prefix the operator lists."""
+    tenant: str | None
+    read_roots: list[Path]
+    write_roots: list[Path]
+    s3_read: S3Policy
+    s3_write: S3Policy
+
+    @classmethod
+    def of(cls, tenant: str | None, environ=os.environ) -> "Reach":
+        write = request_roots(environ, tenant)
+        shared = [Path(p).expanduser().resolve() for p in environ.get(SHARED_ROOTS_ENV, "").split(":") if p]
+        policy = S3Policy.from_env(environ)
+        s3_write = policy.for_tenant(tenant) if tenant is not None else policy
+        shared_s3 = [p.removeprefix("s3://") for p in _split(environ.get(S3_SHARED_PREFIXES_ENV, ""))]
+        s3_read = s3_write if not shared_s3 else S3Policy(
+            s3_write.endpoints, (s3_write.prefixes or []) + shared_s3 if s3_write.prefixes is not None else None)
+        return cls(tenant, write + [r for r in shared if r not in write], write, s3_read, s3_write)
+
+    def read_problem(self, uri: str, endpoint_url: str | None = None) -> str | None:
+        if uri.startswith("s3://"):
+            return s3_problem(uri, endpoint_url, self.s3_read)
+        return self._local(uri, self.read_roots, "reads")
+
+    def write_problem(self, uri: str, endpoint_url: str | None = None) -> str | None:
+        if uri.startswith("s3://"):
+            return s3_problem(uri, endpoint_url, self.s3_write)
+        return self._local(uri, self.write_roots, "writes")
+
+    def _local(self, uri: str, roots: list[Path], verb: str) -> str | None:
+        if not outside_roots(uri, roots):
+            return None
+        whose = f" for tenant {self.tenant!r}" if self.tenant is not None else ""
+        return (f"{uri} is outside the directories this cluster {verb}{whose} "
+                f"({', '.join(map(str, roots)) or 'none'}; from {ROOTS_ENV}"
+                f"{' and ' + SHARED_ROOTS_ENV if verb == 'reads' and os.environ.get(SHARED_ROOTS_ENV) else ''}); "
+                "use S3")
 
 
 def outside_roots(uri: str, roots: list[Path]) -> bool:
@@ -147,14 +216,17 @@ def roots_problem(uri: str, roots: list[Path]) -> str | None:
             f"({ROOTS_ENV}: {', '.join(map(str, roots)) or 'none'}); use S3")
 
 
-def destination_problem(uri: str, endpoint_url: str | None, where: str = "out") -> str | None:
+def destination_problem(uri: str, endpoint_url: str | None, where: str = "out",
+                        tenant: str | None = None) -> str | None:
     """Re-checked by the final callback before it writes (the stored spec is not trusted):
-    S3 against the S3 lists, a local directory against ``EVALQ_REQUEST_ROOTS`` when set."""
+    S3 against the S3 lists, a local directory against ``EVALQ_REQUEST_ROOTS`` when set; with
+    ``tenant`` (a queue request's, on a cluster that lists tenants), that tenant's part of them."""
     if uri.startswith("s3://"):
-        problem = s3_problem(uri, endpoint_url)
+        policy = S3Policy.from_env()
+        problem = s3_problem(uri, endpoint_url, policy.for_tenant(tenant) if tenant is not None else policy)
         return f"{where}: {problem}" if problem else None
     if os.environ.get(ROOTS_ENV):
-        problem = roots_problem(uri, request_roots())
+        problem = roots_problem(uri, request_roots(tenant=tenant))
         return f"{where}: {problem}" if problem else None
     return None
 

@@ -20,7 +20,8 @@ from evalq.shared.job_metrics import (MetricRun, check_batch, check_cost_cap, ch
                                       check_key_env, entry_head, parse_judges, parse_metrics, resolve_judges)
 from evalq.shared.judges import JudgeConfig, JudgingOptions
 from evalq.shared.nightly import Regression, suite_of, suite_problem
-from evalq.shared.model_under_test import GENERATE_SPEC, EndpointModel, GenerateParams, PythonModel, runner_class
+from evalq.shared.model_under_test import (GENERATE_SPEC, EndpointModel, GenerateParams, PythonModel, runner_class,
+                                           runner_parameters)
 from evalq.shared.problems import MAX_PROBLEMS, Problems, did_you_mean, parse_section
 from evalq.shared.scheduling import Scheduling
 from evalq.shared.spec import variants_key
@@ -106,13 +107,17 @@ def load_job(path: str | Path, keys_needed: bool = True) -> Job:
     return parse_job(read_json(path), source=str(path), keys_needed=keys_needed)
 
 
-def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None, keys_needed: bool = True) -> Job:
+def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None, keys_needed: bool = True,
+              s3=None) -> Job:
     """Validate a job. With ``roots`` (a job from a request: untrusted), a local
-    file it names (a dataset) must lie under one of these directories; it is not
-    opened otherwise. ``keys_needed`` False (a plan, an offline check): the judges' and
-    the model's key variables must be named but need not be set here (``Job.unset_keys``)."""
+    file it names (a dataset, a model, a baseline) must lie under one of these directories; it
+    is not opened otherwise; with ``s3`` (an ``evalq.shared.egress.S3Policy``: the request's
+    tenant's places) an S3 place must be one of its places. ``keys_needed`` False (a plan, an
+    offline check): the judges' and the model's key variables must be named but need not be set
+    here (``Job.unset_keys``)."""
     problems = Problems(source)
     problems.roots = roots
+    problems.s3 = s3
     problems.keys_needed = keys_needed
     if not isinstance(raw, dict):
         problems.add("top level", f"expected an object with 'instances' and 'metrics', got {kind(raw)}")
@@ -134,9 +139,14 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None, 
         check_endpoints(model, "model", problems)
     elif isinstance(model, PythonModel):
         try:
-            runner_class(model)
+            cls = runner_class(model)
         except ValueError as exc:
             problems.add("model.runner", str(exc))
+        else:
+            try:
+                model = model.model_copy(update={"parameters": runner_parameters(model, cls, problems.roots)})
+            except ValueError as exc:
+                problems.add("model.parameters", str(exc))
     check_variants(metrics, model, problems)
     scheduling = parse_section(Scheduling, raw.get("scheduling", {}), "scheduling", problems) or Scheduling()
     suite = raw.get("suite", suite_of(source))
@@ -256,7 +266,7 @@ def _within_roots(uri: str, where: str, problems: Problems) -> bool:
 
 def _s3_allowed(spec, where: str, problems: Problems) -> bool:
     """An S3 dataset or output the operator's lists allow (checked again at every read and write)."""
-    problem = s3_problem(spec.uri, spec.endpoint_url) if spec.uri and is_s3(spec.uri) else None
+    problem = s3_problem(spec.uri, spec.endpoint_url, problems.s3) if spec.uri and is_s3(spec.uri) else None
     if problem:
         problems.add(where, problem)
     return problem is None

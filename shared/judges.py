@@ -122,13 +122,18 @@ class EndpointConfig(Strict):
     price: Price | None = Field(default=None, description="price of its tokens (a deployment's own wins)")
 
     def price_of(self, d: Deployment) -> Price | None:
-        """What a call answered by deployment ``d`` costs per token; None: nothing known."""
+        """What a call answered by deployment ``d`` costs per token; None: nothing known. A catalogue
+        deployment's price is the operator's alone (filled in from the catalogue): one it does not
+        price never falls back to the job's own judge-level price, which would let a job set what
+        its calls count against its tenant's cost limits."""
+        if d.use is not None:
+            return d.price
         return d.price or self.price
 
     @property
     def priced(self) -> bool:
         """Whether any of its calls has a price (its results then report a cost)."""
-        return self.price is not None or any(d.price is not None for d in self.deployments)
+        return any(self.price_of(d) is not None for d in self.deployments)
 
     @property
     def batch_deployments(self) -> list[Deployment]:

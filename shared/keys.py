@@ -190,6 +190,12 @@ def job_cost(job_id: str) -> str:
     return f"{job_prefix(job_id)}:cost"
 
 
+def cost_held(counter: str) -> str:
+    """The holds of the calls in flight on a cost counter (``job_cost``, ``tenant_spend``): a hash,
+    hold id -> ``<amount>:<server time it lapses>`` (``evalq.workers.judge.cost``)."""
+    return f"{counter}:held"
+
+
 def judge_memo(job_id: str) -> str:
     return f"{job_prefix(job_id)}:memo"
 
@@ -245,7 +251,7 @@ def backlog(queue: str) -> str:
 def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
     """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage."""
     keys = [spec(job_id), instances(job_id), shared_values(job_id), summary(job_id), status(job_id),
-            job_tokens(job_id), job_cost(job_id), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
+            job_tokens(job_id), job_cost(job_id), cost_held(job_cost(job_id)), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
             replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
             chunks_done(job_id, "generate"), chunks_done(job_id, "metrics"), parked(job_id),
             batch(job_id, "line"), batch(job_id, "touched"), batch(job_id, "sync"), batch(job_id, "open")]

@@ -36,9 +36,16 @@ class ModelRunner:
     A runner that returns log-probabilities says so with ``gives_log_probability = True``
     (``prompt_stereotyping`` needs it); it may also define ``log_probability(prompt)``, which
     is then used where only the log-probability is wanted (no generation).
+
+    ``Parameters``: the typed keyword arguments it takes (an ``evalq.shared.params.Params``).
+    A job's ``model.parameters`` are validated against them where the job is validated (a
+    located error, exit 2; a path parameter through ``local_path`` lies under a queue
+    request's roots) and again where the runner is built; a runner without them gets the
+    job's parameters as they are, so one that loads anything a job names should declare them.
     """
 
     gives_log_probability = False
+    Parameters: "type | None" = None
 
     def predict(self, prompt: str) -> tuple[str | None, float | None]:
         raise NotImplementedError
@@ -180,6 +187,22 @@ def runner_class(model: PythonModel) -> type:
         raise ValueError(f"{ref!r} is not a subclass of evalq.shared.model_under_test.ModelRunner (nor registered "
                          "with register_runner)")
     return obj
+
+
+def runner_parameters(model: PythonModel, cls: type, roots=None) -> dict:
+    """``model.parameters`` as the runner class ``cls`` declares them (``Parameters``), validated
+    (``roots``: a queue request's, for path parameters); ValueError listing every problem, each
+    at its field. A runner without ``Parameters`` takes them as they are."""
+    declared = getattr(cls, "Parameters", None)
+    if declared is None:
+        return dict(model.parameters)
+    from pydantic import ValidationError
+
+    try:
+        return declared.model_validate(model.parameters, context={"roots": roots}).model_dump()
+    except ValidationError as exc:
+        raise ValueError("; ".join(f"{'.'.join(map(str, e['loc'])) or '(all)'}: {e['msg']}"
+                                   for e in exc.errors()[:10])) from None
 
 
 class GenerateParams(Params):

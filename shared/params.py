@@ -175,8 +175,10 @@ def local_path(value: str | None, info, kind: str = "file") -> str | None:
         from evalq.shared.egress import outside_roots
 
         if outside_roots(value, _roots(info)):
-            raise PydanticCustomError("local_path", "{path}: a {kind} in a queue request must lie under "
-                                      "EVALQ_REQUEST_ROOTS", {"path": value, "kind": kind})
+            raise PydanticCustomError("local_path", "{path}: a {kind} in a queue request must lie under the "
+                                      "directories its tenant may read ({roots}; EVALQ_REQUEST_ROOTS, "
+                                      "EVALQ_SHARED_ROOTS)", {"path": value, "kind": kind,
+                                                              "roots": ", ".join(map(str, _roots(info))) or "none"})
     exists = os.path.isdir if kind == "directory" else os.path.isfile
     if not exists(os.path.expanduser(value)):
         raise PydanticCustomError("local_path", "no such {kind}: {path}", {"path": value, "kind": kind})

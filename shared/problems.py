@@ -16,6 +16,7 @@ MAX_PROBLEMS = 25
 class Problems:
     def __init__(self, source: str):
         self.roots: list[Path] | None = None
+        self.s3 = None  # the S3 places a queue request's tenant may read (None: the operator's lists)
         # False for a check that reads no secret (``evalq plan``, ``validate --offline``): a key
         # variable must be named, not set; the unset ones are kept here, (place, variable)
         self.keys_needed = True

@@ -33,7 +33,7 @@ from evalq.shared.strict import Strict
 PRIORITIES = ("high", "normal", "low")  # strict precedence, first first
 TENANTS_ENV = "EVALQ_TENANTS"
 LIMITS = ("job_cost", "job_tokens", "daily_cost", "daily_tokens")  # a tenant's spend limits
-_TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_TENANT = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")  # never "." or "..": it names a folder of each root
 
 
 class Scheduling(Strict):

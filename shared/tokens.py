@@ -48,3 +48,15 @@ def estimate_request_tokens(request: dict) -> int:
     tool definitions (what a budget reserves before ``max_tokens``)."""
     extra = json.dumps({k: v for k, v in request.items() if k in ("response_format", "tools")})
     return estimate_prompt_tokens(request.get("messages") or [], extra)
+
+
+def prompt_token_bound(request: dict) -> int:
+    """At most how many prompt tokens a chat request counts on a tokenizer whose every token covers
+    at least one byte (byte-level BPE: the GPT, o-series, Llama 3, Qwen and Mistral families): the
+    UTF-8 bytes of its messages and schema or tools written as JSON, which includes more than each
+    message's framing. What a cost cap holds a call's worst case with, so that the reply's real
+    cost, counted in its place, never carries a counter past its cap (the estimate above is what
+    budgets reserve; it can be low, and a server's count higher)."""
+    extra = {k: v for k, v in request.items() if k in ("response_format", "tools")}
+    text = json.dumps([request.get("messages") or [], extra], ensure_ascii=False)
+    return len(text.encode("utf-8", errors="surrogatepass")) + PER_REPLY

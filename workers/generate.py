@@ -14,7 +14,8 @@ import threading
 from typing import Any
 
 from evalq.shared.errors import MetricError
-from evalq.shared.model_under_test import GenerateParams, ModelRunner, PythonModel, render_prompt, runner_class
+from evalq.shared.model_under_test import (GenerateParams, ModelRunner, PythonModel, render_prompt, runner_class,
+                                           runner_parameters)
 
 
 def generate(instance: dict, params: GenerateParams, runner: ModelRunner) -> dict:
@@ -79,7 +80,8 @@ def python_runner(model: PythonModel) -> _Serialized:
     with _runners_lock:
         if key not in _runners:
             try:
-                _runners[key] = _Serialized(runner_class(model)(**model.parameters))
+                cls = runner_class(model)
+                _runners[key] = _Serialized(cls(**runner_parameters(model, cls)))
             except Exception as exc:  # every item records why; the next chunk tries again
                 return _Unbuildable(f"building {model.runner} failed: {type(exc).__name__}: {exc}")
         return _runners[key]

@@ -304,6 +304,7 @@ class Handler(BaseHTTPRequestHandler):
                        f"per {sim.window_seconds:g} s, requested {cost}. Please retry after "
                        f"{headers['Retry-After']} seconds.")
             return self._error(429, msg, adm.kind, "rate_limit_exceeded", headers=headers)
+        sim.record(state.region.name, cost, request.messages)
 
         faults = sim.faults
         fault = None

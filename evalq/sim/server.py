@@ -27,7 +27,8 @@ class JudgeSim:
                  window_seconds: float = 60.0, seed: int = 0, api_key: str | None = None,
                  models: Sequence[str] = (DEFAULT_MODEL,),
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, log: TextIO | None = None,
-                 per_request: bool = False, clock: Callable[[], float] | None = None) -> None:
+                 per_request: bool = False, clock: Callable[[], float] | None = None,
+                 record_calls: bool = False) -> None:
         regions = list(regions) if regions else [Region("local")]
         names = [r.name for r in regions]
         if len(set(names)) != len(names):
@@ -48,6 +49,11 @@ class JudgeSim:
         self.default_max_tokens = default_max_tokens
         self.log = log
         self.per_request = per_request
+        # every admitted chat call as (monotonic time, tokens counted against the region's TPM,
+        # the text of its messages): a test can tell whose load the region carried when
+        self.record_calls = record_calls
+        self._calls: list[tuple[str, float, int, str]] = []
+        self._calls_lock = threading.Lock()
         self._states = {r.name: RegionState(r, self.window_seconds, seed) for r in regions}
         self._servers: dict[str, RegionServer] = {}
         self._threads: list[threading.Thread] = []
@@ -153,6 +159,19 @@ class JudgeSim:
             with self._states[name].lock:
                 total.update(self._states[name].answered)
         return dict(total)
+
+    def record(self, region: str, cost: int, messages: list) -> None:
+        if not self.record_calls:
+            return
+        text = "\n".join(str(m.get("content")) for m in messages if isinstance(m, dict))
+        with self._calls_lock:
+            self._calls.append((region, time.monotonic(), cost, text))
+
+    def calls(self, region: str | None = None) -> list[tuple[float, int, str]]:
+        """With ``record_calls=True``: each admitted chat call (time.monotonic() when it was
+        admitted, tokens counted against the region's TPM, its messages' text), in order."""
+        with self._calls_lock:
+            return [(t, cost, text) for name, t, cost, text in self._calls if region in (None, name)]
 
     def reset_stats(self, region: str | None = None, *, clear_limits: bool = False) -> None:
         """Zero the counters (and peaks) of one region or all. ``clear_limits`` also

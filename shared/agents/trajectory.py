@@ -125,23 +125,47 @@ def expected(raw: Any, problems: list[str], tools: dict[str, dict] | None = None
 
 def check(inst: dict) -> list[str]:
     """Every problem of an agent instance's messages, definitions and expected calls, and its size
-    against ``EVALQ_MAX_MESSAGES`` / ``EVALQ_MAX_TOOL_CALLS``."""
-    from evalq.shared.bounds import MESSAGES_DEFAULT, MESSAGES_ENV, TOOL_CALLS_DEFAULT, TOOL_CALLS_ENV
+    against ``EVALQ_MAX_MESSAGES`` / ``EVALQ_MAX_TOOL_CALLS`` / ``EVALQ_MAX_RUN_BYTES``."""
+    from evalq.shared.bounds import (MESSAGES_DEFAULT, MESSAGES_ENV, RUN_BYTES_DEFAULT, RUN_BYTES_ENV,
+                                     TOOL_CALLS_DEFAULT, TOOL_CALLS_ENV)
     from evalq.shared.config import env_number
 
     problems: list[str] = []
     tools = definitions(inst.get("tool_definitions"), problems)
     if "messages" in inst:
         made = calls(inst["messages"], problems, tools)
-        for what, n, env, default in (("messages", len(inst["messages"]) if isinstance(inst["messages"], list)
-                                       else 0, MESSAGES_ENV, MESSAGES_DEFAULT),
-                                      ("tool calls", len(made), TOOL_CALLS_ENV, TOOL_CALLS_DEFAULT)):
+        messages = inst["messages"] if isinstance(inst["messages"], list) else []
+        for what, n, env, default in (("messages", len(messages), MESSAGES_ENV, MESSAGES_DEFAULT),
+                                      ("tool calls", len(made), TOOL_CALLS_ENV, TOOL_CALLS_DEFAULT),
+                                      ("bytes of text", run_bytes(messages), RUN_BYTES_ENV, RUN_BYTES_DEFAULT)):
             limit = int(env_number(env, default))
             if limit and n > limit:
-                problems.append(f"the run has {n} {what}, over the limit of {limit} ({env} raises it)")
+                problems.append(f"the run has {n:,} {what}, over the limit of {limit:,} ({env} raises it)")
     if "expected_tool_calls" in inst:
         expected(inst["expected_tool_calls"], problems, tools)
     return problems
+
+
+def run_bytes(messages: list) -> int:
+    """A run's size as a judge is sent it: the UTF-8 bytes of every message's text (or parts), every
+    call's name and arguments, every tool result."""
+    def size(value: Any) -> int:
+        if value is None:
+            return 0
+        if isinstance(value, str):
+            return len(value.encode("utf-8", errors="surrogatepass"))
+        return len(json.dumps(value, ensure_ascii=False).encode("utf-8", errors="surrogatepass"))
+
+    total = 0
+    for msg in messages:
+        if not isinstance(msg, dict):
+            continue
+        total += size(msg.get("content"))
+        for tc in msg.get("tool_calls") or [] if isinstance(msg.get("tool_calls"), list) else []:
+            fn = tc.get("function") if isinstance(tc, dict) else None
+            if isinstance(fn, dict):
+                total += size(fn.get("name")) + size(fn.get("arguments"))
+    return total
 
 
 def read(inst: dict) -> tuple[list[Call], list[Call], dict[str, dict] | None]:

@@ -77,6 +77,29 @@ def test_a_call_to_an_undefined_tool_is_exit_2_naming_the_line(tmp_path):
     assert f"{data} line 3: messages[1].tool_calls[0] (weather): arguments are not JSON" in proc.stderr
 
 
+def test_a_run_larger_than_the_run_bound_is_exit_2_naming_the_line(tmp_path):
+    """Before: 502 messages were refused, but 100 calls with 200 kB tool results each (a 20 MB run,
+    all of it in every judge prompt) validated. A run's text is bounded (EVALQ_MAX_RUN_BYTES)."""
+    from tests.agents.test_trajectory import S, run
+
+    big = run(*[[S]] * 100, expected=[S])
+    for msg in big["messages"]:
+        if msg["role"] == "tool":
+            msg["content"] = "x" * 120_000  # 12 MB in all: under the 16 MiB a record may have
+    records = [chat_log("small", CASES["same"]), chat_log("big", big)]
+    data = tmp_path / "agent.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"dataset": {"uri": str(data)}, "metrics": [{"id": "trajectory"}]}))
+    proc = evalq("validate", str(job))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{data} line 2: " in proc.stderr and "the run has 12,0" in proc.stderr
+    assert "bytes of text, over the limit of 1,048,576 (EVALQ_MAX_RUN_BYTES raises it)" in proc.stderr
+    assert f"{data} line 1" not in proc.stderr
+    raised = evalq("validate", str(job), env={"EVALQ_MAX_RUN_BYTES": "30000000"})
+    assert raised.returncode == 0, raised.stderr
+
+
 def test_compare_reads_more_extra_calls_as_worse(tmp_path):
     """Two nights of the same agent: the second makes an extra call in every run. compare pairs the
     runs and reads extra_calls up and precision down both as worse, recall as unmoved."""

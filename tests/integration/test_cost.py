@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from evalq.shared import keys
 from evalq.shared.job import parse_job
 from evalq.shared.judges import Price
 from evalq.sim import JudgeSim, Region
-from evalq.workers.judge.cost import CostCap, CostCapReached
+from evalq.workers.judge.cost import CostCap, CostCapReached, CostWait
 from tests.conftest import read_log, read_results, running_worker
 
 pytestmark = pytest.mark.integration
@@ -200,20 +201,31 @@ def test_cost_cap_holds_the_worst_case_and_settles_to_the_cost(redis_url):
     job_id = uuid.uuid4().hex
     cap = CostCap(r, job_id, 1.0)
     price = Price(input_per_1k=1.0, output_per_1k=2.0)
-    held = cap.hold(price, 100, 200)  # 0.1 + 0.4
-    assert held == 500_000_000 and int(r.get(keys.job_cost(job_id))) == held
+    spent = lambda: int(r.get(keys.job_cost(job_id)) or 0)  # noqa: E731
+    held = cap.hold(price, 100, 200)  # 0.1 + 0.4, held apart from what was spent
+    assert held.amount == 500_000_000 and spent() == 0 and r.hlen(keys.cost_held(keys.job_cost(job_id))) == 1
     cap.settle(held, 123_000_000)  # the reply cost 0.123
-    assert int(r.get(keys.job_cost(job_id))) == 123_000_000
+    assert spent() == 123_000_000 and r.hlen(keys.cost_held(keys.job_cost(job_id))) == 0
     second = cap.hold(price, 100, 200)
-    with pytest.raises(CostCapReached, match=r"^job cost cap of 1 reached$"):
-        cap.hold(price, 100, 200)  # 0.123 + 0.5 + 0.5 > 1: refused, holding nothing
-    assert int(r.get(keys.job_cost(job_id))) == 623_000_000
+    with pytest.raises(CostWait):
+        cap.hold(price, 100, 200)  # 0.123 + 0.5 in flight + 0.5 > 1, but 0.123 + 0.5 fits: wait for it
     cap.release(second)  # that call failed
-    assert int(r.get(keys.job_cost(job_id))) == 123_000_000
-    assert cap.hold(None, 10**6, 10**6) == 0  # no price: nothing held
-    assert CostCap(r, job_id, None).hold(price, 100, 200) == 0  # no cap: nothing held
-    assert int(r.get(keys.job_cost(job_id))) == 123_000_000
+    assert spent() == 123_000_000 and r.hlen(keys.cost_held(keys.job_cost(job_id))) == 0
+    third = cap.hold(price, 100, 200)
+    cap.settle(third, 600_000_000)  # a real cost above the estimate is counted, never past the hold
+    with pytest.raises(CostCapReached, match=r"^job cost cap of 1 reached$"):
+        cap.hold(price, 100, 200)  # 0.723 + 0.5 > 1 with nothing in flight: refused, holding nothing
+    assert spent() == 723_000_000
+    assert cap.hold(None, 10**6, 10**6) is None  # no price: nothing held
+    assert CostCap(r, job_id, None).hold(price, 100, 200) is None  # no cap: nothing held
+    # a hold whose worker died lapses: it stops standing in the way
     r.delete(keys.job_cost(job_id))
+    lapsing = CostCap(r, job_id, 1.0).hold(price, 200, 200, lapse=0.5)  # 0.6
+    with pytest.raises(CostWait):
+        cap.hold(price, 200, 200)
+    time.sleep(0.6)
+    assert cap.hold(price, 200, 200) is not None and lapsing is not None
+    r.delete(keys.job_cost(job_id), keys.cost_held(keys.job_cost(job_id)))
 
 
 def test_a_tenants_daily_spend_holds_across_its_jobs(sim, worker, redis_url, tmp_path):

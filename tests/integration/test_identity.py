@@ -64,10 +64,12 @@ def cluster(private_redis, tmp_path):
         stop_worker(worker)
 
 
-def ask(cluster, app: Celery, queue: str, tenant_dir: str, **request) -> dict:
-    reply_to = f"replies:{tenant_dir}:{uuid.uuid4().hex}"
+def ask(cluster, app: Celery, queue: str, whose: str, **request) -> dict:
+    """A request on ``queue`` answered on the tenant's own reply list, writing into its own part
+    of the request root (each tenant reaches only <root>/<tenant>: test_tenant_attacks)."""
+    reply_to = f"replies:{whose}:{uuid.uuid4().hex}"
     app.send_task("evalq.submit_job", queue=queue, kwargs={
-        "job": JOB, "out": str(cluster["tmp"] / uuid.uuid4().hex), "reply_to": reply_to, **request})
+        "job": JOB, "out": str(cluster["tmp"] / whose / uuid.uuid4().hex), "reply_to": reply_to, **request})
     return reply(cluster["r"], reply_to)
 
 
@@ -99,9 +101,9 @@ def test_the_shared_queue_is_the_default_tenants(cluster):
     shared = client(cluster["url"])
     for claim, said in (("ads", "tenant 'ads' submits on its own queue evalq.jobs.ads"),
                         ("ads-2", "'ads-2' is not a tenant the operator lists")):
-        doc = ask(cluster, shared, "evalq.jobs", "x", tenant=claim)
+        doc = ask(cluster, shared, "evalq.jobs", "default", tenant=claim)
         assert doc["status"] == "invalid" and said in doc["errors"][0], doc
-    doc = ask(cluster, shared, "evalq.jobs", "x")
+    doc = ask(cluster, shared, "evalq.jobs", "default")
     assert doc["status"] == "done" and tenant_of(cluster, doc["job_id"]) == "default"
 
 

@@ -45,11 +45,14 @@ def test_a_call_becomes_one_line_per_job_and_never_after_its_reply(r):
     bl = lines(r)
     assert bl.deployment.region == "eu"  # the batch-capable deployment, whatever the order
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
-    assert bl.register("a" * 64, body, item=3, held=7, counted=9) == 1
+    from evalq.workers.judge.cost import Hold
+
+    assert bl.register("a" * 64, body, item=3, held=Hold("h1", 7), counted=9) == 1
     assert bl.register("a" * 64, body, item=4) == 0  # another item asks the same: it waits with it
     assert r.lrange(keys.batch(JOB, "queued:eu"), 0, -1) == [b"a" * 64]
     line = json.loads(r.hget(keys.batch(JOB, "line"), "a" * 64))
-    assert (line["e"], line["j"], line["i"], line["h"], line["k"], line["n"], line["r"]) == ("m0", "j", 3, 7, 9, 0, "eu")
+    assert (line["e"], line["j"], line["i"], line["h"], line["k"], line["n"], line["r"]) == \
+        ("m0", "j", 3, ["h1", 7], 9, 0, "eu")
     assert line["t"] >= 50 and r.sismember(keys.BATCH_JOBS, JOB)
     r.hset(keys.judge_memo(JOB), "b" * 64, "{}")
     r.hset(keys.batch(JOB, "sync"), "c" * 64, "why")

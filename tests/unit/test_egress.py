@@ -122,3 +122,29 @@ def test_the_readmes_reply_to_examples_are_accepted():
     assert names
     for name in names:
         assert reply_to_problem(name) is None, name
+
+
+def test_a_tenant_reaches_only_its_part_of_each_root_and_prefix(tmp_path):
+    """Issue 37: once tenants are listed, a request of tenant T reaches <root>/T and
+    s3://<prefix>/T/ (or the place with {tenant} filled in); the operator's shared places are read,
+    never written."""
+    from evalq.shared.egress import Reach
+
+    env = {"EVALQ_REQUEST_ROOTS": f"{tmp_path}/data:{tmp_path}/teams/{{tenant}}/work",
+           "EVALQ_SHARED_ROOTS": f"{tmp_path}/models",
+           "EVALQ_S3_PREFIXES": "s3://eval-out/nightly,s3://team-{tenant}/",
+           "EVALQ_S3_SHARED_PREFIXES": "s3://eval-data/public/"}
+    ads = Reach.of("ads", env)
+    for uri in (f"{tmp_path}/data/ads/x", f"{tmp_path}/teams/ads/work/y", "s3://eval-out/nightly/ads/r",
+                "s3://team-ads/anything"):
+        assert ads.write_problem(uri) is None and ads.read_problem(uri) is None, uri
+    for uri in (f"{tmp_path}/data/search/x", f"{tmp_path}/data/x", f"{tmp_path}/data/ads/../search/x",
+                f"{tmp_path}/teams/search/work/y", f"{tmp_path}/data/adsx/y", "s3://eval-out/nightly/search/r",
+                "s3://eval-out/nightly/r", "s3://team-search/x", "s3://eval-out/nightly/ads/../search/r"):
+        assert ads.write_problem(uri) and ads.read_problem(uri), uri
+    for uri in (f"{tmp_path}/models/minilm", "s3://eval-data/public/q.jsonl"):  # shared: read, never written
+        assert ads.read_problem(uri) is None and ads.write_problem(uri), uri
+    assert "tenant 'ads'" in ads.write_problem(f"{tmp_path}/data/search/x")
+    # no tenants listed (a single team's cluster): every place the operator lists, as before
+    anyone = Reach.of(None, env)
+    assert anyone.write_problem(f"{tmp_path}/data/x") is None and anyone.write_problem("s3://eval-out/nightly/r") is None

@@ -75,13 +75,20 @@ class BatchLines:
         """What the line holds of its deployment's enqueued-token quota."""
         return estimate_tokens([request], self.config.max_tokens)
 
-    def register(self, digest: str, request: dict, item: int, held: int = 0, counted: int = 0) -> int:
+    def hold_lapse(self) -> float:
+        """Seconds a line's hold of the cost caps lasts unsettled: until its auto deadline, else a
+        provider's 24-hour window and a day more for the harvest."""
+        if self.deadline is not None:
+            return max(60.0, self.deadline - time.time() + 3600)
+        return 2 * 86400.0
+
+    def register(self, digest: str, request: dict, item: int, held=None, counted: int = 0) -> int:
         """Put the line in its region's queue, once per job: 1 when this call did (its
         holds, ``held`` of the cost cap and ``counted`` of the token cap, go with the line;
         the caller raises ``Pending``), 0 when it waits already and -1 when it was answered
         or sent synchronously meanwhile (either way the caller gives its holds back)."""
         line = {"e": self.entry_key, "j": self.name, "i": item, "b": request, "t": self.tokens(request),
-                "h": held, "k": counted, "n": 0, "r": self.deployment.region, "d": self.deadline}
+                "h": held.json() if held is not None else 0, "k": counted, "n": 0, "r": self.deployment.region, "d": self.deadline}
         ttl = Settings.from_env().result_ttl
         self.r.sadd(keys.BATCH_JOBS, self.job_id)  # before the line: the manager finds what exists
         return int(self.r.eval(_REGISTER, 5, keys.batch(self.job_id, "line"),

@@ -14,6 +14,7 @@ from evalq.shared import keys
 from evalq.shared.config import Settings, env_number
 from evalq.shared.judges import Deployment, EndpointConfig, JudgingOptions
 from evalq.workers.judge.client import accounting_ops
+from evalq.workers.judge.cost import release_ops
 
 MAX_TRIES = 2          # batches a line is sent in before it goes synchronously
 UNFINISHED = ("creating", "validating", "in_progress", "finalizing", "cancelling")
@@ -83,7 +84,7 @@ def to_sync(pipe, job_id: str, digest: str, line: dict, why: str, spent: dict[st
     pipe.hset(keys.batch(job_id, "sync"), digest, why)
     pipe.expire(keys.batch(job_id, "sync"), Settings.from_env().result_ttl)
     pipe.hdel(keys.batch(job_id, "line"), digest)
-    for key in spent["cost"] if line.get("h") else ():
-        pipe.decrby(key, line["h"])
+    if line.get("h"):
+        release_ops(pipe, spent["cost"], line["h"])
     for key in spent["tokens"] if line.get("k") else ():
         pipe.decrby(key, line["k"])

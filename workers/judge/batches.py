@@ -47,6 +47,7 @@ from evalq.workers.judge.batch_records import (MAX_TRIES, UNFINISHED, BatchTimin
                                                 deployment_in, records, spend_keys, to_sync)
 from evalq.workers.judge.batch_api import BatchApiError, BatchClient, BatchStatus, custom_id, input_file, poll_delay
 from evalq.workers.judge.client import JudgeError
+from evalq.workers.judge.cost import settle_ops
 
 log = logging.getLogger("evalq.batch")
 
@@ -290,8 +291,8 @@ class Manager:
                 prompt = outcome.usage.get("prompt_tokens") or 0
                 completion = outcome.usage.get("completion_tokens") or 0
                 cost = price.cost_nano(prompt, completion) if price is not None else 0
-                for key in spent["cost"] if line.get("h") else ():  # the caps' hold becomes what it cost
-                    pipe.incrby(key, cost - line["h"])
+                if line.get("h"):  # the caps' hold becomes what it cost
+                    settle_ops(pipe, spent["cost"], line["h"], cost)
                 fields = {"calls": 1, "prompt_tokens": prompt, "completion_tokens": completion,
                           "cost_nano": cost, "batch_calls": 1, "batch_prompt_tokens": prompt,
                           "batch_completion_tokens": completion, "batch_cost_nano": cost}

@@ -164,7 +164,10 @@ class Reservation:
     impossible: bool = False
     bucket: int = 0      # where an admitted call's tokens were booked (see settle)
     tokens: int = 0
-    own: "Reservation | None" = None  # the job's own budget's, beside a catalogue deployment's
+    # what the limits inside a shared budget admitted beside it (``Within``: the job's own
+    # limit, its tenant's share), in their order
+    inner: tuple = ()
+    refused_by: str = ""  # which limit an impossible call is too large for (``Within``)
 
 
 class Budget:
@@ -240,36 +243,87 @@ class Budget:
         return int(self.r.get(keys.budget(self.dep_id, "fail")) or 0) < FAIL_THRESHOLD
 
 
-class WithinOwn(Budget):
-    """A catalogue deployment's shared budget, and the lower limit a job asked for on it, kept on
-    budget keys of the job's own (``evalq.shared.deployments``): a call is admitted by both (the
-    job's first), and settled in both. What a job's limit holds never touches what others get."""
+RELEASE_LUA = """
+local tok_key, req_key = KEYS[1], KEYS[2]
+local bucket, tokens = ARGV[1], tonumber(ARGV[2])
+local have = tonumber(redis.call('HGET', tok_key, bucket) or '0')
+if have > tokens then redis.call('HINCRBY', tok_key, bucket, -tokens) else redis.call('HDEL', tok_key, bucket) end
+local req = tonumber(redis.call('HGET', req_key, bucket) or '0')
+if req > 1 then redis.call('HINCRBY', req_key, bucket, -1) else redis.call('HDEL', req_key, bucket) end
+return 1
+"""
+
+
+class Limit(Budget):
+    """A limit inside a shared budget, on budget keys of its own, without pacing (the shared
+    budget paces the deployment): ``what`` names it in errors. A reservation the shared budget
+    then refuses is given back (``release``), so it holds only calls that were sent."""
+
+    def __init__(self, r: redis.Redis, dep_id: str, tpm: int, rpm: int, window: int, safety: float, what: str):
+        super().__init__(r, dep_id, tpm, rpm, window, safety=safety, burst=window)
+        self.what = what
+        self._release = r.register_script(RELEASE_LUA)
+
+    def release(self, reservation: Reservation) -> None:
+        self._release(keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req")],
+                      args=[reservation.bucket, reservation.tokens])
+
+
+class Within(Budget):
+    """A deployment's shared budget, and the limits that hold part of it (``Limit``): a job's own
+    lower TPM/RPM on a catalogue deployment, the share of it the operator gives the job's tenant
+    (``<tenant>.max_share``). A call is admitted by every limit, then the shared budget; a call
+    too large for a limit is impossible there (an error on its item, never a stall), and what the
+    limits held for a call the shared budget refused is given back. What a job's or a tenant's
+    limit holds never touches what others get."""
 
     def __init__(self, r: redis.Redis, dep_id: str, tpm: int, rpm: int, window: int, safety: float,
-                 burst: float | None, own: "Budget"):
+                 burst: float | None, inner: list[Limit]):
         super().__init__(r, dep_id, tpm, rpm, window, safety=safety, burst=burst)
-        self.own = own
+        self.inner = inner
 
     def reserve(self, tokens: int) -> Reservation:
-        mine = self.own.reserve(tokens)
-        if not mine.admitted:
-            return mine  # (a refusal of the shared one after this admits only costs the job itself)
+        held: list[Reservation] = []
+        for limit in self.inner:
+            mine = limit.reserve(tokens)
+            if not mine.admitted:
+                self._give_back(held)
+                return Reservation(False, mine.wait, mine.impossible, refused_by=limit.what if mine.impossible else "")
+            held.append(mine)
         shared = super().reserve(tokens)
-        return Reservation(shared.admitted, shared.wait, shared.impossible, shared.bucket, shared.tokens, mine) \
-            if shared.admitted else shared
+        if not shared.admitted:
+            self._give_back(held)
+            return shared
+        return Reservation(True, 0.0, False, shared.bucket, shared.tokens, tuple(held))
+
+    def _give_back(self, held: list[Reservation]) -> None:
+        for limit, reservation in zip(self.inner, held):
+            limit.release(reservation)
 
     def settle(self, reservation: Reservation) -> None:
         super().settle(reservation)
-        if reservation.own is not None:
-            self.own.settle(reservation.own)
+        for limit, mine in zip(self.inner, reservation.inner):
+            limit.settle(mine)
 
 
-def budget_of(r: redis.Redis, dep_id: str, d, safety: float) -> Budget:
+def budget_of(r: redis.Redis, dep_id: str, d, safety: float, tenant: str | None = None) -> Budget:
     """The budget a deployment's calls are admitted by (``d``, as ``evalq.shared.deployments.govern``
-    gives it): its own, and for a catalogue deployment a job asked less of, the job's beside it."""
-    own = d.own_limit
-    if own is None:
+    gives it): its own, inside it for a catalogue deployment a job asked less of the job's limit,
+    and the share of it the operator gives the job's ``tenant`` (``EVALQ_TENANTS``
+    ``<tenant>.max_share``), across all the tenant's jobs (``evalq:budget:{D}:tenant-<tenant>:*``)."""
+    from evalq.shared.scheduling import Tenants
+
+    share = Tenants.from_env().max_share.get(tenant) if tenant is not None else None
+    inner: list[Limit] = []
+    if d.own_limit is not None:
+        job_id, tpm, rpm = d.own_limit
+        inner.append(Limit(r, f"{dep_id}:job-{job_id}", tpm, rpm, d.window_seconds, safety,
+                           f"the job's own limit of {tpm:,} tokens a minute"))
+    if share is not None and share < 1:
+        tpm, rpm = max(1, int(d.tpm * share)), max(1, int(d.rpm * share))
+        inner.append(Limit(r, f"{dep_id}:tenant-{tenant}", tpm, rpm, d.window_seconds, safety,
+                           f"tenant {tenant!r}'s share of it ({share:g} of {d.tpm:,} tokens a minute: "
+                           f"{int(tpm * safety):,}; EVALQ_TENANTS {tenant}.max_share)"))
+    if not inner:
         return Budget(r, dep_id, d.tpm, d.rpm, d.window_seconds, safety=safety, burst=d.burst_seconds)
-    job_id, tpm, rpm = own
-    mine = Budget(r, f"{dep_id}:job-{job_id}", tpm, rpm, d.window_seconds, safety=safety, burst=d.burst_seconds)
-    return WithinOwn(r, dep_id, d.tpm, d.rpm, d.window_seconds, safety, d.burst_seconds, mine)
+    return Within(r, dep_id, d.tpm, d.rpm, d.window_seconds, safety, d.burst_seconds, inner)

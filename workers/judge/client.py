@@ -39,9 +39,9 @@ from evalq.shared.errors import Deferred, MetricError, Pending
 from evalq.shared.judge_reply import Reply, reply_from_completion
 from evalq.shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id, model_identity
 from evalq.workers.judge.budget import Budget, Reservation, budget_of
-from evalq.workers.judge.cost import CostCap, CostCapReached, TokenCap
+from evalq.workers.judge.cost import Caps, CostWait, Hold
 from evalq.workers.judge.dialects import Dialects, refused_as_invalid, shape
-from evalq.shared.tokens import estimate_request_tokens
+from evalq.shared.tokens import estimate_request_tokens, prompt_token_bound
 from evalq.workers.keeping import DOWN, WRITE_BEHIND, ItemKeeper, Op, execute
 
 log = logging.getLogger("evalq.judge")
@@ -153,9 +153,8 @@ class JudgeClient:
             self.deployments.sort(key=lambda d: d.region != preferred)
         self._last_failed: str | None = None  # a retry prefers another deployment
         telemetry.deployment_limits((d.region, d.tpm, d.rpm) for d in self.deployments)
-        self.budgets = {d.region: budget_of(r, deployment_id(judge, d), d, SAFETY) for d in self.deployments}
-        self.cost_cap = CostCap(r, job_id, options.cost_cap, tenant)
-        self.token_cap = TokenCap(r, job_id, options.token_cap, tenant)
+        self.budgets = {d.region: budget_of(r, deployment_id(judge, d), d, SAFETY, tenant) for d in self.deployments}
+        self.caps = Caps(r, job_id, options.cost_cap, options.token_cap, tenant)
         self.dialects, self.identity = Dialects(r), model_identity(judge)
 
     # -- public -----------------------------------------------------------------
@@ -204,21 +203,19 @@ class JudgeClient:
         it, False when it was answered (or went synchronous) since this thread looked."""
         estimate = estimate_request_tokens(request)
         tokens = self.judge.max_tokens + estimate
-        self._check_cap(tokens)
         price = self.judge.price_of(self.batch.deployment)
         try:
-            held = self.cost_cap.hold(price.batch() if price is not None else None, estimate, self.judge.max_tokens)
-        except CostCapReached:
-            self._release_cap(tokens)
-            raise
+            held = self.caps.take(tokens, price.batch() if price is not None else None, prompt_token_bound(request),
+                                  self.judge.max_tokens, lapse=self.batch.hold_lapse())
+        except CostWait as exc:  # the calls in flight may leave room: the chunk tries again shortly
+            raise Deferred(exc.wait, reason=f"waiting for calls in flight: {exc}") from None
         if self.keeper is not None:
             self.keeper.before_call()
         item = self.keeper.position if self.keeper is not None and self.keeper.position is not None else 0
-        counted = tokens if self.token_cap.counters else 0
+        counted = tokens if self.caps.tokens.counters else 0
         registered = self.batch.register(digest, request, item, held, counted)
         if registered != 1:  # the line's holds are taken already, or it needs none any more
-            self._release_cap(tokens)
-            self.cost_cap.release(held)
+            self.caps.give_back(tokens, held)
         return registered >= 0
 
     def _memo_or_claim(self, digest: str) -> bytes | None:
@@ -262,7 +259,7 @@ class JudgeClient:
         estimate = estimate_request_tokens(request)
         if self.keeper is not None:
             self.keeper.before_call()
-        reply = self._call_with_retries(request, estimate)
+        reply = self._call_with_retries(request, (estimate, prompt_token_bound(request)))
         raw = json.dumps({"content": reply.content, "tool_arguments": reply.tool_arguments, "usage": reply.usage})
         self._keep(digest, raw)
         if self.options.cache:  # a round trip of its own (as ever): the cache lives outside the job's hash slot
@@ -290,7 +287,7 @@ class JudgeClient:
             self.keeper.add(ops)
 
     # -- internals --------------------------------------------------------------
-    def _call_with_retries(self, request: dict, estimate: int) -> Reply:
+    def _call_with_retries(self, request: dict, estimate: tuple[int, int]) -> Reply:  # (estimate, bound)
         retrying = Retrying(stop=stop_after_attempt(self.judge.max_retries + 1),
                             retry=retry_if_exception(_retryable), wait=self._backoff, reraise=True)
         try:
@@ -309,12 +306,13 @@ class JudgeClient:
             return exc.retry_after  # the deployment is paused for everyone; this wait is short
         return min(8.0, 0.5 * 2 ** (retry_state.attempt_number - 1)) * (0.5 + random.random())
 
-    def _attempt(self, request: dict, estimate: int) -> Reply:
-        deployment, budget, reservation, held = self._admit(estimate)
+    def _attempt(self, request: dict, estimates: tuple[int, int]) -> Reply:
+        estimate, bound = estimates
+        deployment, budget, reservation, held = self._admit(estimate, bound)
         try:
             response = self._send(request, deployment, budget, reservation)
         except BaseException:
-            _bookkeeping(self.cost_cap.release, held)
+            _bookkeeping(self.caps.cost.release, held)
             raise
         self._last_failed = None
         _bookkeeping(budget.succeeded)
@@ -325,7 +323,7 @@ class JudgeClient:
         prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
         price = self.judge.price_of(deployment)
         cost = price.cost_nano(prompt, completion) if price is not None else 0
-        _bookkeeping(self.cost_cap.settle, held, cost)
+        _bookkeeping(self.caps.cost.settle, held, cost)
         self._count(deployment.region, calls=1, prompt_tokens=prompt, completion_tokens=completion,
                     reserved_tokens=reservation.tokens, cost_nano=cost)
         return reply
@@ -356,36 +354,37 @@ class JudgeClient:
             raise
         return response
 
-    def _admit(self, estimate: int) -> tuple[Deployment, Budget, Reservation, int]:
-        """Reserve budget somewhere, sleeping through short waits; also what the call
-        holds of the job's cost cap (billionths; 0 without a cap or a price)."""
+    def _admit(self, estimate: int, bound: int) -> tuple[Deployment, Budget, Reservation, Hold | None]:
+        """Reserve budget somewhere, sleeping through short waits; also what the call holds of the
+        cost caps: its worst case, ``bound`` prompt tokens and ``max_tokens`` of completion."""
         deadline = time.monotonic() + SLEEP_MAX * 4
         while True:
             healthy = [d for d in self.deployments if self.budgets[d.region].healthy()] or self.deployments
             healthy.sort(key=lambda d: d.region == self._last_failed)
-            best_wait, best = float("inf"), healthy[0]
+            best_wait, best, too_large = float("inf"), healthy[0], []
             for d in healthy:
                 budget = self.budgets[d.region]
                 tokens = budget.admission_tokens(estimate, self.judge.max_tokens)
-                self._check_cap(tokens)
                 try:
-                    held = self.cost_cap.hold(self.judge.price_of(d), estimate, self.judge.max_tokens)
-                except CostCapReached:
-                    self._release_cap(tokens)
-                    raise
+                    held = self.caps.take(tokens, self.judge.price_of(d), bound, self.judge.max_tokens)
+                except CostWait as exc:  # a cap has room only once the calls in flight settle
+                    if exc.wait < best_wait:
+                        best_wait, best = exc.wait, d
+                    continue
                 res = budget.reserve(tokens)
                 if res.admitted:
                     telemetry.budget_admitted(d.region, tokens)
                     return d, budget, res, held
-                self._release_cap(tokens)
-                self.cost_cap.release(held)
+                self.caps.give_back(tokens, held)
                 if res.impossible:
+                    too_large.append(f"{d.region}: {res.refused_by or 'its TPM'}")
                     continue
                 if res.wait < best_wait:
                     best_wait, best = res.wait, d
             if best_wait == float("inf"):
                 raise JudgeError(f"a request of ~{estimate} prompt + {self.judge.max_tokens} completion "
-                                 f"tokens exceeds the TPM of every deployment of judge {self.name!r}")
+                                 f"tokens is larger than any deployment of judge {self.name!r} admits in a "
+                                 f"minute ({'; '.join(too_large)})")
             if best_wait > SLEEP_MAX or time.monotonic() + best_wait > deadline:
                 raise Deferred(best_wait, region=best.region,
                                reason=f"budget of judge {self.name!r} spent for {best_wait:.1f} s")
@@ -395,12 +394,6 @@ class JudgeClient:
         budget.failed()
         self._last_failed = deployment.region
         self._count(deployment.region, failed_calls=1)
-
-    def _check_cap(self, tokens: int) -> None:
-        self.token_cap.check(tokens)  # the job's token cap, its tenant's daily tokens: Skipped when reached
-
-    def _release_cap(self, tokens: int) -> None:
-        self.token_cap.release(tokens)
 
     def _count(self, region: str | None, **fields: int) -> None:
         """Add to the job's accounting of this metric entry: totals, and per region

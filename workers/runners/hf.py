@@ -11,19 +11,45 @@ generation): prompt_stereotyping asks for nothing else. A GGUF file (``gguf_file
 de-quantized by transformers (it needs the ``gguf`` package).
 
 Jobs may name it only where the operator loads this module (``EVALQ_PLUGINS``): it puts on the
-worker whatever model a job's ``model_name`` names.
+worker whatever model a job's ``model_name`` names. So its parameters are typed and bounded
+(``HFCausalLMParams``): ``model_name`` is a local directory (in a queue request, under its
+tenant's roots, ``EVALQ_REQUEST_ROOTS``/``EVALQ_SHARED_ROOTS``), ``gguf_file`` a file name in
+it, ``max_new_tokens`` at most ``evalq.shared.bounds.MAX_NEW_TOKENS``, ``device`` cpu or cuda.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from typing import Literal
 
+from pydantic import Field, field_validator
+
+from evalq.shared import bounds
 from evalq.shared.model_under_test import ModelRunner
+from evalq.shared.params import Params, local_path
+
+
+class HFCausalLMParams(Params):
+    model_name: str = Field(max_length=bounds.MAX_PATH_CHARS,
+                            description="a local directory with the model's config, tokenizer and weights")
+    gguf_file: str | None = Field(default=None, max_length=255, pattern=r"^[\w][\w.+-]*\.gguf$",
+                                  description="a GGUF file in model_name (its name, not a path)")
+    max_new_tokens: int = Field(default=64, ge=1, le=bounds.MAX_NEW_TOKENS, description="tokens generated per prompt")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    remove_prompt_from_generated_text: bool = True
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d{1,2})?)$", max_length=bounds.MAX_DEVICE_CHARS)
+    log_probability: Literal["mean", "sum"] = "mean"
+
+    @field_validator("model_name")
+    @classmethod
+    def _local_directory(cls, value, info):
+        return local_path(value, info, "directory")
 
 
 class HFCausalLM(ModelRunner):
     gives_log_probability = True
+    Parameters = HFCausalLMParams
 
     def __init__(self, model_name: str, max_new_tokens: int = 64, gguf_file: str | None = None, seed: int = 0,
                  remove_prompt_from_generated_text: bool = True, device: str = "cpu",
