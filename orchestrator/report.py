@@ -251,7 +251,8 @@ class ReportBuilder:
                f"<p class=headline>{self._headline(m)}</p>",
                f"<p class=params>metric <code>{esc(m['metric'])}</code> parameters <code>{esc(m['parameters'])}</code>"
                f" &middot; {m.get('n', 0)} items, {m.get('n_errors', 0)} errors"
-               + (f", {m['n_skipped']} skipped" if m.get("n_skipped") else "") + "</p>"]
+               + (f", {m['n_skipped']} skipped" if m.get("n_skipped") else "")
+               + (f", {m['n_not_applicable']} not applicable" if m.get("n_not_applicable") else "") + "</p>"]
         if isinstance(score, dict) and isinstance(score.get("distribution"), dict) and \
                 all(isinstance(v, int) for v in score["distribution"].values()):
             per = "turns" if isinstance(score.get("turns"), dict) else "items"  # a conversation's every turn counts

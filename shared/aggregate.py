@@ -15,17 +15,19 @@ from typing import Any, Iterable
 
 from evalq.shared.agreement import Agreement
 from evalq.shared.judges import SEVERITY_BANDS, severity_label
-from evalq.shared.results import ERROR, SCORED, SKIPPED, flag, number, outcome, severities
+from evalq.shared.results import ERROR, NOT_APPLICABLE, SCORED, SKIPPED, flag, number, outcome, severities
 
 
 def _counted(agg, record: dict[str, Any]) -> bool:
-    """Count the record's outcome on ``agg``: an error or a skip (kept out of the
-    score), else a scored item (True: the caller aggregates its result)."""
+    """Count the record's outcome on ``agg``: an error, a skip or not applicable (kept out of
+    the score), else a scored item (True: the caller aggregates its result)."""
     counted = outcome(record)
     if counted == ERROR:
         agg.n_errors += 1
     elif counted == SKIPPED:
         agg.n_skipped += 1
+    elif counted == NOT_APPLICABLE:
+        agg.n_not_applicable += 1
     else:
         agg.n += 1
     return counted == SCORED
@@ -41,6 +43,7 @@ class MeanAggregator:
         self.n = 0
         self.n_errors = 0
         self.n_skipped = 0
+        self.n_not_applicable = 0
         self._sum: dict[str, float] = {}
         self._sumsq: dict[str, float] = {}
         self._count: dict[str, int] = {}
@@ -65,13 +68,15 @@ class MeanAggregator:
                 self._binary[key] = self._binary.get(key, 0) + (v in (0, 1))
 
     def state(self) -> dict[str, Any]:
-        return {"n": self.n, "n_errors": self.n_errors, "n_skipped": self.n_skipped, "sum": self._sum,
+        return {"n": self.n, "n_errors": self.n_errors, "n_skipped": self.n_skipped,
+                "n_not_applicable": self.n_not_applicable, "sum": self._sum,
                 "sumsq": self._sumsq, "count": self._count, "binary": self._binary, "scalar": self._scalar}
 
     def merge(self, state: dict[str, Any]) -> None:
         self.n += state["n"]
         self.n_errors += state["n_errors"]
         self.n_skipped += state["n_skipped"]
+        self.n_not_applicable += state.get("n_not_applicable", 0)
         for key, value in state["sum"].items():
             self._sum[key] = self._sum.get(key, 0.0) + value
             self._sumsq[key] = self._sumsq.get(key, 0.0) + state.get("sumsq", {}).get(key, 0.0)
@@ -120,7 +125,7 @@ class DistributionAggregator(MeanAggregator):
 
     def add(self, record: dict[str, Any]) -> None:
         super().add(record)
-        if record.get("error") is not None or record.get("skipped") is not None:
+        if outcome(record) != SCORED:
             return
         value = record["result"]
         for key, v in (value.items() if isinstance(value, dict) else (("", value),)):
@@ -259,8 +264,8 @@ class DefectAggregator:
     Three item shapes: ``{"severity": 0-7, ...}`` (a defect at or above the
     ``threshold`` parameter), ``{harm: {"severity": ...}, ...}`` (content_safety:
     the same per harm, and ``any`` harm), and ``{"<flag>": true|false, ...}``
-    (the flag true is a defect). Items with an error or skipped are counted
-    apart and are not in the denominator. Mergeable: the state is counts.
+    (the flag true is a defect). Items with an error, skipped or not applicable are
+    counted apart and are not in the denominator. Mergeable: the state is counts.
     """
 
     mergeable = True
@@ -268,7 +273,7 @@ class DefectAggregator:
     def __init__(self, params: dict | None = None) -> None:
         self.params = params or {}
         self.threshold = self.params.get("threshold")
-        self.n = self.n_errors = self.n_skipped = 0
+        self.n = self.n_errors = self.n_skipped = self.n_not_applicable = 0
         self.harms: dict[str, dict] = {}  # "" for a single severity or flag
         self.any_defects = 0
         self.multi = False
@@ -308,7 +313,8 @@ class DefectAggregator:
         self.any_defects += any_defect
 
     def state(self) -> dict[str, Any]:
-        state = {"n": self.n, "n_errors": self.n_errors, "n_skipped": self.n_skipped, "harms": self.harms,
+        state = {"n": self.n, "n_errors": self.n_errors, "n_skipped": self.n_skipped,
+                 "n_not_applicable": self.n_not_applicable, "harms": self.harms,
                  "any": self.any_defects, "multi": self.multi}
         if self.jailbreak is not None:
             state["jailbreak"] = self.jailbreak.state()
@@ -318,6 +324,7 @@ class DefectAggregator:
         self.n += state["n"]
         self.n_errors += state["n_errors"]
         self.n_skipped += state["n_skipped"]
+        self.n_not_applicable += state.get("n_not_applicable", 0)
         self.any_defects += state["any"]
         self.multi = self.multi or state["multi"]
         if "jailbreak" in state:

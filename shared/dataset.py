@@ -300,6 +300,14 @@ def _text(value: Any, where: str) -> str:
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
+    if isinstance(value, list) and value and all(isinstance(p, dict) and "type" in p for p in value):
+        from evalq.shared.agents.messages import text_of  # a message's content given as parts
+
+        text = text_of(value)
+        if text is not None:
+            return text
+        raise RecordError(f"{where}: content parts without a text part (types: "
+                          f"{', '.join(sorted({str(p['type']) for p in value}))[:200]})")
     raise RecordError(f"{where}: expected a string, got {_kind(value)}")
 
 

@@ -115,6 +115,51 @@ def inline_policy(catalogue: Catalogue | None = None) -> str:
     return "own" if os.environ.get(WORKER_ENV) else "shared"
 
 
+def cluster_inline_policy() -> str:
+    """What a cluster's workers (``evalq worker``) give a deployment a job declares in full, with
+    this process's settings: ``EVALQ_INLINE_DEPLOYMENTS``, else the catalogue's ``inline``, else ``own``."""
+    value = os.environ.get(INLINE_ENV, "").strip()
+    if value in INLINE_POLICIES:
+        return value
+    catalogue = operator_catalogue()
+    return catalogue.inline if catalogue is not None else "own"
+
+
+NO_CATALOGUE = ("no catalogue of deployments is loaded (EVALQ_CATALOGUE is unset): a deployment a job declares "
+                "itself runs on budget keys of that job's own (EVALQ_INLINE_DEPLOYMENTS=own), so jobs that declare "
+                "the same endpoint do not share its TPM and RPM, and together can exceed them (429s, retries, "
+                "waits). List the shared deployments in a catalogue (README: The operator's catalogue), or set "
+                "EVALQ_INLINE_DEPLOYMENTS=shared on a single team's cluster.")
+
+
+def no_catalogue_notice() -> str | None:
+    """What a cluster's worker says once at start when it has no catalogue and jobs' own
+    deployments get keys of their own; None when that is not so."""
+    if operator_catalogue() is not None or inline_policy() != "own":
+        return None
+    return NO_CATALOGUE
+
+
+def own_keys(job) -> list[dict]:
+    """The deployments a job declares in full and what a cluster's workers give them
+    (``cluster_inline_policy``): ``own`` (budget keys of this job's own: not shared with other jobs
+    on the same endpoint) or ``deny`` (refused); none where they are ``shared``."""
+    policy = cluster_inline_policy()
+    if policy == "shared":
+        return []
+    found = []
+    endpoints = [(f"judges.{name}", judge) for name, judge in sorted(job.judges.items())
+                 if any(m.judge is judge for m in job.metrics)]
+    if getattr(job.model, "deployments", None):
+        endpoints.append(("model", job.model))
+    for where, config in endpoints:
+        for i, d in enumerate(config.deployments):
+            if d.use is None:
+                found.append({"where": f"{where}.deployments[{i}]", "region": d.region, "policy": policy,
+                              "endpoint": d.base_url or d.endpoint})
+    return found
+
+
 def check_env() -> None:
     """Read the catalogue and the inline policy once: a bad one stops any evalq command (exit 2)."""
     inline_policy(operator_catalogue())

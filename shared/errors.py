@@ -56,6 +56,12 @@ class Skipped(Exception):
     recorded as skipped, not as an error and not lost."""
 
 
+class NotApplicable(Exception):
+    """The metric has nothing to score in this item (``tool_call_accuracy`` on a run that called no
+    tool): recorded as not applicable, saying why, and counted apart (``n_not_applicable``), out of
+    the score and of the error rate."""
+
+
 def kind(value: object) -> str:
     """A JSON value's type in words, for messages: 'an object', 'a list', ..."""
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",

@@ -84,16 +84,19 @@ def read(kind: str, params: dict | None, record: dict) -> Reading:
 # semantic_robustness's fields that measure a change (higher: the model moved more)
 CHANGE_FIELDS = ("word_error_rate", "bertscore_dissimilarity")
 
-ERROR, SKIPPED, SCORED = "error", "skipped", "scored"
+ERROR, SKIPPED, NOT_APPLICABLE, SCORED = "error", "skipped", "not_applicable", "scored"
 
 
 def outcome(record: dict) -> str:
-    """How an item record counts: an error (``n_errors``), else a skip (``n_skipped``), else
-    scored (``n``). The aggregates and the workers' Prometheus counters both count by it."""
+    """How an item record counts: an error (``n_errors``), else a skip (``n_skipped``), else not
+    applicable (``n_not_applicable``), else scored (``n``). The aggregates and the workers'
+    Prometheus counters both count by it."""
     if record.get("error") is not None:
         return ERROR
     if record.get("skipped") is not None:
         return SKIPPED
+    if record.get("not_applicable") is not None:
+        return NOT_APPLICABLE
     return SCORED
 
 

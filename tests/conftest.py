@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.references.fixtures import fmeval, ragas  # noqa: E402,F401  (peer libraries, session fixtures)
+from tests.references.fixtures import azure, fmeval, ragas  # noqa: E402,F401  (peer libraries, session fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = "tests.plugins.faulty,tests.plugins.echo_runner"

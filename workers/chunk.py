@@ -22,7 +22,7 @@ import evalq.shared.catalogue  # noqa: F401  (registers the built-in metrics)
 from evalq.shared import keys, telemetry
 from evalq.shared.aggregate import chunk_part
 from evalq.shared.config import Settings
-from evalq.shared.errors import Deferred, MetricError, Pending, Skipped
+from evalq.shared.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
 from evalq.shared.instances import with_shared
 from evalq.shared.model_under_test import GENERATE, GENERATE_SPEC
 from evalq.shared.registry import REGISTRY, MetricSpec
@@ -199,6 +199,8 @@ def _record(spec: MetricSpec, inst: dict, outcome: Any, human: str | None) -> di
         record["variant"] = inst["variant"]
     if isinstance(outcome, Skipped):
         record["skipped"] = str(outcome)
+    elif isinstance(outcome, NotApplicable):
+        record["not_applicable"] = str(outcome)
     elif isinstance(outcome, Exception):
         record["error"] = f"{type(outcome).__name__}: {outcome}"
         log.warning("item %r of %s failed: %s", inst["id"], spec.id,

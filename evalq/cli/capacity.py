@@ -145,8 +145,10 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
                    "constraint": (f"{q['endpoint']}'s {q['limited_by'].upper()}" if not q["scalable"]
                                   else f"{q['queue']} workers"),
                    "fits_window": slowest <= window_s}
+    from evalq.shared.deployments import own_keys
+
     return {"n_instances": n, "window_s": window_s, "queues": queues, "endpoints": list(endpoints.values()),
-            "binding": binding, "keys": key_variables(job)}
+            "binding": binding, "keys": key_variables(job), "own_keys": own_keys(job)}
 
 
 def key_variables(job: Job) -> list[dict[str, Any]]:
@@ -192,4 +194,18 @@ def render(plan: dict) -> list[str]:
                      + ("" if b["fits_window"] else "; it does NOT fit the window: add TPM/RPM (deployments), "
                                                    "not workers" if "TPM" in b["constraint"] or "RPM" in
                         b["constraint"] else "; it does NOT fit the window"))
-    return lines + render_keys(plan.get("keys", []))
+    return lines + render_keys(plan.get("keys", [])) + render_own_keys(plan.get("own_keys", []))
+
+
+def render_own_keys(found: list[dict[str, Any]]) -> list[str]:
+    """Which deployments the job declares itself and what a cluster's workers give them."""
+    lines = []
+    for d in found:
+        if d["policy"] == "own":
+            lines.append(f"on a cluster: {d['where']} ({d['region']}, {d['endpoint']}) runs on budget keys of this "
+                         "job's own: its TPM/RPM are not shared with other jobs on that endpoint (name a catalogue "
+                         "deployment with 'use' to share them)")
+        else:
+            lines.append(f"on a cluster: {d['where']} ({d['region']}) is refused: the operator allows only catalogue "
+                         "deployments (EVALQ_INLINE_DEPLOYMENTS / the catalogue's inline: deny)")
+    return lines

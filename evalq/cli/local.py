@@ -136,6 +136,11 @@ def worker(queues: str, broker: str | None, concurrency: int | None, pool: str |
     from evalq.shared.deployments import WORKER_ENV
 
     os.environ[WORKER_ENV] = "1"  # a cluster's worker: jobs' own deployments default to keys of their own
+    from evalq.shared.deployments import no_catalogue_notice
+
+    notice = no_catalogue_notice()
+    if notice:  # once, at start: the operator of a shared endpoint should know
+        click.echo(f"evalq worker: {notice}", err=True)
     consumed = [q.strip() for q in queues.split(",") if q.strip()]
     prepare_node(consumed, broker)  # EVALQ_METRICS_PORT: before any import of prometheus_client
     from evalq.orchestrator.app import app

@@ -18,7 +18,30 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+from evalq.shared.agents.messages import ORIGIN, ROLES, Origin
+from evalq.shared.agents.messages import read as read_messages
+
+
+def canonical(value: Any) -> Any:
+    """A JSON value as arguments are compared: numbers by value (JSON has one number type, so
+    ``10.0`` is ``10``), booleans apart from numbers (``true`` is not ``1``), objects by their keys."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
+def value_key(value: Any) -> str:
+    """One comparable text per JSON value (``canonical``; key order does not matter)."""
+    return json.dumps(canonical(value), sort_keys=True, ensure_ascii=False)
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Two arguments' values are equal as JSON values (Python's ``==`` would take ``True`` for ``1``)."""
+    return value_key(a) == value_key(b)
 
 
 @dataclass(frozen=True)
@@ -28,8 +51,8 @@ class Call:
     id: str | None = None
 
     def key(self) -> str:
-        """Name and arguments as one comparable text (argument order does not matter)."""
-        return json.dumps([self.name, self.arguments], sort_keys=True, ensure_ascii=False)
+        """Name and arguments as one comparable text (argument order does not matter; numbers by value)."""
+        return value_key([self.name, self.arguments])
 
 
 def _arguments(raw: Any, where: str, problems: list[str]) -> dict | None:
@@ -72,15 +95,18 @@ def definitions(raw: Any, problems: list[str]) -> dict[str, dict] | None:
     return tools
 
 
-def calls(messages: Any, problems: list[str], tools: dict[str, dict] | None = None) -> list[Call]:
-    """The tool calls the assistant made, in order, with what is wrong with the messages."""
+def calls(messages: Any, problems: list[str], tools: dict[str, dict] | None = None,
+          origin: Origin | None = None) -> list[Call]:
+    """The tool calls the assistant made, in order, with what is wrong with the messages (each
+    named where ``origin`` says the record has it; by default, its index in ``messages``)."""
     if not isinstance(messages, list):
         problems.append("'messages' must be a list of chat messages")
         return []
+    origin = origin or Origin()
     made: list[Call] = []
     open_ids: set[str] = set()
     for m, msg in enumerate(messages):
-        where = f"messages[{m}]"
+        where = origin.message(m)
         if not isinstance(msg, dict) or msg.get("role") not in ROLES:
             problems.append(f"{where}: expected a chat message with a role ({', '.join(ROLES)})")
             continue
@@ -92,7 +118,7 @@ def calls(messages: Any, problems: list[str], tools: dict[str, dict] | None = No
             continue
         for c, tc in enumerate(msg.get("tool_calls") or [] if msg["role"] == "assistant" else []):
             fn = tc.get("function") if isinstance(tc, dict) else None
-            call = _call(fn, f"{where}.tool_calls[{c}]", "calls", tools, problems,
+            call = _call(fn, origin.call(m, c), "calls", tools, problems,
                          "{'id', 'type': 'function', 'function': {'name', 'arguments'}}")
             if call is not None:
                 made.append(Call(call.name, call.arguments, tc.get("id")))
@@ -131,10 +157,13 @@ def check(inst: dict) -> list[str]:
     from evalq.shared.config import env_number
 
     problems: list[str] = []
+    origin = inst.pop(ORIGIN, None)  # where a reader found each message (never stored)
     tools = definitions(inst.get("tool_definitions"), problems)
     if "messages" in inst:
-        made = calls(inst["messages"], problems, tools)
-        messages = inst["messages"] if isinstance(inst["messages"], list) else []
+        # every form evalq reads (content parts, Azure's call and result parts) into one, in place
+        inst["messages"], read_from = read_messages(inst["messages"], "messages", problems)
+        messages = inst["messages"]
+        made = calls(messages, problems, tools, origin or read_from)
         for what, n, env, default in (("messages", len(messages), MESSAGES_ENV, MESSAGES_DEFAULT),
                                       ("tool calls", len(made), TOOL_CALLS_ENV, TOOL_CALLS_DEFAULT),
                                       ("bytes of text", run_bytes(messages), RUN_BYTES_ENV, RUN_BYTES_DEFAULT)):
@@ -187,7 +216,7 @@ def side_by_side(made: list[Call], wanted: list[Call]) -> list[tuple[Call | None
     matcher = SequenceMatcher(a=[c.name for c in made], b=[c.name for c in wanted], autojunk=False)
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
         if op == "equal":
-            rows += [(a, b, "same" if a.arguments == b.arguments else "arguments differ")
+            rows += [(a, b, "same" if same_value(a.arguments, b.arguments) else "arguments differ")
                      for a, b in zip(made[i1:i2], wanted[j1:j2])]
         else:
             rows += [(a, None, "extra") for a in made[i1:i2]] + [(None, b, "missing") for b in wanted[j1:j2]]

@@ -68,13 +68,24 @@ def test_azure_agent_records_run_unchanged(tmp_path):
     assert inst["messages"][3]["content"] == json.dumps([{"order_id": "123"}])  # the tool's result, kept
 
 
-def test_an_unknown_content_part_is_an_error_not_dropped(tmp_path):
+def test_a_part_of_another_type_is_kept_and_an_unreadable_one_is_located(tmp_path):
+    """A part that is not text, a call or a result (an image) is kept with its message, never
+    dropped; a part evalq cannot read at all is an error named where the record has it."""
+    from evalq.shared.agents.azure import to_instance
+    from evalq.shared.agents.trajectory import check
+
+    kept = record(0, {"order_id": "123"})
+    kept["response"][0]["content"].append({"type": "image_url", "image_url": {"url": "http://x"}})
+    inst = to_instance({k: v for k, v in kept.items()})
+    assert check(inst) == [] and inst["messages"][2]["parts"] == [{"type": "image_url", "image_url": {"url": "http://x"}}]
     bad = record(0, {"order_id": "123"})
-    bad["response"][0]["content"].append({"type": "image_url", "image_url": "http://x"})
+    bad["response"][0]["content"].append("not a part")
+    bad["response"][2]["content"][0]["name"] = "teleport"
     data = tmp_path / "azure_agent.jsonl"
-    data.write_text(json.dumps(bad) + "\n")
+    data.write_text(json.dumps(kept) + "\n" + json.dumps(bad) + "\n")
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"dataset": {"uri": str(data)}, "metrics": [{"id": "trajectory"}]}))
     proc = evalq("validate", str(job))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "line 1: response[0].content[1]: a part of type 'image_url'" in proc.stderr
+    assert "line 2: response[0].content[1]: expected a content part with a type, got a string" in proc.stderr
+    assert "line 1" not in proc.stderr

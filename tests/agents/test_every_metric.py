@@ -1,5 +1,6 @@
-"""Done when (issue 33): an Azure AI Evaluation agent dataset and a JSONL of OpenAI chat logs run
-unchanged with every agent metric, on real cpu and judge workers (embedded mode) against judge-sim."""
+"""Done when (issues 33, 38): an Azure AI Evaluation agent dataset (tool calls flat and nested) and a
+JSONL of OpenAI chat logs (contents as text and as parts) run unchanged with every agent metric, on
+real cpu and judge workers (embedded mode) against judge-sim."""
 
 from __future__ import annotations
 
@@ -30,10 +31,32 @@ def openai_chat_logs() -> list[dict]:
     return logs
 
 
+def azure_nested_records() -> list[dict]:
+    """Azure's agent samples in the nested tool-call form (issue 38), results as text and objects."""
+    from tests.agents.test_agent_shapes import QUERY, TOOLS, nested, response
+
+    return [{"id": f"n{n}", "query": QUERY, "response": response(nested), "tool_definitions": TOOLS,
+             "expected_tool_calls": [{"name": "get_orders", "arguments": {"account_number": "888"}},
+                                     {"name": "get_order", "arguments": {"order_id": str(123 + n)}}],
+             "ground_truth": "Order 123 has shipped; 124 is delayed."} for n in range(2)]
+
+
+def chat_logs_with_parts() -> list[dict]:
+    """OpenAI chat logs whose contents are lists of parts (issue 38)."""
+    logs = openai_chat_logs()[:3]
+    for log in logs:
+        for msg in log["messages"]:
+            if isinstance(msg.get("content"), str):
+                msg["content"] = [{"type": "text", "text": msg["content"]}]
+    return logs
+
+
 @pytest.mark.parametrize("preset, records", [
     ("azure_agent", [{**record(n, args), "ground_truth": "Order 123 has shipped."}
                      for n, args in enumerate([{"order_id": "123"}, {"order_id": "999"}])]),
-    ("openai_chat", openai_chat_logs())])
+    ("azure_agent", azure_nested_records()),
+    ("openai_chat", openai_chat_logs()),
+    ("openai_chat", chat_logs_with_parts())], ids=["azure", "azure-nested", "chat", "chat-parts"])
 def test_every_agent_metric_on_each_format_unchanged(tmp_path, preset, records):
     data = tmp_path / "agents.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))

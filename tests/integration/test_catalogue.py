@@ -138,3 +138,41 @@ def test_a_forged_spec_runs_on_the_catalogues_numbers_and_a_refused_one_errors_p
         log = read_log(tmp_path / "gone")
         assert len(log) == 4 and all("not in this worker's catalogue" in line["error"] for line in log), log
         assert sim.stats("lab")["requests"] == before
+
+
+def test_an_operator_without_a_catalogue_is_told(private_redis, tmp_path):
+    """Issue 38: ten jobs declaring one shared deployment inline got budget keys of their own on
+    cluster workers (the safe default), so together they overran its TPM (203 of 2,008 calls
+    answered 429) and nothing said why. A worker says so once at start, and `evalq plan` says
+    which of a job's deployments would run on keys of their own."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    unset = {"EVALQ_INLINE_DEPLOYMENTS": "", "EVALQ_CATALOGUE": ""}
+    worker = start_worker(private_redis, "evalq.jobs,cpu", logs, concurrency=1, name="bare", env=unset)
+    try:
+        wait_for_worker(private_redis, "bare")
+    finally:
+        stop_worker(worker)
+    said = worker.log_path.read_text()
+    assert said.count("no catalogue of deployments is loaded") == 1, said[-2000:]
+    assert "jobs that declare the same endpoint do not share its TPM" in said
+    catalogue = tmp_path / "catalogue.json"
+    catalogue.write_text(json.dumps({"inline": "own", "deployments": {"lab": {
+        "region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": 1000, "rpm": 10}}}))
+    worker = start_worker(private_redis, "cpu", logs, concurrency=1, name="cat",
+                          env={**unset, "EVALQ_CATALOGUE": str(catalogue)})
+    try:
+        wait_for_worker(private_redis, "cat")
+    finally:
+        stop_worker(worker)
+    assert "no catalogue of deployments" not in worker.log_path.read_text()
+    # the plan names the inline deployment and what a cluster gives it
+    path = job_file(tmp_path / "inline.json", "p", 4, [{"region": "lab", "base_url": "http://127.0.0.1:9/v1",
+                                                        "tpm": 1000, "rpm": 10}])
+    shown = evalq("plan", str(path), env={**unset, KEY_ENV: "k"})
+    assert shown.returncode == 0, shown.stderr
+    assert ("on a cluster: judges.sim.deployments[0] (lab, http://127.0.0.1:9/v1) runs on budget keys of this "
+            "job's own") in shown.stdout
+    named = job_file(tmp_path / "named.json", "q", 4, [{"use": "lab"}])
+    shown = evalq("plan", str(named), env={**unset, "EVALQ_CATALOGUE": str(catalogue), KEY_ENV: "k"})
+    assert shown.returncode == 0 and "on a cluster" not in shown.stdout, shown.stdout + shown.stderr

@@ -1,7 +1,8 @@
 """Peer libraries the tests compare evalq's values with, each run by its own code in an environment
 of its own (their dependencies do not fit evalq's; `make test` builds them): fmeval 1.2.3 in
 ``.venv-fmeval``, ragas in ``.venv-ragas``. A script per library (``*_compute.py`` here) serves its
-functions: one request a line on stdin, one JSON answer a line on stdout, one process a session."""
+functions: one request a line on stdin, one JSON answer a line on stdout, one process a session.
+Azure AI Evaluation 1.18.10 (``.venv-azure``) serves its parser of agent messages."""
 
 from __future__ import annotations
 
@@ -55,5 +56,14 @@ def ragas():
     """``ragas(op, cases) -> results``: each case computed by ragas itself."""
     python = Path(os.environ.get("EVALQ_RAGAS_PYTHON", ROOT / ".venv-ragas" / "bin" / "python"))
     run, proc = serve("ragas", python, HERE / "ragas_compute.py")
+    yield run
+    _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def azure():
+    """``azure(op, cases) -> results``: each case read by azure-ai-evaluation's own parser."""
+    python = Path(os.environ.get("EVALQ_AZURE_PYTHON", ROOT / ".venv-azure" / "bin" / "python"))
+    run, proc = serve("azure-ai-evaluation", python, HERE / "azure_compute.py")
     yield run
     _stop(proc)

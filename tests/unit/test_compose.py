@@ -84,3 +84,23 @@ def test_prometheus_scrapes_every_worker_on_its_metrics_port_and_loads_the_rules
                for name in sd["names"]}
     assert scraped == {(name, port) for name, port in ports.items()}
     assert all(job["job_name"].startswith("evalq") for job in config["scrape_configs"])  # EvalqMetricsTargetDown
+
+
+def test_the_cluster_begins_with_the_operators_catalogue():
+    """Issue 38: a cluster without a catalogue runs jobs' own deployments on keys of their own, so
+    jobs sharing an endpoint overrun its TPM. compose starts the jobs role and the judge workers with
+    deploy/catalogue.json (the same as deploy/k8s's ConfigMap), a catalogue evalq reads."""
+    import json
+
+    from evalq.shared.deployments import load
+
+    for name in ("jobs", "worker-judge"):
+        service = COMPOSE["services"][name]
+        assert service["environment"]["EVALQ_CATALOGUE"] == "${EVALQ_CATALOGUE:-/etc/evalq/catalogue.json}", name
+        assert "./deploy/catalogue.json:/etc/evalq/catalogue.json:ro" in service["volumes"], name
+    catalogue = load(ROOT / "deploy" / "catalogue.json")
+    assert catalogue.inline == "deny" and catalogue.deployments
+    config = (ROOT / "deploy" / "k8s" / "base" / "config.yaml").read_text()
+    block = config[config.index("catalogue.json: |") + len("catalogue.json: |"):]
+    k8s = json.loads("\n".join(line[4:] for line in block.splitlines() if line.strip()))
+    assert k8s == json.loads((ROOT / "deploy" / "catalogue.json").read_text())

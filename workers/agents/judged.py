@@ -14,7 +14,7 @@ from typing import Callable
 
 from evalq.shared.agents.conversation import Turn, turn_view, turns
 from evalq.shared.agents.params import TurnsParams
-from evalq.shared.errors import MetricError
+from evalq.shared.errors import MetricError, NotApplicable
 from evalq.shared.judges import JudgeParams
 from evalq.workers.metrics.quality import best_over_references, prompt, rate, scale
 from evalq.workers.metrics.structured import each
@@ -81,14 +81,15 @@ def _final(instance: dict) -> str:
 
 
 def by_turn(instance: dict, params: TurnsParams, score: Callable[[dict, Turn], dict],
-            wanted: Callable[[Turn], bool] = lambda turn: True, what: str = "assistant turn") -> dict:
+            wanted: Callable[[Turn], bool] = lambda turn: True, what: str = "assistant turn",
+            none: type[Exception] = MetricError) -> dict:
     """``score(view, turn)`` of the conversation's last wanted turn (``turns: last``), or of each
     (``turns: all``): then the item's score is their mean, its reason the lowest turn's, and
     ``turns`` holds every turn's result; a turn the judge could not score carries its error and
     the others still count. Each turn is scored on the conversation up to its end."""
     convo = [t for t in turns(instance["messages"], instance.get("actual-output")) if wanted(t)]
     if not convo:
-        raise MetricError(f"the conversation has no {what} to score")
+        raise none(f"the conversation has no {what} to score")
     if params.turns == "last":
         return score(turn_view(instance, convo[-1]), convo[-1])
 
@@ -166,8 +167,10 @@ def tool_call_accuracy(instance: dict, params: TurnsParams, judge) -> dict:
         verdicts = each(_rate_call(instance, m, tc, judge) for m, tc in calls_in(turn))
         return {"score": sum(v["score"] for v in verdicts) / len(verdicts), "calls": verdicts}
 
+    # a run that called no tool has no call to judge: not applicable (as Azure's evaluator says),
+    # neither a failure of the item nor a score
     return by_turn(instance, params, rate_turn, wanted=lambda turn: bool(calls_in(turn)),
-                   what="turn with a tool call")
+                   what="turn with a tool call", none=NotApplicable)
 
 
 _CALL_TASK = (TRANSCRIPT_FORMAT

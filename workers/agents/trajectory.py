@@ -13,15 +13,15 @@ import json
 from functools import lru_cache
 
 from evalq.shared.agents.params import ToolCallF1Params, TrajectoryParams
-from evalq.shared.agents.trajectory import Call, read
+from evalq.shared.agents.trajectory import Call, canonical, read, same_value
 
 
 def _same(made: Call, want: Call, subset: bool) -> bool:
     if made.name != want.name:
         return False
     if subset:
-        return all(k in made.arguments and made.arguments[k] == v for k, v in want.arguments.items())
-    return made.arguments == want.arguments
+        return all(k in made.arguments and same_value(made.arguments[k], v) for k, v in want.arguments.items())
+    return same_value(made.arguments, want.arguments)
 
 
 def _matching(made: list[Call], wanted: list[Call], fits) -> int:
@@ -104,16 +104,19 @@ def _validator(schema: str):
 def _ragas_key(call: Call) -> tuple[str, ...]:
     key = [call.name]
     for name in sorted(call.arguments):
-        key += [name, str(call.arguments[name])]
+        key += [name, str(canonical(call.arguments[name]))]  # ragas' order (its str()), numbers by value
     return tuple(key)
 
 
 def _ragas_arguments(made: dict, wanted: dict) -> float:
+    """ragas' argument score: the share of expected arguments the call gives the same value. ragas
+    compares the values' Python ``str()``; evalq compares JSON values (``same_value``): 10.0 is 10,
+    and two objects with their keys in another order are the same (README: agents)."""
     if not wanted and not made:
         return 1.0
     if not wanted:
         return 0.0
-    return sum(float(str(made[k]) == str(v)) for k, v in wanted.items() if k in made) / len(wanted)
+    return sum(float(same_value(made[k], v)) for k, v in wanted.items() if k in made) / len(wanted)
 
 
 def sequence_accuracy(made: list[Call], wanted: list[Call], strict_order: bool = True) -> float:
