@@ -34,7 +34,7 @@ os.environ.update({"EVALQ_BATCH_TICK": "0.2", "EVALQ_BATCH_SETTLE": "1", "EVALQ_
 from bench.bench_judge_costs import N, instances  # noqa: E402
 from evalq.cli.embedded import EmbeddedCluster  # noqa: E402
 from evalq.cli.run import run_job  # noqa: E402
-from evalq.shared.job import parse_job  # noqa: E402
+from evalq.shared.job.schema import parse_job  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
 
 KEY_ENV = "BENCH_BATCH_API_KEY"

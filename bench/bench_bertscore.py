@@ -150,9 +150,9 @@ def main() -> None:
 
     import evalq.cli.run as runner
     from evalq.cli.embedded import EmbeddedCluster
-    from evalq.shared.job import parse_job
-    from evalq.shared.registry import REGISTRY
-    from evalq.shared import bertscore as bs
+    from evalq.shared.job.schema import parse_job
+    from evalq.shared.metrics.registry import REGISTRY
+    from evalq.shared.metrics import bertscore as bs
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     params = {"batch_size": args.batch_size, "device": device, "idf": args.idf}

@@ -53,8 +53,8 @@ def synthetic(n: int, seed: int = 7) -> list[dict]:
 
 
 def in_process(instances: list[dict]) -> float:
-    import evalq.shared.catalogue  # noqa: F401
-    from evalq.shared.registry import REGISTRY
+    import evalq.shared.job.catalogue  # noqa: F401
+    from evalq.shared.metrics.registry import REGISTRY
 
     runs = []
     for m in METRICS:

@@ -35,8 +35,8 @@ import redis  # noqa: E402
 
 from evalq.cli.embedded import EmbeddedRedis  # noqa: E402
 from evalq.orchestrator.submit import submit  # noqa: E402
-from evalq.shared import keys  # noqa: E402
-from evalq.shared.job import parse_job  # noqa: E402
+from evalq.shared.cluster import keys  # noqa: E402
+from evalq.shared.job.schema import parse_job  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
 
 os.environ.setdefault("EVALQ_ENDPOINTS", "*=http://127.0.0.1:*")

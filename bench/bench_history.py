@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from evalq.cli.embedded import EmbeddedCluster  # noqa: E402
 from evalq.cli.run import run_job  # noqa: E402
-from evalq.shared.job import parse_job  # noqa: E402
+from evalq.shared.job.schema import parse_job  # noqa: E402
 
 
 def main() -> None:
@@ -47,10 +47,10 @@ def main() -> None:
         from evalq.orchestrator.history import open_store
         from evalq.orchestrator.outputs import run_info, write_outputs
         from evalq.orchestrator.recording import entries_of, run_row
-        from evalq.shared import keys
-        from evalq.shared.nightly import Regression
-        from evalq.shared.spec import stored_spec
-        from evalq.shared.storage import Destination
+        from evalq.shared.cluster import keys
+        from evalq.shared.job.nightly import Regression
+        from evalq.shared.cluster.spec import stored_spec
+        from evalq.shared.data.storage import Destination
 
         r = redis.Redis.from_url(cluster.broker_url)
         job_id = r.zrange(keys.JOBS, -1, -1)[0].decode()

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from evalq.cli.embedded import EmbeddedRedis  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
 from evalq.cli.run import run_job  # noqa: E402
-from evalq.shared.job import parse_job  # noqa: E402
+from evalq.shared.job.schema import parse_job  # noqa: E402
 
 # tpm, rpm: enough for ~200 and ~100 calls per window, as real deployments
 # hold hundreds (a window that holds a dozen calls wastes most of the last one)

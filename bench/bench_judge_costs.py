@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from evalq.cli.embedded import EmbeddedCluster  # noqa: E402
 from evalq.cli.run import run_job  # noqa: E402
-from evalq.shared.job import parse_job  # noqa: E402
+from evalq.shared.job.schema import parse_job  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
 
 # the workers may send the bench key to judge-sim on loopback (their allow-list)

@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from evalq.cli.embedded import EmbeddedCluster  # noqa: E402
 from evalq.cli.run import run_job  # noqa: E402
-from evalq.shared import bounds  # noqa: E402
-from evalq.shared.job import parse_job  # noqa: E402
+from evalq.shared.core import bounds  # noqa: E402
+from evalq.shared.job.schema import parse_job  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
 
 
@@ -48,9 +48,9 @@ def main() -> None:
     import redis
 
     from evalq.orchestrator.outputs import run_info, write_outputs
-    from evalq.shared import keys
-    from evalq.shared.spec import stored_spec
-    from evalq.shared.storage import Destination
+    from evalq.shared.cluster import keys
+    from evalq.shared.cluster.spec import stored_spec
+    from evalq.shared.data.storage import Destination
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     work = Path(tempfile.mkdtemp(prefix="bench-logparams-"))

@@ -33,7 +33,7 @@ os.environ.setdefault("EVALQ_ENDPOINTS", "*=http://127.0.0.1:*")
 from evalq.cli.embedded import EmbeddedCluster  # noqa: E402
 from evalq.cli.run import run_job  # noqa: E402
 from evalq.shared.fmeval.params import SemanticRobustnessParams  # noqa: E402
-from evalq.shared.job import parse_job  # noqa: E402
+from evalq.shared.job.schema import parse_job  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
 from evalq.workers.fmeval.robustness import perturbed_inputs  # noqa: E402
 

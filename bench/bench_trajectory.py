@@ -60,8 +60,8 @@ def runs(n: int, seed: int = 3) -> list[dict]:
 
 
 def in_process(records: list[dict]) -> float:
-    import evalq.shared.catalogue  # noqa: F401
-    from evalq.shared.registry import REGISTRY
+    import evalq.shared.job.catalogue  # noqa: F401
+    from evalq.shared.metrics.registry import REGISTRY
 
     instances = [{"id": r["id"], "messages": r["messages"], "tool_definitions": r["tools"],
                   "expected_tool_calls": r["expected_tool_calls"]} for r in records]
@@ -75,8 +75,8 @@ def in_process(records: list[dict]) -> float:
 
 def in_process_whole(data: Path, out: Path) -> float:
     """The same work as the run, in one process: read the JSON Lines, score, write a log."""
-    import evalq.shared.catalogue  # noqa: F401
-    from evalq.shared.registry import REGISTRY
+    import evalq.shared.job.catalogue  # noqa: F401
+    from evalq.shared.metrics.registry import REGISTRY
 
     fns = [(m["id"], REGISTRY.get(m["id"]).load(), REGISTRY.get(m["id"]).params()) for m in METRICS]
     t0 = time.perf_counter()

@@ -19,8 +19,8 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
 
-from evalq.shared.config import env_number
-from evalq.shared.display import chat_text
+from evalq.shared.core.config import env_number
+from evalq.shared.core.display import chat_text
 
 log = logging.getLogger("evalq.history")
 
@@ -34,7 +34,7 @@ class _Retryable(Exception):
 
 def text_line(suite: str, job_id: str, found: dict) -> str:
     """One line a person reads in a chat channel; what the job named is escaped for the chat's
-    markup and kept to one line (``evalq.shared.display.chat_text``)."""
+    markup and kept to one line (``evalq.shared.core.display.chat_text``)."""
     field = "" if found["field"] in ("mean",) else f" {chat_text(found['field'])}"
     test = "paired" if found.get("paired") else "unpaired"
     return (f"{chat_text(suite)}: {chat_text(found['name'])}{field} regressed to {found['value']:.4g} from {found['baseline']:.4g} "

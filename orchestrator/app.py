@@ -4,7 +4,7 @@ Its tasks are the orchestrator's (``evalq.orchestrator.tasks``) and the workers'
 (``evalq.workers.tasks``), named in ``include``: the orchestrator sends tasks by name
 and imports no worker code. Workers take the broker URL from ``EVALQ_BROKER_URL``;
 clients send through ``client_app(url)``. Task results are not kept (job state lives
-in Redis under ``evalq.shared.keys``), so the result backend only serves Flower.
+in Redis under ``evalq.shared.cluster.keys``), so the result backend only serves Flower.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import redis
 from celery import Celery
 from celery.backends.redis import RedisBackend
 
-from evalq.shared.config import CONTROL_QUEUE, Settings, redis_tls
+from evalq.shared.core.config import CONTROL_QUEUE, Settings, redis_tls
 
 
 class SubmitOnlyRedisBackend(RedisBackend):
@@ -115,7 +115,7 @@ def app_redis(celery_app) -> "redis.Redis":
     per process and URL, created after fork, never shared."""
     import os
 
-    from evalq.shared.config import redis_client
+    from evalq.shared.core.config import redis_client
 
     url = celery_app.conf.broker_url
     key = (os.getpid(), url)
@@ -183,7 +183,7 @@ def stamp_consumed_queue() -> None:
 
     from kombu.transport import redis as kombu_redis
 
-    from evalq.shared.config import is_request_queue
+    from evalq.shared.core.config import is_request_queue
 
     transport = kombu_redis.Transport
     if getattr(transport._deliver, "evalq_stamped", False):

@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import redis
 
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 
 log = logging.getLogger("evalq.backlog")
 PATH = "/backlog"

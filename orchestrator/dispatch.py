@@ -8,7 +8,7 @@ hundreds of MiB of messages) and marks the job active on the queue. ``refill(Q)`
 sends chunks while the queue has room: the chunks out on it (queued on its list, reserved
 or running in a worker: ``evalq:sched:{Q}:out``) stay below its window, ``factor`` (1) x the
 slots of the workers consuming it (each worker announces its slots, ``announce``), at
-least ``floor`` (``evalq.shared.scheduling.Window``). A finished chunk frees its slot and
+least ``floor`` (``evalq.shared.cluster.scheduling.Window``). A finished chunk frees its slot and
 refills its queue; so do a cancel, and every sweep of the ``evalq.jobs`` role (which also
 re-counts ``out`` from the broker, so a lost message or a refill cut short costs nothing).
 
@@ -36,10 +36,10 @@ from dataclasses import dataclass
 
 import redis
 
-from evalq.shared import keys, leases
-from evalq.shared.scheduling import PRIORITIES, Tenants, Window
-from evalq.shared.spec import entry_of, entry_queues, plan, queue_of, stored_spec
-from evalq.shared.status import FINAL, Status, status_of
+from evalq.shared.cluster import keys, leases
+from evalq.shared.cluster.scheduling import PRIORITIES, Tenants, Window
+from evalq.shared.cluster.spec import entry_of, entry_queues, plan, queue_of, stored_spec
+from evalq.shared.cluster.status import FINAL, Status, status_of
 
 log = logging.getLogger("evalq.dispatch")
 
@@ -92,7 +92,7 @@ def enqueue(r: redis.Redis, job_id: str, spec: dict, stage: str, skip_done: bool
 
 
 def stage_queues(spec: dict, stage: str) -> set[str]:
-    from evalq.shared.spec import stage_runs
+    from evalq.shared.cluster.spec import stage_runs
 
     return {q for _, entry in stage_runs(spec, stage) for q in entry_queues(entry)}
 
@@ -102,7 +102,7 @@ def drop(r: redis.Redis, job_id: str, spec: dict) -> set[str]:
     still on the queues' lists (a window's worth at most) are taken off, so its slots go to the
     other jobs at once."""
     from evalq.orchestrator.broker import Unreadable, message_job
-    from evalq.shared.spec import runs
+    from evalq.shared.cluster.spec import runs
 
     queues = {q for _, entry in runs(spec) for q in entry_queues(entry)}
     pipe = r.pipeline(transaction=False)
@@ -351,8 +351,8 @@ def _queue_tpm(r: redis.Redis, queue: str, candidates: list[_Candidate]) -> floa
     """The TPM of the deployment a judge (or generate) queue serves: the operator's catalogue's for
     its region when it lists one (a job's own declaration never sets a tenant's cap), else what an
     active job's spec declares."""
-    from evalq.shared.deployments import operator_catalogue
-    from evalq.shared.spec import runs
+    from evalq.shared.judging.deployments import operator_catalogue
+    from evalq.shared.cluster.spec import runs
 
     catalogue = operator_catalogue()
     region = queue.split(".", 1)[1] if "." in queue else queue

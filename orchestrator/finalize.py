@@ -14,15 +14,15 @@ import logging
 import redis
 
 from evalq.orchestrator.recording import record_job
-from evalq.shared import keys
-from evalq.shared.aggregate import AGGREGATORS, AGREEMENT_KINDS, Agreement, aggregator_for, merge_parts
-from evalq.shared.config import Settings
-from evalq.shared.job import entry_head
-from evalq.shared.judges import NANO, JudgeConfig
-from evalq.shared.model_under_test import GENERATE, GENERATE_SPEC, parse_model_config
-from evalq.shared.registry import REGISTRY, MetricSpec
-from evalq.shared.spec import METRICS_STAGE, is_model_run, run_keys, span, stage_runs, stored_spec, variants_key
-from evalq.shared.status import Status, status_of
+from evalq.shared.cluster import keys
+from evalq.shared.scores.aggregate import AGGREGATORS, AGREEMENT_KINDS, Agreement, aggregator_for, merge_parts
+from evalq.shared.core.config import Settings
+from evalq.shared.job.schema import entry_head
+from evalq.shared.judging.judges import NANO, JudgeConfig
+from evalq.shared.model.runners import GENERATE, GENERATE_SPEC, parse_model_config
+from evalq.shared.metrics.registry import REGISTRY, MetricSpec
+from evalq.shared.cluster.spec import METRICS_STAGE, is_model_run, run_keys, span, stage_runs, stored_spec, variants_key
+from evalq.shared.cluster.status import Status, status_of
 
 log = logging.getLogger("evalq.worker")
 
@@ -214,9 +214,9 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
     """Write the outputs; a destination that fails, or that the operator's lists do not
     allow (the stored spec is not trusted: it is checked again here), gets them in the
     operator's fallback directory instead: the work is never lost to it."""
-    from evalq.shared.egress import destination_problem, fallback_dir
-    from evalq.shared.errors import EvalqError
-    from evalq.shared.storage import Destination
+    from evalq.shared.policy.egress import destination_problem, fallback_dir
+    from evalq.shared.core.errors import EvalqError
+    from evalq.shared.data.storage import Destination
     from evalq.orchestrator.outputs import run_info, write_outputs
 
     stage = r.get(keys.stage_summary(job_id, GENERATE))

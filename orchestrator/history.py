@@ -36,9 +36,9 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from evalq.shared.errors import EvalqError, InfraError
-from evalq.shared.nightly import Regression
-from evalq.shared.stats import Items, columns
+from evalq.shared.core.errors import EvalqError, InfraError
+from evalq.shared.job.nightly import Regression
+from evalq.shared.scores.stats import Items, columns
 
 metadata = sa.MetaData()
 runs = sa.Table(
@@ -102,7 +102,7 @@ def history_url() -> str | None:
     url = os.environ.get("EVALQ_HISTORY_URL", "").strip()
     if url:
         return normalized(url)
-    from evalq.shared.config import cache_dir
+    from evalq.shared.core.config import cache_dir
 
     return f"sqlite:///{cache_dir() / 'history.sqlite'}"
 

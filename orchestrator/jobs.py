@@ -8,10 +8,10 @@ import time
 
 import redis
 
-from evalq.shared import keys
-from evalq.shared.errors import InfraError
-from evalq.shared.spec import entry_queues, run_items, runs as all_runs
-from evalq.shared.status import FINAL, Status, status_of
+from evalq.shared.cluster import keys
+from evalq.shared.core.errors import InfraError
+from evalq.shared.cluster.spec import entry_queues, run_items, runs as all_runs
+from evalq.shared.cluster.status import FINAL, Status, status_of
 
 
 def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
@@ -19,7 +19,7 @@ def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
     partial outputs written, with ``"status": "cancelled"`` in run.json."""
     from evalq.orchestrator.app import client_app
     from evalq.orchestrator.stages import fire_callback
-    from evalq.shared.spec import METRICS_STAGE
+    from evalq.shared.cluster.spec import METRICS_STAGE
 
     status = status_of(r, job_id)
     if not status:

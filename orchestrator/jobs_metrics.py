@@ -1,5 +1,5 @@
 """The jobs role's gauges, computed from Redis and the history store at each scrape of its
-``/metrics`` (``evalq.shared.telemetry`` serves them beside the worker counters):
+``/metrics`` (``evalq.shared.cluster.telemetry`` serves them beside the worker counters):
 
     evalq_jobs{status}                      jobs per status, of those Redis still holds
                                             (ended ones until EVALQ_RESULT_TTL expires them)
@@ -40,10 +40,10 @@ import redis
 
 from evalq.orchestrator.backlog import backlogs
 from evalq.orchestrator.watch import items_done, server_time
-from evalq.shared import keys
-from evalq.shared.config import env_number
-from evalq.shared.spec import run_keys
-from evalq.shared.status import FINAL, Status
+from evalq.shared.cluster import keys
+from evalq.shared.core.config import env_number
+from evalq.shared.cluster.spec import run_keys
+from evalq.shared.cluster.status import FINAL, Status
 
 log = logging.getLogger("evalq.metrics")
 

@@ -5,7 +5,7 @@ directory (of the worker that runs the callback) or an S3 prefix:
 - ``log.jsonl``: one line per (instance, metric entry), after one line per
   generated output (``"metric": "generate"``) when the model under test ran;
   a line names its entry by its metric, parameters and position
-  (``evalq.shared.loglines``);
+  (``evalq.shared.data.loglines``);
 - ``run.json``: what ran: job id, status, source, dataset and how it was
   read, bad records skipped, the generation stage's summary, times and versions,
   and ``cost`` (judges' and generation's; null when nothing had a price).
@@ -22,14 +22,14 @@ from typing import Iterator
 
 import redis
 
-from evalq.shared import keys
-from evalq.shared.instances import with_shared
-from evalq.shared.job import entry_head as head
-from evalq.shared.loglines import log_head
-from evalq.shared.model_under_test import GENERATE
-from evalq.shared.storage import Destination
-from evalq.shared.status import Status
-from evalq.shared.spec import entry_chunks, is_variants, runs as all_runs, span, variants_of
+from evalq.shared.cluster import keys
+from evalq.shared.data.instances import with_shared
+from evalq.shared.job.schema import entry_head as head
+from evalq.shared.data.loglines import log_head
+from evalq.shared.model.runners import GENERATE
+from evalq.shared.data.storage import Destination
+from evalq.shared.cluster.status import Status
+from evalq.shared.cluster.spec import entry_chunks, is_variants, runs as all_runs, span, variants_of
 
 LOG_BATCH = 2000
 

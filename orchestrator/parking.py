@@ -21,9 +21,9 @@ import logging
 
 import redis
 
-from evalq.shared import keys
-from evalq.shared.config import Settings
-from evalq.shared.status import FINAL, status_of
+from evalq.shared.cluster import keys
+from evalq.shared.core.config import Settings
+from evalq.shared.cluster.status import FINAL, status_of
 
 log = logging.getLogger("evalq.parking")
 

@@ -18,14 +18,14 @@ import math
 
 import redis
 
-from evalq.shared import keys
-from evalq.shared.config import env_number
-from evalq.shared.model_under_test import GENERATE
-from evalq.shared.nightly import Regression, suite_of
-from evalq.shared.registry import REGISTRY
-from evalq.shared.results import entry_keys, read
-from evalq.shared.spec import METRICS_STAGE, entry_chunks, stage_runs
-from evalq.shared.stats import Items, columns, score_interval
+from evalq.shared.cluster import keys
+from evalq.shared.core.config import env_number
+from evalq.shared.model.runners import GENERATE
+from evalq.shared.job.nightly import Regression, suite_of
+from evalq.shared.metrics.registry import REGISTRY
+from evalq.shared.scores.results import entry_keys, read
+from evalq.shared.cluster.spec import METRICS_STAGE, entry_chunks, stage_runs
+from evalq.shared.scores.stats import Items, columns, score_interval
 
 log = logging.getLogger("evalq.history")
 
@@ -107,7 +107,7 @@ def entries_of(r: redis.Redis, job_id: str, spec: dict, summary: list[dict]) -> 
 
 def chunk_values(items: list[tuple[int, dict]], readings: list) -> dict:
     """What the history store needs of one chunk of a metric entry, made by the worker that
-    scored it (``readings``: each item's ``evalq.shared.results.read``, in the items' order):
+    scored it (``readings``: each item's ``evalq.shared.scores.results.read``, in the items' order):
     its scored items' instance ids and, per field, their values in the same order (None where
     an item has no finite value of that field). A jailbreak's injected variants are left out,
     as ``evalq compare`` leaves them out."""

@@ -7,7 +7,7 @@ of it (N = ``regression.baseline``, default 7):
 - **paired**, when those runs kept per-instance values and share at least half of this
   run's instance ids (at least 2): per shared instance, the baseline is the mean of its
   values over the baseline runs; the move is the mean of (new - baseline) with ``evalq
-  compare``'s paired test (``evalq.shared.stats.paired``: paired bootstrap, sign-flip
+  compare``'s paired test (``evalq.shared.scores.stats.paired``: paired bootstrap, sign-flip
   permutation p-value) up to ``EXACT_MAX`` pairs, and the normal approximation of the
   same test above it (a t statistic; with that many pairs the two agree, and the
   resampling would cost the final callback minutes);
@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from evalq.shared import stats
-from evalq.shared.stats import columns
-from evalq.shared.nightly import Regression
+from evalq.shared.scores import stats
+from evalq.shared.scores.stats import columns
+from evalq.shared.job.nightly import Regression
 
 EXACT_MAX = 500  # pairs up to which the resampling test runs as in ``evalq compare``
 
@@ -36,7 +36,7 @@ def worse_direction(field: str, metric: str | None = None) -> str:
     """Which way a field gets worse: as the metric's registry entry says (``MetricSpec.worse``:
     a word error rate up, a stereotyping share neither way), else defect rates up and everything
     else down."""
-    from evalq.shared.registry import REGISTRY
+    from evalq.shared.metrics.registry import REGISTRY
 
     own = REGISTRY.get(metric).worse_direction(field) if metric is not None and metric in REGISTRY else None
     return own or ("higher" if field == "defect_rate" else "lower")

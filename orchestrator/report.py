@@ -16,8 +16,8 @@ import json
 import random
 from typing import Any, Callable, Iterable
 
-from evalq.shared.results import read
-from evalq.shared.loglines import entry_index, entry_slot
+from evalq.shared.scores.results import read
+from evalq.shared.data.loglines import entry_index, entry_slot
 from evalq.orchestrator.markup import esc
 from evalq.orchestrator.report_agents import CSS as AGENT_CSS, trajectory_html, turns_html
 
@@ -79,7 +79,7 @@ def histogram(values: list[float], title: str) -> str:
 
 def record_view(kind: str, params: dict | None, record: dict) -> tuple[dict[str, float], float | None]:
     """What the report takes from one item record: the numbers it samples for the
-    histograms, and how bad the item is (``evalq.shared.results``, by the entry's kind)."""
+    histograms, and how bad the item is (``evalq.shared.scores.results``, by the entry's kind)."""
     reading = read(kind, params, record)
     return reading.sample, reading.badness
 
@@ -89,7 +89,7 @@ def chunk_view(items: list[tuple[int, dict]], readings: list, span: int, seed: i
     scored it (so the final callback parses no item record): the chunk's ``worst``
     items and a sample of its numbers, whose size is the chunk's share of
     ``RESERVOIR`` (the merged chunks give about RESERVOIR values per field).
-    ``readings``: each item's ``evalq.shared.results.read``, in the items' order."""
+    ``readings``: each item's ``evalq.shared.scores.results.read``, in the items' order."""
     quota = max(1, -(-RESERVOIR * len(items) // max(span, 1)))
     heap: list = []
     values: dict[str, list[float]] = {}
@@ -116,8 +116,8 @@ def _push(heap: list, item: tuple, size: int) -> None:
 
 def _kind(metric_id: str | None) -> str:
     """How the registry aggregates a metric (a metric no longer known: ``mean``)."""
-    import evalq.shared.catalogue  # noqa: F401  (registers the built-in metrics)
-    from evalq.shared.registry import REGISTRY
+    import evalq.shared.job.catalogue  # noqa: F401  (registers the built-in metrics)
+    from evalq.shared.metrics.registry import REGISTRY
 
     return REGISTRY.get(metric_id).aggregation if metric_id in REGISTRY else "mean"
 
@@ -331,8 +331,8 @@ def run_html(summary: list[dict], run: dict, lines: Iterable[tuple[dict, int | N
 
 def report_from_outputs(location: str) -> str:
     """The report of a run from its output location (``evalq report OUT``)."""
-    from evalq.shared.errors import JobError
-    from evalq.shared.storage import Destination, open_binary, read_lines
+    from evalq.shared.core.errors import JobError
+    from evalq.shared.data.storage import Destination, open_binary, read_lines
 
     dest = Destination(location)
     try:

@@ -23,12 +23,12 @@ from typing import Any
 
 import redis
 
-from evalq.shared import keys
-from evalq.shared.config import (CONTROL_QUEUE, JOBS_QUEUE, TENANT_QUEUE_PREFIX, Settings, tenant_of_queue,
+from evalq.shared.cluster import keys
+from evalq.shared.core.config import (CONTROL_QUEUE, JOBS_QUEUE, TENANT_QUEUE_PREFIX, Settings, tenant_of_queue,
                                  tenant_queue)
-from evalq.shared.egress import Reach
-from evalq.shared.errors import InfraError, JobError
-from evalq.shared.status import FINAL, Status
+from evalq.shared.policy.egress import Reach
+from evalq.shared.core.errors import InfraError, JobError
+from evalq.shared.cluster.status import FINAL, Status
 
 log = logging.getLogger("evalq.jobs")
 
@@ -106,7 +106,7 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
     from evalq.orchestrator import submit
     from evalq.orchestrator.finalize import reply_document, request_key
 
-    from evalq.shared.scheduling import Tenants
+    from evalq.shared.cluster.scheduling import Tenants
 
     ttl = Settings.from_env().result_ttl
     tenants = Tenants.from_env()
@@ -250,14 +250,14 @@ def parse_request(request: dict, reach: Reach | None = None):
     """The request's job and destination, validated; JobError lists every problem.
 
     Everything a request names is checked before it is opened, against what its tenant may
-    reach (``reach``: ``evalq.shared.egress.Reach``): local files under its part of
+    reach (``reach``: ``evalq.shared.policy.egress.Reach``): local files under its part of
     ``EVALQ_REQUEST_ROOTS`` (to read, ``EVALQ_SHARED_ROOTS`` too), S3 places and endpoints
     against its part of the operator's lists, and the job document itself by the one bounded
     reader. Outputs go only where the tenant may write.
     """
     from evalq.orchestrator.submit import destination
-    from evalq.shared.job import parse_job
-    from evalq.shared.documents import check_inline, read_document
+    from evalq.shared.job.schema import parse_job
+    from evalq.shared.data.documents import check_inline, read_document
 
     reach = reach or Reach.of(None)
     roots = reach.read_roots
@@ -297,7 +297,7 @@ def parse_request(request: dict, reach: Reach | None = None):
     check_place(dest.uri, dest.endpoint_url, "request.out" if out is not None else "output.uri", write=True)
     job.scheduling = _scheduling(job.scheduling, request)
     if request.get("suite") is not None:
-        from evalq.shared.nightly import suite_problem
+        from evalq.shared.job.nightly import suite_problem
 
         problem = suite_problem(request["suite"])
         if problem:
@@ -311,7 +311,7 @@ def tenant_policy(job, identity: str | None, tenants=None) -> None:
     """The operator's policy for the job's tenant (``tenant_scheduling``), applied to ``job``: its
     suite must be one the tenant may write into, and its cost and token caps are at most the
     tenant's per-job limits (a job's own caps only tighten them)."""
-    from evalq.shared.scheduling import Tenants
+    from evalq.shared.cluster.scheduling import Tenants
 
     tenants = tenants or Tenants.from_env()
     job.scheduling = tenant_scheduling(job.scheduling, identity, tenants)
@@ -350,7 +350,7 @@ def tenant_scheduling(fields, identity: str | None, tenants=None):
     operator lists tenants (EVALQ_TENANTS), a request is the default tenant's: it may not claim a
     listed tenant (each writes only its own queue) nor invent one (to escape its caps). A priority
     above the tenant's ``max_priority`` is invalid."""
-    from evalq.shared.scheduling import Tenants
+    from evalq.shared.cluster.scheduling import Tenants
 
     tenants = tenants or Tenants.from_env()
     claimed = fields.tenant

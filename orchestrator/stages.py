@@ -23,10 +23,10 @@ import time
 
 import redis
 
-from evalq.shared import keys
-from evalq.shared.config import CONTROL_QUEUE
-from evalq.shared.spec import GENERATE_STAGE, METRICS_STAGE, stage_of, stage_total
-from evalq.shared.status import Status, status_of
+from evalq.shared.cluster import keys
+from evalq.shared.core.config import CONTROL_QUEUE
+from evalq.shared.cluster.spec import GENERATE_STAGE, METRICS_STAGE, stage_of, stage_total
+from evalq.shared.cluster.status import Status, status_of
 
 CALLBACKS = {GENERATE_STAGE: "evalq.generated", METRICS_STAGE: "evalq.finalize"}
 
@@ -90,11 +90,11 @@ def slot_freed(app, r: redis.Redis, queue: str) -> None:
 
 
 def callback_lease(r: redis.Redis, job_id: str, stage: str, owner: str = ""):
-    """The lease a stage's callback holds while it runs (``evalq.shared.leases``): one copy
+    """The lease a stage's callback holds while it runs (``evalq.shared.cluster.leases``): one copy
     works at a time; a copy that finds it held ends at once, and the lookers-after send no
     other while it is renewed (``callback_running``)."""
-    from evalq.shared.config import Settings
-    from evalq.shared.leases import Lease
+    from evalq.shared.core.config import Settings
+    from evalq.shared.cluster.leases import Lease
 
     return Lease(r, keys.callback_lease(job_id, stage), Settings.from_env().callback_lease, owner)
 

@@ -20,17 +20,17 @@ from typing import Iterable, Iterator
 
 import redis
 
-from evalq.shared import keys
-from evalq.shared.config import Settings
-from evalq.shared.errors import InfraError, JobError
-from evalq.shared.instances import json_lines
-from evalq.shared.job import Job, MetricRun
-from evalq.shared.model_under_test import GENERATE
-from evalq.shared.registry import sized_chunk
-from evalq.shared.storage import Destination
-from evalq.shared.spec import (GENERATE_STAGE, METRICS_STAGE, Chunk, has_model_stage, is_model_run,  # noqa: F401
+from evalq.shared.cluster import keys
+from evalq.shared.core.config import Settings
+from evalq.shared.core.errors import InfraError, JobError
+from evalq.shared.data.instances import json_lines
+from evalq.shared.job.schema import Job, MetricRun
+from evalq.shared.model.runners import GENERATE
+from evalq.shared.metrics.registry import sized_chunk
+from evalq.shared.data.storage import Destination
+from evalq.shared.cluster.spec import (GENERATE_STAGE, METRICS_STAGE, Chunk, has_model_stage, is_model_run,  # noqa: F401
                                is_variants, plan as plan_spec, variants_of)
-from evalq.shared.status import Status
+from evalq.shared.cluster.status import Status
 
 PUSH_BATCH = 5000
 
@@ -149,7 +149,7 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None) -
             pipe.rpush(ikey, *batch)
             pipe.execute()
         pipe.expire(ikey, ttl)
-        if shared:  # the values the instances refer to (evalq.shared.instances.SHARED_FIELDS)
+        if shared:  # the values the instances refer to (evalq.shared.data.instances.SHARED_FIELDS)
             pipe.hset(keys.shared_values(job_id), mapping=shared)
             pipe.expire(keys.shared_values(job_id), ttl)
         # the spec last: a job with a spec has all its instances

@@ -15,9 +15,9 @@ from celery.signals import worker_init, worker_ready, worker_shutdown
 from evalq.orchestrator import finalize as aggregation
 from evalq.orchestrator import stages
 from evalq.orchestrator.app import app, app_redis
-from evalq.shared.config import JOBS_QUEUE, Settings
-from evalq.shared.spec import stored_spec
-from evalq.shared.status import Status, status_of
+from evalq.shared.core.config import JOBS_QUEUE, Settings
+from evalq.shared.cluster.spec import stored_spec
+from evalq.shared.cluster.status import Status, status_of
 
 log = logging.getLogger("evalq.jobs")
 
@@ -91,10 +91,10 @@ _beats: list = []  # the slot announcers' stop events
 @worker_init.connect
 def cluster_worker(**_) -> None:
     """A worker is the cluster: S3 places and endpoints not listed by the operator are
-    refused (``evalq.shared.egress``), in this process and the pool children it forks;
+    refused (``evalq.shared.policy.egress``), in this process and the pool children it forks;
     a queue message it cannot parse is dropped, not a reason to stop; and every message
     says the queue it was really taken from (``stamp_consumed_queue``), not its sender's claim."""
-    from evalq.shared.egress import enforce_on_cluster
+    from evalq.shared.policy.egress import enforce_on_cluster
     from evalq.orchestrator.app import drop_unreadable_messages, stamp_consumed_queue
 
     enforce_on_cluster()
@@ -124,7 +124,7 @@ def serve_backlog(sender, **_) -> None:
     ``EVALQ_BACKLOG_PORT`` (9808; 0: off). A port already taken is logged, not fatal."""
     import os
 
-    from evalq.shared.config import env_number
+    from evalq.shared.core.config import env_number
 
     port = env_number("EVALQ_BACKLOG_PORT", 9808)
     if not port or JOBS_QUEUE not in (sender.app.amqp.queues.consume_from or {}):
@@ -146,7 +146,7 @@ def announce_slots(sender, **_) -> None:
     import threading
 
     from evalq.orchestrator import dispatch
-    from evalq.shared.config import CONTROL_QUEUE, is_request_queue
+    from evalq.shared.core.config import CONTROL_QUEUE, is_request_queue
 
     queues = [q for q in (sender.app.amqp.queues.consume_from or {}) if q != CONTROL_QUEUE and not is_request_queue(q)]
     slots = int(getattr(getattr(sender, "controller", None), "concurrency", 0) or 1)

@@ -34,11 +34,11 @@ import redis
 
 from evalq.orchestrator.broker import busy_jobs, out_counts
 from evalq.orchestrator.stages import callback_running, fire_callback
-from evalq.shared import keys
-from evalq.shared.config import CONTROL_QUEUE, Settings
-from evalq.shared.errors import InfraError
-from evalq.shared.spec import current_stage, job_queues, run_keys, stage_items, stage_runs
-from evalq.shared.status import FINAL, status_of
+from evalq.shared.cluster import keys
+from evalq.shared.core.config import CONTROL_QUEUE, Settings
+from evalq.shared.core.errors import InfraError
+from evalq.shared.cluster.spec import current_stage, job_queues, run_keys, stage_items, stage_runs
+from evalq.shared.cluster.status import FINAL, status_of
 
 log = logging.getLogger("evalq.sweeper")
 
@@ -230,7 +230,7 @@ class Sweeper(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        from evalq.shared.config import redis_client
+        from evalq.shared.core.config import redis_client
 
         r = redis_client(self.broker_url, socket_timeout=30)
         log.info("sweeper: looking after running jobs every %.1f s", self.interval)

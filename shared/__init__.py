@@ -1,6 +1,18 @@
-"""What every room stands on: the job schema and validation, the metric registry and
-catalogue, parameters, the stored spec, result reading and aggregation, keys, settings.
+"""What every room stands on, grouped by subject, one folder a subject. From the bottom up (each
+room imports only rooms below it; ``tests/unit/test_layers.py`` checks it):
 
-Nothing here imports Celery or metric libraries, nor any other room: the CLI and the
+- ``core``: errors, strict models, settings, bounds, limits, validation problems;
+- ``policy``: what the operator lets jobs reach (endpoints for keys, S3 places, local roots);
+- ``judging``: judges, their deployments and the operator's catalogue, tokens, Batch API settings;
+- ``scores``: how item records count and aggregate, statistics, agreement with people;
+- ``metrics``: the metric registry, evalq's own metrics' parameters and entries, BERTScore models;
+- ``cluster``: Redis keys, leases, status, the stored spec, tenants and windows, telemetry;
+- ``agents``: agent runs and conversations (a family of metrics);
+- ``data``: datasets, instances, storage, job documents, log lines;
+- ``model``: the model under test;
+- ``fmeval``: fmeval's evaluation algorithms (a family of metrics);
+- ``job``: a job read and validated whole, and every metric it may name.
+
+Nothing here imports Celery or metric libraries, nor any other room of evalq: the CLI and the
 validator import this package and must stay fast.
 """

@@ -18,17 +18,17 @@ from typing import Any
 
 import redis
 
-import evalq.shared.catalogue  # noqa: F401  (registers the built-in metrics)
-from evalq.shared import keys, telemetry
-from evalq.shared.aggregate import chunk_part
-from evalq.shared.config import Settings
-from evalq.shared.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
-from evalq.shared.instances import with_shared
-from evalq.shared.model_under_test import GENERATE, GENERATE_SPEC
-from evalq.shared.registry import REGISTRY, MetricSpec
+import evalq.shared.job.catalogue  # noqa: F401  (registers the built-in metrics)
+from evalq.shared.cluster import keys, telemetry
+from evalq.shared.scores.aggregate import chunk_part
+from evalq.shared.core.config import Settings
+from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
+from evalq.shared.data.instances import with_shared
+from evalq.shared.model.runners import GENERATE, GENERATE_SPEC
+from evalq.shared.metrics.registry import REGISTRY, MetricSpec
 from evalq.workers import keeping
 from evalq.workers.item_budget import bounded
-from evalq.shared.spec import entry_of, is_model_run, is_variants, span, stored_spec, variants_key
+from evalq.shared.cluster.spec import entry_of, is_model_run, is_variants, span, stored_spec, variants_key
 
 log = logging.getLogger("evalq.worker")
 
@@ -64,8 +64,8 @@ def _metric(r: redis.Redis, job_id: str, metric_key: str) -> tuple[MetricSpec, A
 @lru_cache(maxsize=256)
 def _endpoint_config(r: redis.Redis, job_id: str, name: str):
     """A judge's configuration, or the model under test's (``generate``)."""
-    from evalq.shared.judges import JudgingOptions
-    from evalq.shared.model_under_test import endpoint_config
+    from evalq.shared.judging.judges import JudgingOptions
+    from evalq.shared.model.runners import endpoint_config
 
     spec = stored_spec(r, job_id)
     options = JudgingOptions.model_validate(spec["judging"])
@@ -80,7 +80,7 @@ def _endpoint_config(r: redis.Redis, job_id: str, name: str):
 def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, deployment: str | None,
                     keeper: keeping.ItemKeeper | None = None):
     """What a judge metric or the generation stage calls: a JudgeClient, or a ModelRunner."""
-    from evalq.shared.model_under_test import PythonModel
+    from evalq.shared.model.runners import PythonModel
     from evalq.workers.judge.client import JudgeClient
 
     name = GENERATE if is_model_run(metric_key) else params.judge
@@ -255,7 +255,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
                                     stored_spec(r, job_id).get("ttl") or Settings.from_env().result_ttl)
         judge = endpoint_client(r, job_id, metric_key, params, deployment, keeper)
         if is_variants(metric_key):  # the model asked through the job's prompt template
-            from evalq.shared.model_under_test import PromptedModel
+            from evalq.shared.model.runners import PromptedModel
 
             judge = PromptedModel(judge, entry_of(stored_spec(r, job_id), metric_key)["prompt_template"])
     human = _human_key(r, job_id, metric_key)
@@ -276,7 +276,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     if not is_model_run(metric_key):  # what report.html and the history store need of the chunk, so the
         from evalq.orchestrator.recording import chunk_values  # final callback parses no record
         from evalq.orchestrator.report import chunk_view
-        from evalq.shared.results import read
+        from evalq.shared.scores.results import read
 
         whole, dumped = stored_spec(r, job_id), params.model_dump(mode="json")
         readings = [read(spec.aggregation, dumped, record) for _, record in items]  # each record read once

@@ -13,8 +13,8 @@ import json
 import threading
 from typing import Any
 
-from evalq.shared.errors import MetricError
-from evalq.shared.model_under_test import (GenerateParams, ModelRunner, PythonModel, render_prompt, runner_class,
+from evalq.shared.core.errors import MetricError
+from evalq.shared.model.runners import (GenerateParams, ModelRunner, PythonModel, render_prompt, runner_class,
                                            runner_parameters)
 
 

@@ -1,4 +1,4 @@
-"""A time budget per item (``EVALQ_ITEM_TIMEOUT``, see ``evalq.shared.bounds``).
+"""A time budget per item (``EVALQ_ITEM_TIMEOUT``, see ``evalq.shared.core.bounds``).
 
 A metric computed in the worker's own process (the cpu metrics, a plugin) gets
 a real-time timer (``setitimer``) per item; when it fires, the signal handler
@@ -24,9 +24,9 @@ import signal
 import threading
 from typing import Any, Callable
 
-from evalq.shared.bounds import ITEM_TIMEOUT_ENV, item_timeout
-from evalq.shared.errors import MetricError
-from evalq.shared.registry import MetricSpec
+from evalq.shared.core.bounds import ITEM_TIMEOUT_ENV, item_timeout
+from evalq.shared.core.errors import MetricError
+from evalq.shared.metrics.registry import MetricSpec
 
 
 class ItemTimeout(MetricError):

@@ -3,7 +3,7 @@
 A chunk's records go to ``res:{M}`` with its aggregate part when the chunk ends
 (``evalq.workers.chunk``). A judge or generation item costs a call, so each
 item's record is kept as soon as the item is scored, under ``kept:{M}``
-(``evalq.shared.keys``), and the replies of an item's answered calls are kept
+(``evalq.shared.cluster.keys``), and the replies of an item's answered calls are kept
 there before the item pays for another call (a corrective re-ask, say). A chunk
 run again (redelivered after its worker died, retried after a Redis error)
 reads them back: an item kept is not scored again, and a call answered is not
@@ -35,7 +35,7 @@ from typing import Iterable
 
 import redis
 
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 
 log = logging.getLogger("evalq.worker")
 

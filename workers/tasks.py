@@ -11,10 +11,10 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 from evalq.orchestrator.app import app, app_redis
 from evalq.orchestrator.parking import park
 from evalq.orchestrator.stages import chunk_finished, slot_freed
-from evalq.shared.errors import Deferred
-from evalq.shared import telemetry
-from evalq.shared.spec import is_model_run
-from evalq.shared.status import Status, status_of
+from evalq.shared.core.errors import Deferred
+from evalq.shared.cluster import telemetry
+from evalq.shared.cluster.spec import is_model_run
+from evalq.shared.cluster.status import Status, status_of
 from evalq.workers import chunk, keeping
 
 log = logging.getLogger("evalq.worker")

@@ -10,7 +10,7 @@ import click
 
 from evalq.cli import cluster, history, local  # noqa: F401  (their commands register on the group)
 from evalq.cli.common import cli
-from evalq.shared.errors import InfraError, JobError
+from evalq.shared.core.errors import InfraError, JobError
 
 
 def _register_judge_sim() -> None:

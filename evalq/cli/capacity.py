@@ -26,8 +26,8 @@ import math
 import random
 from typing import Any
 
-from evalq.shared.job import Job
-from evalq.shared.spec import is_model_run, is_variants
+from evalq.shared.job.schema import Job
+from evalq.shared.cluster.spec import is_model_run, is_variants
 
 SAMPLE = 50
 THREADS_PER_JUDGE_WORKER = 16
@@ -48,9 +48,9 @@ class _Recorder:
 
     def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating",
                  sample: int = 0):
-        from evalq.shared.judge_reply import Reply
-        from evalq.shared.schema_values import schema_value
-        from evalq.shared.tokens import estimate_prompt_tokens
+        from evalq.shared.judging.judge_reply import Reply
+        from evalq.shared.judging.schema_values import schema_value
+        from evalq.shared.judging.tokens import estimate_prompt_tokens
 
         extra = json.dumps(schema) if schema is not None else ""
         self.calls += 1
@@ -101,13 +101,13 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
             if m.spec.id == "generate":
                 if "actual-output" in inst:
                     continue
-                from evalq.shared.model_under_test import render_prompt
+                from evalq.shared.model.runners import render_prompt
 
                 recorder.complete([{"role": "user", "content": render_prompt(m.params.prompt_template, inst)}])
                 continue
             inst.setdefault("actual-output", "A generated answer of typical length for this question.")
             if is_variants(m.key):  # the model answering the instance's variants, through the job's template
-                from evalq.shared.model_under_test import PromptedModel
+                from evalq.shared.model.runners import PromptedModel
 
                 asked = PromptedModel(recorder, job.model.prompt_template)
             else:
@@ -145,7 +145,7 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
                    "constraint": (f"{q['endpoint']}'s {q['limited_by'].upper()}" if not q["scalable"]
                                   else f"{q['queue']} workers"),
                    "fits_window": slowest <= window_s}
-    from evalq.shared.deployments import own_keys
+    from evalq.shared.judging.deployments import own_keys
 
     return {"n_instances": n, "window_s": window_s, "queues": queues, "endpoints": list(endpoints.values()),
             "binding": binding, "keys": key_variables(job), "own_keys": own_keys(job)}

@@ -11,7 +11,7 @@ import click
 
 from evalq.cli import wait as waiting
 from evalq.cli.common import broker_option, cli, scheduling_options, destination_for, need_broker, scheduled
-from evalq.shared.errors import JobError
+from evalq.shared.core.errors import JobError
 
 @cli.command()
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
@@ -29,8 +29,8 @@ def submit(job_file: Path, out: str | None, request_id: str | None, reply_to: st
            tenant: str | None, weight: float | None) -> None:
     """Validate JOB_FILE and hand it to the cluster; prints the job id and returns at once."""
     from evalq.orchestrator import submit as submitting
-    from evalq.shared import keys
-    from evalq.shared.config import Settings
+    from evalq.shared.cluster import keys
+    from evalq.shared.core.config import Settings
     from evalq.cli.common import read_job
 
     from evalq.orchestrator.service import reply_to_problem
@@ -129,7 +129,7 @@ def status(job_id: str | None, broker: str | None, as_json: bool, limit: int, st
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
-        from evalq.shared.display import printable
+        from evalq.shared.core.display import printable
 
         # names and errors a job gave, one line each on the terminal, no control characters
         click.echo("\n".join(printable(line, 100_000) for line in jobs.render(info, one=bool(job_id)).splitlines()))
@@ -195,8 +195,8 @@ def tenants_acl(broker: str | None, apply_: bool, show_passwords: bool) -> None:
     """The Redis ACL user of each listed tenant: it writes only evalq.jobs.<tenant> and reads only
     replies:<tenant>:*. Passwords come from EVALQ_TENANT_PASSWORD_<TENANT>. Without --apply the
     ACL file lines are printed (passwords hidden unless --show-passwords)."""
-    from evalq.shared.scheduling import Tenants
-    from evalq.shared.tenant_acl import acl_line, tenant_users
+    from evalq.shared.cluster.scheduling import Tenants
+    from evalq.shared.cluster.tenant_acl import acl_line, tenant_users
 
     users, missing = tenant_users(Tenants.from_env().names)
     if missing:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from evalq.shared.errors import InfraError
+from evalq.shared.core.errors import InfraError
 
 broker_option = click.option(
     "--broker", envvar="EVALQ_BROKER_URL", default=None, metavar="URL",
@@ -19,9 +19,11 @@ broker_option = click.option(
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """evalq: distributed evaluation of LLM applications."""
-    from evalq.shared import bounds, deployments, scheduling
-    from evalq.shared.config import Settings
-    from evalq.shared.limits import Limits
+    from evalq.shared.core import bounds
+    from evalq.shared.judging import deployments
+    from evalq.shared.cluster import scheduling
+    from evalq.shared.core.config import Settings
+    from evalq.shared.core.limits import Limits
 
     # every EVALQ_* setting is read up front: a bad one is reported before anything starts
     Settings.from_env()
@@ -84,8 +86,8 @@ def scheduled(job, suite: str | None, priority: str | None, tenant: str | None, 
     tenant or suite name: exit 2)."""
     from pydantic import ValidationError
 
-    from evalq.shared.errors import JobError
-    from evalq.shared.nightly import suite_problem
+    from evalq.shared.core.errors import JobError
+    from evalq.shared.job.nightly import suite_problem
 
     if suite is not None:
         if suite_problem(suite):
@@ -99,12 +101,12 @@ def scheduled(job, suite: str | None, priority: str | None, tenant: str | None, 
 
 def read_job(job_file, keys_needed: bool = True):
     """A job file and its dataset read and validated here, a large local dataset with every core
-    (``evalq.shared.parallel_read``; ``EVALQ_READ_PROCESSES`` sets how many, 1: one process)."""
+    (``evalq.shared.data.parallel_read``; ``EVALQ_READ_PROCESSES`` sets how many, 1: one process)."""
     import os
 
-    from evalq.shared import parallel_read
-    from evalq.shared.config import env_number
-    from evalq.shared.job import load_job
+    from evalq.shared.data import parallel_read
+    from evalq.shared.core.config import env_number
+    from evalq.shared.job.schema import load_job
 
     parallel_read.READ_PROCESSES = int(env_number("EVALQ_READ_PROCESSES", os.cpu_count() or 1))
     return load_job(job_file, keys_needed=keys_needed)

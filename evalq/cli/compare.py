@@ -3,7 +3,7 @@
 A run is read from its output location (directory or S3 prefix):
 ``results.json`` for the entries and their parameters, ``log.jsonl`` for the
 item values (each line names its entry by its position in results.json,
-``evalq.shared.loglines``), paired across runs by instance id. Each entry's
+``evalq.shared.data.loglines``), paired across runs by instance id. Each entry's
 items become named numbers (its *fields*): ``mean`` for numeric scores and judge ratings,
 ``defect_rate`` (1 for a defect, 0 otherwise) for safety metrics, and one field
 per number for metrics whose result is an object (``rouge.rouge1``,
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from evalq.orchestrator.regressions import worse_direction
-from evalq.shared import stats
-from evalq.shared.results import entry_keys, read
-from evalq.shared.errors import EvalqError, JobError
+from evalq.shared.scores import stats
+from evalq.shared.scores.results import entry_keys, read
+from evalq.shared.core.errors import EvalqError, JobError
 
 MAX_LISTED = 20
 
@@ -43,10 +43,10 @@ class Run:
 
 
 def load_run(location: str) -> Run:
-    import evalq.shared.catalogue  # noqa: F401  (the registry: how each metric aggregates)
-    from evalq.shared.loglines import entry_index, entry_slot
-    from evalq.shared.registry import REGISTRY
-    from evalq.shared.storage import Destination, open_binary, read_lines
+    import evalq.shared.job.catalogue  # noqa: F401  (the registry: how each metric aggregates)
+    from evalq.shared.data.loglines import entry_index, entry_slot
+    from evalq.shared.metrics.registry import REGISTRY
+    from evalq.shared.data.storage import Destination, open_binary, read_lines
 
     dest = Destination(location)
     try:

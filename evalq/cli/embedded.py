@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from evalq.shared.config import JOBS_QUEUE
-from evalq.shared.errors import InfraError
+from evalq.shared.core.config import JOBS_QUEUE
+from evalq.shared.core.errors import InfraError
 
 PR_SET_PDEATHSIG = 1
 
@@ -66,7 +66,7 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 
 def cache_dir() -> Path:
-    from evalq.shared.config import cache_dir as shared_cache_dir
+    from evalq.shared.core.config import cache_dir as shared_cache_dir
 
     return shared_cache_dir()
 
@@ -117,7 +117,7 @@ class EmbeddedRedis:
         if self.persist and self.proc is not None and self.proc.poll() is None:
             import redis
 
-            from evalq.shared import keys
+            from evalq.shared.cluster import keys
 
             with contextlib.suppress(redis.RedisError):
                 client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=30)
@@ -219,7 +219,7 @@ class EmbeddedCluster:
         for w in self.workers:
             w.stop()
         if _metrics_port(self.env, 0):  # the workers were killed: their metrics directories stay
-            from evalq.shared.telemetry import remove_dead_nodes
+            from evalq.shared.cluster.telemetry import remove_dead_nodes
 
             remove_dead_nodes()
         self.redis.stop()

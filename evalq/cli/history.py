@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from evalq.cli.common import cli
-from evalq.shared.display import printable
+from evalq.shared.core.display import printable
 
 
 @cli.command()
@@ -23,7 +23,7 @@ from evalq.shared.display import printable
 def history(suite: str | None, last: int | None, as_json: bool, html_file: Path | None, url: str | None) -> None:
     """Runs of SUITE with their values, regressions and cost; without SUITE, every suite and its last run."""
     from evalq.orchestrator.history import HistoryOff, open_store
-    from evalq.shared.errors import JobError
+    from evalq.shared.core.errors import JobError
 
     try:
         store = open_store(url)
@@ -41,7 +41,7 @@ def history(suite: str | None, last: int | None, as_json: bool, html_file: Path 
     runs = store.runs_of(suite, last)
     if not runs:
         known = [s["suite"] for s in store.suites()]
-        from evalq.shared.problems import did_you_mean
+        from evalq.shared.core.problems import did_you_mean
 
         raise JobError(f"suite {suite!r}: no run recorded{did_you_mean(suite, known)}")
     doc = {"suite": suite, "runs": runs}

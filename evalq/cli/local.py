@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from evalq.cli.common import broker_option, cli, scheduling_options, describe, destination_for, scheduled
-from evalq.shared.errors import InfraError, JobError
+from evalq.shared.core.errors import InfraError, JobError
 
 @cli.command()
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
@@ -74,8 +74,8 @@ def validate(job_file: Path, offline: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def metrics(as_json: bool) -> None:
     """List metric ids, their parameters (types, defaults) and queue."""
-    import evalq.shared.catalogue  # noqa: F401
-    from evalq.shared.registry import REGISTRY
+    import evalq.shared.job.catalogue  # noqa: F401
+    from evalq.shared.metrics.registry import REGISTRY
 
     rows = []
     for spec in REGISTRY.all():
@@ -87,7 +87,7 @@ def metrics(as_json: bool) -> None:
                 default = field.get_default(call_default_factory=True)
                 entry["default"] = default.model_dump(mode="json") if hasattr(default, "model_dump") else default
             longest = next((m.max_length for m in field.metadata if getattr(m, "max_length", None)), None)
-            if longest is not None:  # items of a list, characters of a string (evalq.shared.bounds)
+            if longest is not None:  # items of a list, characters of a string (evalq.shared.core.bounds)
                 entry["max_length"] = longest
             params.append(entry)
         rows.append({"id": spec.id, "queue": spec.queue, "aggregation": spec.aggregation,
@@ -133,10 +133,10 @@ def worker(queues: str, broker: str | None, concurrency: int | None, pool: str |
     from evalq.cli.workerargs import worker_argv
 
     os.environ["EVALQ_BROKER_URL"] = broker
-    from evalq.shared.deployments import WORKER_ENV
+    from evalq.shared.judging.deployments import WORKER_ENV
 
     os.environ[WORKER_ENV] = "1"  # a cluster's worker: jobs' own deployments default to keys of their own
-    from evalq.shared.deployments import no_catalogue_notice
+    from evalq.shared.judging.deployments import no_catalogue_notice
 
     notice = no_catalogue_notice()
     if notice:  # once, at start: the operator of a shared endpoint should know
@@ -188,7 +188,7 @@ def plan_command(job_file: Path, window: str, cpu_items_per_s: float, gpu_pairs_
               help="Where to write it [default: report.html in OUT, for a local OUT].")
 def report(out: str, html: str | None) -> None:
     """Write the HTML report of a run from its outputs (a directory or s3:// prefix)."""
-    from evalq.shared.storage import Destination
+    from evalq.shared.data.storage import Destination
     from evalq.orchestrator.report import report_from_outputs
 
     page = report_from_outputs(out)
@@ -230,7 +230,7 @@ def compare(base: str, new: str, gates: tuple[str, ...], as_json: bool, html: st
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
-        from evalq.shared.display import printable
+        from evalq.shared.core.display import printable
 
         for line in comparing.render(report, outcome):
             click.echo(printable(line, 100_000))  # names and instance ids a job gave: no control characters

@@ -1,5 +1,5 @@
 """What ``evalq worker`` sets up, before Celery starts, for a node's ``/metrics``
-(``EVALQ_METRICS_PORT``; ``evalq.shared.telemetry`` says how the pool's processes share it).
+(``EVALQ_METRICS_PORT``; ``evalq.shared.cluster.telemetry`` says how the pool's processes share it).
 
 - now, in the main process, before anything imports prometheus_client: the node's
   private directory of values (inherited by every pool child);
@@ -13,8 +13,8 @@ connected: ``evalq.workers.tasks``.)
 
 from __future__ import annotations
 
-from evalq.shared import telemetry
-from evalq.shared.config import JOBS_QUEUE
+from evalq.shared.cluster import telemetry
+from evalq.shared.core.config import JOBS_QUEUE
 
 _node: dict = {}  # what worker_ready needs: the broker, and whether this is the jobs role
 
@@ -38,7 +38,7 @@ def serve_node(**_) -> None:
         from redis.retry import Retry
 
         from evalq.orchestrator.jobs_metrics import JobsCollector
-        from evalq.shared.config import redis_client
+        from evalq.shared.core.config import redis_client
 
         # a scrape while Redis is away answers at once, without Redis's gauges (not after retries)
         r = redis_client(_node["broker_url"], socket_timeout=5, socket_connect_timeout=2, retry=Retry(NoBackoff(), 1))

@@ -14,8 +14,8 @@ import sys
 import time
 from typing import Callable, TypeVar
 
-from evalq.shared.config import safe_url
-from evalq.shared.errors import InfraError
+from evalq.shared.core.config import safe_url
+from evalq.shared.core.errors import InfraError
 
 T = TypeVar("T")
 

@@ -8,10 +8,10 @@ import sys
 
 from evalq.cli import wait as waiting
 from evalq.cli.outage import Outage
-from evalq.shared.errors import InfraError
-from evalq.shared.job import Job
-from evalq.shared.storage import Destination
-from evalq.shared.status import Status
+from evalq.shared.core.errors import InfraError
+from evalq.shared.job.schema import Job
+from evalq.shared.data.storage import Destination
+from evalq.shared.cluster.status import Status
 
 
 def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_size: int | None = None,
@@ -58,10 +58,10 @@ def _embedded_env(job: Job, dest: Destination) -> dict[str, str]:
     may send keys to the endpoints the job names and reach the S3 places it names."""
     import os
 
-    from evalq.shared.egress import job_places
-    from evalq.shared.endpoints import ENV, job_endpoints
+    from evalq.shared.policy.egress import job_places
+    from evalq.shared.policy.endpoints import ENV, job_endpoints
 
-    from evalq.shared.deployments import INLINE_ENV
+    from evalq.shared.judging.deployments import INLINE_ENV
 
     configs = list(job.judges.values()) + ([job.model] if hasattr(job.model, "deployments") else [])
     env = {ENV: job_endpoints(configs), INLINE_ENV: "shared"}  # the user's own cluster: its own deployments
@@ -75,7 +75,7 @@ def _embedded_env(job: Job, dest: Destination) -> dict[str, str]:
 
 def finished(r, job_id: str, status: str) -> list[dict]:
     """The results of a job that ended; InfraError when it failed or was cancelled."""
-    from evalq.shared import keys
+    from evalq.shared.cluster import keys
 
     if status == Status.FAILED:
         error = (r.get(keys.error(job_id)) or b"unknown error").decode()
@@ -110,7 +110,7 @@ def _warn_missing_workers(broker_url: str, queues: list[str]) -> None:
     try:
         active = app.control.inspect(timeout=1.0).active_queues() or {}
     except Exception as exc:  # inspection is advisory only
-        from evalq.shared.config import safe_url
+        from evalq.shared.core.config import safe_url
 
         raise InfraError(f"cannot inspect workers on {safe_url(broker_url)}: {exc}") from None
     consumed = {q["name"] for qs in active.values() for q in qs}

@@ -12,9 +12,9 @@ from typing import Callable
 import redis
 
 from evalq.cli.outage import Outage
-from evalq.shared import keys
-from evalq.shared.errors import InfraError
-from evalq.shared.status import FINAL
+from evalq.shared.cluster import keys
+from evalq.shared.core.errors import InfraError
+from evalq.shared.cluster.status import FINAL
 
 
 def connect(broker_url: str, outage: Outage | None = None) -> redis.Redis:
@@ -24,7 +24,7 @@ def connect(broker_url: str, outage: Outage | None = None) -> redis.Redis:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    from evalq.shared.config import redis_client, safe_url
+    from evalq.shared.core.config import redis_client, safe_url
 
     retries = {"retry": Retry(NoBackoff(), 0)} if outage is not None else {}
     r = redis_client(broker_url, socket_connect_timeout=5, socket_timeout=60, **retries)
@@ -89,7 +89,7 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
 def _look(r: redis.Redis, broker_url: str, job_id: str, spec: dict, timing) -> tuple[int, str, list[str]]:
     """One look at a job being waited on: (items done, status, steps taken to look after it)."""
     from evalq.orchestrator.watch import items_done, look_after
-    from evalq.shared.spec import run_keys
+    from evalq.shared.cluster.spec import run_keys
 
     counts = items_done(r, job_id, run_keys(spec))
     status = (r.get(keys.status(job_id)) or b"").decode()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from evalq.shared.config import CONTROL_QUEUE, JOBS_QUEUE, is_request_queue, tenant_queue
+from evalq.shared.core.config import CONTROL_QUEUE, JOBS_QUEUE, is_request_queue, tenant_queue
 
 JUDGE_THREADS = 16  # concurrent judge calls per worker process
 
@@ -26,7 +26,7 @@ def worker_argv(queues: list[str], concurrency: int | None = None, pool: str | N
         concurrency = JUDGE_THREADS if pool == "threads" else os.cpu_count() or 1
     consumed = list(queues) + ([CONTROL_QUEUE] if control and CONTROL_QUEUE not in queues else [])
     if JOBS_QUEUE in queues:  # the jobs role also takes each listed tenant's own request queue
-        from evalq.shared.scheduling import Tenants
+        from evalq.shared.cluster.scheduling import Tenants
 
         consumed += [tenant_queue(t) for t in Tenants.from_env().names if tenant_queue(t) not in consumed]
     argv = ["worker", "-Q", ",".join(consumed), "-P", pool, "-c", str(concurrency),

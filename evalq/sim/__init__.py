@@ -55,7 +55,7 @@ and a one-line reason without digits. Formats:
 * ``{"type": "json_object"}``: ``{"score": <score>, "reason": "<reason>"}`` (like the
   real API, some message must mention "json", else 400);
 * ``{"type": "json_schema", "json_schema": {"schema": ...}}``: a JSON value valid for
-  the schema (see :func:`evalq.shared.schema_values.schema_value`; a property named ``score`` gets the score,
+  the schema (see :func:`evalq.shared.judging.schema_values.schema_value`; a property named ``score`` gets the score,
   clamped into its bounds);
 * ``tools`` (unless ``tool_choice`` is ``"none"``): one ``tool_calls`` entry for the
   function named by ``tool_choice``, else the first function; its ``arguments`` are
@@ -156,7 +156,7 @@ count), ``server`` (:class:`JudgeSim`, one server per region) and ``cli``
 
 from evalq.sim.faults import Faults
 from evalq.sim.regions import Region, parse_region
-from evalq.shared.schema_values import schema_value
+from evalq.shared.judging.schema_values import schema_value
 from evalq.sim.server import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, HOST, JudgeSim
 from evalq.sim.tokens import count_prompt_tokens, count_tokens
 

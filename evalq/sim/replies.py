@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from evalq.shared.schema_values import SchemaError, SchemaValues, hashed
+from evalq.shared.judging.schema_values import SchemaError, SchemaValues, hashed
 from evalq.sim.faults import Markers, break_json
 from evalq.sim.tokens import count_tokens, message_text as _message_text
 

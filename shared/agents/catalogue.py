@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from evalq.shared.agents.params import ToolCallF1Params, TrajectoryParams, TurnsParams
-from evalq.shared.judges import JudgeParams
-from evalq.shared.registry import REGISTRY, MetricSpec
+from evalq.shared.judging.judges import JudgeParams
+from evalq.shared.metrics.registry import REGISTRY, MetricSpec
 
 AGENT_RUN = ("messages", "expected_tool_calls")
 

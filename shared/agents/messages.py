@@ -199,6 +199,6 @@ def _call_part(part: dict, kind: str) -> dict:
 
 
 def _kind(value: Any) -> str:
-    from evalq.shared.errors import kind
+    from evalq.shared.core.errors import kind
 
     return kind(value)

@@ -7,8 +7,8 @@ from typing import Literal
 from pydantic import Field
 
 from evalq.shared.agents.conversation import TurnChoice
-from evalq.shared.judges import JudgeParams
-from evalq.shared.params import Params
+from evalq.shared.judging.judges import JudgeParams
+from evalq.shared.core.strict import Params
 
 
 class TrajectoryParams(Params):

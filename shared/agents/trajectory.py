@@ -152,9 +152,9 @@ def expected(raw: Any, problems: list[str], tools: dict[str, dict] | None = None
 def check(inst: dict) -> list[str]:
     """Every problem of an agent instance's messages, definitions and expected calls, and its size
     against ``EVALQ_MAX_MESSAGES`` / ``EVALQ_MAX_TOOL_CALLS`` / ``EVALQ_MAX_RUN_BYTES``."""
-    from evalq.shared.bounds import (MESSAGES_DEFAULT, MESSAGES_ENV, RUN_BYTES_DEFAULT, RUN_BYTES_ENV,
+    from evalq.shared.core.bounds import (MESSAGES_DEFAULT, MESSAGES_ENV, RUN_BYTES_DEFAULT, RUN_BYTES_ENV,
                                      TOOL_CALLS_DEFAULT, TOOL_CALLS_ENV)
-    from evalq.shared.config import env_number
+    from evalq.shared.core.config import env_number
 
     problems: list[str] = []
     origin = inst.pop(ORIGIN, None)  # where a reader found each message (never stored)

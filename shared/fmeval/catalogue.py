@@ -8,7 +8,7 @@ from evalq.shared.fmeval.params import (ClassificationAccuracyParams, FactualKno
                                         PromptStereotypingParams, QAAccuracyParams, SemanticRobustnessParams,
                                         SummarizationAccuracyParams, ToxicityParams, gives_log_probability, on_gpu,
                                         robustness_fields, robustness_queue)
-from evalq.shared.registry import REGISTRY, MetricSpec
+from evalq.shared.metrics.registry import REGISTRY, MetricSpec
 
 UNIT = (0.0, 1.0)
 WITH_TARGETS = ("actual-output", "expected-output")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalq.shared.aggregate import MeanAggregator, register_aggregator
+from evalq.shared.scores.aggregate import MeanAggregator, register_aggregator
 
 UNKNOWN_LABEL = "unknown"  # fmeval's label for an output that names no valid label
 POSITIVE_LABEL = "1"       # the positive class of the ``binary`` average

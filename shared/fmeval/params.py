@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from evalq.shared import bounds
-from evalq.shared.params import Params
+from evalq.shared.core import bounds
+from evalq.shared.core.strict import Params
 
 DEFAULT_DELIMITER = "<OR>"
 
@@ -38,13 +38,13 @@ class BertScored(Params):
     @field_validator("model_type_for_bertscore")
     @classmethod
     def _model_exists(cls, value, info):
-        from evalq.shared.params import BertScoreParams
+        from evalq.shared.metrics.params import BertScoreParams
 
         BertScoreParams.model_validate({"model_type": value}, context=info.context)
         return value
 
     def bertscore_params(self):
-        from evalq.shared.params import BertScoreParams
+        from evalq.shared.metrics.params import BertScoreParams
 
         return BertScoreParams(model_type=self.model_type_for_bertscore)
 
@@ -140,7 +140,7 @@ class PromptStereotypingParams(Params):
 def gives_log_probability(params, model) -> str | None:
     """prompt_stereotyping asks the model for log-probabilities: an endpoint model cannot give a
     prompt's (chat APIs score completions, not prompts), a runner class must say it can."""
-    from evalq.shared.model_under_test import PythonModel, runner_class
+    from evalq.shared.model.runners import PythonModel, runner_class
 
     if not isinstance(model, PythonModel):
         return ("needs the log-probability of each sentence, which an endpoint model cannot give (chat APIs score "
@@ -173,7 +173,7 @@ class ToxicityParams(Params):
     @field_validator("model_path")
     @classmethod
     def _local_dir(cls, value, info):
-        from evalq.shared.params import local_path
+        from evalq.shared.policy.egress import local_path
 
         return local_path(value, info, "directory")
 

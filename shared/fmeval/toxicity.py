@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalq.shared.aggregate import MeanAggregator, register_aggregator
+from evalq.shared.scores.aggregate import MeanAggregator, register_aggregator
 
 
 class ToxicityAggregator(MeanAggregator):
@@ -38,7 +38,7 @@ class ToxicityAggregator(MeanAggregator):
         means = super().score()
         if means is None:
             return None
-        from evalq.shared.stats import wilson
+        from evalq.shared.scores.stats import wilson
 
         rates = {label: {"defect_rate": n / self.n, "ci95": wilson(n, self.n), "n_defects": n}
                  for label, n in sorted(self.defects.items())}

@@ -11,7 +11,7 @@ import pytest
 
 from evalq.cli.run import run_job
 from evalq.shared.agents.trajectory import check
-from evalq.shared.job import parse_job
+from evalq.shared.job.schema import parse_job
 from evalq.sim import JudgeSim, Region
 from evalq.workers.agents.judged import intent_resolution, tool_call_accuracy
 from tests.agents.test_trajectory import CASES, TOOLS
@@ -73,7 +73,7 @@ class Recorder:
         self.prompts = []
 
     def complete(self, messages, schema=None, schema_name="rating", sample=0):
-        from evalq.shared.judge_reply import Reply
+        from evalq.shared.judging.judge_reply import Reply
 
         self.prompts.append(messages[-1]["content"])
         return Reply(json.dumps({"reason": "r", "score": 3}), None)

@@ -12,7 +12,7 @@ import pytest
 
 from evalq.shared.agents.conversation import turn_view, turns
 from evalq.shared.agents.params import TurnsParams
-from evalq.shared.aggregate import RatingAggregator
+from evalq.shared.scores.aggregate import RatingAggregator
 from evalq.workers.agents.judged import intent_resolution, tool_call_accuracy
 from tests.agents.test_agent_judges import Recorder, judged_run
 from tests.agents.test_trajectory import TOOLS, call

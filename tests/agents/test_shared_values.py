@@ -8,9 +8,9 @@ import json
 import redis
 
 from evalq.orchestrator import submit
-from evalq.shared import keys
-from evalq.shared.instances import SHARED, SpooledInstances, json_lines, with_shared
-from evalq.shared.job import load_job
+from evalq.shared.cluster import keys
+from evalq.shared.data.instances import SHARED, SpooledInstances, json_lines, with_shared
+from evalq.shared.job.schema import load_job
 from tests.agents.test_agent_runs import chat_log
 from tests.agents.test_trajectory import CASES, TOOLS
 

@@ -197,8 +197,8 @@ def test_a_reply_answered_while_redis_is_down_is_written_when_it_is_back(tmp_pat
     from redis.retry import Retry
 
     from evalq.orchestrator import submit
-    from evalq.shared import keys
-    from evalq.shared.job import load_job
+    from evalq.shared.cluster import keys
+    from evalq.shared.job.schema import load_job
     from evalq.workers import chunk
     from evalq.workers.keeping import WRITE_BEHIND
 
@@ -258,7 +258,7 @@ def test_a_worker_killed_holding_kombus_restore_lock_stalls_nothing_for_long(pri
     from kombu import Connection
 
     from evalq.orchestrator.app import _transport_options
-    from evalq.shared.config import Settings
+    from evalq.shared.core.config import Settings
 
     for vt, expected in ((8, 10), (60, 60), (3600, 300)):
         options = _transport_options(Settings(broker_url=None, visibility_timeout=vt, result_ttl=60))

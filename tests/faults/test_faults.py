@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 from evalq.sim import Faults, JudgeSim, Region
 from tests.conftest import ROOT, evalq, read_log, start_worker, stop_worker, wait_for_worker
 

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from evalq.cli.embedded import free_port
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 from tests.conftest import PLUGINS, ROOT, evalq, start_worker, stop_worker, wait_for_worker
 from tests.faults.test_faults import FAST_REDELIVERY, comparable, slow_job, wait_until
 

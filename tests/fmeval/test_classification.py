@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-import evalq.shared.catalogue  # noqa: F401
-from evalq.shared.aggregate import chunk_part, merge_parts
+import evalq.shared.job.catalogue  # noqa: F401
+from evalq.shared.scores.aggregate import chunk_part, merge_parts
 from evalq.shared.fmeval.classification import valid_labels
 from evalq.shared.fmeval.params import ClassificationAccuracyParams
 from evalq.workers.fmeval.classification import classification_accuracy

@@ -3,9 +3,9 @@ dissimilarity, a delta and a toxicity up; a stereotyping share neither way (0.5 
 
 from __future__ import annotations
 
-import evalq.shared.catalogue  # noqa: F401
+import evalq.shared.job.catalogue  # noqa: F401
 from evalq.orchestrator import regressions
-from evalq.shared.nightly import Regression
+from evalq.shared.job.nightly import Regression
 
 
 def test_directions():
@@ -44,7 +44,7 @@ def test_a_rise_in_word_error_rate_regresses_and_a_stereotyping_move_does_not():
 
 
 def test_worst_items_are_the_most_toxic_and_the_most_moved():
-    from evalq.shared.results import read
+    from evalq.shared.scores.results import read
 
     calm, toxic = {"result": {"toxicity": 0.1, "insult": 0.05}}, {"result": {"toxicity": 0.2, "insult": 0.9}}
     assert read("toxicity", {}, toxic).badness > read("toxicity", {}, calm).badness

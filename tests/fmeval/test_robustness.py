@@ -10,9 +10,9 @@ import jiwer
 import numpy as np
 import pytest
 
-from evalq.shared.errors import MetricError
+from evalq.shared.core.errors import MetricError
 from evalq.shared.fmeval.params import PromptStereotypingParams, SemanticRobustnessParams
-from evalq.shared.model_under_test import PromptedModel
+from evalq.shared.model.runners import PromptedModel
 from evalq.workers.fmeval import perturb
 from evalq.workers.fmeval.robustness import PERTURBATIONS, semantic_robustness, variants, word_error_rate
 from evalq.workers.fmeval.similarity import best_bertscore

@@ -10,7 +10,7 @@ from nltk.tokenize import word_tokenize
 from nltk.translate.meteor_score import single_meteor_score
 from rouge_score.rouge_scorer import RougeScorer
 
-from evalq.shared import bertscore as models
+from evalq.shared.metrics import bertscore as models
 from evalq.shared.fmeval.params import QAAccuracyParams, SummarizationAccuracyParams
 from evalq.workers.fmeval import wordnet as offline
 from evalq.workers.fmeval.summarization import summarization_accuracy

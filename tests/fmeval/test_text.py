@@ -62,7 +62,7 @@ def test_no_delimiter_keeps_a_reference_whole():
 
 def test_qa_accuracy_is_set_based_unlike_squad_f1():
     """fmeval counts word sets: a repeated word counts once (SQuAD's f1_score counts it twice)."""
-    from evalq.shared.params import NoParams
+    from evalq.shared.metrics.params import NoParams
     from evalq.workers.metrics.lexical import f1_score
 
     inst = instance("cats cats dogs", "cats dogs dogs")

@@ -65,7 +65,7 @@ def test_a_toxigen_checkpoint_reads_as_fmeval_reads_it(tmp_path):
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, pipeline
 
-    from evalq.shared import bertscore as models
+    from evalq.shared.metrics import bertscore as models
 
     tokenizer = AutoTokenizer.from_pretrained(models.bundled_model_dir(), local_files_only=True)
     torch.manual_seed(3)
@@ -82,9 +82,9 @@ def test_a_toxigen_checkpoint_reads_as_fmeval_reads_it(tmp_path):
 
 
 def test_defect_rates_per_label_merge_over_chunks():
-    from evalq.shared.aggregate import chunk_part, merge_parts
+    from evalq.shared.scores.aggregate import chunk_part, merge_parts
 
-    import evalq.shared.catalogue  # noqa: F401
+    import evalq.shared.job.catalogue  # noqa: F401
 
     records = [{"instance_id": "1", "result": {"toxicity": 0.9, "insult": 0.7}},
                {"instance_id": "2", "result": {"toxicity": 0.2, "insult": 0.6}},

@@ -18,12 +18,12 @@ import uuid
 import pytest
 import redis
 
-from evalq.shared.endpoints import EndpointPolicy
-from evalq.shared.judges import JudgeConfig, JudgingOptions
+from evalq.shared.policy.endpoints import EndpointPolicy
+from evalq.shared.judging.judges import JudgeConfig, JudgingOptions
 from evalq.sim import JudgeSim, Region
 from evalq.workers.judge.batch_api import BatchApiError, BatchClient, CallRef, LineError, index_calls, parse_custom_id
 from evalq.workers.judge.client import JudgeClient, JudgeError, chat_request
-from evalq.shared.judge_reply import Reply
+from evalq.shared.judging.judge_reply import Reply
 from tests.integration.test_security import Trap
 
 pytestmark = pytest.mark.integration

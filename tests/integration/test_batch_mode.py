@@ -21,8 +21,8 @@ import pytest
 import redis
 
 from evalq.cli.run import run_job
-from evalq.shared import keys
-from evalq.shared.job import parse_job
+from evalq.shared.cluster import keys
+from evalq.shared.job.schema import parse_job
 from evalq.sim import JudgeSim, Region
 from tests.conftest import read_log, running_worker, start_worker, stop_worker, wait_for_worker
 
@@ -346,7 +346,7 @@ def test_a_creation_cut_short_is_found_again_not_made_twice(sim, broker):
     next one finds it by the record's id in its metadata and polls it, creating nothing."""
     from datetime import datetime, timezone
 
-    from evalq.shared.judges import JudgeConfig
+    from evalq.shared.judging.judges import JudgeConfig
     from evalq.workers.judge.batch_lines import BatchLines
     from evalq.workers.judge.batch_records import BatchTiming, records
     from evalq.workers.judge.batches import Manager

@@ -45,7 +45,7 @@ def test_embedded_run_mixes_cpu_and_gpu_metrics(tmp_path):
 
     from bert_score import BERTScorer
 
-    from evalq.shared.bertscore import BUNDLED_NUM_LAYERS, bundled_model_dir
+    from evalq.shared.metrics.bertscore import BUNDLED_NUM_LAYERS, bundled_model_dir
 
     cands = [i["actual-output"] for i in INSTANCES]
     refs = [i["expected-output"] for i in INSTANCES]

@@ -12,7 +12,7 @@ import redis
 
 from evalq.sim import JudgeSim, Region
 from evalq.cli.run import run_job
-from evalq.shared.job import parse_job
+from evalq.shared.job.schema import parse_job
 from tests.conftest import read_log, read_results, start_worker, stop_worker, wait_for_worker
 from evalq.workers.judge.budget import BUCKET, MARGIN, Budget
 

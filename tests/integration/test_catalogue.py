@@ -67,7 +67,7 @@ def forged(r: redis.Redis, url: str, path, out, n: int, **deployment) -> str:
     """A job naming catalogue deployment 'lab', stored with its deployment's fields changed as a
     message writing Redis could (validation never saw them), and started; its id."""
     from evalq.orchestrator import submit as submitting
-    from evalq.shared.job import parse_job
+    from evalq.shared.job.schema import parse_job
 
     job = parse_job(json.loads(job_file(path, path.stem, n, [{"use": "lab"}]).read_text()))
     spec = submitting.job_spec(job, None, str(out))

@@ -15,9 +15,9 @@ import redis
 
 from evalq.cli.run import run_job
 from evalq.orchestrator.jobs import job_status, render
-from evalq.shared import keys
-from evalq.shared.job import parse_job
-from evalq.shared.judges import Price
+from evalq.shared.cluster import keys
+from evalq.shared.job.schema import parse_job
+from evalq.shared.judging.judges import Price
 from evalq.sim import JudgeSim, Region
 from evalq.workers.judge.cost import CostCap, CostCapReached, CostWait
 from tests.conftest import read_log, read_results, running_worker

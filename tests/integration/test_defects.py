@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from evalq.cli.run import run_job
-from evalq.shared.job import parse_job
+from evalq.shared.job.schema import parse_job
 from evalq.sim import JudgeSim, Region
 from tests.conftest import evalq, read_log, start_worker, stop_worker, wait_for_worker
 

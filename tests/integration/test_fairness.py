@@ -17,8 +17,8 @@ from evalq.orchestrator.app import client_app
 from evalq.orchestrator.broker import message_job
 from evalq.orchestrator.stages import chunk_finished
 from evalq.orchestrator.submit import submit
-from evalq.shared import keys
-from evalq.shared.job import parse_job
+from evalq.shared.cluster import keys
+from evalq.shared.job.schema import parse_job
 from tests.conftest import read_results, start_worker, stop_worker, wait_for_worker
 from tests.integration.test_sweeper import wait_for
 

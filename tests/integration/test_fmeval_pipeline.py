@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-import evalq.shared.catalogue  # noqa: F401
+import evalq.shared.job.catalogue  # noqa: F401
 from evalq.shared.fmeval.params import FactualKnowledgeParams, QAAccuracyParams
 from evalq.workers.fmeval.text import factual_knowledge, qa_accuracy
 from tests.conftest import evalq, read_log, read_results

@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from evalq.cli.run import run_job
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 from evalq.shared.fmeval.params import SemanticRobustnessParams
-from evalq.shared.job import parse_job
+from evalq.shared.job.schema import parse_job
 from evalq.sim import JudgeSim, Region
 from evalq.workers.fmeval.robustness import perturbed_inputs, semantic_robustness
 from tests.conftest import evalq, read_log, read_results, start_worker, stop_worker, wait_for_worker, write_job

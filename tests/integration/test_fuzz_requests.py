@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evalq.orchestrator.service import parse_request
-from evalq.shared.errors import JobError
+from evalq.shared.core.errors import JobError
 from tests.integration.test_datasets import AWS, start_moto
 from tests.unit.test_fuzz import FUZZ, mutated
 

@@ -14,7 +14,7 @@ import pytest
 import redis
 from celery import Celery
 
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 from tests.conftest import evalq, start_worker, stop_worker, wait_for_worker
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from evalq.shared import bounds
+from evalq.shared.core import bounds
 from tests.conftest import evalq, read_log, write_job
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,9 @@ import pytest
 import redis
 from celery import Celery
 
-from evalq.shared import keys, stats
+from evalq.shared.cluster import keys
+
+from evalq.shared.scores import stats
 from tests.conftest import ROOT, evalq, start_worker, stop_worker, wait_for_worker
 
 pytestmark = pytest.mark.integration
@@ -105,7 +107,7 @@ def test_a_request_repeated_on_the_same_list_gets_its_own_reply(redis_url, servi
     """A pipeline that lost the first reply asks again on the same list: one document
     per request, each when the job ends; a re-run final callback and a redelivered
     message push nothing more."""
-    from evalq.shared.config import CONTROL_QUEUE
+    from evalq.shared.core.config import CONTROL_QUEUE
 
     r = redis.Redis.from_url(redis_url)
     request_id, reply_to = f"req-{uuid.uuid4().hex}", f"replies:{uuid.uuid4().hex}"

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from evalq.cli.embedded import EmbeddedRedis, free_port
 from evalq.cli.run import run_job
-from evalq.shared.job import parse_job
+from evalq.shared.job.schema import parse_job
 from evalq.sim import JudgeSim, Region
 from tests.conftest import start_worker, stop_worker, wait_for_worker
 

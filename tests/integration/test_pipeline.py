@@ -12,8 +12,8 @@ from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from rouge_score.rouge_scorer import RougeScorer
 
 from evalq.cli.run import run_job
-from evalq.shared import keys
-from evalq.shared.job import parse_job
+from evalq.shared.cluster import keys
+from evalq.shared.job.schema import parse_job
 from tests.conftest import read_log, read_results
 
 pytestmark = pytest.mark.integration
@@ -109,7 +109,7 @@ def test_summary_from_chunk_parts_equals_summary_from_items(redis_url, cpu_worke
     import redis
 
     from evalq.orchestrator.finalize import finalize
-    from evalq.shared.spec import stored_spec as job_spec
+    from evalq.shared.cluster.spec import stored_spec as job_spec
 
     instances = [{**inst, "category": "xy"[i % 2]} for i, inst in enumerate(synthetic(23, seed=4))]
     instances[5]["actual-output"] = "FAIL here"
@@ -196,8 +196,8 @@ def test_history_values_kept_by_the_workers_equal_those_read_from_the_records(re
     import redis
 
     from evalq.orchestrator.recording import item_fields
-    from evalq.shared.registry import REGISTRY
-    from evalq.shared.spec import entry_chunks, stored_spec
+    from evalq.shared.metrics.registry import REGISTRY
+    from evalq.shared.cluster.spec import entry_chunks, stored_spec
 
     instances = synthetic(31, seed=9)
     instances[4]["actual-output"] = "FAIL here"

@@ -81,7 +81,7 @@ def _rouge(params: dict) -> list[dict]:
 def _bertscore(idf: bool) -> list[float]:
     from bert_score import BERTScorer
 
-    from evalq.shared.bertscore import BUNDLED_NUM_LAYERS, bundled_model_dir
+    from evalq.shared.metrics.bertscore import BUNDLED_NUM_LAYERS, bundled_model_dir
 
     refs = [refs for _, refs in TEXTS]
     extra = {"idf": True, "idf_sents": [r for group in refs for r in group]} if idf else {}

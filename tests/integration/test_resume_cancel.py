@@ -12,7 +12,7 @@ import uuid
 import pytest
 import redis
 
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 from evalq.sim import JudgeSim, Region
 from tests.conftest import evalq, read_log, start_worker, stop_worker, wait_for_worker
 

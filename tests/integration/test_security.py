@@ -17,8 +17,8 @@ import redis
 
 from evalq.cli import wait as waiting
 from evalq.orchestrator import submit
-from evalq.shared import keys
-from evalq.shared.job import parse_job
+from evalq.shared.cluster import keys
+from evalq.shared.job.schema import parse_job
 from evalq.sim import JudgeSim, Region
 from tests.conftest import ROOT, evalq, read_log, start_worker, stop_worker, wait_for_worker
 
@@ -126,7 +126,7 @@ def test_embedded_mode_allows_the_jobs_own_endpoints(tmp_path):
     # modules loaded or not at that moment: refused either way
     ("subprocess:Popen", "is not a"),
     ("os:system", "is not a"),
-    ("tests.plugins.faulty:slow_len", "is not a subclass of evalq.shared.model_under_test.ModelRunner"),
+    ("tests.plugins.faulty:slow_len", "is not a subclass of evalq.shared.model.runners.ModelRunner"),
 ])
 def test_a_job_may_name_only_runners_the_operator_installed(tmp_path, runner, fragment):
     mark = tmp_path / "mark"

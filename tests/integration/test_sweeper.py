@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 from tests.conftest import PLUGINS, evalq, read_log, read_results, start_worker, stop_worker, wait_for_worker
 
 pytestmark = pytest.mark.integration
@@ -105,7 +105,7 @@ def test_two_lookers_take_a_step_once(private_redis, tmp_path, monkeypatch):
     monkeypatch.setenv("EVALQ_WINDOW", FAST["EVALQ_WINDOW"])
     from evalq.orchestrator import submit as submitting
     from evalq.orchestrator.watch import Timing, items_done, look_after, run_keys
-    from evalq.shared.job import parse_job
+    from evalq.shared.job.schema import parse_job
 
     r = redis.Redis.from_url(private_redis)
     job = parse_job({"instances": [{"id": f"x{i}", "actual-output": "y", "expected-output": ["y"]}

@@ -15,7 +15,7 @@ import uuid
 import pytest
 import redis
 
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 from tests.conftest import evalq, start_worker, stop_worker, wait_for_worker
 from tests.integration.test_identity import JOB, client, reply
 
@@ -265,8 +265,8 @@ def test_a_model_runners_parameters_are_typed_bounded_and_in_the_tenants_roots(t
     validated under its tenant's roots, as the jobs role does (``parse_request`` with its Reach)."""
     import evalq.workers.runners.hf  # noqa: F401 - the operator's EVALQ_PLUGINS loads it on the cluster
     from evalq.orchestrator.service import parse_request
-    from evalq.shared.egress import Reach
-    from evalq.shared.errors import JobError
+    from evalq.shared.policy.egress import Reach
+    from evalq.shared.core.errors import JobError
 
     roots = tmp_path / "roots"
     for where in ("ads/model", "search/model", "shared/model"):

@@ -80,7 +80,7 @@ def test_concurrent_jobs_of_a_tenant_never_spend_past_its_daily_limit(private_re
 def test_a_catalogue_deployment_without_a_price_never_takes_the_jobs(tmp_path, monkeypatch):
     """Before: a catalogue entry without a price fell back to the job's judge-level price, so a
     job wrote what its calls counted against its tenant's cost limits."""
-    from evalq.shared.job import parse_job
+    from evalq.shared.job.schema import parse_job
 
     catalogue = tmp_path / "catalogue.json"
     catalogue.write_text(json.dumps({"deployments": {
@@ -100,8 +100,8 @@ def test_a_catalogue_deployment_without_a_price_never_takes_the_jobs(tmp_path, m
     # a tenant with a cost limit may not use a deployment the operator does not price: its calls
     # could not be counted against the limit
     from evalq.orchestrator.service import tenant_policy
-    from evalq.shared.errors import JobError
-    from evalq.shared.scheduling import Tenants
+    from evalq.shared.core.errors import JobError
+    from evalq.shared.cluster.scheduling import Tenants
 
     tenants = Tenants.parse("ads=1;ads.daily_cost=5")
     import copy

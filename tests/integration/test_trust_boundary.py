@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from evalq.cli.embedded import EmbeddedRedis
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 from tests.conftest import evalq, start_worker, stop_worker, wait_for_worker
 from tests.integration.test_datasets import AWS, start_moto
 from tests.integration.test_jobs_service import await_reply, send
@@ -281,7 +281,7 @@ def test_a_forged_destination_is_refused_by_the_final_callback(cluster, trap, ta
     ``evalq.finalize`` message: the callback writes nothing there; the job fails saying why,
     and the outputs go to the operator's fallback directory under the first root."""
     from evalq.orchestrator import submit as submitting
-    from evalq.shared.job import parse_job
+    from evalq.shared.job.schema import parse_job
     from evalq.orchestrator.app import client_app
 
     r = cluster["r"]

@@ -13,8 +13,8 @@ import redis
 
 from evalq.cli.embedded import EmbeddedRedis
 from evalq.cli.run import run_job
-from evalq.shared import keys
-from evalq.shared.job import parse_job
+from evalq.shared.cluster import keys
+from evalq.shared.job.schema import parse_job
 from tests.conftest import read_log, read_results, start_worker, stop_worker, wait_for_worker
 
 pytestmark = pytest.mark.integration

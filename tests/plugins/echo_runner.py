@@ -4,7 +4,7 @@ log probability of minus the prompt's length."""
 
 from __future__ import annotations
 
-from evalq.shared.model_under_test import ModelRunner
+from evalq.shared.model.runners import ModelRunner
 
 
 class LastWordRunner(ModelRunner):

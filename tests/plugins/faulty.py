@@ -18,8 +18,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from evalq.shared.params import Params
-from evalq.shared.registry import REGISTRY, MetricSpec
+from evalq.shared.metrics.params import Params
+from evalq.shared.metrics.registry import REGISTRY, MetricSpec
 
 
 class SlowParams(Params):
@@ -37,7 +37,7 @@ class StubbornParams(Params):
 def stubborn(instance: dict, params: StubbornParams) -> int:
     import redis
 
-    from evalq.shared.errors import Deferred
+    from evalq.shared.core.errors import Deferred
 
     path = Path(params.counter)
     calls = int(path.read_text() or 0) + 1 if path.exists() else 1
@@ -70,7 +70,7 @@ def hang_on(instance: dict, params: SlowParams) -> float:
 
 
 if "fail_on" not in REGISTRY:
-    from evalq.shared.params import NoParams
+    from evalq.shared.metrics.params import NoParams
 
     REGISTRY.register(MetricSpec(id="fail_on", params=NoParams, impl="tests.plugins.faulty:fail_on",
                                  queue="cpu", description="test: fails on 'FAIL'"))

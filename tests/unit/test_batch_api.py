@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from evalq.shared.judge_reply import Reply
-from evalq.shared.judges import JudgeConfig
-from evalq.shared.tokens import PER_MESSAGE, PER_REPLY, count_text
+from evalq.shared.judging.judge_reply import Reply
+from evalq.shared.judging.judges import JudgeConfig
+from evalq.shared.judging.tokens import PER_MESSAGE, PER_REPLY, count_text
 from evalq.workers.judge.batch_api import (BatchClient, BatchStatus, CallRef, LineError, custom_id, estimate_tokens,
                                            index_calls, input_file, parse_custom_id, poll_delay, read_outcomes,
                                            request_line)
@@ -120,7 +120,7 @@ def test_the_token_estimate_adds_prompt_estimates_and_completion_limits():
     bodies = [BODY, {**BODY, "max_tokens": None, "max_completion_tokens": 20, "n": 2},
               {**BODY, "response_format": schema}, {k: v for k, v in BODY.items() if k != "max_tokens"}]
 
-    def prompt(body: dict) -> int:  # as evalq.shared.tokens documents it, schema text included
+    def prompt(body: dict) -> int:  # as evalq.shared.judging.tokens documents it, schema text included
         extra = json.dumps({k: v for k, v in body.items() if k in ("response_format", "tools")})
         return PER_REPLY + sum(PER_MESSAGE + count_text(m["content"]) + count_text(m["role"])
                                for m in body["messages"]) + count_text(extra)

@@ -9,10 +9,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from evalq.shared.batch_config import parse_deadline
-from evalq.shared.errors import JobError
-from evalq.shared.job import parse_job
-from evalq.shared.judges import JudgingOptions
+from evalq.shared.judging.batch_config import parse_deadline
+from evalq.shared.core.errors import JobError
+from evalq.shared.job.schema import parse_job
+from evalq.shared.judging.judges import JudgingOptions
 from tests.conftest import evalq
 
 KEY_ENV = "TEST_UNIT_API_KEY"  # set by tests/conftest.py

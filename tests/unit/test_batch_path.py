@@ -12,9 +12,9 @@ import redis
 
 from evalq.orchestrator.finalize import judge_accounting
 from evalq.orchestrator.parking import batch_view, park, waits_for_batches, wake, waiting
-from evalq.shared import keys
-from evalq.shared.errors import MetricError, Pending
-from evalq.shared.judges import JudgeConfig
+from evalq.shared.cluster import keys
+from evalq.shared.core.errors import MetricError, Pending
+from evalq.shared.judging.judges import JudgeConfig
 from evalq.workers.judge.batch_lines import BatchLines
 from evalq.workers.metrics.structured import each
 

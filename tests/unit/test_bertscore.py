@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-import evalq.shared.catalogue  # noqa: F401
-from evalq.shared.aggregate import DistributionAggregator, MeanAggregator, aggregator_for
-from evalq.shared.errors import JobError
-from evalq.shared.job import parse_job
-from evalq.shared.params import BertScoreParams
-from evalq.shared.registry import REGISTRY
+import evalq.shared.job.catalogue  # noqa: F401
+from evalq.shared.scores.aggregate import DistributionAggregator, MeanAggregator, aggregator_for
+from evalq.shared.core.errors import JobError
+from evalq.shared.job.schema import parse_job
+from evalq.shared.metrics.params import BertScoreParams
+from evalq.shared.metrics.registry import REGISTRY
 from tests.conftest import ROOT
-from evalq.shared import bertscore as models
+from evalq.shared.metrics import bertscore as models
 from evalq.workers.metrics import bertscore as bs
 from evalq.workers.chunk import score_items
 
@@ -312,7 +312,7 @@ def test_hub_id_in_the_local_cache(tmp_path, monkeypatch):
 
 
 def test_validation_imports_neither_torch_nor_the_workers():
-    code = ("import sys; from evalq.shared.job import parse_job; "
+    code = ("import sys; from evalq.shared.job.schema import parse_job; "
             f"parse_job({{'instances': {INSTANCES!r}, 'metrics': [{{'id': 'bertscore', "
             "'parameters': {'idf': True, 'num_layers': 5}}]}); "
             "print(sorted(m for m in ('torch', 'transformers', 'bert_score', 'evalq.workers') if m in sys.modules))")

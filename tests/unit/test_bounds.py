@@ -1,4 +1,4 @@
-"""Bounded work per item (evalq.shared.bounds): parameter sizes refused at validation,
+"""Bounded work per item (evalq.shared.core.bounds): parameter sizes refused at validation,
 ROUGE-L's token limit, the per-item time budget. Each test is an attack from the
 trust-boundary review (a job file or queue message is untrusted input); the real
 worker path is in tests/integration/test_item_bounds.py."""
@@ -12,11 +12,11 @@ from nltk.tokenize import wordpunct_tokenize
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from rouge_score.rouge_scorer import RougeScorer
 
-from evalq.shared import bounds
-from evalq.shared.errors import JobError, MetricError
-from evalq.shared.job import parse_job
-from evalq.shared.params import BleuParams, RougeParams
-from evalq.shared.registry import MetricSpec
+from evalq.shared.core import bounds
+from evalq.shared.core.errors import JobError, MetricError
+from evalq.shared.job.schema import parse_job
+from evalq.shared.metrics.params import BleuParams, RougeParams
+from evalq.shared.metrics.registry import MetricSpec
 from evalq.workers.metrics.lexical import bleu, rouge
 from evalq.workers.chunk import score_items
 
@@ -209,7 +209,7 @@ def test_a_bad_setting_is_a_job_error(monkeypatch, variable, value):
 def test_a_deployment_declares_bounded_rates_and_durations(field, value, message):
     """Before: window_seconds 1e9 and burst_seconds 1e6 moved a shared deployment's pace key by
     weeks per call. Every rate and duration a job may declare now has a documented bound."""
-    from evalq.shared.job import parse_job
+    from evalq.shared.job.schema import parse_job
 
     deployment = {"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": 1000, "rpm": 10, field: value}
     job = {"instances": [{"id": "1", "actual-output": "a", "context": "c"}],
@@ -225,7 +225,7 @@ def test_a_deployment_declares_bounded_rates_and_durations(field, value, message
     ("judge", "max_tokens", 10**6), ("judge", "timeout", 10**5), ("judge", "max_retries", 100),
     ("judging", "cache_ttl", 10**9), ("batch", "enqueued_tokens", 10**12)])
 def test_every_other_endpoint_number_is_bounded(section, field, value):
-    from evalq.shared.job import parse_job
+    from evalq.shared.job.schema import parse_job
 
     deployment = {"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": 1000, "rpm": 10}
     judge = {"provider": "openai", "model": "m", "api_key_env": "TEST_UNIT_API_KEY", "deployments": [deployment]}

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from evalq.cli.compare import compare, evaluate_gates, load_run, parse_gate
-from evalq.shared import stats
-from evalq.shared.errors import JobError
+from evalq.shared.scores import stats
+from evalq.shared.core.errors import JobError
 
 ROOT = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(7)

@@ -92,7 +92,7 @@ def test_the_cluster_begins_with_the_operators_catalogue():
     deploy/catalogue.json (the same as deploy/k8s's ConfigMap), a catalogue evalq reads."""
     import json
 
-    from evalq.shared.deployments import load
+    from evalq.shared.judging.deployments import load
 
     for name in ("jobs", "worker-judge"):
         service = COMPOSE["services"][name]

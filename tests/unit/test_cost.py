@@ -9,9 +9,9 @@ import pytest
 
 from evalq.orchestrator.finalize import endpoint_priced, judge_accounting
 from evalq.orchestrator.outputs import job_cost
-from evalq.shared.errors import JobError
-from evalq.shared.job import parse_job
-from evalq.shared.judges import JudgeConfig, Price
+from evalq.shared.core.errors import JobError
+from evalq.shared.job.schema import parse_job
+from evalq.shared.judging.judges import JudgeConfig, Price
 from tests.conftest import evalq
 
 KEY_ENV = "TEST_UNIT_API_KEY"  # set by tests/conftest.py

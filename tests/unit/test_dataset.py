@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from evalq.shared.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
-from evalq.shared.errors import JobError
-from evalq.shared.job import parse_job
-from evalq.shared.model_under_test import render_prompt
+from evalq.shared.data.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
+from evalq.shared.core.errors import JobError
+from evalq.shared.job.schema import parse_job
+from evalq.shared.model.runners import render_prompt
 
 CONVERSATION = {"id": "c1", "messages": [
     {"role": "user", "content": "How do I check my order?"},
@@ -238,7 +238,7 @@ def test_render_prompt():
 def test_location_lookups_agree_with_jmespath(expression):
     import jmespath
 
-    from evalq.shared.dataset import _getter
+    from evalq.shared.data.dataset import _getter
 
     record = {"question": "q", "meta": {"category": "c", "x": 3}, "actual-output": "o", "list": [1],
               "answers": ["a", "b"], "messages": [{"role": "user", "content": "hi"}]}
@@ -254,7 +254,7 @@ def test_the_last_match_lookup_agrees_with_jmespath_on_any_record(expression):
 
     import jmespath
 
-    from evalq.shared.dataset import _LAST_MATCH, _getter
+    from evalq.shared.data.dataset import _LAST_MATCH, _getter
 
     assert _LAST_MATCH.fullmatch(expression)
     items, key, field = expression.split("[")[0], expression.split("?")[1].split("=")[0].strip(), "content"
@@ -269,14 +269,14 @@ def test_the_last_match_lookup_agrees_with_jmespath_on_any_record(expression):
 
 
 def test_nesting_depth_is_measured_level_by_level():
-    from evalq.shared.limits import too_deep
+    from evalq.shared.core.limits import too_deep
 
     assert too_deep([[[[{"a": [1]}]]]], 5) and not too_deep([[[[{"a": [1]}]]]], 6)
     assert not too_deep("text", 0) and not too_deep({"a": [], "b": {"c": 1}}, 2) and too_deep({"b": {"c": {}}}, 2)
 
 
 def test_relative_dataset_path_is_read_from_the_job_files_folder(tmp_path, monkeypatch):
-    from evalq.shared.job import load_job
+    from evalq.shared.job.schema import load_job
 
     folder = tmp_path / "jobs"
     (folder / "data").mkdir(parents=True)

@@ -276,8 +276,8 @@ def test_the_nightly_cronjob_sends_a_suite_the_nightly_alert_watches(overlay):
     job_file = re.search(re.escape(mount["mountPath"]) + r"/(\S+)", script).group(1)
     job = json.loads(config["data"][job_file])
     assert isinstance(job.get("suite"), str) and job["suite"].strip(), "the nightly job names no suite"
-    from evalq.shared.job import JOB_KEYS
-    from evalq.shared.nightly import suite_problem
+    from evalq.shared.job.schema import JOB_KEYS
+    from evalq.shared.job.nightly import suite_problem
 
     assert set(job) <= JOB_KEYS and suite_problem(job["suite"]) is None  # what `evalq submit` accepts
     rules = yaml.safe_load((ROOT / "deploy" / "monitoring" / "rules.yml").read_text())

@@ -1,4 +1,4 @@
-"""The operator's catalogue of deployments (evalq.shared.deployments): what a job may name and
+"""The operator's catalogue of deployments (evalq.shared.judging.deployments): what a job may name and
 ask, checked where it is validated, and taken again from the worker's own catalogue where it runs
 (the stored spec is not trusted). The cluster path is tests/integration/test_catalogue.py."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from evalq.shared.deployments import CATALOGUE_ENV, INLINE_ENV, govern, load
-from evalq.shared.errors import JobError
-from evalq.shared.job import parse_job
-from evalq.shared.judges import JudgeConfig, deployment_id
+from evalq.shared.judging.deployments import CATALOGUE_ENV, INLINE_ENV, govern, load
+from evalq.shared.core.errors import JobError
+from evalq.shared.job.schema import parse_job
+from evalq.shared.judging.judges import JudgeConfig, deployment_id
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = {"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": 100_000, "rpm": 1_000, "burst_seconds": 5,
@@ -75,7 +75,7 @@ def test_inline_deployments_follow_the_operators_policy(catalogue, monkeypatch):
     monkeypatch.delenv(CATALOGUE_ENV)
     monkeypatch.delenv(INLINE_ENV)
     parse_job(job(inline))  # no catalogue and no policy: a client (or embedded run) shares, as before
-    from evalq.shared.deployments import WORKER_ENV, inline_policy
+    from evalq.shared.judging.deployments import WORKER_ENV, inline_policy
 
     assert inline_policy() == "shared"
     monkeypatch.setenv(WORKER_ENV, "1")  # a cluster's worker: keys of the job's own

@@ -9,8 +9,8 @@ import openai
 import pytest
 import redis
 
-from evalq.shared import keys
-from evalq.shared.judges import JudgeConfig
+from evalq.shared.cluster import keys
+from evalq.shared.judging.judges import JudgeConfig
 from evalq.workers.judge import dialects
 from evalq.workers.judge.client import _retryable, chat_request
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from evalq.orchestrator import alerts
 from evalq.orchestrator.history import open_store
-from evalq.shared.display import chat_text, printable
-from evalq.shared.nightly import Regression
+from evalq.shared.core.display import chat_text, printable
+from evalq.shared.job.nightly import Regression
 
 ROOT = Path(__file__).resolve().parents[2]
 EVIL = "bleu <!channel> <https://evil.example/x|the dashboard> &\nsearch: all fine\x1b[2J\u202egnp.exe"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from evalq.shared.egress import S3Policy, job_places, s3_problem
-from evalq.shared.errors import JobError
-from evalq.shared.job import parse_job
+from evalq.shared.policy.egress import S3Policy, job_places, s3_problem
+from evalq.shared.core.errors import JobError
+from evalq.shared.job.schema import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,7 +106,7 @@ def test_paths_under_the_roots_are_still_read(tmp_path):
     ("redis://redis:6379/0?username=admin&password=hunter2", "admin"),
 ])
 def test_safe_url_hides_passwords_wherever_the_url_carries_them(url, secret):
-    from evalq.shared.config import safe_url
+    from evalq.shared.core.config import safe_url
 
     shown = safe_url(url)
     assert secret not in shown and "***" in shown and "redis" in shown
@@ -128,7 +128,7 @@ def test_a_tenant_reaches_only_its_part_of_each_root_and_prefix(tmp_path):
     """Issue 37: once tenants are listed, a request of tenant T reaches <root>/T and
     s3://<prefix>/T/ (or the place with {tenant} filled in); the operator's shared places are read,
     never written."""
-    from evalq.shared.egress import Reach
+    from evalq.shared.policy.egress import Reach
 
     env = {"EVALQ_REQUEST_ROOTS": f"{tmp_path}/data:{tmp_path}/teams/{{tenant}}/work",
            "EVALQ_SHARED_ROOTS": f"{tmp_path}/models",

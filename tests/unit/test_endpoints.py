@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evalq.shared.endpoints import EndpointPolicy, job_endpoints
+from evalq.shared.policy.endpoints import EndpointPolicy, job_endpoints
 
 POLICY = EndpointPolicy.parse("AZURE_OPENAI_API_KEY=https://*.openai.azure.com; "
                               "OPENAI_API_KEY=https://api.openai.com/v1\nLOCAL=http://127.0.0.1:*,http://10.0.0.5:8000/v1")
@@ -47,7 +47,7 @@ def test_bad_lists_are_refused(text):
 
 
 def test_embedded_lists_exactly_the_jobs_endpoints():
-    from evalq.shared.judges import JudgeConfig
+    from evalq.shared.judging.judges import JudgeConfig
 
     judge = JudgeConfig.model_validate({"provider": "openai", "model": "m", "api_key_env": "K", "deployments": [
         {"region": "a", "base_url": "http://127.0.0.1:9001/v1/", "tpm": 1, "rpm": 1},

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evalq.shared.errors import JobError
-from evalq.shared.job import load_job, parse_job
+from evalq.shared.core.errors import JobError
+from evalq.shared.job.schema import load_job, parse_job
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=False)
                     | st.text(max_size=20),

@@ -16,8 +16,8 @@ from scipy import stats as scipy_stats
 
 from evalq.orchestrator import alerts, regressions
 from evalq.orchestrator.history import open_store
-from evalq.shared import stats
-from evalq.shared.nightly import Regression, suite_of
+from evalq.shared.scores import stats
+from evalq.shared.job.nightly import Regression, suite_of
 
 SETTINGS = Regression(baseline=7, min_effect=0.01, alpha=0.05)
 T0 = datetime(2026, 11, 1, 2, 0, 0)

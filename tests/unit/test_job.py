@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from evalq.shared.errors import JobError
-from evalq.shared.job import load_job, parse_job
+from evalq.shared.core.errors import JobError
+from evalq.shared.job.schema import load_job, parse_job
 
 GOOD_INSTANCE = {"id": "1", "input": "q", "actual-output": "a b", "expected-output": ["a b"]}
 

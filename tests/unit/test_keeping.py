@@ -8,7 +8,7 @@ import time
 
 import redis
 
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 from evalq.workers.keeping import ItemKeeper, WriteBehind
 
 

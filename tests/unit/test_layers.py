@@ -29,6 +29,20 @@ ALLOWED = {
     "root": {"cli", "shared"},  # evalq/__init__.py, evalq/__main__.py
 }
 MAX_LINES = 450
+# shared/ by subject (issue 39): what each of its rooms may import, from the bottom up
+SHARED_ALLOWED = {
+    "core": set(),
+    "policy": {"core"},
+    "judging": {"core"},
+    "scores": {"core", "judging"},
+    "metrics": {"core", "policy", "judging"},
+    "cluster": {"core", "scores"},
+    "agents": {"core", "judging", "metrics"},
+    "data": {"core", "policy", "cluster", "agents"},
+    "model": {"core", "judging", "metrics", "cluster", "data"},
+    "fmeval": {"core", "policy", "judging", "scores", "metrics", "model"},
+    "job": {"core", "policy", "judging", "scores", "metrics", "cluster", "agents", "data", "model", "fmeval"},
+}
 
 
 def modules() -> dict[str, Path]:
@@ -95,6 +109,30 @@ def test_every_room_imports_only_the_rooms_below_it():
              for src, (targets, _) in sorted(GRAPH.items()) for dst in sorted(targets)
              if room(dst) != room(src) and room(dst) not in ALLOWED[room(src)]]
     assert not wrong, "\n".join(wrong)
+
+
+def shared_room(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["evalq", "shared"] else None
+
+
+def test_shared_is_a_handful_of_rooms_whose_arrows_run_one_way():
+    """Every module of evalq.shared lives in a room named for its subject (its __init__ says what
+    it holds and what it may import), and each room imports only the rooms below it."""
+    loose = sorted(n for n in MODULES if n.startswith("evalq.shared.") and shared_room(n) is None
+                   and n.count(".") == 2 and n.rsplit(".", 1)[1] not in SHARED_ALLOWED)
+    assert not loose, f"modules of evalq.shared outside a room: {loose}"
+    assert {shared_room(n) for n in MODULES if shared_room(n)} == set(SHARED_ALLOWED)
+    wrong = [f"{src} ({shared_room(src)}) imports {dst} ({shared_room(dst) or dst})"
+             for src, (targets, _) in sorted(GRAPH.items()) if shared_room(src)
+             for dst in sorted(targets) if dst.startswith("evalq.shared")
+             and (shared_room(dst) or dst) != shared_room(src) and shared_room(dst) not in SHARED_ALLOWED[shared_room(src)]]
+    assert not wrong, "\n".join(wrong)
+    for room, allowed in SHARED_ALLOWED.items():
+        said = (ROOT / "shared" / room / "__init__.py").read_text()
+        assert "May import:" in said, room
+        named = said.split("May import:", 1)[1].split(".", 1)[0]
+        assert {w.strip() for w in named.split(",") if w.strip() in SHARED_ALLOWED} == allowed, room
 
 
 def test_no_module_imports_itself_back():

@@ -7,7 +7,7 @@ from nltk.tokenize import wordpunct_tokenize
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from rouge_score.rouge_scorer import RougeScorer
 
-from evalq.shared.params import BleuParams, NoParams, RougeParams
+from evalq.shared.metrics.params import BleuParams, NoParams, RougeParams
 from evalq.workers.metrics.lexical import bleu, exact_match, f1_score, normalize_answer, rouge
 
 PAIRS = [

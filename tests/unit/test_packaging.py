@@ -53,7 +53,7 @@ def test_wheel_holds_every_module_of_the_code_folders(wheel):
             expected.add(f"{package}/{rel.as_posix()}")
     missing = sorted(expected - names)
     assert not missing, f"not in the wheel (add the package to pyproject.toml): {missing}"
-    assert "evalq/sim/server.py" in names and "evalq/shared/bertscore.py" in names
+    assert "evalq/sim/server.py" in names and "evalq/shared/metrics/bertscore.py" in names
 
 
 def test_wheel_entry_point_and_imports(wheel, tmp_path):
@@ -63,7 +63,7 @@ def test_wheel_entry_point_and_imports(wheel, tmp_path):
         z.extractall(tmp_path / "site")
     # the unpacked wheel first on the path, run from a folder without the repository's
     # top-level folders: the packages import from the wheel's layout
-    code = ("import evalq.cli, evalq.orchestrator.app, evalq.shared.job, evalq.sim, evalq.workers.tasks; "
+    code = ("import evalq.cli, evalq.orchestrator.app, evalq.shared.job.schema, evalq.sim, evalq.workers.tasks; "
             "import importlib.util as u; "
             "print(evalq.cli.__file__); "
             "print([n for n in ('orchestrator', 'workers', 'shared') if u.find_spec(n) is not None])")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from evalq.shared import parallel_read
-from evalq.shared.dataset import DataConfig, DatasetSpec, RecordMapper
-from evalq.shared.instances import MAX_BAD_SHOWN, InstanceChecker, load_dataset
+from evalq.shared.data import parallel_read
+from evalq.shared.data.dataset import DataConfig, DatasetSpec, RecordMapper
+from evalq.shared.data.instances import MAX_BAD_SHOWN, InstanceChecker, load_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
@@ -86,7 +86,7 @@ def test_several_processes_read_what_one_reads(tmp_path, on_bad, bad_every, max_
 def test_a_process_that_reads_two_parts_counts_each_apart(tmp_path):
     """A pool process may be handed a second part: its counts (instances to generate, categories,
     the id hashes of the duplicate check) are that part's alone, not the sum of both."""
-    from evalq.shared import instances
+    from evalq.shared.data import instances
 
     path = tmp_path / "d.jsonl"
     path.write_bytes(b"".join(lines(0)))

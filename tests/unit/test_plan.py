@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from evalq.cli.capacity import plan_job
-from evalq.shared.job import parse_job
+from evalq.shared.job.schema import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 1000
@@ -25,8 +25,8 @@ JOB = {"instances": [{"id": f"i{k}", "input": "How long is the trail?", "actual-
 
 
 def test_plan_against_a_hand_computation():
-    from evalq.shared.judges import JudgeParams
-    from evalq.shared.tokens import estimate_prompt_tokens
+    from evalq.shared.judging.judges import JudgeParams
+    from evalq.shared.judging.tokens import estimate_prompt_tokens
     from evalq.workers.metrics import quality
 
     plan = plan_job(parse_job(JOB), window_s=6 * 3600)

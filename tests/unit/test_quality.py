@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from evalq.shared.errors import MetricError
-from evalq.shared.judges import JudgeParams, RubricParams
+from evalq.shared.core.errors import MetricError
+from evalq.shared.judging.judges import JudgeParams, RubricParams
 from evalq.workers.metrics import quality
 from evalq.workers.metrics.quality import parse_rating
 

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-import evalq.shared.catalogue  # noqa: F401
-from evalq.shared.aggregate import MeanAggregator
-from evalq.shared.params import NoParams
-from evalq.shared.registry import REGISTRY, MetricSpec, Registry, UnknownMetric
+import evalq.shared.job.catalogue  # noqa: F401
+from evalq.shared.scores.aggregate import MeanAggregator
+from evalq.shared.metrics.params import NoParams
+from evalq.shared.metrics.registry import REGISTRY, MetricSpec, Registry, UnknownMetric
 
 
 def test_lookup_miss_suggests_and_lists():
@@ -61,7 +61,7 @@ def test_no_items_scores_none():
      [{"score": s, "reason": "r"} for s in (0, 3, 2, 2, 1, 3, 3)]),
 ])
 def test_chunk_parts_merge_to_the_streaming_aggregate(kind, params, results):
-    from evalq.shared.aggregate import aggregator_for, chunk_part, merge_parts
+    from evalq.shared.scores.aggregate import aggregator_for, chunk_part, merge_parts
 
     records = []
     for i, result in enumerate(results):
@@ -86,7 +86,7 @@ def test_chunk_parts_merge_to_the_streaming_aggregate(kind, params, results):
 
 
 def test_distribution_is_not_merged_from_parts():
-    from evalq.shared.aggregate import chunk_part
+    from evalq.shared.scores.aggregate import chunk_part
 
     assert chunk_part("distribution", {}, [{"instance_id": "1", "result": 0.5}]) is None
 
@@ -97,7 +97,7 @@ def _severity(k: int, category: str | None = None) -> dict:
 
 
 def test_defect_rate_of_a_severity_metric_by_hand():
-    from evalq.shared.aggregate import DefectAggregator
+    from evalq.shared.scores.aggregate import DefectAggregator
 
     agg = DefectAggregator({"threshold": 4})
     severities = [0, 1, 2, 3, 4, 5, 6, 7, 4, 0]
@@ -106,7 +106,7 @@ def test_defect_rate_of_a_severity_metric_by_hand():
     agg.add({"error": "JudgeError: no reply"})
     agg.add({"skipped": "token cap"})
     score = agg.score()
-    from evalq.shared.stats import wilson
+    from evalq.shared.scores.stats import wilson
 
     assert score.pop("ci95") == pytest.approx(wilson(5, 10))  # (wilson is checked against the textbook)
     assert score == {"defect_rate": 5 / 10, "n_defects": 5, "mean_severity": sum(severities) / 10,
@@ -115,7 +115,7 @@ def test_defect_rate_of_a_severity_metric_by_hand():
 
 
 def test_defect_rates_per_harm_any_harm_and_flags_merge_from_parts():
-    from evalq.shared.aggregate import DefectAggregator, chunk_part, merge_parts
+    from evalq.shared.scores.aggregate import DefectAggregator, chunk_part, merge_parts
 
     items = [{"result": {"violence": {"severity": v}, "sexual": {"severity": s}}} for v, s in
              [(0, 0), (6, 1), (5, 5), (1, 7), (2, 2)]]
@@ -155,7 +155,7 @@ def test_rating_agreement_against_scipy_sklearn_and_the_textbook():
     from scipy.stats import spearmanr
     from sklearn.metrics import cohen_kappa_score
 
-    from evalq.shared.aggregate import Agreement, chunk_part, merge_parts
+    from evalq.shared.scores.aggregate import Agreement, chunk_part, merge_parts
 
     records = [{"result": {"score": j, "reason": "r"}, "human": h} for j, h in TABLE]
     records.append({"result": {"score": 3, "reason": "r"}})  # no human grade: not a pair
@@ -179,7 +179,7 @@ def test_rating_agreement_against_scipy_sklearn_and_the_textbook():
 
 
 def test_defect_agreement_is_precision_and_recall_against_human_labels():
-    from evalq.shared.aggregate import Agreement
+    from evalq.shared.scores.aggregate import Agreement
 
     # judge severity, human label (a severity, or true/false); threshold 4
     rows = [(6, True), (5, 2), (1, False), (4, 7), (0, 5), (2, False), (7, False), (3, 1)]
@@ -196,7 +196,7 @@ def test_defect_agreement_is_precision_and_recall_against_human_labels():
 def test_mean_intervals_match_the_normal_approximation_and_merge():
     import numpy as np
 
-    from evalq.shared.aggregate import MeanAggregator, chunk_part, merge_parts
+    from evalq.shared.scores.aggregate import MeanAggregator, chunk_part, merge_parts
 
     values = [0.1, 0.4, 0.35, 0.8, 0.9, 0.05, 0.6, 0.55]
     records = [{"result": v} for v in values] + [{"result": {"x": v}} for v in []]
@@ -212,8 +212,8 @@ def test_mean_intervals_match_the_normal_approximation_and_merge():
 
 def test_cpu_chunks_are_sized_by_the_entry_and_fixed_sizes_stay():
     from evalq.orchestrator.submit import job_spec
-    from evalq.shared.job import parse_job
-    from evalq.shared.registry import REGISTRY, sized_chunk
+    from evalq.shared.job.schema import parse_job
+    from evalq.shared.metrics.registry import REGISTRY, sized_chunk
 
     assert REGISTRY.get("bleu").chunk_size is None and REGISTRY.get("coherence").chunk_size == 4
     assert [sized_chunk(n) for n in (1, 25_000, 50_000, 99_999, 100_000, 10**7)] == [250, 250, 500, 1000, 1000, 1000]
@@ -240,7 +240,7 @@ def _wilson_textbook(k: int, n: int) -> list[float]:
 
 
 def test_a_0_1_metric_gets_the_wilson_interval_merged_from_its_chunks():
-    from evalq.shared.aggregate import chunk_part, merge_parts
+    from evalq.shared.scores.aggregate import chunk_part, merge_parts
 
     # issue 21: exact_match at 0.10 over 30 items was [-0.0092, 0.2092] (normal interval)
     records = [{"result": int(i < 3)} for i in range(30)]
@@ -260,7 +260,7 @@ def test_a_0_1_metric_gets_the_wilson_interval_merged_from_its_chunks():
     ("rouge", lambda i: {"rouge1": 0.97 + 0.03 * (i % 2)}),
 ])
 def test_a_bounded_score_interval_stays_in_its_range(metric_id, result):
-    from evalq.shared.aggregate import chunk_part, merge_parts
+    from evalq.shared.scores.aggregate import chunk_part, merge_parts
 
     spec = REGISTRY.get(metric_id)
     lo, hi = spec.bounds
@@ -272,7 +272,7 @@ def test_a_bounded_score_interval_stays_in_its_range(metric_id, result):
 
 
 def test_a_rating_interval_stays_on_its_scale():
-    from evalq.shared.aggregate import RatingAggregator
+    from evalq.shared.scores.aggregate import RatingAggregator
 
     agg = RatingAggregator({"scale_min": 1, "scale_max": 5})
     for k in [5] * 9 + [4]:

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from evalq.shared.aggregate import aggregator_for
-from evalq.shared.results import read
+from evalq.shared.scores.aggregate import aggregator_for
+from evalq.shared.scores.results import read
 
 
 @pytest.mark.parametrize("kind,params,record,values,passes", [

@@ -34,7 +34,7 @@ def python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def test_off_counts_nothing_and_never_imports_prometheus_client(tmp_path):
     code = """
         import os, sys
-        from evalq.shared import telemetry
+        from evalq.shared.cluster import telemetry
         telemetry.items_recorded("exact_match", "cpu", [{"result": 1}, {"error": "x"}])
         telemetry.judge_counted("lab", {"calls": 1, "prompt_tokens": 5, "cost_nano": 10})
         telemetry.judge_counted(None, {"cache_hits": 1})
@@ -56,7 +56,7 @@ def test_off_counts_nothing_and_never_imports_prometheus_client(tmp_path):
 def test_a_nodes_processes_add_up_in_one_scrape():
     code = """
         import os, socket, urllib.request
-        from evalq.shared import telemetry
+        from evalq.shared.cluster import telemetry
         path = telemetry.prepare()
         assert telemetry.enabled() and os.environ["PROMETHEUS_MULTIPROC_DIR"] == path
         children = []
@@ -216,7 +216,7 @@ def test_a_killed_nodes_directory_goes_when_the_next_node_starts(tmp_path):
     for path in (stale, live):
         path.mkdir()
         (path / "counter_1.db").write_bytes(b"\0" * 8)
-    done = python("from evalq.shared import telemetry; print(telemetry.prepare())",
+    done = python("from evalq.shared.cluster import telemetry; print(telemetry.prepare())",
                   {"EVALQ_METRICS_PORT": "9999", "TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     made = Path(done.stdout.strip())

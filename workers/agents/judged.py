@@ -14,8 +14,8 @@ from typing import Callable
 
 from evalq.shared.agents.conversation import Turn, turn_view, turns
 from evalq.shared.agents.params import TurnsParams
-from evalq.shared.errors import MetricError, NotApplicable
-from evalq.shared.judges import JudgeParams
+from evalq.shared.core.errors import MetricError, NotApplicable
+from evalq.shared.judging.judges import JudgeParams
 from evalq.workers.metrics.quality import best_over_references, prompt, rate, scale
 from evalq.workers.metrics.structured import each
 

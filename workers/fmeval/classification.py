@@ -5,7 +5,7 @@ the target is not. The dataset-level scores are aggregated over all items
 
 from __future__ import annotations
 
-from evalq.shared.errors import MetricError
+from evalq.shared.core.errors import MetricError
 from evalq.shared.fmeval.classification import convert
 from evalq.shared.fmeval.params import ClassificationAccuracyParams
 

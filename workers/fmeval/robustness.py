@@ -23,9 +23,9 @@ import itertools
 import re
 from statistics import mean
 
-from evalq.shared.errors import MetricError
+from evalq.shared.core.errors import MetricError
 from evalq.shared.fmeval.params import SemanticRobustnessParams
-from evalq.shared.model_under_test import PromptedModel
+from evalq.shared.model.runners import PromptedModel
 from evalq.workers.fmeval import perturb
 
 PERTURBATIONS = {"butter_finger": perturb.butter_finger, "random_upper_case": perturb.random_upper_case,

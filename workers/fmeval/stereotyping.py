@@ -6,7 +6,7 @@ composes them); the metric is the difference."""
 from __future__ import annotations
 
 from evalq.shared.fmeval.params import PromptStereotypingParams
-from evalq.shared.model_under_test import PromptedModel
+from evalq.shared.model.runners import PromptedModel
 
 
 def variants(instance: dict, params: PromptStereotypingParams, model: PromptedModel) -> dict:

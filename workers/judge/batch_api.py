@@ -29,9 +29,9 @@ from typing import Callable, Iterable
 import openai
 from openai.types.chat import ChatCompletion
 
-from evalq.shared.judge_reply import Reply, reply_from_completion
-from evalq.shared.judges import Deployment, JudgeConfig
-from evalq.shared.tokens import estimate_request_tokens
+from evalq.shared.judging.judge_reply import Reply, reply_from_completion
+from evalq.shared.judging.judges import Deployment, JudgeConfig
+from evalq.shared.judging.tokens import estimate_request_tokens
 from evalq.workers.judge.client import sdk_client
 
 ENDPOINTS = {"openai": "/v1/chat/completions", "azure": "/chat/completions"}
@@ -308,7 +308,7 @@ def line_bound(judge: JudgeConfig) -> int:
 def output_limit(judge: JudgeConfig, lines: int | None) -> int:
     """The most bytes of a batch's output and error files evalq reads: its lines' bound, within
     the operator's ``EVALQ_BATCH_OUTPUT_MAX_BYTES`` (1 GiB)."""
-    from evalq.shared.config import env_number
+    from evalq.shared.core.config import env_number
 
     cap = int(env_number(OUTPUT_MAX_ENV, 2**30))
     return min(cap, (lines if lines is not None else MAX_LINES[judge.provider]) * line_bound(judge))

@@ -26,9 +26,9 @@ import time
 
 import redis
 
-from evalq.shared import keys
-from evalq.shared.config import Settings
-from evalq.shared.judges import Deployment, EndpointConfig
+from evalq.shared.cluster import keys
+from evalq.shared.core.config import Settings
+from evalq.shared.judging.judges import Deployment, EndpointConfig
 from evalq.workers.judge.batch_api import estimate_tokens
 
 # KEYS: line hash, queue of the region, touched hash, memo, sync; ARGV: digest, line, region, now,

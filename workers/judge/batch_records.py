@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import redis
 
-from evalq.shared import keys
-from evalq.shared.config import Settings, env_number
-from evalq.shared.judges import Deployment, EndpointConfig, JudgingOptions
+from evalq.shared.cluster import keys
+from evalq.shared.core.config import Settings, env_number
+from evalq.shared.judging.judges import Deployment, EndpointConfig, JudgingOptions
 from evalq.workers.judge.client import accounting_ops
 from evalq.workers.judge.cost import release_ops
 
@@ -69,7 +69,7 @@ def count(pipe, job_id: str, entry: str, region: str, fields: dict[str, int]) ->
 def spend_keys(job_id: str, spec: dict) -> dict[str, list[str]]:
     """The counters a batch line's holds are on (``evalq.workers.judge.cost``): the job's caps and
     its tenant's daily limits, as the judge client that registered the line held them."""
-    from evalq.shared.judges import JudgingOptions
+    from evalq.shared.judging.judges import JudgingOptions
     from evalq.workers.judge.cost import counters
 
     options = JudgingOptions.model_validate(spec.get("judging") or {})

@@ -37,12 +37,12 @@ import uuid
 
 import redis
 
-from evalq.shared import keys, leases, telemetry
-from evalq.shared.config import Settings
-from evalq.shared.judge_reply import Reply
-from evalq.shared.judges import JudgingOptions, deployment_id
-from evalq.shared.model_under_test import endpoint_config as endpoint
-from evalq.shared.status import FINAL, status_of
+from evalq.shared.cluster import keys, leases, telemetry
+from evalq.shared.core.config import Settings
+from evalq.shared.judging.judge_reply import Reply
+from evalq.shared.judging.judges import JudgingOptions, deployment_id
+from evalq.shared.model.runners import endpoint_config as endpoint
+from evalq.shared.cluster.status import FINAL, status_of
 from evalq.workers.judge.batch_records import (MAX_TRIES, UNFINISHED, BatchTiming, auto_deadline, count,
                                                 deployment_in, records, spend_keys, to_sync)
 from evalq.workers.judge.batch_api import BatchApiError, BatchClient, BatchStatus, custom_id, input_file, poll_delay
@@ -382,7 +382,7 @@ class BatchManager(threading.Thread):
 
     def run(self) -> None:
         from evalq.orchestrator.app import client_app
-        from evalq.shared.config import redis_client
+        from evalq.shared.core.config import redis_client
 
         manager = Manager(redis_client(self.broker_url, socket_timeout=60), client_app(self.broker_url), self.regions,
                           self.timing, self.owner)

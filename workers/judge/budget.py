@@ -12,7 +12,7 @@ so workers' clocks do not matter. Two limits hold together:
   budget goes in a burst each time it frees, which Azure answers with 429s
   and which only a worker pool as fast as the burst can keep full.
 
-Keys (``D`` is ``evalq.shared.judges.deployment_id``), built by ``evalq.shared.keys``:
+Keys (``D`` is ``evalq.shared.judging.judges.deployment_id``), built by ``evalq.shared.cluster.keys``:
 
     evalq:budget:{D}:tok     HASH   bucket (0.1 s) -> tokens reserved in it
     evalq:budget:{D}:req     HASH   bucket (0.1 s) -> requests reserved in it
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import redis
 
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 
 # Returns {admitted (1/0/-1), wait_seconds (string), used_tokens, used_requests, bucket}.
 # -1: the request alone exceeds the deployment's TPM and can never be admitted.
@@ -307,11 +307,11 @@ class Within(Budget):
 
 
 def budget_of(r: redis.Redis, dep_id: str, d, safety: float, tenant: str | None = None) -> Budget:
-    """The budget a deployment's calls are admitted by (``d``, as ``evalq.shared.deployments.govern``
+    """The budget a deployment's calls are admitted by (``d``, as ``evalq.shared.judging.deployments.govern``
     gives it): its own, inside it for a catalogue deployment a job asked less of the job's limit,
     and the share of it the operator gives the job's ``tenant`` (``EVALQ_TENANTS``
     ``<tenant>.max_share``), across all the tenant's jobs (``evalq:budget:{D}:tenant-<tenant>:*``)."""
-    from evalq.shared.scheduling import Tenants
+    from evalq.shared.cluster.scheduling import Tenants
 
     share = Tenants.from_env().max_share.get(tenant) if tenant is not None else None
     inner: list[Limit] = []

@@ -34,14 +34,14 @@ import openai
 import redis
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
-from evalq.shared import keys, telemetry
-from evalq.shared.errors import Deferred, MetricError, Pending
-from evalq.shared.judge_reply import Reply, reply_from_completion
-from evalq.shared.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id, model_identity
+from evalq.shared.cluster import keys, telemetry
+from evalq.shared.core.errors import Deferred, MetricError, Pending
+from evalq.shared.judging.judge_reply import Reply, reply_from_completion
+from evalq.shared.judging.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id, model_identity
 from evalq.workers.judge.budget import Budget, Reservation, budget_of
 from evalq.workers.judge.cost import Caps, CostWait, Hold
 from evalq.workers.judge.dialects import Dialects, refused_as_invalid, shape
-from evalq.shared.tokens import estimate_request_tokens, prompt_token_bound
+from evalq.shared.judging.tokens import estimate_request_tokens, prompt_token_bound
 from evalq.workers.keeping import DOWN, WRITE_BEHIND, ItemKeeper, Op, execute
 
 log = logging.getLogger("evalq.judge")
@@ -66,7 +66,7 @@ _sdk_lock = threading.Lock()
 
 @functools.lru_cache(maxsize=1)
 def _policy():
-    from evalq.shared.endpoints import worker_policy
+    from evalq.shared.policy.endpoints import worker_policy
 
     return worker_policy()
 
@@ -76,7 +76,7 @@ def sdk_client(judge: JudgeConfig, d: Deployment, policy=None):
     key is read only for an endpoint the allow-list lets it go to (``policy``, an
     ``EndpointPolicy``; default: this worker's ``EVALQ_ENDPOINTS``, read once);
     otherwise ``JudgeError`` and nothing is sent. Chat calls and batch uploads alike."""
-    from evalq.shared.endpoints import endpoint_url
+    from evalq.shared.policy.endpoints import endpoint_url
 
     refused = (policy or _policy()).problem(judge.api_key_env, endpoint_url(judge.provider, d))
     if refused:
@@ -268,7 +268,7 @@ class JudgeClient:
 
     def _keep(self, digest: str, raw: str | bytes, memo: bool = True) -> None:
         if self.memo and memo:  # at once: other threads and workers may be waiting for this reply
-            from evalq.shared.config import Settings
+            from evalq.shared.core.config import Settings
 
             memo = keys.judge_memo(self.job_id)
             self._write([("hset", (memo, digest, raw)), ("expire", (memo, Settings.from_env().result_ttl))],

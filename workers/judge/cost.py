@@ -4,7 +4,7 @@ Redis counters (the job's, and ``evalq:tenant:<t>:<kind>:<UTC day>`` across the 
 Cost. ``evalq:{J}:cost`` counts, in billionths of the prices' currency, what the job's calls
 cost; beside it, ``...:held`` holds each call in flight (its hold id -> amount and the time it
 lapses). Admission holds a call's worst case, its prompt's upper bound of tokens
-(``evalq.shared.tokens.prompt_token_bound``: an estimate can be low, and a server's count higher)
+(``evalq.shared.judging.tokens.prompt_token_bound``: an estimate can be low, and a server's count higher)
 and ``max_tokens`` of completion at its deployment's price, in one script over every counter the
 call counts on, so concurrent workers never pass a cap together: a call that would pass a cap
 with what was spent is refused (``CostCapReached``: an item error); one that would pass it only
@@ -25,9 +25,9 @@ from datetime import datetime, timezone
 
 import redis
 
-from evalq.shared import keys
-from evalq.shared.errors import MetricError, Skipped
-from evalq.shared.judges import NANO, Price
+from evalq.shared.cluster import keys
+from evalq.shared.core.errors import MetricError, Skipped
+from evalq.shared.judging.judges import NANO, Price
 
 # KEYS: spent_1, held_1, spent_2, held_2, ...; ARGV: amount, hold id, lapses at (s), now-ttl pairs...
 # -> 1 held; 0 wait (only the calls in flight stand in the way); -i: counter i is reached
@@ -108,7 +108,7 @@ def counters(job_id: str, tenant: str | None, kind: str, job_cap: float | None) 
     """The counters a call's ``kind`` ("cost" or "tokens") is held on: the job's cap, and the
     operator's daily limit of the job's tenant across all its jobs (EVALQ_TENANTS
     ``<tenant>.daily_cost`` / ``.daily_tokens``, UTC days), each where one is set."""
-    from evalq.shared.scheduling import Tenants
+    from evalq.shared.cluster.scheduling import Tenants
 
     scale = NANO if kind == "cost" else 1
     found = []

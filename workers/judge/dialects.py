@@ -25,7 +25,7 @@ import time
 import openai
 import redis
 
-from evalq.shared import keys
+from evalq.shared.cluster import keys
 
 log = logging.getLogger("evalq.judge")
 

@@ -1,7 +1,7 @@
 """BERTScore on the gpu queue, computed with the bert-score package.
 
 What model, layer and baseline a parameter set means is resolved in
-``evalq.shared.bertscore`` (validation needs it too, without torch). Here: a
+``evalq.shared.metrics.bertscore`` (validation needs it too, without torch). Here: a
 per-process model cache, the ``prepare`` hook that computes idf weights once
 per job over every reference, and the batch function the runner calls with a
 chunk of instances. Models are only ever loaded from local directories.
@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from evalq.shared.bertscore import resolve
+from evalq.shared.metrics.bertscore import resolve
 
 # Never reach the network, whatever imports transformers later in this process.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -17,8 +17,8 @@ never pays again for a call already answered.
 from __future__ import annotations
 
 
-from evalq.shared.instances import context_passages
-from evalq.shared.judges import (RELATIONS, ClaimScoreParams, ClaimsParams, DefectJudgeParams,
+from evalq.shared.data.instances import context_passages
+from evalq.shared.judging.judges import (RELATIONS, ClaimScoreParams, ClaimsParams, DefectJudgeParams,
                                  RubricsFCParams)
 from evalq.workers.metrics import structured as s
 

@@ -19,9 +19,9 @@ from nltk.tokenize import wordpunct_tokenize
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from rouge_score.rouge_scorer import RougeScorer
 
-from evalq.shared.bounds import ROUGE_L_TOKENS_ENV, rouge_l_max_tokens
-from evalq.shared.errors import MetricError
-from evalq.shared.params import BleuParams, NoParams, RougeParams
+from evalq.shared.core.bounds import ROUGE_L_TOKENS_ENV, rouge_l_max_tokens
+from evalq.shared.core.errors import MetricError
+from evalq.shared.metrics.params import BleuParams, NoParams, RougeParams
 
 
 def _references(instance: dict) -> list[str]:

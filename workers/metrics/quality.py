@@ -13,8 +13,8 @@ import json
 import re
 from typing import Any, Callable, Protocol
 
-from evalq.shared.instances import context_text
-from evalq.shared.judges import JudgeParams, RubricParams
+from evalq.shared.data.instances import context_text
+from evalq.shared.judging.judges import JudgeParams, RubricParams
 from evalq.workers.metrics.structured import MATERIAL, ask, data, each, escape
 
 

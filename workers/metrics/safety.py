@@ -7,8 +7,8 @@ definitions. Pure functions: messages in, the judge passed in, a result out.
 
 from __future__ import annotations
 
-from evalq.shared.instances import context_text
-from evalq.shared.judges import HARMS, DefectJudgeParams, SafetyParams, severity_label
+from evalq.shared.data.instances import context_text
+from evalq.shared.judging.judges import HARMS, DefectJudgeParams, SafetyParams, severity_label
 from evalq.workers.metrics import structured as s
 
 # What each harm covers, in evalq's words.

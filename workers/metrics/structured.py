@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any, Callable, Iterable
 
-from evalq.shared.errors import MetricError, Pending
+from evalq.shared.core.errors import MetricError, Pending
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 

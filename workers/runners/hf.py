@@ -14,7 +14,7 @@ Jobs may name it only where the operator loads this module (``EVALQ_PLUGINS``): 
 worker whatever model a job's ``model_name`` names. So its parameters are typed and bounded
 (``HFCausalLMParams``): ``model_name`` is a local directory (in a queue request, under its
 tenant's roots, ``EVALQ_REQUEST_ROOTS``/``EVALQ_SHARED_ROOTS``), ``gguf_file`` a file name in
-it, ``max_new_tokens`` at most ``evalq.shared.bounds.MAX_NEW_TOKENS``, ``device`` cpu or cuda.
+it, ``max_new_tokens`` at most ``evalq.shared.core.bounds.MAX_NEW_TOKENS``, ``device`` cpu or cuda.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from evalq.shared import bounds
-from evalq.shared.model_under_test import ModelRunner
-from evalq.shared.params import Params, local_path
+from evalq.shared.core import bounds
+from evalq.shared.model.runners import ModelRunner
+from evalq.shared.core.strict import Params
+from evalq.shared.policy.egress import local_path
 
 
 class HFCausalLMParams(Params):

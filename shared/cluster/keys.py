@@ -1,0 +1,261 @@
+"""Every Redis key evalq writes, built in one place.
+
+All keys of one job share the prefix ``evalq:{<job>}:`` (the braces are a Redis
+Cluster hash tag, so one job's keys live on one shard and Lua scripts may touch
+several of them):
+
+    evalq:{J}:spec           STRING  job spec as run (metrics, resolved parameters, counts)
+    evalq:{J}:instances      LIST    one JSON instance per element, in job order
+    evalq:{J}:res:{M}        HASH    instance index -> JSON item record, for metric key M
+    evalq:{J}:time:{M}       HASH    chunk start -> seconds spent scoring that chunk
+    evalq:{J}:part:{M}       HASH    chunk start -> JSON aggregate of the chunk's items (mergeable kinds)
+    evalq:{J}:view:{M}       HASH    chunk start -> JSON of what report.html needs of the chunk (worst items, sample)
+    evalq:{J}:kept:{M}       HASH    instance index -> JSON ``{"record": ...}`` of an item scored in a chunk that
+                                     has not ended, or ``{"replies": {sha: reply}}`` of its calls answered so far
+                                     (``evalq.workers.keeping``); the chunk's end moves records to ``res:{M}``
+    evalq:{J}:summary        STRING  JSON list of aggregated metric results (results.json)
+    evalq:{J}:stage:{S}      STRING  JSON summary of a stage that is not a metric (S = generate)
+    evalq:{J}:status         STRING  running | generated | done | failed | cancelled
+    evalq:{J}:plan           HASH    per stage S: S:total (chunks), S:sent (chunks sent so far), S:fired
+    evalq:{J}:chunks:{S}     SET     chunks of stage S that are finished (``<metric key>:<start>``)
+    evalq:{J}:error          STRING  why a job failed (its outputs could not be written, say)
+    evalq:{J}:reply_targets  SET     JSON ``[message id, reply_to]`` of each duplicate request (its own document)
+    evalq:{J}:replied        SET     requests already answered, one document each: ``first`` (the job's own
+                                     ``reply_to``), ``msg:<message id>`` (a duplicate request)
+    evalq:{J}:watch          HASH    what the lookers-after saw and did (evalq.orchestrator.watch)
+    evalq:jobs               ZSET    job id -> submission time, for ``evalq status``
+    evalq:request:{R}        STRING  job id of idempotency key R (a request id, else the message id)
+    evalq:request:{R}:owner  STRING  the message that bound R (its redelivery is told from a second request)
+    evalq:sweeper            STRING  held for one interval by the jobs worker that sweeps running jobs
+
+The generation stage's item records (the model's outputs) live in
+``evalq:{J}:res:generate`` like a metric's; ``generate`` is a reserved metric id.
+
+Judge keys shared across jobs (see ``evalq.workers.judge.budget`` for the budget's):
+
+    evalq:budget:{D}:<part>  budget state of deployment D (tokens, requests, pause, bias, failures)
+    evalq:judgecache:<sha>   STRING cached judge reply for one canonical request
+    evalq:{J}:acct:{M}       HASH   judge accounting of metric M: calls, cache_hits, tokens, 429s, cost_nano
+    evalq:{J}:tokens         STRING tokens the job reserved (checked against its token cap)
+    evalq:{J}:cost           STRING the job's cost in billionths of the prices' currency, paid plus held by
+                                    calls in flight (checked against its cost cap; only with a cost cap)
+    evalq:{J}:memo           HASH   request sha -> judge reply, for metrics of several calls per item
+                                    (claims extracted once per job; a re-run item pays no call twice),
+                                    and every reply a provider batch brought back
+
+The Batch API path (``evalq.workers.judge.batches``):
+
+    evalq:batch:jobs              SET    jobs with batch lines or batches not yet ended
+    evalq:batch:lock:{R}          STRING held by the one batch manager of region R for a tick
+    evalq:{J}:batch:line          HASH   request sha -> JSON line waiting for a reply (entry, item, body, tries)
+    evalq:{J}:batch:queued:{R}    LIST   request shas waiting to go into a batch of region R
+    evalq:{J}:batch:touched       HASH   region -> when a line last joined its queue
+    evalq:{J}:batch:sync          HASH   request sha -> why it is sent synchronously instead
+    evalq:{J}:batch:open          HASH   batch -> JSON record (provider id, state, lines, counts, expected end)
+    evalq:{J}:batch:members:{B}   LIST   request shas of batch B
+    evalq:{J}:parked              HASH   "<metric key>:<start>" -> JSON chunk waiting for batch replies
+
+Item records (and chunk parts) are written with HSET on a field derived from
+the instance's (chunk's) position, so a redelivered task overwrites instead of
+adding: nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+PREFIX = "evalq"
+
+
+def job_prefix(job_id: str) -> str:
+    return f"{PREFIX}:{{{job_id}}}"
+
+
+def spec(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:spec"
+
+
+def instances(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:instances"
+
+
+def shared_values(job_id: str) -> str:
+    """Hash: digest -> JSON of a value many instances share, stored once (tool definitions)."""
+    return f"{job_prefix(job_id)}:shared"
+
+
+def results(job_id: str, metric_key: str) -> str:
+    return f"{job_prefix(job_id)}:res:{metric_key}"
+
+
+def kept(job_id: str, metric_key: str) -> str:
+    return f"{job_prefix(job_id)}:kept:{metric_key}"
+
+
+def parts(job_id: str, metric_key: str) -> str:
+    return f"{job_prefix(job_id)}:part:{metric_key}"
+
+
+def views(job_id: str, metric_key: str) -> str:
+    return f"{job_prefix(job_id)}:view:{metric_key}"
+
+
+def values(job_id: str, metric_key: str) -> str:
+    """Per chunk, its items' values by field (``evalq.orchestrator.recording.chunk_values``)."""
+    return f"{job_prefix(job_id)}:values:{metric_key}"
+
+
+def timings(job_id: str, metric_key: str) -> str:
+    return f"{job_prefix(job_id)}:time:{metric_key}"
+
+
+def summary(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:summary"
+
+
+def stage_summary(job_id: str, stage: str) -> str:
+    return f"{job_prefix(job_id)}:stage:{stage}"
+
+
+def status(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:status"
+
+
+def plan(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:plan"
+
+
+def callback_lease(job_id: str, stage: str) -> str:
+    """Held by the stage's callback while it runs (``evalq.shared.cluster.leases``)."""
+    return f"{job_prefix(job_id)}:callback:{stage}"
+
+
+def chunks_done(job_id: str, stage: str) -> str:
+    return f"{job_prefix(job_id)}:chunks:{stage}"
+
+
+def error(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:error"
+
+
+def replied(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:replied"
+
+
+def reply_targets(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:reply_targets"
+
+
+JOBS = f"{PREFIX}:jobs"
+SWEEP_LOCK = f"{PREFIX}:sweeper"
+
+
+def watch(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:watch"
+
+
+def request(request_id: str) -> str:
+    return f"{PREFIX}:request:{request_id}"
+
+
+# What outlives a job (and an embedded Redis, which saves only these).
+PERSISTENT_PREFIXES = (f"{PREFIX}:judgecache:", f"{PREFIX}:budget:", f"{PREFIX}:dialect:")
+
+
+def tenant_spend(tenant: str, kind: str, day: str) -> str:
+    """What a tenant's jobs spent (``kind``: cost in billionths, or tokens) on a UTC day."""
+    return f"{PREFIX}:tenant:{tenant}:{kind}:{day}"
+
+
+def dialect(dep_id: str) -> str:
+    """How a deployment is asked for structured output (``evalq.workers.judge.dialects``)."""
+    return f"{PREFIX}:dialect:{dep_id}"
+
+
+def budget(dep_id: str, part: str) -> str:
+    return f"{PREFIX}:budget:{{{dep_id}}}:{part}"
+
+
+def judge_cache(digest: str) -> str:
+    return f"{PREFIX}:judgecache:{digest}"
+
+
+def accounting(job_id: str, metric_key: str) -> str:
+    return f"{job_prefix(job_id)}:acct:{metric_key}"
+
+
+def job_tokens(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:tokens"
+
+
+def job_cost(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:cost"
+
+
+def cost_held(counter: str) -> str:
+    """The holds of the calls in flight on a cost counter (``job_cost``, ``tenant_spend``): a hash,
+    hold id -> ``<amount>:<server time it lapses>`` (``evalq.workers.judge.cost``)."""
+    return f"{counter}:held"
+
+
+def judge_memo(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:memo"
+
+
+def judge_memo_claim(job_id: str, digest: str) -> str:
+    """Held (briefly) by the one thread making a memoized call."""
+    return f"{job_prefix(job_id)}:memo:claim:{digest}"
+
+
+BATCH_JOBS = f"{PREFIX}:batch:jobs"
+
+
+def batch_lock(region: str) -> str:
+    return f"{PREFIX}:batch:lock:{region}"
+
+
+def batch(job_id: str, part: str) -> str:
+    """``part`` of job J's Batch API state: line, queued:<region>, touched, sync, open, members:<batch>."""
+    return f"{job_prefix(job_id)}:batch:{part}"
+
+
+def parked(job_id: str) -> str:
+    return f"{job_prefix(job_id)}:parked"
+
+
+# --- sharing queues between jobs (evalq.orchestrator.dispatch) --------------------------------
+#   evalq:{J}:pending:{Q}       LIST   chunks of job J waiting in line for a slot on queue Q (JSON descriptors)
+#   evalq:sched:{Q}:jobs        SET    jobs with chunks in line on Q
+#   evalq:sched:{Q}:out         STRING chunks sent on Q and not finished (re-counted by every sweep)
+#   evalq:sched:{Q}:vt          HASH   tenant -> virtual time on Q; "job:<id>" -> the job's
+#   evalq:sched:{Q}:log         ZSET   "<job>|<tenant>|<cost>|<nonce>" -> time sent (the last minute's shares)
+#   evalq:sched:{Q}:slots       HASH   worker -> "<slots> <time>" (what it runs at once on Q)
+#   evalq:sched:{Q}:lock        STRING held by the one dispatcher filling Q ("again": a caller found it held)
+#   evalq:sched:queues          SET    queues with jobs in line
+#   evalq:backlog:{Q}           STRING chunks planned and not finished on Q (for autoscaling)
+
+SCHED_QUEUES = f"{PREFIX}:sched:queues"
+
+
+def pending(job_id: str, queue: str) -> str:
+    return f"{job_prefix(job_id)}:pending:{queue}"
+
+
+def sched(queue: str, part: str) -> str:
+    """``part`` of queue Q's dispatch state: jobs, out, vt, log, slots, lock."""
+    return f"{PREFIX}:sched:{{{queue}}}:{part}"
+
+
+def backlog(queue: str) -> str:
+    return f"{PREFIX}:backlog:{queue}"
+
+
+def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
+    """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage."""
+    keys = [spec(job_id), instances(job_id), shared_values(job_id), summary(job_id), status(job_id),
+            job_tokens(job_id), job_cost(job_id), cost_held(job_cost(job_id)), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
+            replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
+            chunks_done(job_id, "generate"), chunks_done(job_id, "metrics"), parked(job_id),
+            batch(job_id, "line"), batch(job_id, "touched"), batch(job_id, "sync"), batch(job_id, "open")]
+    for m in metric_keys:
+        keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m),
+                 values(job_id, m), accounting(job_id, m)]
+    return keys

@@ -1,0 +1,127 @@
+"""Runtime settings, read from ``EVALQ_*`` environment variables.
+
+One place for every knob so the CLI, the workers and the tests agree.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+CONTROL_QUEUE = "evalq.control"  # stage callbacks
+JOBS_QUEUE = "evalq.jobs"  # job requests (evalq.submit_job): the orchestrator role
+# A tenant's own request queue: evalq.jobs.<tenant>, which Redis ACLs let only that tenant write
+TENANT_QUEUE_PREFIX = JOBS_QUEUE + "."
+
+
+def tenant_queue(tenant: str) -> str:
+    return TENANT_QUEUE_PREFIX + tenant
+
+
+def tenant_of_queue(queue: str | None) -> str | None:
+    """The tenant whose request queue ``queue`` is; None for the shared evalq.jobs (or anything else)."""
+    return queue[len(TENANT_QUEUE_PREFIX):] if queue and queue.startswith(TENANT_QUEUE_PREFIX) else None
+
+
+def is_request_queue(queue: str) -> bool:
+    return queue == JOBS_QUEUE or queue.startswith(TENANT_QUEUE_PREFIX)
+
+
+def env_number(name: str, default: int | float) -> int | float:
+    """The number in environment variable ``name`` (of ``default``'s type, at least 0),
+    or ``default`` when unset; anything else is a JobError naming the variable."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    kind = type(default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = -1
+    if not value >= 0:  # negative, or NaN
+        from evalq.shared.core.errors import JobError
+
+        raise JobError(f"{name}: expected {'a whole number' if kind is int else 'a number'} >= 0, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    broker_url: str | None
+    # Seconds a reserved-but-unacknowledged message stays invisible before Redis
+    # redelivers it. Must exceed the longest task, or tasks run twice.
+    visibility_timeout: int
+    # Seconds job keys live in Redis after the outputs are written.
+    result_ttl: int
+    # Looking after running jobs (evalq.orchestrator.watch): how often a worker of the
+    # evalq.jobs queue sweeps them (0: never), how long a complete stage may wait for its
+    # callback, and how long a job may make no progress, with nothing of it queued or
+    # running, before its unfinished chunks are sent again.
+    sweep_interval: float = 5.0
+    callback_grace: float = 10.0
+    resume_after: float = 15.0
+    # Seconds a stage callback's lease lasts unrenewed: a running callback renews it every
+    # third of that, so one that died is known as such (and sent again) this long after.
+    callback_lease: float = 30.0
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        return cls(
+            broker_url=os.environ.get("EVALQ_BROKER_URL") or None,
+            visibility_timeout=env_number("EVALQ_VISIBILITY_TIMEOUT", 3600),
+            result_ttl=env_number("EVALQ_RESULT_TTL", 7 * 24 * 3600),
+            sweep_interval=env_number("EVALQ_SWEEP_INTERVAL", 5.0),
+            callback_grace=env_number("EVALQ_CALLBACK_GRACE", 10.0),
+            resume_after=env_number("EVALQ_RESUME_AFTER", 15.0),
+            callback_lease=env_number("EVALQ_CALLBACK_LEASE", 30.0),
+        )
+
+
+def cache_dir():
+    """Where evalq keeps what outlives a run on this machine (embedded Redis's judge cache, the
+    default history store): ``EVALQ_CACHE_DIR``, else ``~/.cache/evalq``."""
+    from pathlib import Path
+
+    return Path(os.environ.get("EVALQ_CACHE_DIR") or Path.home() / ".cache" / "evalq")
+
+
+def redis_tls(url: str | None) -> dict | None:
+    """TLS options for a ``rediss://`` URL (None for plain ``redis://``): the server's
+    certificate is always verified, against ``EVALQ_REDIS_CA_FILE`` when set (a
+    private CA), else the system's trust store; ``EVALQ_REDIS_CERT_FILE`` and
+    ``EVALQ_REDIS_KEY_FILE`` give a client certificate when the server asks for one."""
+    if not url or not url.startswith("rediss://"):
+        return None
+    import ssl
+
+    options: dict = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    for key, env in (("ssl_ca_certs", "EVALQ_REDIS_CA_FILE"), ("ssl_certfile", "EVALQ_REDIS_CERT_FILE"),
+                     ("ssl_keyfile", "EVALQ_REDIS_KEY_FILE")):
+        if os.environ.get(env):
+            options[key] = os.environ[env]
+    return options
+
+
+def redis_client(url: str, **kwargs):
+    """A redis-py client for ``url`` (``redis://`` or ``rediss://``, with AUTH in the URL)."""
+    import redis
+
+    return redis.Redis.from_url(url, **kwargs, **(redis_tls(url) or {}))
+
+
+def safe_url(url: str | None) -> str:
+    """A Redis URL fit to print: the password (or user:password) replaced by ***, and so is
+    any secret in the query string (redis-py also reads ``?password=``)."""
+    if not url:
+        return ""
+    from urllib.parse import parse_qsl, urlencode
+
+    head, sep, query = url.partition("?")
+    if sep:
+        pairs = [(k, "***" if k.lower() in ("password", "username", "ssl_password") else v)
+                 for k, v in parse_qsl(query, keep_blank_values=True)]
+        url = head + "?" + urlencode(pairs, safe="*/:")
+    if "@" not in head:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

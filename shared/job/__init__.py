@@ -1,0 +1,8 @@
+"""A job read and validated whole: its schema and ``parse_job`` (``schema``), its metric entries
+resolved against the registry and the judges (``entries``), suites and regression settings
+(``nightly``), and every metric a job may name registered in one place (``catalogue``: evalq's own,
+each family's, the operator's plugins).
+
+May import: core, policy, judging, scores, metrics, cluster, agents, data, model, fmeval. (``tests/unit/test_layers.py`` holds every room of ``evalq.shared`` to
+its list.)
+"""

@@ -1,0 +1,67 @@
+"""What makes a run part of a nightly series: its ``suite`` (the name its runs are
+grouped under in the history store) and how its regressions are judged.
+
+A job says (top level of the job file; the request's ``suite`` or ``evalq run/submit
+--suite`` override the name)::
+
+    "suite": "rag-nightly",
+    "regression": {"baseline": 7, "min_effect": 0.01, "alpha": 0.05}
+
+A job that names no suite belongs to the suite named after its job file (``rag.json``
+-> ``rag``); a request's inline job without one to ``default``. Omitted ``regression``
+fields take the operator's defaults: ``EVALQ_REGRESSION_BASELINE`` (7 runs),
+``EVALQ_REGRESSION_MIN_EFFECT`` (0.01) and ``EVALQ_REGRESSION_ALPHA`` (0.05).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from urllib.parse import urlparse
+
+from pydantic import Field
+
+from evalq.shared.core.config import env_number
+from evalq.shared.core.strict import Strict
+
+SUITE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,127}$"
+_SUITE = re.compile(SUITE_PATTERN)
+DEFAULT_SUITE = "default"
+_SUFFIXES = (".gz", ".json", ".jsonl")
+
+
+def suite_problem(value) -> str | None:
+    """Why ``value`` cannot name a suite, or None."""
+    if isinstance(value, str) and _SUITE.match(value):
+        return None
+    return ("expected a name of 1 to 128 letters, digits and _ . : / @ + - (starting with a letter or digit)"
+            f", got {str(value)[:80]!r}")
+
+
+def suite_of(source: str) -> str:
+    """The suite a job that names none belongs to: its file's name without extensions."""
+    if source.startswith("request."):
+        return DEFAULT_SUITE
+    name = PurePosixPath(urlparse(source).path if "://" in source else source.replace("\\", "/")).name
+    for suffix in _SUFFIXES:
+        name = name.removesuffix(suffix)
+    name = re.sub(r"[^A-Za-z0-9_.:/@+-]", "_", name).lstrip("_.:/@+-")[:128]
+    return name or DEFAULT_SUITE
+
+
+class Regression(Strict):
+    """How a run's entries are judged against the suite's earlier runs (None: the operator's default)."""
+
+    baseline: int | None = Field(default=None, ge=1, le=100,
+                                 description="compare with the last this many runs of the suite that ended done")
+    min_effect: float | None = Field(default=None, ge=0, allow_inf_nan=False,
+                                     description="a smaller move (in the value's own units) is never a regression")
+    alpha: float | None = Field(default=None, gt=0, lt=1, description="significance level")
+
+    def resolved(self) -> "Regression":
+        """These settings with every omitted field at the operator's default."""
+        return Regression(
+            baseline=self.baseline if self.baseline is not None else int(env_number("EVALQ_REGRESSION_BASELINE", 7)) or 7,
+            min_effect=self.min_effect if self.min_effect is not None
+            else float(env_number("EVALQ_REGRESSION_MIN_EFFECT", 0.01)),
+            alpha=self.alpha if self.alpha is not None else float(env_number("EVALQ_REGRESSION_ALPHA", 0.05)) or 0.05)
