@@ -13,22 +13,20 @@ import json
 import logging
 import time
 import traceback
-from functools import lru_cache
 from typing import Any
 
 import redis
 
-import evalq.shared.job.catalogue  # noqa: F401  (registers the built-in metrics)
 from evalq.shared.cluster import keys, telemetry
 from evalq.shared.scores.aggregate import chunk_part
-from evalq.shared.core.config import Settings
 from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
 from evalq.shared.data.instances import with_shared
-from evalq.shared.model.runners import GENERATE, GENERATE_SPEC
-from evalq.shared.metrics.registry import REGISTRY, MetricSpec
+from evalq.shared.model.runners import GENERATE
+from evalq.shared.metrics.registry import MetricSpec
 from evalq.workers import keeping
 from evalq.workers.item_budget import bounded
-from evalq.shared.cluster.spec import entry_of, is_model_run, is_variants, span, stored_spec, variants_key
+from evalq.shared.cluster.spec import variants_key
+from evalq.workers.context import ChunkContext
 
 log = logging.getLogger("evalq.worker")
 
@@ -49,46 +47,16 @@ class Parked(Exception):
         super().__init__(f"{len(digests)} call(s) wait for a batch")
 
 
-@lru_cache(maxsize=256)
-def _metric(r: redis.Redis, job_id: str, metric_key: str) -> tuple[MetricSpec, Any, Any]:
-    entry = entry_of(stored_spec(r, job_id), metric_key)
-    if metric_key == GENERATE:
-        spec = GENERATE_SPEC
-    elif is_variants(metric_key):
-        spec = REGISTRY.get(entry["id"]).variants_spec()
-    else:
-        spec = REGISTRY.get(entry["id"])
-    return spec, spec.params.model_validate(entry["parameters"]), entry.get("prepared")
-
-
-@lru_cache(maxsize=256)
-def _endpoint_config(r: redis.Redis, job_id: str, name: str):
-    """A judge's configuration, or the model under test's (``generate``)."""
-    from evalq.shared.judging.judges import JudgingOptions
-    from evalq.shared.model.runners import endpoint_config
-
-    spec = stored_spec(r, job_id)
-    options = JudgingOptions.model_validate(spec["judging"])
-    config = endpoint_config(spec, name, job_id)  # governed by this worker's catalogue (ValueError: refused)
-    if name == GENERATE:
-        # the token cap bounds judge spend (the cost cap, money, bounds both); generation follows
-        # the model's own cache setting
-        return config, options.model_copy(update={"cache": getattr(config, "cache", False), "token_cap": None})
-    return config, options
-
-
-def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, deployment: str | None,
-                    keeper: keeping.ItemKeeper | None = None):
+def endpoint_client(ctx: ChunkContext, deployment: str | None, keeper: keeping.ItemKeeper | None = None):
     """What a judge metric or the generation stage calls: a JudgeClient, or a ModelRunner."""
     from evalq.shared.model.runners import PythonModel
     from evalq.workers.judge.client import JudgeClient
 
-    name = GENERATE if is_model_run(metric_key) else params.judge
     try:
-        config, options = _endpoint_config(r, job_id, name)
+        config, options = ctx.endpoint
     except ValueError as exc:  # the operator's catalogue or inline policy refuses it: each item says why
         refused = Refused(str(exc))
-        if is_model_run(metric_key):
+        if ctx.model_run:
             from evalq.workers.generate import EndpointRunner
 
             return EndpointRunner(refused, None)
@@ -97,15 +65,10 @@ def endpoint_client(r: redis.Redis, job_id: str, metric_key: str, params: Any, d
         from evalq.workers.generate import python_runner
 
         return python_runner(config)
-    spec = stored_spec(r, job_id)
-    # the model's runs share the job memo when there are variants: a variants run asks the unperturbed
-    # prompt the generation run asks too, in the same stage; the first asks, the other waits for it
-    memo = (bool(spec.get("variants")) if is_model_run(metric_key)
-            else REGISTRY.get(entry_of(spec, metric_key)["id"]).memo)
-    client = JudgeClient(r, job_id, metric_key, name, config, options, preferred=deployment, memo=memo,
-                         keeper=keeper, tenant=(spec.get("scheduling") or {}).get("tenant"))
-    client.batch = batch_lines(r, job_id, metric_key, name, config, options, params, client.deployments)
-    if is_model_run(metric_key):
+    client = JudgeClient(ctx.r, ctx.job_id, ctx.key, ctx.endpoint_name, config, options, preferred=deployment,
+                         memo=ctx.memo, keeper=keeper, tenant=ctx.tenant)
+    client.batch = batch_lines(ctx, config, options, client.deployments)
+    if ctx.model_run:
         from evalq.workers.generate import EndpointRunner
 
         return EndpointRunner(client, config.system)
@@ -125,19 +88,18 @@ class Refused:
         raise JudgeError(f"not sent: {self.reason}")
 
 
-def batch_lines(r: redis.Redis, job_id: str, metric_key: str, name: str, config: Any, options: Any,
-                params: Any, deployments: list) -> Any:
+def batch_lines(ctx: ChunkContext, config: Any, options: Any, deployments: list) -> Any:
     """The entry's ``BatchLines`` when its calls go through the Batch API (its ``mode``, else
     ``judging.mode``; generation follows ``judging.mode`` where the model has a batch
     deployment), else None. ``auto`` carries its deadline."""
     from evalq.workers.judge.batch_lines import BatchLines
     from evalq.workers.judge.batch_records import auto_deadline
 
-    mode = options.mode if is_model_run(metric_key) else params.effective_mode(options)
+    mode = options.mode if ctx.model_run else ctx.params.effective_mode(options)
     if mode == "sync" or not config.batch_deployments:
         return None
-    deadline = auto_deadline(stored_spec(r, job_id)) if mode == "auto" else None
-    return BatchLines(r, job_id, metric_key, name, config, deployments, deadline)
+    deadline = auto_deadline(ctx.spec) if mode == "auto" else None
+    return BatchLines(ctx.r, ctx.job_id, ctx.key, ctx.endpoint_name, config, deployments, deadline)
 
 
 def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: Any = None,
@@ -230,7 +192,8 @@ def settle(spec: MetricSpec) -> None:
 
 def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: int,
               deployment: str | None = None, queue: str | None = None) -> dict:
-    spec, params, prepared = _metric(r, job_id, metric_key)
+    ctx = ChunkContext.read(r, job_id, metric_key)  # the job's context, read once for the whole chunk
+    spec, params = ctx.metric, ctx.params
     settle(spec)  # imports stay out of the timing below
     positions = list(range(start, stop))
     kept: dict[int, dict] = {}
@@ -239,51 +202,48 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
         # or kept, nor again for a call of an item that was answered.
         recorded, kept = keeping.earlier(r, job_id, metric_key, positions)
         positions = [p for p in positions if p not in recorded and "record" not in kept.get(p, {})]
-    instances = _instances(r, job_id, positions)
+    instances = _instances(ctx, positions)
     if metric_key == GENERATE:  # only instances without an output are generated
         wanted = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
         positions, instances = [p for p, _ in wanted], [inst for _, inst in wanted]
-    elif not is_model_run(metric_key):
-        if GENERATE in stored_spec(r, job_id):
-            _with_generated(r, job_id, positions, instances)
-        if spec.variants:
-            _with_variants(r, job_id, metric_key, positions, instances)
+    else:
+        if ctx.needs_generated:
+            _with_generated(ctx, positions, instances)
+        if ctx.needs_variants:
+            _with_variants(ctx, positions, instances)
     keeper = judge = None
     if spec.calls_endpoint:
         keeper = keeping.ItemKeeper(r, job_id, metric_key, positions,
-                                    {p: k["replies"] for p, k in kept.items() if "replies" in k},
-                                    stored_spec(r, job_id).get("ttl") or Settings.from_env().result_ttl)
-        judge = endpoint_client(r, job_id, metric_key, params, deployment, keeper)
-        if is_variants(metric_key):  # the model asked through the job's prompt template
+                                    {p: k["replies"] for p, k in kept.items() if "replies" in k}, ctx.ttl)
+        judge = endpoint_client(ctx, deployment, keeper)
+        if ctx.variants_run:  # the model asked through the job's prompt template
             from evalq.shared.model.runners import PromptedModel
 
-            judge = PromptedModel(judge, entry_of(stored_spec(r, job_id), metric_key)["prompt_template"])
-    human = _human_key(r, job_id, metric_key)
+            judge = PromptedModel(judge, ctx.entry["prompt_template"])
     t0 = time.perf_counter()
     try:
-        records = score_items(spec, params, instances, prepared, judge, human, keeper)
+        records = score_items(spec, params, instances, ctx.prepared, judge, ctx.human, keeper)
     except (Deferred, Parked):
-        _write(r, job_id, metric_key, start, {}, time.perf_counter() - t0)  # its items are kept
+        _write(ctx, start, {}, time.perf_counter() - t0)  # its items are kept
         raise
     finally:
         if keeper is not None:
             keeper.flush()  # the counters of an item cut short
     elapsed = time.perf_counter() - t0
     new = {p: k["record"] for p, k in kept.items() if "record" in k} | dict(zip(positions, records))
-    items = _chunk_records(r, job_id, metric_key, start, stop, dict(new))
-    part = chunk_part(spec.aggregation, params.model_dump(mode="json"), [rec for _, rec in items])
+    items = _chunk_records(ctx, start, stop, dict(new))
+    dumped = params.model_dump(mode="json")
+    part = chunk_part(spec.aggregation, dumped, [rec for _, rec in items])
     view = values = None
-    if not is_model_run(metric_key):  # what report.html and the history store need of the chunk, so the
+    if not ctx.model_run:  # what report.html and the history store need of the chunk, so the
         from evalq.orchestrator.recording import chunk_values  # final callback parses no record
         from evalq.orchestrator.report import chunk_view
         from evalq.shared.scores.results import read
 
-        whole, dumped = stored_spec(r, job_id), params.model_dump(mode="json")
         readings = [read(spec.aggregation, dumped, record) for _, record in items]  # each record read once
-        view = chunk_view(items, readings, span(whole, whole["metrics"][metric_key]), start)
+        view = chunk_view(items, readings, ctx.span, start)
         values = chunk_values(items, readings)
-    _write(r, job_id, metric_key, start, new, elapsed, part, view, values,
-           kept=range(start, stop) if spec.calls_endpoint else range(0))
+    _write(ctx, start, new, elapsed, part, view, values, kept=range(start, stop) if spec.calls_endpoint else range(0))
     # every record in ``new`` went to res:{M} just now (one kept by a deferred run of the
     # chunk was never written there), so each item counts once, as results.json counts it
     telemetry.items_recorded(spec.id, queue, new.values())
@@ -291,28 +251,20 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     return {"metric": metric_key, "start": start, "n": stop - start}
 
 
-def _human_key(r: redis.Redis, job_id: str, metric_key: str) -> str | None:
-    """The name human grades use for this entry (its ``name``, else its metric id)."""
-    if is_model_run(metric_key):
-        return None
-    entry = stored_spec(r, job_id)["metrics"][metric_key]
-    return entry.get("name") or entry["id"]
-
-
-def _instances(r: redis.Redis, job_id: str, positions: list[int]) -> list[dict]:
+def _instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:
     if not positions:
         return []
     lo, hi = positions[0], positions[-1]
-    raw = r.lrange(keys.instances(job_id), lo, hi)
-    return with_shared(r, job_id, [json.loads(raw[p - lo]) for p in positions])
+    raw = ctx.r.lrange(keys.instances(ctx.job_id), lo, hi)
+    return with_shared(ctx.r, ctx.job_id, [json.loads(raw[p - lo]) for p in positions])
 
 
-def _with_generated(r: redis.Redis, job_id: str, positions: list[int], instances: list[dict]) -> None:
+def _with_generated(ctx: ChunkContext, positions: list[int], instances: list[dict]) -> None:
     """Give instances without an output the one the generation stage recorded."""
     wanted = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
     if not wanted:
         return
-    raw = r.hmget(keys.results(job_id, GENERATE), [str(p) for p, _ in wanted])
+    raw = ctx.r.hmget(keys.results(ctx.job_id, GENERATE), [str(p) for p, _ in wanted])
     for (_, inst), rec in zip(wanted, raw):
         record = json.loads(rec) if rec is not None else {"error": "no output was recorded"}
         if "result" in record:
@@ -323,12 +275,12 @@ def _with_generated(r: redis.Redis, job_id: str, positions: list[int], instances
             inst[NOT_GENERATED] = MetricError(f"the model under test gave no output: {record.get('error')}")
 
 
-def _with_variants(r: redis.Redis, job_id: str, metric_key: str, positions: list[int], instances: list[dict]) -> None:
+def _with_variants(ctx: ChunkContext, positions: list[int], instances: list[dict]) -> None:
     """Give each instance what the model answered to its variants (``variants``), recorded by the
     entry's variants run; one without them is recorded with the reason instead."""
     if not positions:
         return
-    raw = r.hmget(keys.results(job_id, variants_key(metric_key)), [str(p) for p in positions])
+    raw = ctx.r.hmget(keys.results(ctx.job_id, variants_key(ctx.key)), [str(p) for p in positions])
     for inst, rec in zip(instances, raw):
         record = json.loads(rec) if rec is not None else {"error": "nothing was recorded"}
         if "result" in record:
@@ -338,24 +290,23 @@ def _with_variants(r: redis.Redis, job_id: str, metric_key: str, positions: list
                                               f"{record.get('error') or record.get('skipped')}")
 
 
-def _chunk_records(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: int,
-                   new: dict[int, dict]) -> list[tuple[int, dict]]:
+def _chunk_records(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]) -> list[tuple[int, dict]]:
     """(position, record) of every record of the chunk: those just made, and those
     an earlier (deferred or redelivered) run of it left in Redis. Positions with
     nothing to record (the generation stage's, for instances that had an output)
     are left out."""
     earlier = [p for p in range(start, stop) if p not in new]
     if earlier:
-        for p, raw in zip(earlier, r.hmget(keys.results(job_id, metric_key), [str(p) for p in earlier])):
+        for p, raw in zip(earlier, ctx.r.hmget(keys.results(ctx.job_id, ctx.key), [str(p) for p in earlier])):
             if raw is not None:
                 new[p] = json.loads(raw)
     return [(p, new[p]) for p in sorted(new)]
 
 
-def _write(r: redis.Redis, job_id: str, metric_key: str, start: int, records: dict[int, dict], elapsed: float,
-           part: dict | None = None, view: dict | None = None, values: dict | None = None,
-           kept: range = range(0)) -> None:
-    pipe = r.pipeline(transaction=True)
+def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: float, part: dict | None = None,
+           view: dict | None = None, values: dict | None = None, kept: range = range(0)) -> None:
+    job_id, metric_key = ctx.job_id, ctx.key
+    pipe = ctx.r.pipeline(transaction=True)
     if records:
         # HSET by instance position: a redelivered chunk overwrites, it never adds.
         pipe.hset(keys.results(job_id, metric_key),
