@@ -1,6 +1,6 @@
 """evalq: distributed evaluation of LLM applications on Celery and Redis.
 
-One import name for the repository's rooms (README, "How work flows"):
+One import name for the repository's rooms (docs/concepts/how-work-flows.md):
 ``evalq.cli`` (the ``evalq`` command: the client), ``evalq.orchestrator`` (the
 job's life in the cluster: requests, stages, the final callback, the sweeper),
 ``evalq.workers`` (scoring chunks: metrics, the judge client), ``evalq.shared``

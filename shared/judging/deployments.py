@@ -128,7 +128,7 @@ def cluster_inline_policy() -> str:
 NO_CATALOGUE = ("no catalogue of deployments is loaded (EVALQ_CATALOGUE is unset): a deployment a job declares "
                 "itself runs on budget keys of that job's own (EVALQ_INLINE_DEPLOYMENTS=own), so jobs that declare "
                 "the same endpoint do not share its TPM and RPM, and together can exceed them (429s, retries, "
-                "waits). List the shared deployments in a catalogue (README: The operator's catalogue), or set "
+                "waits). List the shared deployments in a catalogue (docs/how-to/catalogue.md), or set "
                 "EVALQ_INLINE_DEPLOYMENTS=shared on a single team's cluster.")
 
 

@@ -207,7 +207,7 @@ def test_numbers_compare_by_value_as_ragas_tool_call_f1_does(ragas):
     """Before: evalq gave 0 where ragas' ToolCallF1 counts {"n": 10.0} as matching {"n": 10}. JSON
     has one number type: evalq compares numbers by value. It deliberately differs on booleans (true
     is not 1, which ragas' Python equality takes for equal) and from ToolCallAccuracy, which compares
-    the values' Python str() (so 10.0 is not 10 there): README, Agents."""
+    the values' Python str() (so 10.0 is not 10 there): docs/how-to/agents.md."""
     cases = [{"made": m, "expected": e, "strict_order": True} for m, e in [*CALLS, BOOLEANS]]
     reference = ragas("tool_calls", cases)
     for (made, wanted), ref in zip(CALLS, reference):

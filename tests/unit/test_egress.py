@@ -112,12 +112,12 @@ def test_safe_url_hides_passwords_wherever_the_url_carries_them(url, secret):
     assert secret not in shown and "***" in shown and "redis" in shown
 
 
-def test_the_readmes_reply_to_examples_are_accepted():
+def test_the_docs_reply_to_examples_are_accepted():
     """Before: the README's own example (reply_to "evalq:replies:nightly") was refused, so a
     client following it waited for ever."""
     from evalq.orchestrator.service import reply_to_problem
 
-    readme = (ROOT / "README.md").read_text()
+    readme = "\n".join(p.read_text() for p in sorted((ROOT / "docs").rglob("*.md")))
     names = re.findall(r'"reply_to":\s*"([^"]+)"', readme) + re.findall(r"BLPOP (\S+)", readme)
     assert names
     for name in names:

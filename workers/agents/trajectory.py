@@ -111,7 +111,7 @@ def _ragas_key(call: Call) -> tuple[str, ...]:
 def _ragas_arguments(made: dict, wanted: dict) -> float:
     """ragas' argument score: the share of expected arguments the call gives the same value. ragas
     compares the values' Python ``str()``; evalq compares JSON values (``same_value``): 10.0 is 10,
-    and two objects with their keys in another order are the same (README: agents)."""
+    and two objects with their keys in another order are the same (docs/how-to/agents.md)."""
     if not wanted and not made:
         return 1.0
     if not wanted:
