@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from evalq.shared.agents.messages import ORIGIN, ROLES, Origin
@@ -34,13 +35,25 @@ def canonical(value: Any) -> Any:
     return value
 
 
-def value_key(value: Any) -> str:
-    """One comparable text per JSON value (``canonical``; key order does not matter)."""
-    return json.dumps(canonical(value), sort_keys=True, ensure_ascii=False)
+def value_key(value: Any) -> Any:
+    """One comparable, hashable key per JSON value, equal for equal JSON values: numbers by value
+    (``10.0`` is ``10``), booleans tagged apart from numbers (Python's ``==`` would take ``True`` for
+    ``1``), objects whatever their key order. Strings are their own key: most arguments are strings."""
+    if isinstance(value, str) or value is None:
+        return value
+    if isinstance(value, bool):
+        return ("b", value)
+    if isinstance(value, (int, float)):
+        return ("n", int(value) if isinstance(value, float) and value.is_integer() else value)
+    if isinstance(value, dict):
+        return ("o", tuple(sorted((k, value_key(v)) for k, v in value.items())))
+    if isinstance(value, list):
+        return ("a", tuple(value_key(v) for v in value))
+    return ("?", repr(value))
 
 
 def same_value(a: Any, b: Any) -> bool:
-    """Two arguments' values are equal as JSON values (Python's ``==`` would take ``True`` for ``1``)."""
+    """Two arguments' values are equal as JSON values."""
     return value_key(a) == value_key(b)
 
 
@@ -50,9 +63,21 @@ class Call:
     arguments: dict
     id: str | None = None
 
-    def key(self) -> str:
-        """Name and arguments as one comparable text (argument order does not matter; numbers by value)."""
-        return value_key([self.name, self.arguments])
+    @cached_property
+    def args_key(self) -> Any:
+        """The arguments as one comparable text (``value_key``), made once per call: a trajectory
+        compares each call with many."""
+        return value_key(self.arguments)
+
+    @cached_property
+    def arg_keys(self) -> dict[str, Any]:
+        """Each argument's comparable text, by name."""
+        return {k: value_key(v) for k, v in self.arguments.items()}
+
+    def key(self) -> tuple:
+        """Name and arguments as one comparable, hashable key (argument order does not matter;
+        numbers by value)."""
+        return (self.name, self.args_key)
 
 
 def _arguments(raw: Any, where: str, problems: list[str]) -> dict | None:
@@ -216,7 +241,7 @@ def side_by_side(made: list[Call], wanted: list[Call]) -> list[tuple[Call | None
     matcher = SequenceMatcher(a=[c.name for c in made], b=[c.name for c in wanted], autojunk=False)
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
         if op == "equal":
-            rows += [(a, b, "same" if same_value(a.arguments, b.arguments) else "arguments differ")
+            rows += [(a, b, "same" if a.args_key == b.args_key else "arguments differ")
                      for a, b in zip(made[i1:i2], wanted[j1:j2])]
         else:
             rows += [(a, None, "extra") for a in made[i1:i2]] + [(None, b, "missing") for b in wanted[j1:j2]]

@@ -13,15 +13,16 @@ import json
 from functools import lru_cache
 
 from evalq.shared.agents.params import ToolCallF1Params, TrajectoryParams
-from evalq.shared.agents.trajectory import Call, canonical, read, same_value
+from evalq.shared.agents.trajectory import Call, canonical, read
 
 
 def _same(made: Call, want: Call, subset: bool) -> bool:
     if made.name != want.name:
         return False
     if subset:
-        return all(k in made.arguments and same_value(made.arguments[k], v) for k, v in want.arguments.items())
-    return same_value(made.arguments, want.arguments)
+        mine = made.arg_keys
+        return all(mine.get(k) == v for k, v in want.arg_keys.items())
+    return made.args_key == want.args_key
 
 
 def _matching(made: list[Call], wanted: list[Call], fits) -> int:
@@ -108,15 +109,16 @@ def _ragas_key(call: Call) -> tuple[str, ...]:
     return tuple(key)
 
 
-def _ragas_arguments(made: dict, wanted: dict) -> float:
+def _ragas_arguments(made: Call, wanted: Call) -> float:
     """ragas' argument score: the share of expected arguments the call gives the same value. ragas
     compares the values' Python ``str()``; evalq compares JSON values (``same_value``): 10.0 is 10,
     and two objects with their keys in another order are the same (docs/how-to/agents.md)."""
-    if not wanted and not made:
+    if not wanted.arguments and not made.arguments:
         return 1.0
-    if not wanted:
+    if not wanted.arguments:
         return 0.0
-    return sum(float(same_value(made[k], v)) for k, v in wanted.items() if k in made) / len(wanted)
+    mine = made.arg_keys
+    return sum(float(mine.get(k) == v) for k, v in wanted.arg_keys.items()) / len(wanted.arguments)
 
 
 def sequence_accuracy(made: list[Call], wanted: list[Call], strict_order: bool = True) -> float:
@@ -131,7 +133,7 @@ def sequence_accuracy(made: list[Call], wanted: list[Call], strict_order: bool =
         made, wanted = sorted(made, key=_ragas_key), sorted(wanted, key=_ragas_key)
     names_made, names_wanted = [c.name for c in made], [c.name for c in wanted]
     aligned = names_made == names_wanted if strict_order else sorted(names_made) == sorted(names_wanted)
-    score = sum(_ragas_arguments(m.arguments, w.arguments) for w, m in zip(wanted, made) if w.name == m.name)
+    score = sum(_ragas_arguments(m, w) for w, m in zip(wanted, made) if w.name == m.name)
     score /= len(wanted)
     compared = min(len(made), len(wanted))
     if compared < len(wanted):
