@@ -1,22 +1,22 @@
-"""bertscore through the gpu queue vs bert-score's BERTScorer in this process.
+"""bertscore three ways on the same pairs, model, layer, batch size and device, in one run:
 
-Same pairs, model, layer, batch size and device both ways, in the same run:
+- BERTScorer in-process: ``bert_score.BERTScorer(...).score(cands, refs)`` on all pairs at once
+  (model loaded and warmed up beforehand, not timed);
+- evalq's engine in-process: the bertscore metric function (``evalq.workers.metrics.bertscore``,
+  ``engine: evalq``) called on all instances in this process, warmed up likewise;
+- the gpu queue: ``evalq.cli.run.run_job`` against an embedded cluster (private Redis plus one
+  gpu-queue worker, as ``evalq run`` starts it), the worker warmed up with a small job first; the
+  timed run covers submission, the idf prepare step, storing the instances, every chunk,
+  aggregation and writing the outputs;
+- and once, a cold ``evalq run`` of the same job as a fresh command (its Redis, its worker's start
+  and model load included).
 
-- in-process: ``BERTScorer(...).score(cands, refs, batch_size=...)`` on all
-  pairs at once (model loaded and warmed up beforehand, not timed);
-- pipeline: ``evalq.cli.run.run_job`` against an embedded cluster (private
-  Redis plus one gpu-queue worker, as ``evalq run`` starts it). The worker is
-  warmed up with a small job first (it loads the model on its first chunk);
-  the timed run then covers validation-free submission, the idf prepare step,
-  storing the instances, every chunk, aggregation and writing results.json and
-  log.jsonl.
-
-Runs alternate (in-process, pipeline, in-process, ...) and the median of each
-is reported. The gpu worker's process tree RSS is sampled every 50 ms for its
-whole life and the peak printed.
+F1 is compared item by item with BERTScorer's. Runs alternate and the median of each is reported.
+The gpu worker's process tree RSS is sampled every 50 ms for its whole life and the peak printed.
 
     .venv/bin/python bench/bench_bertscore.py                  # 2000 pairs, CPU when no GPU
-    .venv/bin/python bench/bench_bertscore.py --device cuda --n 50000 --batch-size 256
+    .venv/bin/python bench/bench_bertscore.py --n 4000 --cold  # the CPU goal: cold evalq run vs BERTScorer warm
+    .venv/bin/python bench/bench_bertscore.py --device cuda --n 20000 --batch-size 256 --params '{"dtype": "bf16"}'
 """
 
 from __future__ import annotations
@@ -143,6 +143,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs each way (median reported)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--params", default="{}", help="JSON object of extra bertscore parameters (evalq's side): "
+                    '{"dtype": "bf16"}, {"engine": "bert_score"}, {"max_batch_tokens": 4096}')
+    ap.add_argument("--cold", action="store_true", help="also time a cold `evalq run` of the job (a new command)")
     args = ap.parse_args()
 
     import torch
@@ -160,13 +163,16 @@ def main() -> None:
         params["model_type"] = args.model_type
     if args.num_layers is not None:
         params["num_layers"] = args.num_layers
+    params.update(json.loads(args.params))
     instances = synthetic(args.n, args.refs, args.seed)
     metrics = [{"id": "bertscore", "parameters": params}]
     job = parse_job({"instances": instances, "metrics": metrics}, source="bench")
     warm_job = parse_job({"instances": synthetic(2 * args.batch_size, args.refs, args.seed + 1),
                           "metrics": metrics}, source="bench-warmup")
     resolved = bs.resolve(job.metrics[0].params)
-    chunk = args.chunk_size or REGISTRY.get("bertscore").chunk_size
+    from evalq.shared.metrics.registry import device_chunk
+
+    chunk = args.chunk_size or device_chunk(args.n, *REGISTRY.get("bertscore").device_chunk)
     cands = [i["actual-output"] for i in instances]
     refs = [i["expected-output"] for i in instances]
 
@@ -181,12 +187,17 @@ def main() -> None:
                         idf=args.idf, idf_sents=[r for g in refs for r in g] if args.idf else None,
                         batch_size=args.batch_size)
     scorer.score(cands[:2 * args.batch_size], refs[:2 * args.batch_size], batch_size=args.batch_size)
+    from evalq.workers.metrics.bertscore import bertscore as engine_metric
+
+    engine_params = job.metrics[0].params
+    prepared = REGISTRY.get("bertscore").load_prepare()(instances, engine_params)
+    engine_metric(instances[:2 * args.batch_size], engine_params, prepared)  # warm: model loaded, kernels ready
 
     # In cluster mode run_job asks the workers which queues they consume and
     # waits a fixed 1 s for replies; this cluster is ours, so skip the advisory check.
     runner._warn_missing_workers = lambda *a, **k: None
 
-    inproc, pipe, worker_scoring = [], [], []
+    inproc, engine, pipe, worker_scoring = [], [], [], []
     summary = None
     with tempfile.TemporaryDirectory(prefix="bench-bertscore-") as tmp, EmbeddedCluster(job.queues) as cluster:
         worker = cluster.workers[0]
@@ -201,6 +212,9 @@ def main() -> None:
                 P, R, F = scorer.score(cands, refs, batch_size=args.batch_size)
                 inproc.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
+                in_engine = engine_metric(instances, engine_params, prepared)
+                engine.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
                 summary = runner.run_job(job, Path(tmp) / f"run{i}", broker=cluster.broker_url,
                                          chunk_size=chunk, progress=False)
                 pipe.append(time.perf_counter() - t0)
@@ -209,12 +223,29 @@ def main() -> None:
         log = [json.loads(line) for line in (Path(tmp) / f"run{args.repeats - 1}" / "log.jsonl")
                .read_text().splitlines()]
     diff = max(abs(line["result"]["f1"] - f) for line, f in zip(log, F.tolist()))
+    engine_diff = max(abs(r["f1"] - f) for r, f in zip(in_engine, F.tolist()))
+    cold_run = None
+    if args.cold:  # a fresh `evalq run`: its Redis, its worker's start and model load, then the job
+        with tempfile.TemporaryDirectory(prefix="bench-bertscore-cold-") as tmp:
+            path = Path(tmp) / "job.json"
+            path.write_text(json.dumps({"instances": instances, "metrics": metrics}))
+            t0 = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "evalq.cli", "run", str(path), "--out", str(Path(tmp) / "out"),
+                                   "-q"] + (["--chunk-size", str(chunk)] if args.chunk_size else []),
+                                  cwd=ROOT, capture_output=True, text=True)
+            cold_run = time.perf_counter() - t0
+            if done.returncode != 0:
+                raise SystemExit(f"cold evalq run failed: {done.stderr[-2000:]}")
 
-    t_in, t_pipe, t_work = (statistics.median(x) for x in (inproc, pipe, worker_scoring))
+    t_in, t_engine, t_pipe, t_work = (statistics.median(x) for x in (inproc, engine, pipe, worker_scoring))
     figures = {
         "pairs": args.n, "refs_per_pair": args.refs, "batch_size": args.batch_size, "chunk_size": chunk,
         "device": device, "gpu": gpu, "model": resolved.name, "num_layers": resolved.num_layers,
         "idf": args.idf, "repeats": args.repeats,
+        "params": params, "engine_inprocess_s": round(t_engine, 3),
+        "engine_speedup_vs_bertscorer": round(t_in / t_engine, 2), "engine_max_abs_f1_difference": engine_diff,
+        "cold_evalq_run_s": round(cold_run, 2) if cold_run is not None else None,
+        "cold_run_vs_bertscorer_warm": round(cold_run / t_in, 3) if cold_run is not None else None,
         "inprocess_s": round(t_in, 3), "pipeline_s": round(t_pipe, 3), "worker_scoring_s": round(t_work, 3),
         "inprocess_pairs_per_s": round(args.n / t_in, 1), "pipeline_pairs_per_s": round(args.n / t_pipe, 1),
         "ratio": round(t_in / t_pipe, 3),
@@ -226,14 +257,19 @@ def main() -> None:
     }
     print(f"in-process BERTScorer : {figures['inprocess_pairs_per_s']:>9} pairs/s  "
           f"(median {t_in:.2f} s of {args.repeats})")
+    print(f"evalq engine in-process: {args.n / t_engine:>8.1f} pairs/s  (median {t_engine:.2f} s; "
+          f"{t_in / t_engine:.2f}x BERTScorer; max |dF1| {engine_diff:.1e})")
     print(f"evalq gpu queue       : {figures['pipeline_pairs_per_s']:>9} pairs/s  "
           f"(median {t_pipe:.2f} s end to end; {t_work:.2f} s of it scoring in the worker)")
-    print(f"ratio (queue / in-process): {figures['ratio']:.3f}   (goal >= 0.9)")
+    print(f"ratio (BERTScorer in-process time / queue time): {figures['ratio']:.3f}")
+    if cold_run is not None:
+        print(f"cold `evalq run` (new command, worker start and model load included): {cold_run:.2f} s = "
+              f"{cold_run / t_in:.3f} x BERTScorer warm (goal <= 1)")
     print(f"gpu worker: peak RSS {figures['worker_peak_rss_mib']} MiB (process tree, sampled every 50 ms); "
           f"{figures['worker_rss_after_model_load_mib']} MiB after loading the model; "
           f"first job incl. model load {cold:.1f} s"
           + (f"; GPU memory {gpu_mib} MiB" if gpu_mib is not None else ""))
-    print(f"max |F1 queue - F1 in-process| = {diff:.2e}")
+    print(f"max |F1 queue - F1 BERTScorer| = {diff:.2e}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
 

@@ -26,7 +26,7 @@ from evalq.shared.core.errors import InfraError, JobError
 from evalq.shared.data.instances import json_lines
 from evalq.shared.job.schema import Job, MetricRun
 from evalq.shared.model.runners import GENERATE
-from evalq.shared.metrics.registry import sized_chunk
+from evalq.shared.metrics.registry import device_chunk, sized_chunk
 from evalq.shared.data.storage import Destination
 from evalq.shared.cluster.spec import (GENERATE_STAGE, METRICS_STAGE, Chunk, has_model_stage, is_model_run,  # noqa: F401
                                is_variants, plan as plan_spec, variants_of)
@@ -37,6 +37,8 @@ PUSH_BATCH = 5000
 
 def run_entry(m: MetricRun, chunk_size: int | None, items: int) -> dict:
     """How a run's chunks are planned: its size, queue and (judges, endpoint models) regions."""
+    if chunk_size is None and m.spec.device_chunk is not None:
+        chunk_size = device_chunk(items, *m.spec.device_chunk)
     entry: dict = {"chunk_size": max(1, chunk_size or m.spec.chunk_size or sized_chunk(items)), **m.routing()}
     if m.judge is not None:
         entry["rotation"] = GENERATE if is_model_run(m.key) else getattr(m.params, "judge", m.key)

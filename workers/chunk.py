@@ -23,7 +23,7 @@ from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pendi
 from evalq.shared.data.instances import with_shared
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.metrics.registry import MetricSpec
-from evalq.workers import keeping
+from evalq.workers import keeping, prefetch
 from evalq.workers.item_budget import bounded
 from evalq.shared.cluster.spec import variants_key
 from evalq.workers.context import ChunkContext
@@ -202,15 +202,17 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
         # or kept, nor again for a call of an item that was answered.
         recorded, kept = keeping.earlier(r, job_id, metric_key, positions)
         positions = [p for p in positions if p not in recorded and "record" not in kept.get(p, {})]
-    instances = _instances(ctx, positions)
     if metric_key == GENERATE:  # only instances without an output are generated
+        instances = _instances(ctx, positions)
         wanted = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
         positions, instances = [p for p, _ in wanted], [inst for _, inst in wanted]
+    elif queue == "gpu" and not spec.calls_endpoint:
+        # the device's chunk: read ahead by the last chunk, and the next one read while this one scores
+        instances = prefetch.take(job_id, metric_key, start, stop) or _entry_instances(ctx, positions)
+        prefetch.ahead(job_id, metric_key, stop, min(stop + (stop - start), ctx.span),
+                       lambda ahead: _entry_instances(ctx, ahead))
     else:
-        if ctx.needs_generated:
-            _with_generated(ctx, positions, instances)
-        if ctx.needs_variants:
-            _with_variants(ctx, positions, instances)
+        instances = _entry_instances(ctx, positions)
     keeper = judge = None
     if spec.calls_endpoint:
         keeper = keeping.ItemKeeper(r, job_id, metric_key, positions,
@@ -249,6 +251,17 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     telemetry.items_recorded(spec.id, queue, new.values())
     # A small, deterministic summary: a redelivered run returns the very same one.
     return {"metric": metric_key, "start": start, "n": stop - start}
+
+
+def _entry_instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:
+    """The entry's instances at ``positions``, with what the generation stage and the variants
+    runs recorded for them where the entry reads it."""
+    instances = _instances(ctx, positions)
+    if ctx.needs_generated:
+        _with_generated(ctx, positions, instances)
+    if ctx.needs_variants:
+        _with_variants(ctx, positions, instances)
+    return instances
 
 
 def _instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:

@@ -67,7 +67,8 @@ REGISTRY.register(MetricSpec(
     "log_probability_difference the mean difference."))
 
 REGISTRY.register(MetricSpec(
-    id="toxicity", params=ToxicityParams, impl="evalq.workers.fmeval.toxicity:toxicity", batch=True, chunk_size=256,
+    id="toxicity", params=ToxicityParams, impl="evalq.workers.fmeval.toxicity:toxicity", batch=True,
+    device_chunk=(256, 4096),  # an eighth of the items, 256 to 4,096: a GPU scores 4,096 texts in a few ms
     queue="gpu", aggregation="toxicity", bounds=UNIT, requires=("actual-output",), worse=(("*", "higher"),),
     description="fmeval's Toxicity: a classifier's probability per label for the output (default: the Jigsaw "
     "classifier toxic-comment-classifier ships, offline), their means, and defect rates at threshold."))

@@ -64,8 +64,9 @@ REGISTRY.register(MetricSpec(
     impl="evalq.workers.metrics.bertscore:bertscore",
     queue="gpu",
     batch=True,
-    # a multiple of every power-of-two batch_size up to 512: full batches
-    chunk_size=512,
+    # an eighth of the entry's pairs, 512 to 4,096 (a multiple of 512, so of every power-of-two
+    # batch_size up to 512): a chunk fills a GPU's forward batches and pays the per-chunk costs rarely
+    device_chunk=(512, 4096),
     prepare="evalq.workers.metrics.bertscore:prepare",
     aggregation="distribution",
     requires=("actual-output", "expected-output"),

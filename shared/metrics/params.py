@@ -114,6 +114,15 @@ class BertScoreParams(Params):
         default=False, description="rescale with the baseline bert-score ships for model and lang, "
         "or with baseline_path")
     use_fast_tokenizer: bool = Field(default=False, description="use the fast (Rust) tokenizer")
+    engine: Literal["evalq", "bert_score"] = Field(
+        default="evalq", description="evalq: evalq's engine (bert_score's definition; batches by length and "
+        "tokens, tokenization beside the device, matching on it); bert_score: the bert-score package's own loop")
+    dtype: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32", description="the forward passes' precision (evalq's engine; matching is fp32): bf16 and "
+        "fp16 are faster on a GPU, within about 1e-3 of fp32")
+    max_batch_tokens: int | None = Field(
+        default=None, ge=64, le=1_048_576, description="tokens (padded) per forward pass (evalq's engine); "
+        "unset: 65,536 on a GPU, 8,192 on a CPU")
 
     @field_validator("model_type")
     @classmethod

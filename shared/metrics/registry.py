@@ -25,6 +25,13 @@ CHUNKS_PER_ENTRY = 100
 CHUNK_MIN, CHUNK_MAX = 250, 1000
 
 
+def device_chunk(items: int, smallest: int, largest: int) -> int:
+    """A device metric's items per task: an eighth of the entry's items, rounded up to a multiple
+    of ``smallest``, from ``smallest`` to ``largest`` (BENCHMARKS.md: the gpu queue)."""
+    eighth = -(-items // 8)
+    return max(smallest, min(largest, -(-eighth // smallest) * smallest))
+
+
 def sized_chunk(items: int) -> int:
     """Items per task for a metric without a fixed size (the lexical cpu metrics):
     about CHUNKS_PER_ENTRY tasks per entry, each of 250 to 1,000 items. Small jobs
@@ -53,6 +60,10 @@ class MetricSpec:
     batch: bool = False
     # default number of items one task carries; None: sized by the entry's items (sized_chunk)
     chunk_size: int | None = None
+    # a device metric's chunk sizes (smallest, largest): an eighth of the entry's items, a multiple of
+    # the smallest, so that a chunk fills a GPU's batches and pays the per-chunk costs rarely, while
+    # a large entry still spreads over several workers (overrides chunk_size)
+    device_chunk: tuple[int, int] | None = None
     # Optional "module:function" run once per job by the orchestrator before
     # anything is enqueued: ``prepare(instances, params) -> JSON object`` (e.g.
     # idf statistics over all references). Its result is stored with the job and

@@ -326,7 +326,12 @@ def test_validation_imports_neither_torch_nor_the_workers():
 def test_registry_entry():
     spec = REGISTRY.get("bertscore")
     assert (spec.queue, spec.batch, spec.aggregation) == ("gpu", True, "distribution")
-    assert spec.chunk_size % BertScoreParams().batch_size == 0
+    # a GPU-sized chunk: an eighth of the pairs, 512 to 4,096, a multiple of 512 (every power-of-two batch_size)
+    from evalq.shared.metrics.registry import device_chunk
+
+    assert spec.device_chunk == (512, 4096)
+    assert [device_chunk(n, *spec.device_chunk) for n in (10, 4000, 20_000, 1_000_000)] == [512, 512, 2560, 4096]
+    assert all(device_chunk(n, *spec.device_chunk) % BertScoreParams().batch_size == 0 for n in range(1, 50_000, 997))
     assert spec.needs_references and callable(spec.load()) and callable(spec.load_prepare())
 
 

@@ -213,10 +213,12 @@ def test_mean_intervals_match_the_normal_approximation_and_merge():
 def test_cpu_chunks_are_sized_by_the_entry_and_fixed_sizes_stay():
     from evalq.orchestrator.submit import job_spec
     from evalq.shared.job.schema import parse_job
-    from evalq.shared.metrics.registry import REGISTRY, sized_chunk
+    from evalq.shared.metrics.registry import REGISTRY, device_chunk, sized_chunk
 
     assert REGISTRY.get("bleu").chunk_size is None and REGISTRY.get("coherence").chunk_size == 4
     assert [sized_chunk(n) for n in (1, 25_000, 50_000, 99_999, 100_000, 10**7)] == [250, 250, 500, 1000, 1000, 1000]
+    assert [device_chunk(n, 512, 4096) for n in (1, 4096, 4097, 20_000, 10**7)] == [512, 512, 1024, 2560, 4096]
+    assert REGISTRY.get("bertscore").device_chunk == (512, 4096)
 
     def sizes(n: int, chunk_size: int | None = None) -> dict[str, int]:
         job = parse_job({"instances": [{"id": str(i), "actual-output": "a", "expected-output": ["a"]}
@@ -225,7 +227,9 @@ def test_cpu_chunks_are_sized_by_the_entry_and_fixed_sizes_stay():
         return {e["id"]: e["chunk_size"] for e in job_spec(job, chunk_size)["metrics"].values()}
 
     assert sizes(300) == {"bleu": 250, "bertscore": 512}
-    assert sizes(60_000) == {"bleu": 600, "bertscore": 512}
+    # a device metric: an eighth of the entry per task, in multiples of 512, from 512 to 4,096
+    assert sizes(20_000) == {"bleu": 250, "bertscore": 2560}
+    assert sizes(60_000) == {"bleu": 600, "bertscore": 4096}
     assert sizes(300, chunk_size=7) == {"bleu": 7, "bertscore": 7}  # --chunk-size wins
 
 

@@ -1,4 +1,5 @@
-"""BERTScore on the gpu queue, computed with the bert-score package.
+"""BERTScore on the gpu queue: evalq's engine (``evalq.workers.metrics.bertscore_engine``, the
+default), or the bert-score package's own ``bert_cos_score_idf`` (``engine: bert_score``).
 
 What model, layer and baseline a parameter set means is resolved in
 ``evalq.shared.metrics.bertscore`` (validation needs it too, without torch). Here: a
@@ -234,11 +235,17 @@ def bertscore(instances: list[dict], params, prepared: dict | None = None) -> li
         refs.extend(group)
         cands.extend([inst["actual-output"]] * len(group))
 
-    preds = bert_cos_score_idf(model, refs, cands, tokenizer, weights, verbose=params.verbose,
-                               batch_size=params.batch_size, device=device,
-                               all_layers=params.all_layers).cpu()
-    if params.all_layers:
-        preds = preds.transpose(0, 1)  # (pairs, layers, 3)
+    if params.engine == "bert_score":
+        preds = bert_cos_score_idf(model, refs, cands, tokenizer, weights, verbose=params.verbose,
+                                   batch_size=params.batch_size, device=device,
+                                   all_layers=params.all_layers).cpu()
+        if params.all_layers:
+            preds = preds.transpose(0, 1)  # (pairs, layers, 3)
+    else:
+        from evalq.workers.metrics import bertscore_engine
+
+        preds = bertscore_engine.score(model, tokenizer, cands, refs, weights, device, params.batch_size,
+                                       params.all_layers, params.dtype, params.max_batch_tokens)
     best = torch.stack([preds[start:stop].max(dim=0)[0] for start, stop in groups])
     if params.rescale_with_baseline:
         baseline = _baseline_values(resolved.baseline, resolved.num_layers, params.all_layers)

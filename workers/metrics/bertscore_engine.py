@@ -1,0 +1,279 @@
+"""evalq's BERTScore engine: bert_score's definition, computed at the device's pace.
+
+The same numbers as ``bert_score.utils.bert_cos_score_idf`` (within float rounding: fp32 F1 within
+1e-6), the way a GPU wants them:
+
+- **Tokenization** as bert_score's ``sent_encode``: each sentence stripped, truncated to the
+  tokenizer's ``model_max_length``, an empty one encoded as the special tokens alone, GPT-2 and
+  RoBERTa (slow) tokenizers given a prefix space; but one batch call of the tokenizer (one Rust
+  call for a fast tokenizer), run in a thread that prepares the next batch while the device works
+  on this one.
+- **Forward passes** over each distinct sentence once, in batches formed by length (sorted by
+  characters, so a batch pads little) and sized in tokens (``max_batch_tokens``), optionally in
+  bf16/fp16 (``dtype``; the embeddings are normalised and matched in fp32).
+- **Greedy matching** vectorised on the device over many pairs at once: cosine similarities,
+  each token's best match, idf weights normalised per sentence. bert_score pads each group of
+  ``batch_size`` pairs with zero similarities, so a token whose every real similarity is negative
+  scores 0 where its sentence is shorter than its group's longest; that rule is kept exactly,
+  per pair, from the group each pair would have been in.
+- The special tokens weigh 0 (bert_score's idf dictionary), an empty candidate or reference scores
+  0 (P and R; F as bert_score leaves it), an undefined F is 0.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Iterator
+
+DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+
+
+def encode(tokenizer, sentences: list[str]) -> list[list[int]]:
+    """Token ids of each sentence, as bert_score's ``sent_encode`` gives them."""
+    from transformers import GPT2Tokenizer, RobertaTokenizer
+
+    stripped = [s.strip() for s in sentences]
+    out: list[list[int] | None] = [None] * len(stripped)
+    filled = [i for i, s in enumerate(stripped) if s]
+    kwargs: dict[str, Any] = {"add_special_tokens": True, "max_length": tokenizer.model_max_length,
+                              "truncation": True}
+    if isinstance(tokenizer, (GPT2Tokenizer, RobertaTokenizer)):  # bert_score checks the slow classes only
+        kwargs["add_prefix_space"] = True
+        ids = [tokenizer.encode(stripped[i], **kwargs) for i in filled]
+    else:
+        ids = tokenizer([stripped[i] for i in filled], **kwargs)["input_ids"] if filled else []
+    for i, one in zip(filled, ids):
+        out[i] = list(one)
+    if len(filled) < len(stripped):
+        empty = list(tokenizer.build_inputs_with_special_tokens([]))
+        for i, s in enumerate(stripped):
+            if not s:
+                out[i] = empty
+    return out  # type: ignore[return-value]
+
+
+def _batches(sentences: list[str], max_tokens: int, max_sentences: int = 4096) -> list[list[int]]:
+    """Indices of the sentences in batches of similar length, longest first, each about
+    ``max_tokens`` tokens padded (estimated from characters before tokenization: ~4 a token)."""
+    order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
+    batches, current, longest = [], [], 0
+    for i in order:
+        estimate = max(len(sentences[i]) // 3 + 4, 3)
+        if current and ((len(current) + 1) * max(longest, estimate) > max_tokens or len(current) >= max_sentences):
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, estimate)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _by_length(ids: list[list[int]], max_tokens: int) -> Iterator[tuple[list[int], list]]:
+    """(indices, token ids) of batches of sentences of the same or similar token length, longest
+    first, each at most ``max_tokens`` tokens padded."""
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * len(ids[current[0]]) > max_tokens:
+            yield current, [ids[j] for j in current]
+            current = []
+        current.append(i)
+    if current:
+        yield current, [ids[j] for j in current]
+
+
+def _tokenized(tokenizer, sentences: list[str], batches: list[list[int]]) -> Iterator[tuple[list[int], list]]:
+    """(indices, token ids) of each batch, tokenized in a thread one batch ahead of its consumer."""
+    ahead: queue.Queue = queue.Queue(maxsize=2)
+    failed: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            for idx in batches:
+                ahead.put((idx, encode(tokenizer, [sentences[i] for i in idx])))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            failed.append(exc)
+        finally:
+            ahead.put(None)
+
+    thread = threading.Thread(target=produce, name="evalq-bertscore-tokenize", daemon=True)
+    thread.start()
+    while True:
+        item = ahead.get()
+        if item is None:
+            break
+        yield item
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+class Embedded:
+    """Every token embedding of a set of sentences in one tensor: ``flat`` ``[tokens + 1, (layers,)
+    d]`` (L2-normalised, fp32, on the device; the last row zeros, what padding points at), each
+    sentence at ``offsets[i]`` for ``lengths[i]`` rows, its token ids in ``ids``."""
+
+    def __init__(self, flat, offsets, lengths, ids):
+        self.flat, self.offsets, self.lengths, self.ids = flat, offsets, lengths, ids
+
+    @property
+    def pad(self) -> int:
+        return self.flat.shape[0] - 1
+
+    def index(self, sentences, width: int):
+        """``[len(sentences), width]`` rows of ``flat`` for these sentences, padding -> the zero row."""
+        import numpy as np
+
+        offsets, lengths = self.offsets[sentences], self.lengths[sentences]
+        cols = np.arange(width)[None, :]
+        return np.where(cols < lengths[:, None], offsets[:, None] + cols, self.pad)
+
+
+def embed(model, tokenizer, sentences: list[str], device: str, all_layers: bool = False, dtype: str = "fp32",
+          max_batch_tokens: int = 16384) -> Embedded:
+    """The token embeddings of each sentence (each distinct sentence once), as bert_score's
+    ``get_bert_embedding`` computes them (the model's last layer kept, or every layer)."""
+    import numpy as np
+    import torch
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    autocast = DTYPES[dtype]
+    if device.startswith("cuda"):  # tokenized in a thread a batch ahead: the device never waits for it
+        batches = _tokenized(tokenizer, sentences, _batches(sentences, max_batch_tokens))
+    else:  # the CPU runs the forward passes on every core: tokenized first, batched by exact length
+        batches = _by_length(encode(tokenizer, sentences), max_batch_tokens)
+    parts, offsets = [], np.zeros(len(sentences), dtype=np.int64)
+    lengths = np.zeros(len(sentences), dtype=np.int64)
+    ids_of: list = [None] * len(sentences)
+    total = 0
+    with torch.inference_mode():
+        for idx, ids in batches:
+            lens = [len(x) for x in ids]
+            width = max(lens)
+            batch = torch.full((len(ids), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(ids), width), dtype=torch.bool)
+            for row, x in enumerate(ids):
+                batch[row, :len(x)] = torch.tensor(x, dtype=torch.long)
+                mask[row, :len(x)] = True
+            batch = batch.to(device, non_blocking=True)
+            # a batch of one length has nothing to mask: attention takes its unmasked path
+            attention = None if min(lens) == width else mask.to(device=device, dtype=torch.long, non_blocking=True)
+            if autocast is None:
+                out = model(batch, attention_mask=attention, output_hidden_states=all_layers)
+            else:
+                with torch.autocast(device_type=device.split(":")[0], dtype=getattr(torch, autocast)):
+                    out = model(batch, attention_mask=attention, output_hidden_states=all_layers)
+            hidden = (torch.stack(out[-1], dim=2) if all_layers else out[0]).float()
+            hidden = hidden / torch.norm(hidden, dim=-1, keepdim=True)
+            parts.append(hidden[mask.to(device)])  # the real tokens, row by row
+            for row, i in enumerate(idx):
+                offsets[i], lengths[i] = total, lens[row]
+                total += lens[row]
+                ids_of[i] = ids[row]
+        zero = torch.zeros((1, *parts[0].shape[1:]), device=device) if parts else torch.zeros((1, 1), device=device)
+        flat = torch.cat(parts + [zero]) if parts else zero
+    return Embedded(flat, offsets, lengths, ids_of)
+
+
+def weight_table(weights, ids: list[list[int]], device: str):
+    """A token's weight (bert_score's idf dictionary: 0 for the special tokens, 1 for the others
+    without idf) as a table indexed by token id, on the device."""
+    import torch
+
+    size = max([max(x) for x in ids if x] + [max(weights.keys(), default=0)]) + 1
+    default = weights.default_factory() if getattr(weights, "default_factory", None) is not None else 1.0
+    table = torch.full((size,), float(default))
+    if weights:
+        keys = torch.tensor(list(weights.keys()), dtype=torch.long)
+        table[keys] = torch.tensor([float(v) for v in weights.values()])
+    return table.to(device)
+
+
+def match(emb: Embedded, token_weights, cands: list[int], refs: list[int], group: int, device: str,
+          all_layers: bool = False, pairs_per_step: int = 4096):
+    """P, R, F1 of each (candidate, reference) pair of sentence indices into ``emb``, as
+    bert_score's ``greedy_cos_idf`` over its groups of ``group`` pairs: ``[pairs, 3]`` (or
+    ``[pairs, layers, 3]``), fp32, on the CPU. ``token_weights``: each row of ``emb.flat``'s weight."""
+    import numpy as np
+    import torch
+
+    cands, refs = np.asarray(cands, dtype=np.int64), np.asarray(refs, dtype=np.int64)
+    n = len(cands)
+    cand_len, ref_len = emb.lengths[cands], emb.lengths[refs]
+    # the longest sentence of the group of ``group`` pairs each pair is in (bert_score pads to it)
+    group_cand = np.repeat(np.maximum.reduceat(cand_len, np.arange(0, n, group)), group)[:n] if n else cand_len
+    group_ref = np.repeat(np.maximum.reduceat(ref_len, np.arange(0, n, group)), group)[:n] if n else ref_len
+    results = []
+    with torch.inference_mode():
+        for s in range(0, n, pairs_per_step):
+            e = min(n, s + pairs_per_step)
+            lh_np, lr_np = cand_len[s:e], ref_len[s:e]
+            hidx = torch.from_numpy(emb.index(cands[s:e], int(lh_np.max()))).to(device, non_blocking=True)
+            ridx = torch.from_numpy(emb.index(refs[s:e], int(lr_np.max()))).to(device, non_blocking=True)
+            hyp, ref = emb.flat[hidx], emb.flat[ridx]  # [B, L, (layers,) d]
+            if all_layers:  # -> [layers, B, L, d]
+                hyp, ref = hyp.permute(2, 0, 1, 3), ref.permute(2, 0, 1, 3)
+            sim = torch.matmul(hyp, ref.transpose(-1, -2))  # [(layers,) B, Lh, Lr]
+            lh, lr = torch.from_numpy(lh_np).to(device), torch.from_numpy(lr_np).to(device)
+            h_real = torch.arange(sim.shape[-2], device=device)[None, :] < lh[:, None]  # [B, Lh]
+            r_real = torch.arange(sim.shape[-1], device=device)[None, :] < lr[:, None]  # [B, Lr]
+            neg = torch.finfo(sim.dtype).min
+            best_p = sim.masked_fill(~r_real[:, None, :], neg).amax(dim=-1)  # [(layers,) B, Lh]
+            best_r = sim.masked_fill(~h_real[:, :, None], neg).amax(dim=-2)  # [(layers,) B, Lr]
+            # bert_score's zero padding: a pair shorter than its group's longest also sees 0
+            ref_padded = torch.from_numpy(lr_np < group_ref[s:e]).to(device)[:, None]
+            hyp_padded = torch.from_numpy(lh_np < group_cand[s:e]).to(device)[:, None]
+            best_p = torch.where(ref_padded, best_p.clamp(min=0.0), best_p)
+            best_r = torch.where(hyp_padded, best_r.clamp(min=0.0), best_r)
+            w_h, w_r = token_weights[hidx], token_weights[ridx]  # 0 at padding
+            w_h = w_h / w_h.sum(dim=1, keepdim=True)
+            w_r = w_r / w_r.sum(dim=1, keepdim=True)
+            P = (best_p * w_h).sum(dim=-1)
+            R = (best_r * w_r).sum(dim=-1)
+            F = 2 * P * R / (P + R)
+            empty = (lh == 2) | (lr == 2)  # an empty candidate or reference: P and R 0, as bert_score
+            P, R = P.masked_fill(empty, 0.0), R.masked_fill(empty, 0.0)
+            F = F.masked_fill(torch.isnan(F), 0.0)
+            out = torch.stack((P, R, F), dim=-1)  # [(layers,) B, 3]
+            if all_layers:
+                out = out.transpose(0, 1)  # [B, layers, 3]
+            results.append(out.cpu())
+    return torch.cat(results, dim=0) if results else torch.zeros((0, 3))
+
+
+def greedy_match(cand_emb: list, ref_emb: list, cand_idf: list, ref_idf: list, group: int, device: str,
+                 all_layers: bool = False, pairs_per_step: int = 4096):
+    """``match`` over lists of per-sentence embeddings (normalised) and weights, pair by pair."""
+    import numpy as np
+    import torch
+
+    sentences = list(cand_emb) + list(ref_emb)
+    weights = list(cand_idf) + list(ref_idf)
+    lengths = np.array([len(x) for x in sentences], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    flat = torch.cat(sentences + [torch.zeros((1, *sentences[0].shape[1:]))]).to(device)
+    token_weights = torch.cat(weights + [torch.zeros(1)]).to(device)
+    emb = Embedded(flat, offsets, lengths, None)
+    n = len(cand_emb)
+    return match(emb, token_weights, list(range(n)), list(range(n, 2 * n)), group, device, all_layers, pairs_per_step)
+
+
+def score(model, tokenizer, cands: list[str], refs: list[str], weights, device: str, batch_size: int,
+          all_layers: bool = False, dtype: str = "fp32", max_batch_tokens: int | None = None):
+    """bert_score's ``bert_cos_score_idf(model, refs, cands, ...)``: ``[pairs, 3]`` (or
+    ``[pairs, layers, 3]``), P, R, F1 of each candidate against the reference beside it."""
+    import torch
+
+    if max_batch_tokens is None:
+        max_batch_tokens = 65536 if device.startswith("cuda") else 2048
+    distinct = list(dict.fromkeys(cands + refs))
+    emb = embed(model, tokenizer, distinct, device, all_layers, dtype, max_batch_tokens)
+    table = weight_table(weights, emb.ids, device)
+    flat_ids = [t for i in sorted(range(len(distinct)), key=lambda i: emb.offsets[i]) for t in emb.ids[i]]
+    token_weights = torch.cat([table[torch.tensor(flat_ids, dtype=torch.long, device=device)],
+                               torch.zeros(1, device=device)])
+    where = {s: i for i, s in enumerate(distinct)}
+    return match(emb, token_weights, [where[s] for s in cands], [where[s] for s in refs], batch_size, device,
+                 all_layers)
