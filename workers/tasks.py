@@ -84,12 +84,14 @@ def start_batch_manager(sender, **_) -> None:
     """A worker of ``judge.<region>`` or ``generate.<region>`` queues also runs the Batch API
     path of those regions (``evalq.workers.judge.batches``): it holds their keys and the
     allow-list. Off with ``EVALQ_BATCH_TICK=0``."""
+    queues = sender.app.amqp.queues.consume_from or {}
+    regions = {q.split(".", 1)[1] for q in queues if q.startswith(("judge.", "generate."))}
+    if not regions:  # a cpu or gpu worker: no judge machinery is imported
+        return
     from evalq.workers.judge.batches import BatchManager, BatchTiming
 
     timing = BatchTiming.from_env()
-    queues = sender.app.amqp.queues.consume_from or {}
-    regions = {q.split(".", 1)[1] for q in queues if q.startswith(("judge.", "generate."))}
-    if timing.tick <= 0 or not regions:
+    if timing.tick <= 0:
         return
     manager = BatchManager(sender.app.conf.broker_url, regions, sender.hostname, timing)
     manager.start()

@@ -122,7 +122,7 @@ class BertScoreParams(Params):
         "fp16 are faster on a GPU, within about 1e-3 of fp32")
     max_batch_tokens: int | None = Field(
         default=None, ge=64, le=1_048_576, description="tokens (padded) per forward pass (evalq's engine); "
-        "unset: 65,536 on a GPU, 8,192 on a CPU")
+        "unset: 65,536 on a GPU, 2,048 on a CPU")
 
     @field_validator("model_type")
     @classmethod

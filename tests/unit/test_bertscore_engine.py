@@ -189,7 +189,34 @@ def test_tokenization_is_bert_scores():
         tok = load_tokenizer(MODEL_DIR, fast)
         sentences = ["  Padded text.  ", "", "   ", "Ünïcödé naïve café — “quotes”", "x " * 700,
                      *[i["actual-output"] for i in synthetic(30, 1, seed=6)]]
-        assert bertscore_engine.encode(tok, sentences) == [sent_encode(tok, s) for s in sentences]
+        expected = [sent_encode(tok, s) for s in sentences]
+        assert bertscore_engine.encode(tok, sentences) == expected
+        assert bertscore_engine.encode(tok, sentences, parallel=True) == expected
+        # the Rust tokenizer is called directly (its copy checked against the tokenizer's own call)
+        assert bertscore_engine._backend(tok, sentences[:4]) is not None
+
+
+def test_a_tokenizer_whose_rust_copy_disagrees_is_called_itself():
+    """A tokenizer whose own call does more than its Rust tokenizer (here: reverses the text first)
+    keeps its own call: the engine's tokens are still bert_score's."""
+    from bert_score.utils import sent_encode
+
+    from evalq.workers.metrics.bertscore import load_tokenizer
+
+    base = load_tokenizer(MODEL_DIR, True)
+
+    class Backwards(type(base)):
+        def __call__(self, text, *args, **kwargs):
+            turned = [t[::-1] for t in text] if isinstance(text, list) else text[::-1]
+            return super().__call__(turned, *args, **kwargs)
+
+        def encode(self, text, *args, **kwargs):
+            return super().encode(text[::-1], *args, **kwargs)
+
+    tok = Backwards.from_pretrained(MODEL_DIR)
+    sentences = ["Hello there", "the Cat sat", *[i["actual-output"] for i in synthetic(10, 1, seed=8)]]
+    assert bertscore_engine._backend(tok, sentences) is None
+    assert bertscore_engine.encode(tok, sentences) == [sent_encode(tok, s) for s in sentences]
 
 
 def test_greedy_matching_equals_bert_scores_on_vectors_with_negative_similarities():

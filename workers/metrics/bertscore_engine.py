@@ -22,27 +22,87 @@ The same numbers as ``bert_score.utils.bert_cos_score_idf`` (within float roundi
 
 from __future__ import annotations
 
+import itertools
+import os
 import queue
 import threading
+import weakref
 from typing import Any, Iterator
 
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 
 
-def encode(tokenizer, sentences: list[str]) -> list[list[int]]:
-    """Token ids of each sentence, as bert_score's ``sent_encode`` gives them."""
+_backends: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_parallel = threading.Lock()
+
+
+def _backend(tokenizer, sample: list[str]):
+    """A copy of a fast tokenizer's Rust tokenizer set up as bert_score's call sets it up
+    (special tokens, truncation to ``model_max_length``, no padding), or None where the tokenizer
+    has none or the copy tokenizes ``sample`` differently from the tokenizer's own call: then
+    the tokenizer's own call is used. The copy skips the Python work transformers does for each
+    sentence of a batch, and may use every core."""
+    try:
+        return _backends[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    backend = None
+    inner = getattr(tokenizer, "_tokenizer", None)
+    try:
+        from tokenizers import Tokenizer
+
+        if isinstance(inner, Tokenizer):
+            backend = Tokenizer.from_str(inner.to_str())
+            backend.no_padding()
+            backend.enable_truncation(tokenizer.model_max_length, stride=0, strategy="longest_first",
+                                      direction=getattr(tokenizer, "truncation_side", "right"))
+            if _ids(backend, sample) != _hf_encode(tokenizer, sample):
+                backend = None
+    except Exception:  # noqa: BLE001 - any doubt: the tokenizer's own call
+        backend = None
+    try:
+        _backends[tokenizer] = backend
+    except TypeError:
+        pass
+    return backend
+
+
+def _ids(backend, texts: list[str]) -> list[list[int]]:
+    batch = getattr(backend, "encode_batch_fast", None) or backend.encode_batch  # _fast: no offsets
+    return [e.ids for e in batch(texts, add_special_tokens=True)]
+
+
+def _hf_encode(tokenizer, sentences: list[str]) -> list[list[int]]:
+    return [list(x) for x in tokenizer(sentences, add_special_tokens=True, max_length=tokenizer.model_max_length,
+                                       truncation=True)["input_ids"]] if sentences else []
+
+
+def encode(tokenizer, sentences: list[str], parallel: bool = False) -> list[list[int]]:
+    """Token ids of each sentence, as bert_score's ``sent_encode`` gives them. ``parallel``: a
+    fast tokenizer may use every core for the batch (the gpu worker's cores are otherwise idle)."""
     from transformers import GPT2Tokenizer, RobertaTokenizer
 
     stripped = [s.strip() for s in sentences]
     out: list[list[int] | None] = [None] * len(stripped)
     filled = [i for i, s in enumerate(stripped) if s]
-    kwargs: dict[str, Any] = {"add_special_tokens": True, "max_length": tokenizer.model_max_length,
-                              "truncation": True}
+    texts = [stripped[i] for i in filled]
     if isinstance(tokenizer, (GPT2Tokenizer, RobertaTokenizer)):  # bert_score checks the slow classes only
-        kwargs["add_prefix_space"] = True
-        ids = [tokenizer.encode(stripped[i], **kwargs) for i in filled]
+        kwargs: dict[str, Any] = {"add_special_tokens": True, "max_length": tokenizer.model_max_length,
+                                  "truncation": True, "add_prefix_space": True}
+        ids = [tokenizer.encode(text, **kwargs) for text in texts]
+    elif texts and (backend := _backend(tokenizer, texts[:64])) is not None:
+        with _parallel:  # the Rust tokenizer reads the variable at each call
+            before = os.environ.get("TOKENIZERS_PARALLELISM")
+            os.environ["TOKENIZERS_PARALLELISM"] = "true" if parallel else "false"
+            try:
+                ids = _ids(backend, texts)
+            finally:
+                if before is None:
+                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
+                else:
+                    os.environ["TOKENIZERS_PARALLELISM"] = before
     else:
-        ids = tokenizer([stripped[i] for i in filled], **kwargs)["input_ids"] if filled else []
+        ids = _hf_encode(tokenizer, texts)
     for i, one in zip(filled, ids):
         out[i] = list(one)
     if len(filled) < len(stripped):
@@ -92,7 +152,7 @@ def _tokenized(tokenizer, sentences: list[str], batches: list[list[int]]) -> Ite
     def produce() -> None:
         try:
             for idx in batches:
-                ahead.put((idx, encode(tokenizer, [sentences[i] for i in idx])))
+                ahead.put((idx, encode(tokenizer, [sentences[i] for i in idx], parallel=True)))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
             failed.append(exc)
         finally:
@@ -113,10 +173,10 @@ def _tokenized(tokenizer, sentences: list[str], batches: list[list[int]]) -> Ite
 class Embedded:
     """Every token embedding of a set of sentences in one tensor: ``flat`` ``[tokens + 1, (layers,)
     d]`` (L2-normalised, fp32, on the device; the last row zeros, what padding points at), each
-    sentence at ``offsets[i]`` for ``lengths[i]`` rows, its token ids in ``ids``."""
+    sentence at ``offsets[i]`` for ``lengths[i]`` rows; ``tokens``: each row's token id (numpy)."""
 
-    def __init__(self, flat, offsets, lengths, ids):
-        self.flat, self.offsets, self.lengths, self.ids = flat, offsets, lengths, ids
+    def __init__(self, flat, offsets, lengths, tokens=None):
+        self.flat, self.offsets, self.lengths, self.tokens = flat, offsets, lengths, tokens
 
     @property
     def pad(self) -> int:
@@ -131,6 +191,19 @@ class Embedded:
         return np.where(cols < lengths[:, None], offsets[:, None] + cols, self.pad)
 
 
+def _grid(ids: list[list[int]], pad: int):
+    """(``[len(ids), longest]`` token ids padded with ``pad``, which cells are real, lengths,
+    the ids flat): numpy, built without a Python loop over the rows."""
+    import numpy as np
+
+    lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lens.sum()))
+    real = np.arange(int(lens.max()))[None, :] < lens[:, None]
+    grid = np.full(real.shape, pad, dtype=np.int64)
+    grid[real] = flat
+    return grid, real, lens, flat
+
+
 def embed(model, tokenizer, sentences: list[str], device: str, all_layers: bool = False, dtype: str = "fp32",
           max_batch_tokens: int = 16384) -> Embedded:
     """The token embeddings of each sentence (each distinct sentence once), as bert_score's
@@ -143,23 +216,17 @@ def embed(model, tokenizer, sentences: list[str], device: str, all_layers: bool 
     if device.startswith("cuda"):  # tokenized in a thread a batch ahead: the device never waits for it
         batches = _tokenized(tokenizer, sentences, _batches(sentences, max_batch_tokens))
     else:  # the CPU runs the forward passes on every core: tokenized first, batched by exact length
-        batches = _by_length(encode(tokenizer, sentences), max_batch_tokens)
-    parts, offsets = [], np.zeros(len(sentences), dtype=np.int64)
+        batches = _by_length(encode(tokenizer, sentences, parallel=True), max_batch_tokens)
+    parts, tokens = [], []
+    offsets = np.zeros(len(sentences), dtype=np.int64)
     lengths = np.zeros(len(sentences), dtype=np.int64)
-    ids_of: list = [None] * len(sentences)
     total = 0
     with torch.inference_mode():
         for idx, ids in batches:
-            lens = [len(x) for x in ids]
-            width = max(lens)
-            batch = torch.full((len(ids), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(ids), width), dtype=torch.bool)
-            for row, x in enumerate(ids):
-                batch[row, :len(x)] = torch.tensor(x, dtype=torch.long)
-                mask[row, :len(x)] = True
-            batch = batch.to(device, non_blocking=True)
+            grid, real, lens, flat_ids = _grid(ids, pad)
+            batch = torch.from_numpy(grid).to(device, non_blocking=True)
             # a batch of one length has nothing to mask: attention takes its unmasked path
-            attention = None if min(lens) == width else mask.to(device=device, dtype=torch.long, non_blocking=True)
+            attention = None if real.all() else torch.from_numpy(real).to(device=device, dtype=torch.long)
             if autocast is None:
                 out = model(batch, attention_mask=attention, output_hidden_states=all_layers)
             else:
@@ -167,22 +234,25 @@ def embed(model, tokenizer, sentences: list[str], device: str, all_layers: bool 
                     out = model(batch, attention_mask=attention, output_hidden_states=all_layers)
             hidden = (torch.stack(out[-1], dim=2) if all_layers else out[0]).float()
             hidden = hidden / torch.norm(hidden, dim=-1, keepdim=True)
-            parts.append(hidden[mask.to(device)])  # the real tokens, row by row
-            for row, i in enumerate(idx):
-                offsets[i], lengths[i] = total, lens[row]
-                total += lens[row]
-                ids_of[i] = ids[row]
+            # the real tokens, row by row: their places are known here, so the device is not asked
+            keep = torch.from_numpy(np.flatnonzero(real)).to(device, non_blocking=True)
+            parts.append(hidden.reshape(-1, *hidden.shape[2:]).index_select(0, keep))
+            rows = np.asarray(idx, dtype=np.int64)
+            offsets[rows] = total + np.cumsum(lens) - lens
+            lengths[rows] = lens
+            total += int(lens.sum())
+            tokens.append(flat_ids)
         zero = torch.zeros((1, *parts[0].shape[1:]), device=device) if parts else torch.zeros((1, 1), device=device)
         flat = torch.cat(parts + [zero]) if parts else zero
-    return Embedded(flat, offsets, lengths, ids_of)
+    return Embedded(flat, offsets, lengths, np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int64))
 
 
-def weight_table(weights, ids: list[list[int]], device: str):
+def weight_table(weights, tokens, device: str):
     """A token's weight (bert_score's idf dictionary: 0 for the special tokens, 1 for the others
     without idf) as a table indexed by token id, on the device."""
     import torch
 
-    size = max([max(x) for x in ids if x] + [max(weights.keys(), default=0)]) + 1
+    size = max(int(tokens.max()) if len(tokens) else 0, max(weights.keys(), default=0)) + 1
     default = weights.default_factory() if getattr(weights, "default_factory", None) is not None else 1.0
     table = torch.full((size,), float(default))
     if weights:
@@ -255,7 +325,7 @@ def greedy_match(cand_emb: list, ref_emb: list, cand_idf: list, ref_idf: list, g
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     flat = torch.cat(sentences + [torch.zeros((1, *sentences[0].shape[1:]))]).to(device)
     token_weights = torch.cat(weights + [torch.zeros(1)]).to(device)
-    emb = Embedded(flat, offsets, lengths, None)
+    emb = Embedded(flat, offsets, lengths)
     n = len(cand_emb)
     return match(emb, token_weights, list(range(n)), list(range(n, 2 * n)), group, device, all_layers, pairs_per_step)
 
@@ -270,10 +340,8 @@ def score(model, tokenizer, cands: list[str], refs: list[str], weights, device: 
         max_batch_tokens = 65536 if device.startswith("cuda") else 2048
     distinct = list(dict.fromkeys(cands + refs))
     emb = embed(model, tokenizer, distinct, device, all_layers, dtype, max_batch_tokens)
-    table = weight_table(weights, emb.ids, device)
-    flat_ids = [t for i in sorted(range(len(distinct)), key=lambda i: emb.offsets[i]) for t in emb.ids[i]]
-    token_weights = torch.cat([table[torch.tensor(flat_ids, dtype=torch.long, device=device)],
-                               torch.zeros(1, device=device)])
+    table = weight_table(weights, emb.tokens, device)
+    token_weights = torch.cat([table[torch.from_numpy(emb.tokens).to(device)], torch.zeros(1, device=device)])
     where = {s: i for i, s in enumerate(distinct)}
     return match(emb, token_weights, [where[s] for s in cands], [where[s] for s in refs], batch_size, device,
                  all_layers)
