@@ -14,11 +14,9 @@ import pytest
 
 import evalq.shared.job.catalogue  # noqa: F401
 from evalq.shared.metrics import bertscore as models
-from evalq.shared.metrics.params import BertScoreParams
-from evalq.shared.metrics.registry import REGISTRY
-from evalq.workers.chunk import score_items
 from evalq.workers.metrics import bertscore_engine
 from tests.unit.test_bertscore import INSTANCES, all_refs, cands, refs
+from tests.unit.test_bertscore import run as evalq_scores  # prepared once, chunks apart, via JSON
 
 bert_score = pytest.importorskip("bert_score")
 
@@ -44,18 +42,6 @@ def synthetic(n: int, refs_per_item: int, seed: int) -> list[dict]:
         out.append({"id": f"s{i}", "actual-output": " ".join(words).capitalize() + ".",
                     "expected-output": [perturb(words) for _ in range(refs_per_item)]})
     return out
-
-
-def evalq_scores(instances, chunk=None, **params) -> list[dict]:
-    spec = REGISTRY.get("bertscore")
-    p = BertScoreParams.model_validate(params)
-    prepared = json.loads(json.dumps(spec.load_prepare()(instances, p)))
-    chunk = chunk or len(instances)
-    records = []
-    for start in range(0, len(instances), chunk):
-        records += score_items(spec, p, instances[start:start + chunk], prepared)
-    assert all("error" not in r for r in records), records
-    return [r["result"] for r in records]
 
 
 def assert_equal(ours: list[dict], P, R, F, tol: float = EXACT) -> None:
