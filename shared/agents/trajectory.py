@@ -52,11 +52,6 @@ def value_key(value: Any) -> Any:
     return ("?", repr(value))
 
 
-def same_value(a: Any, b: Any) -> bool:
-    """Two arguments' values are equal as JSON values."""
-    return value_key(a) == value_key(b)
-
-
 @dataclass(frozen=True)
 class Call:
     name: str
@@ -65,13 +60,13 @@ class Call:
 
     @cached_property
     def args_key(self) -> Any:
-        """The arguments as one comparable text (``value_key``), made once per call: a trajectory
-        compares each call with many."""
+        """The arguments as one comparable, hashable key (``value_key``), made once per call: a
+        trajectory compares each call with many."""
         return value_key(self.arguments)
 
     @cached_property
     def arg_keys(self) -> dict[str, Any]:
-        """Each argument's comparable text, by name."""
+        """Each argument's comparable key (``value_key``), by name."""
         return {k: value_key(v) for k, v in self.arguments.items()}
 
     def key(self) -> tuple:

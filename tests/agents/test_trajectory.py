@@ -100,6 +100,16 @@ def test_evalqs_own_fields_on_each_case():
     assert t["both empty"]["exact_match"] and t["both empty"]["f1"] == 1.0
 
 
+def test_an_argument_the_call_leaves_out_is_not_an_expected_null():
+    """An expected argument whose value is JSON null is matched only by a call that gives it null,
+    not by a call without it (as ragas, which scores only arguments the call has)."""
+    inst = run([("search", {"q": "cafes"})], expected=[("search", {"q": "cafes", "k": None})])
+    subset = trajectory(inst, TrajectoryParams(argument_match="subset"))
+    assert (subset["exact_match"], subset["recall"], subset["sequence_accuracy"]) == (False, 0.0, 0.5)
+    given = run([("search", {"q": "cafes", "k": None})], expected=[("search", {"q": "cafes", "k": None})])
+    assert trajectory(given, TrajectoryParams(argument_match="subset"))["exact_match"]
+
+
 def test_arguments_are_checked_against_each_tools_schema():
     inst = run([("search", {"k": "three"})], [("weather", {"city": "Oslo"})], expected=[W])
     assert trajectory(inst, TrajectoryParams())["valid_arguments"] == 0.5  # search: no q, k not an integer

@@ -21,7 +21,7 @@ def _same(made: Call, want: Call, subset: bool) -> bool:
         return False
     if subset:
         mine = made.arg_keys
-        return all(mine.get(k) == v for k, v in want.arg_keys.items())
+        return all(k in mine and mine[k] == v for k, v in want.arg_keys.items())
     return made.args_key == want.args_key
 
 
@@ -111,14 +111,14 @@ def _ragas_key(call: Call) -> tuple[str, ...]:
 
 def _ragas_arguments(made: Call, wanted: Call) -> float:
     """ragas' argument score: the share of expected arguments the call gives the same value. ragas
-    compares the values' Python ``str()``; evalq compares JSON values (``same_value``): 10.0 is 10,
+    compares the values' Python ``str()``; evalq compares JSON values (``value_key``): 10.0 is 10,
     and two objects with their keys in another order are the same (docs/how-to/agents.md)."""
     if not wanted.arguments and not made.arguments:
         return 1.0
     if not wanted.arguments:
         return 0.0
     mine = made.arg_keys
-    return sum(float(mine.get(k) == v) for k, v in wanted.arg_keys.items()) / len(wanted.arguments)
+    return sum(float(k in mine and mine[k] == v) for k, v in wanted.arg_keys.items()) / len(wanted.arguments)
 
 
 def sequence_accuracy(made: list[Call], wanted: list[Call], strict_order: bool = True) -> float:
