@@ -209,7 +209,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     elif queue == "gpu" and not spec.calls_endpoint:
         # the device's chunk: read ahead by the last chunk, and the next one read while this one scores
         instances = prefetch.take(job_id, metric_key, start, stop) or _entry_instances(ctx, positions)
-        prefetch.ahead(job_id, metric_key, stop, min(stop + (stop - start), ctx.span),
+        prefetch.ahead(job_id, metric_key, stop, min(stop + ctx.entry["chunk_size"], ctx.span),
                        lambda ahead: _entry_instances(ctx, ahead))
     else:
         instances = _entry_instances(ctx, positions)

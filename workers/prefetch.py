@@ -20,7 +20,6 @@ log = logging.getLogger("evalq.worker")
 
 _lock = threading.Lock()
 _current: list[dict] = []  # the one slot: {"key": (job, entry, start, stop), "done": Event, "instances"}
-stats = {"read_ahead": 0, "taken": 0}
 
 
 def take(job_id: str, key: str, start: int, stop: int, wait: float = 30.0) -> list[dict] | None:
@@ -32,7 +31,6 @@ def take(job_id: str, key: str, start: int, stop: int, wait: float = 30.0) -> li
     if not slot["done"].wait(wait):  # the read is still going after all that while: read it again
         return None
     if slot["instances"] is not None:
-        stats["taken"] += 1
         log.info("%s[%d:%d]: instances read ahead while the chunk before scored", key, start, stop)
     return slot["instances"]
 
@@ -48,7 +46,6 @@ def ahead(job_id: str, key: str, start: int, stop: int, read: Callable[[list[int
     def run() -> None:
         try:
             slot["instances"] = read(list(range(start, stop)))
-            stats["read_ahead"] += 1
         except Exception as exc:  # noqa: BLE001 - a cache: the chunk reads its own when this failed
             log.info("read-ahead of %s[%d:%d] failed: %s", key, start, stop, exc)
         finally:

@@ -205,6 +205,40 @@ def test_a_tokenizer_whose_rust_copy_disagrees_is_called_itself():
     assert bertscore_engine.encode(tok, sentences) == [sent_encode(tok, s) for s in sentences]
 
 
+def test_a_forward_pass_that_raises_stops_the_tokenizing_thread():
+    """A gpu worker lives for many chunks: a chunk whose forward pass raised leaves no thread
+    behind blocked on batches nobody takes."""
+    import threading
+
+    from evalq.workers.metrics.bertscore import load_tokenizer
+
+    tok = load_tokenizer(MODEL_DIR, False)
+    sentences = [i["actual-output"] for i in synthetic(200, 1, seed=9)]
+    batches = bertscore_engine._tokenized(tok, sentences, [[i] for i in range(len(sentences))])
+    next(batches)  # the consumer takes one batch, then its forward pass raises
+    batches.close()
+    assert not [t for t in threading.enumerate() if t.name == "evalq-bertscore-tokenize"]
+
+
+def greedy_match(cand_emb: list, ref_emb: list, cand_idf: list, ref_idf: list, group: int, device: str,
+                 all_layers: bool = False, pairs_per_step: int = 4096):
+    """The engine's ``match`` over lists of per-sentence embeddings (normalised) and weights, pair by
+    pair: candidate i against reference i."""
+    import numpy as np
+    import torch
+
+    sentences = list(cand_emb) + list(ref_emb)
+    weights = list(cand_idf) + list(ref_idf)
+    lengths = np.array([len(x) for x in sentences], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    flat = torch.cat(sentences + [torch.zeros((1, *sentences[0].shape[1:]))]).to(device)
+    token_weights = torch.cat(weights + [torch.zeros(1)]).to(device)
+    emb = bertscore_engine.Embedded(flat, offsets, lengths, None)
+    n = len(cand_emb)
+    return bertscore_engine.match(emb, token_weights, list(range(n)), list(range(n, 2 * n)), group, device,
+                                  all_layers, pairs_per_step)
+
+
 def test_greedy_matching_equals_bert_scores_on_vectors_with_negative_similarities():
     """Random token vectors (similarities of both signs, so the zero padding matters): the engine's
     vectorised matching over many pairs at once equals bert_score's greedy_cos_idf run group by
@@ -220,7 +254,7 @@ def test_greedy_matching_equals_bert_scores_on_vectors_with_negative_similaritie
     ref = [torch.nn.functional.normalize(torch.randn(lr, dim), dim=-1) for _, lr in lengths]
     cand_idf = [torch.cat([torch.zeros(1), torch.rand(len(c) - 2) + 0.1, torch.zeros(1)]) for c in cand]
     ref_idf = [torch.cat([torch.zeros(1), torch.rand(len(r) - 2) + 0.1, torch.zeros(1)]) for r in ref]
-    ours = bertscore_engine.greedy_match(cand, ref, cand_idf, ref_idf, group, "cpu", pairs_per_step=13)
+    ours = greedy_match(cand, ref, cand_idf, ref_idf, group, "cpu", pairs_per_step=13)
     expected = []
     for s in range(0, n, group):
         def stats(emb, idf):
@@ -233,5 +267,5 @@ def test_greedy_matching_equals_bert_scores_on_vectors_with_negative_similaritie
     expected = torch.cat(expected)
     assert (ours - expected).abs().max().item() <= EXACT
     # and the rule matters here: matched alone (no group, no padding), many pairs score otherwise
-    alone = bertscore_engine.greedy_match(cand, ref, cand_idf, ref_idf, 1, "cpu")
+    alone = greedy_match(cand, ref, cand_idf, ref_idf, 1, "cpu")
     assert ((alone - expected).abs() > 1e-3).any()

@@ -5,9 +5,9 @@ The same numbers as ``bert_score.utils.bert_cos_score_idf`` (within float roundi
 
 - **Tokenization** as bert_score's ``sent_encode``: each sentence stripped, truncated to the
   tokenizer's ``model_max_length``, an empty one encoded as the special tokens alone, GPT-2 and
-  RoBERTa (slow) tokenizers given a prefix space; but one batch call of the tokenizer (one Rust
-  call for a fast tokenizer), run in a thread that prepares the next batch while the device works
-  on this one.
+  RoBERTa tokenizers given a prefix space; but one batch call, to a copy of a fast tokenizer's
+  Rust tokenizer on every core where that copy gives the tokenizer's own ids (else to the
+  tokenizer), on a GPU in a thread that prepares the next batch while the device works on this one.
 - **Forward passes** over each distinct sentence once, in batches formed by length (sorted by
   characters, so a batch pads little) and sized in tokens (``max_batch_tokens``), optionally in
   bf16/fp16 (``dtype``; the embeddings are normalised and matched in fp32).
@@ -115,7 +115,7 @@ def encode(tokenizer, sentences: list[str], parallel: bool = False) -> list[list
 
 def _batches(sentences: list[str], max_tokens: int, max_sentences: int = 4096) -> list[list[int]]:
     """Indices of the sentences in batches of similar length, longest first, each about
-    ``max_tokens`` tokens padded (estimated from characters before tokenization: ~4 a token)."""
+    ``max_tokens`` tokens padded (estimated from characters before tokenization: ~3 a token)."""
     order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
     batches, current, longest = [], [], 0
     for i in order:
@@ -145,27 +145,39 @@ def _by_length(ids: list[list[int]], max_tokens: int) -> Iterator[tuple[list[int
 
 
 def _tokenized(tokenizer, sentences: list[str], batches: list[list[int]]) -> Iterator[tuple[list[int], list]]:
-    """(indices, token ids) of each batch, tokenized in a thread one batch ahead of its consumer."""
+    """(indices, token ids) of each batch, tokenized in a thread one batch ahead of its consumer.
+    A consumer that stops early (a forward pass that raised) stops the thread too."""
     ahead: queue.Queue = queue.Queue(maxsize=2)
     failed: list[BaseException] = []
+    stopped = threading.Event()
+
+    def put(item) -> bool:
+        while not stopped.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
 
     def produce() -> None:
         try:
             for idx in batches:
-                ahead.put((idx, encode(tokenizer, [sentences[i] for i in idx], parallel=True)))
+                if not put((idx, encode(tokenizer, [sentences[i] for i in idx], parallel=True))):
+                    return
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
             failed.append(exc)
         finally:
-            ahead.put(None)
+            put(None)
 
     thread = threading.Thread(target=produce, name="evalq-bertscore-tokenize", daemon=True)
     thread.start()
-    while True:
-        item = ahead.get()
-        if item is None:
-            break
-        yield item
-    thread.join()
+    try:
+        while (item := ahead.get()) is not None:
+            yield item
+    finally:
+        stopped.set()
+        thread.join()
     if failed:
         raise failed[0]
 
@@ -175,7 +187,7 @@ class Embedded:
     d]`` (L2-normalised, fp32, on the device; the last row zeros, what padding points at), each
     sentence at ``offsets[i]`` for ``lengths[i]`` rows; ``tokens``: each row's token id (numpy)."""
 
-    def __init__(self, flat, offsets, lengths, tokens=None):
+    def __init__(self, flat, offsets, lengths, tokens):
         self.flat, self.offsets, self.lengths, self.tokens = flat, offsets, lengths, tokens
 
     @property
@@ -311,23 +323,6 @@ def match(emb: Embedded, token_weights, cands: list[int], refs: list[int], group
                 out = out.transpose(0, 1)  # [B, layers, 3]
             results.append(out.cpu())
     return torch.cat(results, dim=0) if results else torch.zeros((0, 3))
-
-
-def greedy_match(cand_emb: list, ref_emb: list, cand_idf: list, ref_idf: list, group: int, device: str,
-                 all_layers: bool = False, pairs_per_step: int = 4096):
-    """``match`` over lists of per-sentence embeddings (normalised) and weights, pair by pair."""
-    import numpy as np
-    import torch
-
-    sentences = list(cand_emb) + list(ref_emb)
-    weights = list(cand_idf) + list(ref_idf)
-    lengths = np.array([len(x) for x in sentences], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    flat = torch.cat(sentences + [torch.zeros((1, *sentences[0].shape[1:]))]).to(device)
-    token_weights = torch.cat(weights + [torch.zeros(1)]).to(device)
-    emb = Embedded(flat, offsets, lengths)
-    n = len(cand_emb)
-    return match(emb, token_weights, list(range(n)), list(range(n, 2 * n)), group, device, all_layers, pairs_per_step)
 
 
 def score(model, tokenizer, cands: list[str], refs: list[str], weights, device: str, batch_size: int,
