@@ -38,7 +38,7 @@ import redis
 
 from evalq.shared.cluster import keys, leases
 from evalq.shared.cluster.scheduling import PRIORITIES, Tenants, Window
-from evalq.shared.cluster.spec import entry_of, entry_queues, plan, queue_of, stored_spec
+from evalq.shared.cluster.spec import companions, entry_of, entry_queues, plan, queue_of, stored_spec
 from evalq.shared.cluster.status import FINAL, Status, status_of
 
 log = logging.getLogger("evalq.dispatch")
@@ -331,9 +331,12 @@ def _cost(r: redis.Redis, job_id: str, desc: list, cache: dict[str, float]) -> f
                 judge = (spec.get("judges") or {}).get((entry.get("parameters") or {}).get("judge"), {})
                 unit = float(judge.get("max_tokens") or (spec.get("model") or {}).get("max_tokens") or 256)
                 unit += PROMPT_ESTIMATE
-        else:  # cpu, gpu, a local model: seconds (one timing per chunk: a few hundred at most)
-            seconds = sum(float(t) for t in r.hvals(keys.timings(job_id, metric_key)))
-            unit = seconds / done if done and seconds > 0 else 1.0
+        else:  # cpu, gpu, a local model: seconds (one timing per chunk: a few hundred at most),
+            unit = 0.0  # of the entry and of those its chunks score with it
+            for scored in (metric_key, *companions(entry)):
+                done = r.hlen(keys.results(job_id, scored))
+                seconds = sum(float(t) for t in r.hvals(keys.timings(job_id, scored)))
+                unit += seconds / done if done and seconds > 0 else 1.0
         cache[key] = max(unit, 1e-6)
     return cache[key] * (stop - start)
 

@@ -46,7 +46,10 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     overall, by_category, seen = None, {}, 0
     agreement = Agreement(metric.aggregation, params) if metric.aggregation in AGREEMENT_KINDS else None
     if AGGREGATORS[metric.aggregation].mergeable:
-        parts = (json.loads(raw) for raw in r.hvals(keys.parts(job_id, key)))
+        # in chunk order, whatever order the chunks finished in: the sums are then the same
+        # floats on every run of the job
+        raw_parts = r.hgetall(keys.parts(job_id, key))
+        parts = (json.loads(raw_parts[k]) for k in sorted(raw_parts, key=int))
         overall, by_category, seen = merge_parts(metric.aggregation, params, parts, agreement)
         if seen < total:  # a chunk without its part (never expected): read the items instead
             overall = None

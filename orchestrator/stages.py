@@ -11,7 +11,8 @@ at the wrong moment. Here:
 - ``S:total`` (chunks in the stage) is written before the first task is sent
   and ``S:sent`` after each batch, so a sender that dies mid-stage is resumed
   where it stopped (a batch may go twice: chunks are idempotent);
-- each finished chunk adds ``<metric key>:<start>`` to a set; the task whose
+- each finished chunk adds ``<metric key>:<start>`` to a set (with its companions',
+  ``evalq.shared.cluster.spec``); the task whose
   addition completes the set (and only that one, by a Lua script) sends the
   stage's callback. A redelivered chunk adds nothing new, so nothing is
   counted twice.
@@ -25,7 +26,7 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import CONTROL_QUEUE
-from evalq.shared.cluster.spec import GENERATE_STAGE, METRICS_STAGE, stage_of, stage_total
+from evalq.shared.cluster.spec import GENERATE_STAGE, METRICS_STAGE, chunk_ids, stage_of, stage_total, stored_spec
 from evalq.shared.cluster.status import Status, status_of
 
 CALLBACKS = {GENERATE_STAGE: "evalq.generated", METRICS_STAGE: "evalq.finalize"}
@@ -53,13 +54,14 @@ def send_stage(app, r: redis.Redis, job_id: str, spec: dict, stage: str,
     return count
 
 
-# KEYS: chunks set, plan hash; ARGV: chunk id, stage. Returns 1 when this call
-# completed the stage (the caller sends the callback), else 0.
+# KEYS: chunks set, plan hash; ARGV: stage, time, then the chunk ids (a chunk, and those of the
+# entries scored with it: added at once). Returns 1 when this call completed the stage (the
+# caller sends the callback), else 0.
 _FINISH = """
-local added = redis.call('SADD', KEYS[1], ARGV[1])
-local total = tonumber(redis.call('HGET', KEYS[2], ARGV[2] .. ':total') or '-1')
+redis.call('SADD', KEYS[1], unpack(ARGV, 3))
+local total = tonumber(redis.call('HGET', KEYS[2], ARGV[1] .. ':total') or '-1')
 if total >= 0 and redis.call('SCARD', KEYS[1]) >= total
-   and redis.call('HSETNX', KEYS[2], ARGV[2] .. ':fired', ARGV[3]) == 1 then
+   and redis.call('HSETNX', KEYS[2], ARGV[1] .. ':fired', ARGV[2]) == 1 then
   return 1
 end
 return 0
@@ -69,10 +71,15 @@ return 0
 def chunk_finished(app, r: redis.Redis, job_id: str, metric_key: str, start: int,
                    queue: str | None = None) -> bool:
     """The one completion entry point workers call: count a finished chunk (the one that
-    completes its stage sends the stage's callback), free its slot on ``queue`` and refill it."""
+    completes its stage sends the stage's callback), free its slot on ``queue`` and refill it.
+    A chunk that also scored its entry's companions counts for each of them, in the same step."""
     stage = stage_of(metric_key)
+    try:
+        ids = chunk_ids(stored_spec(r, job_id), metric_key, start)
+    except LookupError:  # the job's keys are gone: nothing left to count
+        ids = [f"{metric_key}:{start}"]
     fired = r.eval(_FINISH, 2, keys.chunks_done(job_id, stage), keys.plan(job_id),
-                   f"{metric_key}:{start}", stage, str(time.time()))
+                   stage, str(time.time()), *ids)
     if fired:
         app.send_task(CALLBACKS[stage], args=(job_id,), queue=CONTROL_QUEUE, ignore_result=True)
     if queue:

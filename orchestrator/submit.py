@@ -45,20 +45,52 @@ def run_entry(m: MetricRun, chunk_size: int | None, items: int) -> dict:
     return entry
 
 
+GROUPED_QUEUES = ("cpu", "gpu")
+
+
+def group_entries(metrics: dict[str, dict], runs: list[MetricRun], n_instances: int) -> None:
+    """Mark the metric entries scored together (``evalq.shared.cluster.spec``): entries of the
+    cpu or gpu queue that call no endpoint and read no variants, over the same instances in
+    chunks of the same size. The first of each such group leads it (``companions``); the others
+    name it (``led_by``). A chunk of the group reads and decodes its instances once for all of
+    them. Off with ``EVALQ_GROUP_ENTRIES=0`` (each entry's chunks then spread on their own)."""
+    if not Settings.from_env().group_entries:
+        return
+    leaders: dict[tuple, str] = {}
+    for m in runs:
+        entry = metrics.get(m.key)
+        if entry is None or entry.get("queue") not in GROUPED_QUEUES or entry.get("regions") \
+                or m.spec.calls_endpoint or m.spec.variants:
+            continue
+        group = (entry["queue"], entry["chunk_size"], entry.get("span", n_instances))
+        leader = leaders.setdefault(group, m.key)
+        if leader != m.key:
+            metrics[leader].setdefault("companions", []).append(m.key)
+            entry["led_by"] = leader
+
+
 def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None = None) -> Iterator[Chunk]:
     """The chunks of ``runs`` (by default the job's metrics), as the cluster will plan them."""
+    spec = outline(job, chunk_size, runs)
+    if has_model_stage(spec):
+        yield from plan_spec(spec, GENERATE_STAGE)
+    yield from plan_spec(spec, METRICS_STAGE)
+
+
+def outline(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None = None) -> dict:
+    """What the plan reads of the job's spec (chunk sizes, queues, entries scored together),
+    without the rest ``job_spec`` makes (idf tables, judges): for counting and showing the plan."""
     runs = job.metrics if runs is None else runs
     spec = {"n_instances": len(job.instances),
             "metrics": {m.key: {**run_entry(m, chunk_size, job.span(m)), "span": job.span(m)}
                         for m in runs if not is_model_run(m.key)}}
+    group_entries(spec["metrics"], runs, len(job.instances))
     gen = [m for m in runs if m.key == GENERATE]
     if gen:
         spec[GENERATE] = run_entry(gen[0], chunk_size, len(job.instances))
     spec["variants"] = {variants_of(m.key): {**run_entry(m, chunk_size, job.span(m)), "span": job.span(m)}
                         for m in runs if is_variants(m.key)}
-    if has_model_stage(spec):
-        yield from plan_spec(spec, GENERATE_STAGE)
-    yield from plan_spec(spec, METRICS_STAGE)
+    return spec
 
 
 def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | None = None,
@@ -75,6 +107,7 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
         if prepare is not None:
             entry["prepared"] = prepare(job.instances, m.params)
         metrics[m.key] = entry
+    group_entries(metrics, job.metrics, len(job.instances))
     used = {m.params.judge for m in job.metrics if m.judge is not None}
     spec = {"source": job.source, "n_instances": len(job.instances), "metrics": metrics,
             # judge and model configurations name the key's environment variable, never the key

@@ -25,7 +25,8 @@ from evalq.shared.model.runners import GENERATE
 from evalq.shared.metrics.registry import MetricSpec
 from evalq.workers import keeping, prefetch
 from evalq.workers.item_budget import bounded
-from evalq.shared.cluster.spec import variants_key
+from evalq.shared.cluster.spec import companions, variants_key
+from evalq.shared.core.memo import shared_reading
 from evalq.workers.context import ChunkContext
 
 log = logging.getLogger("evalq.worker")
@@ -119,7 +120,8 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
     """
     fn = bounded(spec, spec.load())  # EVALQ_ITEM_TIMEOUT per item (evalq.workers.item_budget)
     extra = ((prepared,) if spec.prepare else ()) + ((judge,) if spec.calls_endpoint else ())
-    outcomes: list = [inst.pop(NOT_GENERATED, None) for inst in instances]
+    # read, not taken: the entries of a chunk scored together read the same instances
+    outcomes: list = [inst.get(NOT_GENERATED) for inst in instances]
     ready = [i for i, outcome in enumerate(outcomes) if outcome is None]
     records: list[dict | None] = [None] * len(instances)
     waiting: set[str] = set()
@@ -193,6 +195,9 @@ def settle(spec: MetricSpec) -> None:
 def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: int,
               deployment: str | None = None, queue: str | None = None) -> dict:
     ctx = ChunkContext.read(r, job_id, metric_key)  # the job's context, read once for the whole chunk
+    carried = companions(ctx.entry)
+    if carried:
+        return _run_together(ctx, [ChunkContext.read(r, job_id, key) for key in carried], start, stop, queue)
     spec, params = ctx.metric, ctx.params
     settle(spec)  # imports stay out of the timing below
     positions = list(range(start, stop))
@@ -206,13 +211,8 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
         instances = _instances(ctx, positions)
         wanted = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
         positions, instances = [p for p, _ in wanted], [inst for _, inst in wanted]
-    elif queue == "gpu" and not spec.calls_endpoint:
-        # the device's chunk: read ahead by the last chunk, and the next one read while this one scores
-        instances = prefetch.take(job_id, metric_key, start, stop) or _entry_instances(ctx, positions)
-        prefetch.ahead(job_id, metric_key, stop, min(stop + ctx.entry["chunk_size"], ctx.span),
-                       lambda ahead: _entry_instances(ctx, ahead))
     else:
-        instances = _entry_instances(ctx, positions)
+        instances = _read_ahead(ctx, start, stop, queue, positions)
     keeper = judge = None
     if spec.calls_endpoint:
         keeper = keeping.ItemKeeper(r, job_id, metric_key, positions,
@@ -233,8 +233,59 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
             keeper.flush()  # the counters of an item cut short
     elapsed = time.perf_counter() - t0
     new = {p: k["record"] for p, k in kept.items() if "record" in k} | dict(zip(positions, records))
+    _record_chunk(ctx, start, stop, new, elapsed, queue, kept=range(start, stop) if spec.calls_endpoint else range(0))
+    # A small, deterministic summary: a redelivered run returns the very same one.
+    return {"metric": metric_key, "start": start, "n": stop - start}
+
+
+def _run_together(leader: ChunkContext, others: list[ChunkContext], start: int, stop: int,
+                  queue: str | None) -> dict:
+    """A chunk of entries scored together (``evalq.shared.cluster.spec``): the instances are read
+    and decoded once, and each entry scores them in turn, inside one ``shared_reading`` (what its
+    metrics derive from an instance, derived once) and records its own items, part and timing.
+    An entry whose scoring fails outright does not stop the others; the chunk then fails after
+    them (the worker counts it finished, as it counts any chunk given up)."""
+    contexts = [*others, leader]  # the leader last, like its chunk id
+    for ctx in contexts:
+        settle(ctx.metric)
+    positions = list(range(start, stop))
+    instances = _read_ahead(leader, start, stop, queue, positions)
+    failed: Exception | None = None
+    with shared_reading():
+        for ctx in contexts:
+            t0 = time.perf_counter()
+            try:
+                records = score_items(ctx.metric, ctx.params, instances, ctx.prepared, None, ctx.human)
+                _record_chunk(ctx, start, stop, dict(zip(positions, records)), time.perf_counter() - t0, queue)
+            except (Deferred, *REDIS_BLIPS):
+                raise  # the whole chunk goes again: what was recorded is recorded again, the same
+            except Exception as exc:
+                log.exception("job %s %s[%d:%d] failed (scored with %s)", ctx.job_id, ctx.key, start, stop,
+                              leader.key)
+                failed = failed or exc
+    if failed is not None:
+        raise failed
+    return {"metric": leader.key, "start": start, "n": stop - start, "with": [ctx.key for ctx in others]}
+
+
+def _read_ahead(ctx: ChunkContext, start: int, stop: int, queue: str | None, positions: list[int]) -> list[dict]:
+    """The chunk's instances; on the gpu queue, read ahead by the last chunk, and the next one read
+    while this one scores."""
+    if queue == "gpu" and not ctx.metric.calls_endpoint:
+        instances = prefetch.take(ctx.job_id, ctx.key, start, stop) or _entry_instances(ctx, positions)
+        prefetch.ahead(ctx.job_id, ctx.key, stop, min(stop + ctx.entry["chunk_size"], ctx.span),
+                       lambda ahead: _entry_instances(ctx, ahead))
+        return instances
+    return _entry_instances(ctx, positions)
+
+
+def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict], elapsed: float,
+                  queue: str | None, kept: range = range(0)) -> None:
+    """Write what the chunk made of an entry: its new records, its aggregate part, and what
+    report.html and the history store read of it."""
+    spec = ctx.metric
     items = _chunk_records(ctx, start, stop, dict(new))
-    dumped = params.model_dump(mode="json")
+    dumped = ctx.params.model_dump(mode="json")
     part = chunk_part(spec.aggregation, dumped, [rec for _, rec in items])
     view = values = None
     if not ctx.model_run:  # what report.html and the history store need of the chunk, so the
@@ -245,12 +296,10 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
         readings = [read(spec.aggregation, dumped, record) for _, record in items]  # each record read once
         view = chunk_view(items, readings, ctx.span, start)
         values = chunk_values(items, readings)
-    _write(ctx, start, new, elapsed, part, view, values, kept=range(start, stop) if spec.calls_endpoint else range(0))
+    _write(ctx, start, new, elapsed, part, view, values, kept=kept)
     # every record in ``new`` went to res:{M} just now (one kept by a deferred run of the
     # chunk was never written there), so each item counts once, as results.json counts it
     telemetry.items_recorded(spec.id, queue, new.values())
-    # A small, deterministic summary: a redelivered run returns the very same one.
-    return {"metric": metric_key, "start": start, "n": stop - start}
 
 
 def _entry_instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:

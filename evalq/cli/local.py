@@ -54,7 +54,7 @@ def validate(job_file: Path, offline: bool) -> None:
     from collections import Counter
 
     from evalq.cli.capacity import key_variables, render_keys
-    from evalq.orchestrator.submit import plan
+    from evalq.orchestrator.submit import outline, plan
     from evalq.cli.common import read_job
 
     job = read_job(job_file, keys_needed=not offline)
@@ -64,7 +64,10 @@ def validate(job_file: Path, offline: bool) -> None:
                         else f"{m.label} ({m.kind})" for m in job.metrics)
     per_queue = Counter(chunk.queue for chunk in plan(job, runs=job.runs))
     tasks = ", ".join(f"{n} on {q}" for q, n in sorted(per_queue.items()))
-    click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}; tasks: {tasks}")
+    labels = {m.key: m.label for m in job.metrics}
+    together = "".join(f"; scored together: {', '.join(labels[k] for k in [key, *entry['companions']])}"
+                       for key, entry in outline(job, runs=job.runs)["metrics"].items() if entry.get("companions"))
+    click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}; tasks: {tasks}{together}")
     if offline:
         for line in render_keys(key_variables(job)):
             click.echo(line)

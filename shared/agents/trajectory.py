@@ -21,6 +21,7 @@ from typing import Any
 
 from evalq.shared.agents.messages import ORIGIN, ROLES, Origin
 from evalq.shared.agents.messages import read as read_messages
+from evalq.shared.core.memo import per_instance
 
 
 def canonical(value: Any) -> Any:
@@ -217,8 +218,10 @@ def run_bytes(messages: list) -> int:
     return total
 
 
+@per_instance
 def read(inst: dict) -> tuple[list[Call], list[Call], dict[str, dict] | None]:
-    """(calls made, calls expected, tool schemas) of a validated instance."""
+    """(calls made, calls expected, tool schemas) of a validated instance; read once for every
+    entry of a chunk that scores several (``evalq.shared.core.memo``), so not to be changed."""
     ignored: list[str] = []
     tools = definitions(inst.get("tool_definitions"), ignored)
     return (calls(inst.get("messages") or [], ignored), expected(inst.get("expected_tool_calls") or [], ignored),

@@ -6,8 +6,17 @@ asks ``queue_of`` too).
 
 The spec (``evalq.orchestrator.submit.job_spec``) is a JSON object: ``metrics`` (metric
 key -> entry: ``id``, ``parameters``, ``chunk_size``, ``queue``, ``regions`` for judge
-runs, ``span`` when not every instance), ``generate`` (the model under test's stage,
-when it runs), ``n_instances`` and what the outputs say of the job.
+runs, ``span`` when not every instance; ``companions`` and ``led_by`` for entries scored
+together, below), ``generate`` (the model under test's stage, when it runs), ``n_instances``
+and what the outputs say of the job.
+
+Entries scored together: cpu and gpu entries of the metrics stage that go to the same queue
+over the same instances in chunks of the same size are planned as one run. The first of them
+(its leader) lists the others under ``companions``, each of which names it under ``led_by``;
+the plan sends the leader's chunks only, and a worker that takes one reads and decodes its
+instances once and scores every entry of the group on them. Each entry still records its own
+items, parts and timings, and its chunk still counts on its own towards the stage's total
+(``chunk_ids``), so progress, outputs and resume read the same as for entries run alone.
 """
 
 from __future__ import annotations
@@ -138,8 +147,23 @@ def stage_items(spec: dict, stage: str) -> int:
     return sum(run_items(spec, key, entry) for key, entry in stage_runs(spec, stage))
 
 
+def companions(entry: dict) -> list[str]:
+    """The keys of the entries a leader's chunks also score (none for an entry run alone)."""
+    return list(entry.get("companions") or ())
+
+
+def chunk_ids(spec: dict, metric_key: str, start: int) -> list[str]:
+    """The chunk ids a finished chunk completes: its own, then its companions' at the same start."""
+    try:
+        carried = companions(entry_of(spec, metric_key))
+    except KeyError:
+        carried = []
+    return [f"{key}:{start}" for key in carried] + [f"{metric_key}:{start}"]
+
+
 def plan(spec: dict, stage: str) -> Iterator[Chunk]:
-    """The stage's chunks, lazily and always in the same order.
+    """The stage's chunks, lazily and always in the same order. An entry scored with its
+    leader (``led_by``) has no chunks of its own.
 
     A run with ``regions`` (judge metrics, an endpoint model) spreads its chunks
     over its deployments in proportion to their TPM (smooth weighted round
@@ -148,6 +172,8 @@ def plan(spec: dict, stage: str) -> Iterator[Chunk]:
     """
     rotations: dict[str, Iterator[str]] = {}
     for key, entry in stage_runs(spec, stage):
+        if entry.get("led_by"):
+            continue
         n = span(spec, entry)
         size = entry["chunk_size"]
         regions = None

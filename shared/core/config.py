@@ -63,6 +63,9 @@ class Settings:
     # Seconds a stage callback's lease lasts unrenewed: a running callback renews it every
     # third of that, so one that died is known as such (and sent again) this long after.
     callback_lease: float = 30.0
+    # Whether a job's cpu/gpu entries over the same instances are scored in one chunk
+    # (evalq.orchestrator.submit.group_entries): instances read and decoded once for all of them.
+    group_entries: bool = True
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -74,6 +77,7 @@ class Settings:
             callback_grace=env_number("EVALQ_CALLBACK_GRACE", 10.0),
             resume_after=env_number("EVALQ_RESUME_AFTER", 15.0),
             callback_lease=env_number("EVALQ_CALLBACK_LEASE", 30.0),
+            group_entries=bool(env_number("EVALQ_GROUP_ENTRIES", 1)),
         )
 
 

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_chunk_reads_its_jobs_context_once(redis_url, monkeypatch):
+    monkeypatch.setenv("EVALQ_GROUP_ENTRIES", "0")  # each entry's chunk on its own (test_together: grouped)
     r = redis.Redis.from_url(redis_url)
     job = parse_job({"instances": [{"id": f"i{k}", "actual-output": "a b", "expected-output": ["a b", "c"],
                                     "human": {"bleu": 1}} for k in range(8)],

@@ -56,7 +56,11 @@ def test_embedded_run_of_the_example(tmp_path):
 def test_validate_command(tmp_path):
     proc = evalq("validate", "examples/translation.json")
     assert proc.returncode == 0
-    assert "valid: 6 instances" in proc.stdout and "tasks: 5 on cpu" in proc.stdout
+    # its five cpu entries over the same six instances go out as one task (scored together)
+    assert "valid: 6 instances" in proc.stdout and "tasks: 1 on cpu" in proc.stdout
+    assert "scored together: bleu, bleu, rouge, f1_score, exact_match" in proc.stdout
+    proc = evalq("validate", "examples/translation.json", env={"EVALQ_GROUP_ENTRIES": "0"})
+    assert "tasks: 5 on cpu" in proc.stdout and "together" not in proc.stdout
 
 
 @pytest.mark.parametrize("content,expected", [

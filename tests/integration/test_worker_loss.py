@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -28,14 +29,14 @@ def private_redis(tmp_path):
     server.stop()
 
 
-def _run_in_thread(job, out, url):
+def _run_in_thread(job, out, url, chunk_size=None):
     import threading
 
     box = {}
 
     def target():
         try:
-            box["summary"] = run_job(job, out, broker=url, progress=False, stall_timeout=120)
+            box["summary"] = run_job(job, out, broker=url, chunk_size=chunk_size, progress=False, stall_timeout=120)
         except BaseException as exc:  # surfaced by the test
             box["error"] = exc
 
@@ -55,8 +56,11 @@ def _wait_for_items(url: str, minimum: int, timeout: float = 60) -> None:
     raise TimeoutError("job made no progress")
 
 
-@pytest.mark.parametrize("victim", ["whole worker", "pool child"])
-def test_sigkill_mid_job_loses_and_duplicates_nothing(private_redis, tmp_path, victim):
+@pytest.mark.parametrize("victim,together", [("whole worker", False), ("pool child", False),
+                                              ("whole worker", True), ("pool child", True)])
+def test_sigkill_mid_job_loses_and_duplicates_nothing(private_redis, tmp_path, victim, together):
+    """``together``: both entries in chunks of 4 items, scored together (one chunk, both entries):
+    a kill lands after one entry of a chunk was recorded and before the other was."""
     env = {"EVALQ_VISIBILITY_TIMEOUT": "3"}  # redeliver a dead worker's messages quickly
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -69,8 +73,11 @@ def test_sigkill_mid_job_loses_and_duplicates_nothing(private_redis, tmp_path, v
                      for i in range(120)]
         job = parse_job({"instances": instances, "metrics": [
             {"id": "slow_len", "parameters": {"seconds": 0.03}}, {"id": "exact_match"}]})
-        thread, box = _run_in_thread(job, tmp_path / "out", private_redis)
+        thread, box = _run_in_thread(job, tmp_path / "out", private_redis, chunk_size=4 if together else None)
         _wait_for_items(private_redis, 20)
+        r = redis.Redis.from_url(private_redis)
+        spec = json.loads(r.get(next(r.scan_iter(match=f"{keys.PREFIX}:*:spec"))))
+        assert (spec["metrics"]["slow_len@0"].get("companions") == ["exact_match@1"]) is together
         main = psutil.Process(workers[0].pid)
         if victim == "whole worker":
             os.killpg(workers[0].pid, signal.SIGKILL)

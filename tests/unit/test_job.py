@@ -215,3 +215,35 @@ def test_embedded_workers_include_a_jobs_consumer_without_changing_pools():
     assert argv[argv.index("-Q") + 1] == "judge.eu,judge.us,evalq.jobs,evalq.control"
     argv = worker_argv(["evalq.jobs"])
     assert argv[argv.index("-P") + 1] == "prefork"
+
+
+def test_cpu_entries_over_the_same_instances_are_planned_together(monkeypatch):
+    """bleu, rouge and exact_match (cpu, chunks of one size) go out as bleu's chunks; the judge
+    entry, and slow_len (chunks of 2), keep their own; the stage still counts every entry's."""
+    from evalq.orchestrator.submit import job_spec, plan
+    from evalq.shared.cluster.spec import chunk_ids, plan as plan_spec, stage_total
+
+    monkeypatch.delenv("EVALQ_ENDPOINTS", raising=False)
+    monkeypatch.setenv("UNIT_API_KEY", "k")
+    judges = {"j": {"provider": "openai", "model": "m", "api_key_env": "UNIT_API_KEY",
+                    "deployments": [{"region": "eu", "tpm": 1000, "rpm": 10}]}}
+    instances = [{**GOOD_INSTANCE, "id": str(i)} for i in range(10)]
+    job = parse_job({"instances": instances, "judges": judges, "metrics": [
+        {"id": "bleu"}, {"id": "rouge"}, {"id": "coherence", "parameters": {"judge": "j"}},
+        {"id": "exact_match"}, {"id": "slow_len"}]})
+    spec = job_spec(job)
+    entries = spec["metrics"]
+    assert entries["bleu@0"]["companions"] == ["rouge@1", "exact_match@3"]
+    assert entries["rouge@1"]["led_by"] == entries["exact_match@3"]["led_by"] == "bleu@0"
+    assert not {"companions", "led_by"} & (entries["coherence@2"].keys() | entries["slow_len@4"].keys())
+    chunks = list(plan_spec(spec, "metrics"))
+    assert {c.metric_key for c in chunks} == {"bleu@0", "coherence@2", "slow_len@4"}
+    assert [c.metric_key for c in plan(job)] == [c.metric_key for c in chunks]  # what `evalq validate` counts
+    assert stage_total(spec, "metrics") == len(chunks) + 2  # rouge's and exact_match's one chunk each count too
+    assert chunk_ids(spec, "bleu@0", 0) == ["rouge@1:0", "exact_match@3:0", "bleu@0:0"]
+    assert chunk_ids(spec, "slow_len@4", 4) == ["slow_len@4:4"]
+
+    monkeypatch.setenv("EVALQ_GROUP_ENTRIES", "0")
+    spec = job_spec(job)
+    assert not any({"companions", "led_by"} & e.keys() for e in spec["metrics"].values())
+    assert len(list(plan_spec(spec, "metrics"))) == stage_total(spec, "metrics")

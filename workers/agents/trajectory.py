@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from typing import Any
 
 from evalq.shared.agents.params import ToolCallF1Params, TrajectoryParams
 from evalq.shared.agents.trajectory import Call, canonical, read
@@ -88,7 +89,21 @@ def _valid(call: Call, tools: dict[str, dict]) -> bool:
     schema = tools.get(call.name)
     if schema is None:
         return False
-    return _validator(json.dumps(schema, sort_keys=True)).is_valid(call.arguments)
+    return _validator_of(schema).is_valid(call.arguments)
+
+
+_BY_OBJECT: dict[int, tuple[dict, Any]] = {}
+
+
+def _validator_of(schema: dict):
+    """The schema's validator, found by the schema object itself where it was seen before (a
+    worker decodes a job's tool definitions once for all its runs), else by its text."""
+    hit = _BY_OBJECT.get(id(schema))
+    if hit is None or hit[0] is not schema:  # the schema is held: its id is not reused
+        if len(_BY_OBJECT) >= 1024:
+            _BY_OBJECT.clear()
+        hit = _BY_OBJECT[id(schema)] = (schema, _validator(json.dumps(schema, sort_keys=True)))
+    return hit[1]
 
 
 @lru_cache(maxsize=256)
