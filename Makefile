@@ -70,6 +70,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/run_rag_demo.py
 	$(BIN)/python examples/run_fmeval_demo.py
 	$(BIN)/evalq run examples/agent_trajectories.json --out out/agent_trajectories
+	$(BIN)/evalq run examples/monitoring.json --out out/monitoring
 	$(BIN)/evalq compare out/translation out/translation_v2 --html out/compare.html \
 	    --gate "delta(bleu.mean) >= -0.05" --gate "exact_match.mean >= 0.5"
 	$(BIN)/evalq history translation --html out/history.html

@@ -134,6 +134,8 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
                            "bad_records_skipped": job.bad_records.count}
         if job.bad_records.shown:
             spec["dataset"]["bad_records"] = job.bad_records.shown
+        if job.spans is not None:  # OTLP traces: spans read, passed by, filtered, sampled; instances made
+            spec["dataset"]["spans"] = job.spans
     if job.jailbreak is not None:
         spec["jailbreak"] = {"n_clean": job.n_clean, "n_injected": len(job.instances) - job.n_clean,
                              **({"template": job.jailbreak.template} if job.jailbreak.template is not None

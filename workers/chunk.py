@@ -121,7 +121,8 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
     fn = bounded(spec, spec.load())  # EVALQ_ITEM_TIMEOUT per item (evalq.workers.item_budget)
     extra = ((prepared,) if spec.prepare else ()) + ((judge,) if spec.calls_endpoint else ())
     # read, not taken: the entries of a chunk scored together read the same instances
-    outcomes: list = [inst.get(NOT_GENERATED) for inst in instances]
+    needs = spec.required(params)
+    outcomes: list = [inst.get(NOT_GENERATED) or _lacking(needs, inst) for inst in instances]
     ready = [i for i, outcome in enumerate(outcomes) if outcome is None]
     records: list[dict | None] = [None] * len(instances)
     waiting: set[str] = set()
@@ -152,6 +153,16 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
         raise Parked(sorted(waiting))
     return [record if record is not None else _record(spec, inst, outcome, human)
             for record, inst, outcome in zip(records, instances, outcomes)]
+
+
+def _lacking(needs: tuple[str, ...], inst: dict) -> NotApplicable | None:
+    """An instance without a field the entry reads: only a trace dataset's (a model call has no
+    ``messages``, an agent's run may have no text answer); every other dataset is checked whole
+    before it is stored."""
+    if "otel" not in inst:  # not a trace dataset's: checked at submission
+        return None
+    missing = next((f for f in needs if f not in inst), None)
+    return NotApplicable(f"the span has no {missing!r}") if missing is not None else None
 
 
 def _record(spec: MetricSpec, inst: dict, outcome: Any, human: str | None) -> dict:

@@ -3,6 +3,6 @@ checking and spooling instances (``instances``), local and S3 storage with its b
 (``storage``), reading a large file with every core (``parallel_read``), job documents
 (``documents``) and the lines of ``log.jsonl`` (``loglines``).
 
-May import: core, policy, cluster, agents. (``tests/unit/test_layers.py`` holds every room of ``evalq.shared`` to
+May import: core, policy, cluster, agents, traces. (``tests/unit/test_layers.py`` holds every room of ``evalq.shared`` to
 its list.)
 """

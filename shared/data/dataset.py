@@ -22,6 +22,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from evalq.shared.core.errors import kind as _kind
 from evalq.shared.core.strict import Strict
+from evalq.shared.traces.select import TraceSelection
 
 # data_config location -> instance field
 STANDARD_LOCATIONS = {
@@ -130,9 +131,12 @@ def detect_preset(record: Any) -> str | None:
 
 class DatasetSpec(Strict):
     uri: str | None = Field(default=None, description="local path or s3://bucket/key; .gz is read transparently")
-    format: Literal["jsonl", "json", "harpia"] | None = Field(
-        default=None, description="jsonl (JSON Lines), json (an array of records) or harpia "
-        "(a HarpIA job's instances); unset: from the file name")
+    format: Literal["jsonl", "json", "harpia", "otlp"] | None = Field(
+        default=None, description="jsonl (JSON Lines), json (an array of records), harpia "
+        "(a HarpIA job's instances) or otlp (OpenTelemetry trace exports, OTLP JSON: a file, "
+        "folder, prefix or glob); unset: from the file name")
+    traces: TraceSelection | None = Field(
+        default=None, description="format otlp: which GenAI spans are scored (sample, filters, unit)")
     data_config: DataConfig | None = Field(
         default=None, description="where each value sits in a record; unset: a preset picked from "
         "the first record's fields")
@@ -162,6 +166,13 @@ class DatasetSpec(Strict):
             raise ValueError("'uri' is required: a local path or s3://bucket/key")
         if self.format is None:
             object.__setattr__(self, "format", format_from_name(self.uri))
+        if self.format == "otlp":
+            if dc is not None:
+                raise ValueError("format otlp reads GenAI spans as they are; a data_config does not apply")
+            if self.traces is None:
+                object.__setattr__(self, "traces", TraceSelection())
+        elif self.traces is not None:
+            raise ValueError("'traces' applies to format otlp only")
         return self
 
 
@@ -172,7 +183,7 @@ def format_from_name(uri: str) -> str:
     if name.endswith(".json"):
         return "json"
     raise ValueError(f"cannot tell the format of {uri!r} from its name; set 'format' "
-                     "(jsonl, json or harpia)")
+                     "(jsonl, json, harpia or otlp)")
 
 
 class OutputSpec(Strict):

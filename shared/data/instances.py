@@ -300,6 +300,7 @@ class LoadedDataset:
     lines: array            # source line (or array position) of each instance
     bad: BadRecords
     mapping: str            # what the records were read as, for messages and run.json
+    spans: dict | None = None  # format otlp: what the reading saw (evalq.shared.data.traces.SpanCounts)
 
 
 def load_dataset(spec: DatasetSpec, checker: InstanceChecker, add_problem: Callable[[str, str], None],
@@ -308,6 +309,8 @@ def load_dataset(spec: DatasetSpec, checker: InstanceChecker, add_problem: Calla
     file in several processes: ``evalq.shared.data.parallel_read``, the same result)."""
     from evalq.shared.data import parallel_read
 
+    if spec.format == "otlp":
+        return _load_traces(spec, checker, add_problem, max_problems)
     uri = spec.uri
     records = _records(spec)
     mapper: RecordMapper | None = None
@@ -344,6 +347,34 @@ def load_dataset(spec: DatasetSpec, checker: InstanceChecker, add_problem: Calla
     return LoadedDataset(spool, lines, bad, mapper.describe() if mapper else "")
 
 
+def _load_traces(spec: DatasetSpec, checker: InstanceChecker, add_problem: Callable[[str, str], None],
+                 max_problems: int) -> LoadedDataset:
+    """GenAI spans of OTLP trace exports as instances (``evalq.shared.data.traces``), checked alike."""
+    from evalq.shared.data.traces import SpanCounts, instances
+
+    spool, bad, counts, n_problems = SpooledInstances(), BadRecords(), SpanCounts(), 0
+    for item in instances(spec.uri, spec.endpoint_url, spec.traces, counts):  # instances, or located errors
+        if isinstance(item, dict):
+            where, problems = f"{spec.uri} span {item['id']} (trace {item['otel']['trace_id']})", checker.check(item)
+        else:  # a line or span that cannot be read: its place, and what is wrong
+            where, _, problem = str(item).partition(": ")
+            problems = [problem or where]
+        if not problems:
+            spool.append(item)
+        elif spec.on_bad_record == "skip":
+            bad.add(where, problems)
+        else:
+            for p in problems:
+                add_problem(where, p)
+            n_problems += len(problems)
+            if n_problems >= max_problems - 1:
+                add_problem(where, "stopped reading here: fix the problems above first")
+                break
+    if not len(spool) and not n_problems:
+        add_problem(spec.uri, f"no GenAI spans to score ({counts.describe()})")
+    return LoadedDataset(spool, array("q", range(1, len(spool) + 1)), bad, counts.describe(), counts.as_json())
+
+
 def examine(mapper: RecordMapper | None, checker: InstanceChecker, record: Any, number: int
             ) -> tuple[dict | None, list[str]]:
     """One record mapped and checked: (the instance, []) or (None, what is wrong with it)."""
@@ -375,7 +406,7 @@ def _mapper(spec: DatasetSpec, first: Any, where: str) -> RecordMapper:
 def record_place(spec: DatasetSpec, number: int, short: bool = False) -> str:
     """How messages name a record: ``line 7`` of JSON Lines, ``[6]`` of an array,
     ``instances[6]`` of a HarpIA file; prefixed by the URI unless ``short``."""
-    place = {"jsonl": f"line {number}", "json": f"[{number - 1}]"}.get(spec.format, f"instances[{number - 1}]")
+    place = {"jsonl": f"line {number}", "json": f"[{number - 1}]", "otlp": f"instance {number}"}.get(spec.format, f"instances[{number - 1}]")
     return place if short else f"{spec.uri} {place}"
 
 

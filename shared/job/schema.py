@@ -45,6 +45,7 @@ class Job:
     dataset: DatasetSpec | None = None
     mapping: str = ""           # how dataset records were read (preset or data_config)
     bad_records: BadRecords = field(default_factory=BadRecords)
+    spans: dict | None = None   # an OTLP trace dataset: what the reading saw (spans read, passed by, sampled)
     output: OutputSpec | None = None
     categories: list[str] = field(default_factory=list)
     jailbreak: JailbreakSpec | None = None
@@ -310,11 +311,14 @@ def _load_instances(raw: dict, job: Job, problems: Problems) -> None:
         if dataset is None:
             return
         dataset = _relative_to_job(dataset, job.source)
+        if dataset.format == "otlp":  # model calls, runs and conversations mixed: an entry that needs
+            checker.required = {}     # what a span lacks records it not applicable there (evalq.workers.chunk)
         allowed = _within_roots(dataset.uri, "dataset.uri", problems) and _s3_allowed(dataset, "dataset", problems)
         if not allowed or problems.items:  # a typo elsewhere is not worth reading a big file for
             return
         loaded = load_dataset(dataset, checker, problems.add, MAX_PROBLEMS)
         job.dataset, job.instances, job.mapping, job.bad_records = dataset, loaded.instances, loaded.mapping, loaded.bad
+        job.spans = loaded.spans
         places = ((record_place(dataset, n), record_place(dataset, n, short=True)) for n in loaded.lines)
     suspects = checker.duplicate_ids()
     if suspects:

@@ -77,7 +77,10 @@ def test_every_job_file_the_docs_show_is_valid(name, job, tmp_path, monkeypatch)
     monkeypatch.delenv("EVALQ_ENDPOINTS", raising=False)  # a person's own run: the job's endpoints
     job = json.loads(json.dumps(job))
     dataset = job.get("dataset")
-    if isinstance(dataset, dict) and str(dataset.get("uri", "")).startswith("s3://"):
+    if isinstance(dataset, dict) and dataset.get("format") == "otlp":  # an app's traces: the example export
+        DatasetSpec.model_validate(dataset)
+        job["dataset"] = {**dataset, "uri": str(ROOT / "examples" / "data" / "otel_traces.jsonl")}
+    elif isinstance(dataset, dict) and str(dataset.get("uri", "")).startswith("s3://"):
         DatasetSpec.model_validate(dataset)  # its fields, as the job has them
         job["dataset"] = {**dataset, "uri": str(ROOT / "examples" / "data" / "qa.jsonl")}
         job["dataset"].pop("data_config", None)

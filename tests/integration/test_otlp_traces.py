@@ -1,0 +1,273 @@
+"""Issue 41: production traces as a dataset. Spans made by the OpenTelemetry SDK with GenAI
+attributes (the semantic conventions, their older prompt/completion events, and OpenInference's
+attributes) are exported to OTLP JSON by the SDK's own file exporter, the format a Collector's file
+exporter writes, then read back by evalq: chat spans, an agent's run under one trace, a
+conversation, spans that are not GenAI (passed by, counted), a malformed line (located), gzip and
+folders, a sample by trace id equal to the SDK's own sampler, and filters. Scored end to end on a
+real cluster."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import random
+import shutil
+
+import pytest
+
+pytest.importorskip("opentelemetry.exporter.otlp.json.file")
+
+from opentelemetry.exporter.otlp.json.file import FileSpanExporter  # noqa: E402
+from opentelemetry.sdk.resources import Resource  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.id_generator import IdGenerator  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased  # noqa: E402
+
+from evalq.cli.run import run_job  # noqa: E402
+from evalq.shared.core.errors import JobError  # noqa: E402
+from evalq.shared.job.schema import parse_job  # noqa: E402
+from tests.conftest import evalq, read_log, read_results  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+class SeededIds(IdGenerator):
+    """The SDK's random ids from a seeded generator: every run of the suite samples the same traces."""
+
+    def __init__(self, seed: str):
+        self.rng = random.Random(seed)
+
+    def generate_span_id(self) -> int:
+        return self.rng.getrandbits(64)
+
+    def generate_trace_id(self) -> int:
+        return self.rng.getrandbits(128)
+
+
+def provider(path, service: str) -> TracerProvider:
+    tp = TracerProvider(resource=Resource.create({"service.name": service}), id_generator=SeededIds(service))
+    tp.add_span_processor(SimpleSpanProcessor(FileSpanExporter(path=str(path))))
+    return tp
+
+
+def chat(tracer, question: str, answer: str, model: str = "gpt-4o-mini", **extra):
+    """A chat span as the GenAI conventions describe it (messages of parts, JSON in attributes)."""
+    with tracer.start_as_current_span(f"chat {model}") as span:
+        span.set_attribute("gen_ai.operation.name", "chat")
+        span.set_attribute("gen_ai.provider.name", "openai")
+        span.set_attribute("gen_ai.request.model", model)
+        span.set_attribute("gen_ai.input.messages", json.dumps(
+            [{"role": "user", "parts": [{"type": "text", "content": question}]}]))
+        span.set_attribute("gen_ai.output.messages", json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": answer}], "finish_reason": "stop"}]))
+        for k, v in extra.items():
+            span.set_attribute(k, v)
+        return span.get_span_context()
+
+
+def older_chat(tracer, question: str, answer: str):
+    """The older form: the prompt and the completion as span events."""
+    with tracer.start_as_current_span("openai.chat") as span:
+        span.set_attribute("gen_ai.system", "openai")
+        span.set_attribute("gen_ai.request.model", "gpt-3.5-turbo")
+        span.add_event("gen_ai.content.prompt", {"gen_ai.prompt": json.dumps([{"role": "user", "content": question}])})
+        span.add_event("gen_ai.content.completion",
+                       {"gen_ai.completion": json.dumps([{"role": "assistant", "content": answer}])})
+        return span.get_span_context()
+
+
+def openinference_chat(tracer, question: str, answer: str):
+    with tracer.start_as_current_span("ChatCompletion") as span:
+        span.set_attribute("openinference.span.kind", "LLM")
+        span.set_attribute("llm.model_name", "claude-x")
+        span.set_attribute("llm.input_messages.0.message.role", "system")
+        span.set_attribute("llm.input_messages.0.message.content", "be brief")
+        span.set_attribute("llm.input_messages.1.message.role", "user")
+        span.set_attribute("llm.input_messages.1.message.content", question)
+        span.set_attribute("llm.output_messages.0.message.role", "assistant")
+        span.set_attribute("llm.output_messages.0.message.content", answer)
+        return span.get_span_context()
+
+
+def agent_run(tracer, calls: list[tuple[str, dict]], answer: str):
+    """An agent: invoke_agent over a model call that asks for tools, execute_tool spans, and a
+    last model call sent the whole conversation."""
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n, _ in calls]
+    with tracer.start_as_current_span("invoke_agent helper") as root:
+        root.set_attribute("gen_ai.operation.name", "invoke_agent")
+        root.set_attribute("gen_ai.agent.name", "helper")
+        history = [{"role": "user", "parts": [{"type": "text", "content": "plan my day"}]}]
+        asked = {"role": "assistant", "parts": [{"type": "tool_call", "id": f"c{i}", "name": n, "arguments": a}
+                                                for i, (n, a) in enumerate(calls)]}
+        with tracer.start_as_current_span("chat m") as span:
+            span.set_attribute("gen_ai.operation.name", "chat")
+            span.set_attribute("gen_ai.request.model", "m")
+            span.set_attribute("gen_ai.input.messages", json.dumps(history))
+            span.set_attribute("gen_ai.output.messages", json.dumps([asked]))
+            span.set_attribute("gen_ai.tool.definitions", json.dumps(tools))
+        results = []
+        for i, (n, a) in enumerate(calls):
+            with tracer.start_as_current_span(f"execute_tool {n}") as span:
+                span.set_attribute("gen_ai.operation.name", "execute_tool")
+                span.set_attribute("gen_ai.tool.name", n)
+                span.set_attribute("gen_ai.tool.call.id", f"c{i}")
+            results.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": f"c{i}", "response": "ok"}]})
+        with tracer.start_as_current_span("chat m") as span:
+            span.set_attribute("gen_ai.operation.name", "chat")
+            span.set_attribute("gen_ai.request.model", "m")
+            span.set_attribute("gen_ai.input.messages", json.dumps([*history, asked, *results]))
+            span.set_attribute("gen_ai.output.messages", json.dumps(
+                [{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]))
+            span.set_attribute("gen_ai.tool.definitions", json.dumps(tools))
+        return root.get_span_context()
+
+
+def not_genai(tracer):
+    with tracer.start_as_current_span("GET /health") as span:
+        span.set_attribute("http.request.method", "GET")
+
+
+def hexes(ctx) -> tuple[str, str]:
+    return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
+
+
+@pytest.fixture
+def exported(tmp_path):
+    """A night of an app's traces, as the SDK's file exporter writes them (one request per line)."""
+    path = tmp_path / "traces" / "part-0.jsonl"
+    path.parent.mkdir()
+    tp = provider(path, "checkout")
+    tracer = tp.get_tracer("app")
+    made = {"chat": [], "older": [], "oi": [], "conv": []}
+    for i in range(6):
+        made["chat"].append((hexes(chat(tracer, f"what is {i}+{i}?", f"{2 * i}")), f"what is {i}+{i}?", f"{2 * i}"))
+        not_genai(tracer)
+    made["older"].append((hexes(older_chat(tracer, "capital of France?", "Paris")), "capital of France?", "Paris"))
+    made["oi"].append((hexes(openinference_chat(tracer, "2+2?", "4")), "2+2?", "4"))
+    for turn in range(3):
+        made["conv"].append(hexes(chat(tracer, f"turn {turn}", f"answer {turn}", **{"gen_ai.conversation.id": "conv-1"})))
+    made["run"] = hexes(agent_run(tracer, [("weather", {"city": "Lisbon"}), ("calendar", {"day": "mon"})], "done"))
+    tp.shutdown()
+    other = provider(tmp_path / "traces" / "part-1.jsonl", "search")
+    for i in range(4):
+        made["chat"].append((hexes(chat(other.get_tracer("s"), f"find {i}", f"found {i}", model="gpt-4o")),
+                             f"find {i}", f"found {i}"))
+    other.shutdown()
+    return tmp_path / "traces", made
+
+
+def load(uri, metrics=None, **traces):
+    """The job's instances as evalq reads them (slow_len, a test plugin, needs only an answer)."""
+    return parse_job({"dataset": {"uri": str(uri), "format": "otlp", **({"traces": traces} if traces else {})},
+                      "metrics": metrics or [{"id": "slow_len", "parameters": {"seconds": 0}}]})
+
+
+def test_spans_of_both_dialects_become_instances_with_their_ids(exported):
+    folder, made = exported
+    job = load(folder)
+    by_id = {inst["id"]: inst for inst in job.instances}
+    for (trace, span), question, answer in made["chat"] + made["older"] + made["oi"]:
+        inst = by_id[span]
+        assert (inst["input"], inst["actual-output"]) == (question, answer)
+        assert (inst["otel"]["trace_id"], inst["otel"]["span_id"]) == (trace, span)
+    # the conversation: one instance, on its last span, with every turn's messages
+    last = made["conv"][-1][1]
+    assert not {s for _, s in made["conv"][:-1]} & by_id.keys()
+    texts = [m["content"] for m in by_id[last]["messages"]]
+    assert texts == ["turn 2", "answer 2"] and by_id[last]["otel"]["conversation_id"] == "conv-1"
+    # the agent's run: one instance on its invoke_agent span, with its calls and results, by trajectory
+    run = by_id[made["run"][1]]
+    calls = [tc["function"]["name"] for m in run["messages"] for tc in m.get("tool_calls") or []]
+    assert calls == ["weather", "calendar"] and run["actual-output"] == "done"
+    assert [t["function"]["name"] for t in run["tool_definitions"]] == ["weather", "calendar"]
+    assert len(job.instances) == 10 + 1 + 1 + 1 + 1
+    assert job.spans["not_genai"] == 6 and job.spans["files"] == 2
+    assert job.spans["instances"] == {"span": 12, "conversation": 1, "run": 1}
+    assert by_id[made["chat"][-1][0][1]]["otel"]["service"] == "search"
+
+
+def test_sample_by_trace_id_is_the_sdks_own_and_grows_with_the_rate(exported):
+    folder, made = exported
+    spans = {s for (_, s), _, _ in made["chat"]}
+    chosen = {}
+    for rate in (0.0, 0.3, 0.6, 1.0):
+        job = load(folder, sample_rate=rate, services=["checkout", "search"], span_names=["chat *"]) \
+            if rate else None
+        chosen[rate] = {i["id"] for i in job.instances} & spans if job else set()
+        sampler = TraceIdRatioBased(rate)
+        expected = {s for (t, s), _, _ in made["chat"]
+                    if sampler.should_sample(None, int(t, 16), "x").decision.is_sampled()}
+        assert chosen[rate] == expected, rate
+        if rate:  # the same rate chooses the same traces again
+            assert {i["id"] for i in load(folder, sample_rate=rate, services=["checkout", "search"],
+                                          span_names=["chat *"]).instances} & spans == chosen[rate]
+    assert chosen[0.3] <= chosen[0.6] <= chosen[1.0] and chosen[1.0] == spans
+    # a conversation's turns (each its own trace here) are decided by its id: in or out whole
+    from evalq.shared.traces.select import sampled
+
+    conv_key = hashlib.sha256(b"conv-1").hexdigest()[:32]
+    for rate in (0.2, 0.4, 0.6, 0.8):
+        ids = {i["id"] for i in load(folder, sample_rate=rate).instances}
+        assert (made["conv"][-1][1] in ids) is sampled(conv_key, rate)
+        assert not {s for _, s in made["conv"][:-1]} & ids
+
+
+def test_filters_on_service_model_time_and_attributes(exported):
+    folder, made = exported
+    search = {s for (_, s), q, _ in made["chat"] if q.startswith("find")}
+    assert {i["id"] for i in load(folder, services=["sea*"]).instances} == search
+    assert {i["id"] for i in load(folder, models=["gpt-4o"]).instances} == search
+    job = load(folder, attributes={"gen_ai.conversation.id": "conv-1"})
+    assert [i["id"] for i in job.instances] == [made["conv"][-1][1]]
+    with pytest.raises(JobError, match="no GenAI spans to score"):
+        load(folder, since="2999-01-01T00:00:00Z")
+    assert len(load(folder, until="2999-01-01T00:00:00Z", since="-1h").instances) == 14
+    # every chat span alone: the conversation's three turns, the agent's two model calls
+    assert len(load(folder, unit="span").instances) == 12 + 3 + 1
+
+
+def test_gzip_glob_and_a_malformed_line_located(exported, tmp_path):
+    folder, _ = exported
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    for part in folder.iterdir():
+        with open(part, "rb") as f, gzip.open(packed / (part.name + ".gz"), "wb") as g:
+            shutil.copyfileobj(f, g)
+    assert len(load(f"{packed}/*.jsonl.gz").instances) == 14
+    broken = packed / "part-2.jsonl"
+    broken.write_text('{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "01"}]}]}]}\n'
+                      "not json\n")
+    with pytest.raises(JobError) as err:
+        load(packed)
+    text = str(err.value)
+    assert f"{broken} line 1 resourceSpans[0].scopeSpans[0].spans[0]" in text and "traceId must be 32 hex" in text
+    assert f"{broken} line 2" in text and "not JSON" in text
+
+
+def test_a_night_of_traces_scored_on_a_cluster(exported, redis_url, cpu_worker, tmp_path):
+    folder, made = exported
+    # exact_match needs references, which production traces do not have: not applicable, not errors
+    job = load(folder, [{"id": "slow_len", "parameters": {"seconds": 0}}, {"id": "exact_match"}], sample_rate=0.6)
+    run_job(job, tmp_path / "out", broker=redis_url, progress=False, stall_timeout=120)
+    answers = {s: a for (_, s), _, a in made["chat"] + made["older"] + made["oi"]}
+    answers[made["conv"][-1][1]], answers[made["run"][1]] = "answer 2", "done"
+    kept = {inst["id"] for inst in job.instances}
+    lines = read_log(tmp_path / "out")
+    log = {line["instance_id"]: line["result"] for line in lines if line["metric"] == "slow_len"}
+    assert log == {s: len(a) for s, a in answers.items() if s in kept} and 0 < len(log) < 14
+    unscored = [line for line in lines if line["metric"] == "exact_match"]
+    assert len(unscored) == len(log)
+    assert all(line["not_applicable"] == "the span has no 'expected-output'" for line in unscored)
+    assert read_results(tmp_path / "out")["exact_match"]["n_not_applicable"] == len(log)
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["dataset"]["format"] == "otlp" and run["dataset"]["spans"]["spans"] == 6 + 6 + 1 + 1 + 3 + 5 + 4
+    assert run["dataset"]["spans"]["sampled_out"] > 0
+    assert read_results(tmp_path / "out")["slow_len"]["n"] == len(log)
+    # the client says what it read
+    (tmp_path / "job.json").write_text(json.dumps({"dataset": {"uri": str(folder), "format": "otlp"},
+                                                   "metrics": [{"id": "slow_len"}]}))
+    proc = evalq("validate", str(tmp_path / "job.json"))
+    assert proc.returncode == 0, proc.stderr
+    assert "OTLP traces: 2 file(s), 26 spans (6 not GenAI" in proc.stdout and "valid: 14 instances" in proc.stdout

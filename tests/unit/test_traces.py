@@ -1,0 +1,104 @@
+"""OTLP JSON spans and GenAI attributes read as evalq does (issue 41): the forms a real export
+holds that the SDK-made spans in tests/integration/test_otlp_traces.py do not (base64 ids, typed
+values, OpenInference's and OpenLLMetry's indexed messages with tool calls), and where a bad span
+is said to be."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from evalq.shared.traces import genai
+from evalq.shared.traces.otlp import SpanError, spans_of
+from evalq.shared.traces.select import TraceSelection, sampled
+
+TRACE, SPAN = "5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"
+
+
+def kv(key, value):
+    kind = {str: "stringValue", bool: "boolValue", int: "intValue", float: "doubleValue"}[type(value)]
+    return {"key": key, "value": {kind: str(value) if kind == "intValue" else value}}
+
+
+def request(*spans, service="svc"):
+    return {"resourceSpans": [{"resource": {"attributes": [kv("service.name", service)]},
+                               "scopeSpans": [{"scope": {"name": "s"}, "spans": list(spans)}]}]}
+
+
+def span(attrs, **extra):
+    return {"traceId": TRACE, "spanId": SPAN, "name": "llm", "startTimeUnixNano": "1700000000000000000",
+            "endTimeUnixNano": "1700000001000000000", "attributes": attrs, **extra}
+
+
+def test_values_ids_and_events_are_read_as_python():
+    raw = span([kv("n", 3), kv("x", 0.5), kv("ok", True),
+                {"key": "list", "value": {"arrayValue": {"values": [{"stringValue": "a"}, {"intValue": 2}]}}},
+                {"key": "map", "value": {"kvlistValue": {"values": [kv("k", "v")]}}}],
+               traceId=base64.b64encode(bytes.fromhex(TRACE)).decode())  # protobuf's JSON mapping: base64
+    (s,) = spans_of(request(raw), "f line 1")
+    assert (s.trace_id, s.span_id, s.service) == (TRACE, SPAN, "svc")
+    assert s.attributes == {"n": 3, "x": 0.5, "ok": True, "list": ["a", 2], "map": {"k": "v"}}
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"spanId": "xyz"}, "spanId must be 16 hex digits"),
+    ({"attributes": [{"key": "a", "value": {"weirdValue": 1}}]}, "unknown AnyValue kind 'weirdValue'"),
+    ({"attributes": [{"key": "n", "value": {"intValue": "ten"}}]}, "intValue 'ten' is not an integer"),
+    ({"startTimeUnixNano": "soon"}, "startTimeUnixNano must be nanoseconds"),
+])
+def test_a_bad_span_is_located_and_the_others_still_read(bad, message):
+    good = span([kv("gen_ai.operation.name", "chat")])
+    out = list(spans_of(request(span([], **bad), good), "traces.jsonl line 7"))
+    assert isinstance(out[0], SpanError) and message in str(out[0])
+    assert str(out[0]).startswith("traces.jsonl line 7 resourceSpans[0].scopeSpans[0].spans[0]")
+    assert not isinstance(out[1], SpanError) and genai.kind(out[1]) == "chat"
+
+
+def test_openinference_messages_with_tool_calls():
+    attrs = [kv("openinference.span.kind", "LLM"), kv("llm.model_name", "m"),
+             kv("llm.input_messages.0.message.role", "user"), kv("llm.input_messages.0.message.content", "hi"),
+             kv("llm.output_messages.0.message.role", "assistant"),
+             kv("llm.output_messages.0.message.tool_calls.0.tool_call.function.name", "search"),
+             kv("llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments", '{"q": "x"}'),
+             kv("llm.output_messages.0.message.tool_calls.0.tool_call.id", "t1"),
+             kv("llm.tools.0.tool.json_schema", json.dumps({"type": "function", "function": {"name": "search"}}))]
+    (s,) = spans_of(request(span(attrs)), "f")
+    inp, out = genai.messages(s)
+    assert inp == [{"role": "user", "content": "hi"}]
+    assert out == [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "t1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}]}]
+    assert genai.tool_definitions(s) == [{"type": "function", "function": {"name": "search"}}]
+    assert genai.chat_instance(s) is None  # only tool calls: its agent run is scored, not this call
+
+
+def test_openllmetry_indexed_prompt_and_completion():
+    attrs = [kv("gen_ai.system", "openai"), kv("gen_ai.request.model", "gpt-4"),
+             kv("gen_ai.prompt.0.role", "system"), kv("gen_ai.prompt.0.content", "be kind"),
+             kv("gen_ai.prompt.1.role", "user"), kv("gen_ai.prompt.1.content", "hello"),
+             kv("gen_ai.completion.0.role", "assistant"), kv("gen_ai.completion.0.content", "hi there")]
+    (s,) = spans_of(request(span(attrs)), "f")
+    assert genai.kind(s) == "chat"
+    inst = genai.chat_instance(s)
+    assert (inst["input"], inst["actual-output"], inst["otel"]["model"]) == ("hello", "hi there", "gpt-4")
+
+
+def test_unreadable_messages_are_a_located_problem():
+    (s,) = spans_of(request(span([kv("gen_ai.operation.name", "chat"), kv("gen_ai.input.messages", "[{oops")])),
+                    "f line 2")
+    with pytest.raises(SpanError, match=r"f line 2 .*gen_ai.input.messages is not JSON"):
+        genai.messages(s)
+
+
+def test_sampling_rule_and_filters():
+    assert sampled("0" * 16 + "0" * 16, 0.01) and not sampled("f" * 32, 0.99) and sampled("f" * 32, 1.0)
+    assert not sampled("0" * 32, 0.0)
+    (s,) = spans_of(request(span([kv("gen_ai.operation.name", "chat"), kv("gen_ai.request.model", "gpt-4o"),
+                                  kv("env", "prod")])), "f")
+    assert TraceSelection(models=["gpt-4*"], attributes={"env": "prod"}).verdict(s, "chat") == "kept"
+    assert TraceSelection(models=["claude*"]).verdict(s, "chat") == "filtered"
+    assert TraceSelection(services=["other"]).verdict(s, "chat") == "filtered"
+    assert TraceSelection(until="2023-01-01T00:00:00Z").verdict(s, "chat") == "filtered"  # it started Nov 2023
+    with pytest.raises(ValueError, match="time zone"):
+        TraceSelection(since="2026-11-25T00:00:00")
