@@ -174,6 +174,10 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
                                                        span(spec, entry), endpoint_priced(spec, key, entry)))
                for key, entry in stage_runs(spec, METRICS_STAGE)]
     r.set(keys.summary(job_id), json.dumps(summary))
+    if status != Status.CANCELLED:  # scores no chunk could export (evalq.orchestrator.otel_export)
+        from evalq.orchestrator.otel_export import export_rest
+
+        export_rest(r, job_id, spec)
     errors: list[str] = []
     if spec.get("out"):
         errors = _write(r, spec, job_id, summary, status)

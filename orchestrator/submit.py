@@ -119,6 +119,8 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
             "submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ttl": ttl}
     if job.output is not None and not job.output.log_parameters:
         spec["log_parameters"] = False  # log.jsonl lines name their entry by position only
+    if job.output is not None and job.output.otel is not None:
+        spec["otel_export"] = job.output.otel  # false, or the operator's exporter by name (evalq.orchestrator.otel_export)
     if out is not None:
         dest = out if isinstance(out, Destination) else Destination(out)
         # a local folder as an absolute path: the callback may run in another directory

@@ -244,7 +244,8 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
             keeper.flush()  # the counters of an item cut short
     elapsed = time.perf_counter() - t0
     new = {p: k["record"] for p, k in kept.items() if "record" in k} | dict(zip(positions, records))
-    _record_chunk(ctx, start, stop, new, elapsed, queue, kept=range(start, stop) if spec.calls_endpoint else range(0))
+    _record_chunk(ctx, start, stop, new, elapsed, queue, kept=range(start, stop) if spec.calls_endpoint else range(0),
+                  instances=dict(zip(positions, instances)))
     # A small, deterministic summary: a redelivered run returns the very same one.
     return {"metric": metric_key, "start": start, "n": stop - start}
 
@@ -267,7 +268,8 @@ def _run_together(leader: ChunkContext, others: list[ChunkContext], start: int, 
             t0 = time.perf_counter()
             try:
                 records = score_items(ctx.metric, ctx.params, instances, ctx.prepared, None, ctx.human)
-                _record_chunk(ctx, start, stop, dict(zip(positions, records)), time.perf_counter() - t0, queue)
+                _record_chunk(ctx, start, stop, dict(zip(positions, records)), time.perf_counter() - t0, queue,
+                              instances=dict(zip(positions, instances)))
             except (Deferred, *REDIS_BLIPS):
                 raise  # the whole chunk goes again: what was recorded is recorded again, the same
             except Exception as exc:
@@ -291,9 +293,10 @@ def _read_ahead(ctx: ChunkContext, start: int, stop: int, queue: str | None, pos
 
 
 def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict], elapsed: float,
-                  queue: str | None, kept: range = range(0)) -> None:
+                  queue: str | None, kept: range = range(0), instances: dict[int, dict] | None = None) -> None:
     """Write what the chunk made of an entry: its new records, its aggregate part, and what
-    report.html and the history store read of it."""
+    report.html and the history store read of it; then send its scores out as OpenTelemetry
+    evaluation events where the job's are exported (``evalq.orchestrator.otel_export``)."""
     spec = ctx.metric
     items = _chunk_records(ctx, start, stop, dict(new))
     dumped = ctx.params.model_dump(mode="json")
@@ -311,6 +314,15 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
     # every record in ``new`` went to res:{M} just now (one kept by a deferred run of the
     # chunk was never written there), so each item counts once, as results.json counts it
     telemetry.items_recorded(spec.id, queue, new.values())
+    if not ctx.model_run and ctx.spec.get("otel_export") is not False:
+        from evalq.orchestrator.otel_export import export_items
+
+        at = dict(instances or {})
+        unread = [p for p, _ in items if p not in at]  # kept by an earlier run of the chunk: not read now
+        if unread and (ctx.spec.get("dataset") or {}).get("format") == "otlp":
+            at.update(zip(unread, _instances(ctx, unread)))  # their spans, to parent their events to
+        export_items(ctx.r, ctx.job_id, ctx.spec, ctx.key, ctx.entry, spec.aggregation,
+                     [(p, rec, (at.get(p) or {}).get("otel")) for p, rec in items])
 
 
 def _entry_instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:

@@ -107,6 +107,11 @@ def timings(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:time:{metric_key}"
 
 
+def exported(job_id: str, metric_key: str) -> str:
+    """The positions whose evaluation events the collector took (``evalq.orchestrator.otel_export``)."""
+    return f"{job_prefix(job_id)}:otel:{metric_key}"
+
+
 def summary(job_id: str) -> str:
     return f"{job_prefix(job_id)}:summary"
 
@@ -257,5 +262,5 @@ def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
             batch(job_id, "line"), batch(job_id, "touched"), batch(job_id, "sync"), batch(job_id, "open")]
     for m in metric_keys:
         keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m),
-                 values(job_id, m), accounting(job_id, m)]
+                 values(job_id, m), accounting(job_id, m), exported(job_id, m)]
     return keys

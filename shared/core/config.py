@@ -81,6 +81,18 @@ class Settings:
         )
 
 
+def otel_exporters() -> dict[str, str]:
+    """The OTLP/HTTP logs endpoints the operator names (``EVALQ_OTEL_EXPORTERS``:
+    ``prod=https://otel.acme:4318/v1/logs;lab=http://127.0.0.1:4318/v1/logs``): the only places, with
+    the standard ``OTEL_EXPORTER_OTLP_*`` default, that a job's scores may be exported to."""
+    out = {}
+    for part in (os.environ.get("EVALQ_OTEL_EXPORTERS") or "").split(";"):
+        name, _, url = part.strip().partition("=")
+        if name.strip() and url.strip():
+            out[name.strip()] = url.strip()
+    return out
+
+
 def cache_dir():
     """Where evalq keeps what outlives a run on this machine (embedded Redis's judge cache, the
     default history store): ``EVALQ_CACHE_DIR``, else ``~/.cache/evalq``."""

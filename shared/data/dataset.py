@@ -192,6 +192,22 @@ class OutputSpec(Strict):
     log_parameters: bool = Field(
         default=True, description="log.jsonl lines repeat their entry's parameters, as HarpIA's log does; "
         "false: lines name their entry by `entry` only (for entries with large parameters)")
+    otel: bool | str | None = Field(
+        default=None, description="scores out as OpenTelemetry evaluation events: unset, to the operator's "
+        "default exporter where one is configured; false, none; a name, that exporter of the operator's "
+        "(EVALQ_OTEL_EXPORTERS)")
+
+    @field_validator("otel")
+    @classmethod
+    def _operators_exporter(cls, value):
+        from evalq.shared.core.config import otel_exporters
+
+        if value is True:
+            return None  # the default, where the operator configured one
+        named = otel_exporters()
+        if isinstance(value, str) and named and value not in named:
+            raise ValueError(f"no exporter named {value!r} (the operator's: {', '.join(sorted(named))})")
+        return value
 
 
 class RecordError(ValueError):

@@ -1,7 +1,8 @@
 """OpenTelemetry traces: OTLP JSON spans read as plain values (``otlp``), GenAI spans of both
 attribute dialects (OpenTelemetry's GenAI conventions, OpenInference) made into instances
-(``genai``), and which spans a monitoring job scores (``select``: filters, a sample by trace id).
+(``genai``), which spans a monitoring job scores (``select``: filters, a sample by trace id), and
+an item's result as GenAI evaluation events (``events``).
 Files and S3 are read by ``evalq.shared.data.traces``.
 
-May import: core. (``tests/unit/test_layers.py`` holds it to this list.)
+May import: core, scores. (``tests/unit/test_layers.py`` holds it to this list.)
 """

@@ -38,7 +38,7 @@ SHARED_ALLOWED = {
     "metrics": {"core", "policy", "judging"},
     "cluster": {"core", "scores"},
     "agents": {"core", "judging", "metrics"},
-    "traces": {"core"},
+    "traces": {"core", "scores"},
     "data": {"core", "policy", "cluster", "agents", "traces"},
     "model": {"core", "judging", "metrics", "cluster", "data"},
     "fmeval": {"core", "policy", "judging", "scores", "metrics", "model"},

@@ -102,3 +102,24 @@ def test_sampling_rule_and_filters():
     assert TraceSelection(until="2023-01-01T00:00:00Z").verdict(s, "chat") == "filtered"  # it started Nov 2023
     with pytest.raises(ValueError, match="time zone"):
         TraceSelection(since="2026-11-25T00:00:00")
+
+
+def test_evaluation_events_of_a_rating_a_defect_and_an_object():
+    """What each record sends (gen_ai.evaluation.result's attributes), read as results.json reads it."""
+    from evalq.shared.traces.events import evaluations
+
+    otel = {"trace_id": TRACE, "span_id": SPAN, "response_id": "chatcmpl-1"}
+    (ev,) = evaluations("j", "fluency@0", "fluency", "rating", {"threshold": 4}, 3,
+                        {"instance_id": SPAN, "result": {"score": 3, "reason": "choppy"}}, otel)
+    assert (ev.name, ev.value, ev.label, ev.explanation, ev.span_id) == ("fluency", 3.0, "fail", "choppy", SPAN)
+    attrs = ev.attributes("j", "fluency@0")
+    assert attrs["gen_ai.response.id"] == "chatcmpl-1" and "evalq.instance.id" not in attrs
+    assert attrs["evalq.event.id"] == "j:fluency@0:3:mean"
+    (ev,) = evaluations("j", "violence@1", "violence", "defect", {"threshold": 4}, 0,
+                        {"instance_id": "x", "result": {"severity": 5, "reason": "graphic"}}, None)
+    assert (ev.value, ev.label, ev.span_id) == (5.0, "medium", None)
+    assert ev.attributes("j", "violence@1")["evalq.instance.id"] == "x"
+    evs = evaluations("j", "rouge@2", "rouge", "mean", {}, 0, {"instance_id": "x", "result": {"rouge1": 0.5, "rougeL": 0.25}}, None)
+    assert {(e.name, e.value, e.label) for e in evs} == {("rouge.rouge1", 0.5, None), ("rouge.rougeL", 0.25, None)}
+    assert evaluations("j", "k", "k", "mean", {}, 0, {"instance_id": "x", "error": "ValueError: no"}, None) == []
+    assert evaluations("j", "k", "k", "mean", {}, 0, {"instance_id": "x", "not_applicable": "no refs"}, None) == []

@@ -1,0 +1,154 @@
+"""Items' results out as OpenTelemetry GenAI evaluation events, as each chunk finishes.
+
+Where they go is the operator's: the standard ``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT`` /
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (with ``OTEL_EXPORTER_OTLP_HEADERS``, ``..._TIMEOUT``, TLS
+settings, as the OpenTelemetry SDK reads them) on the workers, or one of the exporters the operator
+names in ``EVALQ_OTEL_EXPORTERS`` (``prod=https://otel.acme:4318/v1/logs;lab=...``). A job only
+chooses among them (``output.otel``: unset, the default exporter where one is configured; ``false``,
+none; a name, that one): it never gives an address.
+
+A chunk's events (``evalq.shared.traces.events``) are sent by the SDK's OTLP/HTTP log exporter in
+batches of ``BATCH`` once its records are written, each parented to the span it judges, and the
+positions sent are marked in Redis (``keys.exported``) only after the collector accepted them: a
+chunk run again (a worker died, the message came back) sends only what was not marked. An export
+that fails is logged and left unmarked; the final callback sends what is left (``export_rest``). Every event carries ``evalq.event.id``, the same on any resend.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from functools import lru_cache
+from typing import Any
+
+import redis
+
+from evalq.shared.cluster import keys
+from evalq.shared.core.config import otel_exporters
+from evalq.shared.traces.events import EVENT_NAME, Evaluation, evaluations
+
+log = logging.getLogger("evalq.otel")
+BATCH = 512  # events per export request
+
+
+def default_endpoint() -> str | None:
+    """The standard OTLP settings' logs endpoint, or None when none is configured."""
+    logs = os.environ.get("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT")
+    if logs:
+        return logs
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return base.rstrip("/") + "/v1/logs" if base else None
+
+
+def endpoint_for(choice: Any) -> str | None:
+    """Where a job's events go: its ``output.otel`` among what the operator configured."""
+    if choice is False:
+        return None
+    if isinstance(choice, str):
+        return otel_exporters().get(choice)
+    return default_endpoint()
+
+
+@lru_cache(maxsize=8)
+def _exporter(endpoint: str, named: bool):
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+    # a named exporter takes no headers from the default's settings: they may hold its credentials
+    return OTLPLogExporter(endpoint=endpoint, headers={} if named else None)
+
+
+@lru_cache(maxsize=1)
+def _resource():
+    from opentelemetry.sdk.resources import Resource
+
+    return Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "evalq"})
+
+
+def _record(ev: Evaluation, job_id: str, entry_key: str, now: int):
+    from opentelemetry._logs import LogRecord, SeverityNumber
+    from opentelemetry.sdk._logs import ReadableLogRecord
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+
+    context = None
+    if ev.trace_id and ev.span_id:
+        context = set_span_in_context(NonRecordingSpan(SpanContext(
+            int(ev.trace_id, 16), int(ev.span_id, 16), is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))))
+    record = LogRecord(timestamp=now, observed_timestamp=now, context=context, event_name=EVENT_NAME,
+                       severity_number=SeverityNumber.INFO, attributes=ev.attributes(job_id, entry_key))
+    return ReadableLogRecord(log_record=record, resource=_resource(),
+                             instrumentation_scope=InstrumentationScope("evalq"))
+
+
+def export_items(r: redis.Redis, job_id: str, spec: dict, entry_key: str, entry: dict, kind: str,
+                 items: list[tuple[int, dict, dict | None]]) -> int:
+    """Send the events of ``items`` (position, record, the instance's ``otel``) not sent before;
+    returns how many events were sent. Never raises for the exporter's sake: the items are kept."""
+    choice = spec.get("otel_export")  # the job's output.otel: None, False or an exporter's name
+    endpoint = endpoint_for(choice)
+    if endpoint is None or not items:
+        return 0
+    done = r.smismember(keys.exported(job_id, entry_key), [str(p) for p, _, _ in items])
+    todo = [(p, rec, otel) for (p, rec, otel), sent in zip(items, done) if not sent]
+    if not todo:
+        return 0
+    from opentelemetry.sdk._logs.export import LogRecordExportResult
+
+    name = entry.get("name") or entry["id"]
+    now = time.time_ns()
+    exporter = _exporter(endpoint, isinstance(choice, str))
+    sent = 0
+    for lo in range(0, len(todo), BATCH):
+        part = todo[lo:lo + BATCH]
+        events = [(p, ev) for p, rec, otel in part
+                  for ev in evaluations(job_id, entry_key, name, kind, entry.get("parameters"), p, rec, otel)]
+        if events:
+            try:
+                result = exporter.export([_record(ev, job_id, entry_key, now) for _, ev in events])
+            except Exception as exc:  # the exporter's own failure: the items stay unmarked
+                log.warning("job %s %s: exporting %d evaluation events failed: %s", job_id, entry_key, len(events), exc)
+                return sent
+            if result != LogRecordExportResult.SUCCESS:
+                log.warning("job %s %s: the collector did not take %d evaluation events", job_id, entry_key,
+                            len(events))
+                return sent
+            sent += len(events)
+        pipe = r.pipeline(transaction=False)
+        pipe.sadd(keys.exported(job_id, entry_key), *(str(p) for p, _, _ in part))
+        pipe.expire(keys.exported(job_id, entry_key), spec.get("ttl") or 7 * 24 * 3600)
+        pipe.execute()
+    return sent
+
+
+def export_rest(r: redis.Redis, job_id: str, spec: dict) -> int:
+    """At the job's end (the final callback): send what no chunk could (a collector that was down,
+    an exporter that failed), entry by entry, a thousand items at a time; returns the events sent."""
+    from evalq.shared.cluster.spec import METRICS_STAGE, stage_runs
+    from evalq.shared.metrics.registry import REGISTRY
+
+    if endpoint_for(spec.get("otel_export")) is None:
+        return 0
+    sent = 0
+    traces = (spec.get("dataset") or {}).get("format") == "otlp"
+    for key, entry in stage_runs(spec, METRICS_STAGE):
+        if entry["id"] not in REGISTRY:
+            continue
+        marked = r.smembers(keys.exported(job_id, key))
+        left = sorted(int(p) for p in r.hkeys(keys.results(job_id, key)) if p not in marked)
+        for lo in range(0, len(left), 1000):
+            part = left[lo:lo + 1000]
+            records = [json.loads(raw) for raw in r.hmget(keys.results(job_id, key), [str(p) for p in part])]
+            otel = [json.loads(raw).get("otel") if raw else None
+                    for raw in (_instances_at(r, job_id, part) if traces else [None] * len(part))]
+            sent += export_items(r, job_id, spec, key, entry, REGISTRY.get(entry["id"]).aggregation,
+                                 list(zip(part, records, otel)))
+    return sent
+
+
+def _instances_at(r: redis.Redis, job_id: str, positions: list[int]) -> list:
+    pipe = r.pipeline(transaction=False)
+    for p in positions:
+        pipe.lindex(keys.instances(job_id), p)
+    return pipe.execute()
