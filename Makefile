@@ -100,6 +100,7 @@ bench: $(DEV_STAMP)
 	$(BIN)/python bench/bench_batch.py
 	$(BIN)/python bench/bench_robustness.py
 	$(BIN)/python bench/bench_trajectory.py
+	$(BIN)/python bench/bench_otlp.py
 
 clean:
 	rm -rf $(VENV) $(FMEVAL_VENV) $(RAGAS_VENV) $(AZURE_VENV) out

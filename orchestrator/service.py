@@ -154,6 +154,9 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
             raise JobError([p for p in (bad_queue, bad_reply_to, bad_request_id) if p])
         job, out = _readable(parse_request, request, Reach.of(tenant))
         tenant_policy(job, identity, tenants)
+        from evalq.orchestrator.once import only_unscored
+
+        only_unscored(r, job, job_id, tenant)  # a trace dataset: the spans no earlier run of the suite took
         spec = _readable(submit.job_spec, job, request.get("chunk_size"), out, request_id, reply_to)
         if tenant is not None:
             spec["namespace"] = tenant  # the final callback writes only into this tenant's places

@@ -229,6 +229,10 @@ def submit(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None = N
            out: Destination | str | None = None,
            request_id: str | None = None, reply_to: str | None = None, job_id: str | None = None) -> str:
     """Store and start a job; returns its id at once."""
+    from evalq.orchestrator.once import only_unscored
+
+    job_id = job_id or new_job_id()
+    only_unscored(r, job, job_id)  # a trace dataset: the spans no earlier run of the suite took
     spec = job_spec(job, chunk_size, out, request_id, reply_to)
     job_id = store_job(r, job, spec, job_id)
     start(r, broker_url, job_id, spec)

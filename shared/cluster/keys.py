@@ -107,6 +107,12 @@ def timings(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:time:{metric_key}"
 
 
+def scored_spans(suite: str, day: str) -> str:
+    """The spans of ``day`` (UTC, of their start) that runs of ``suite`` (``tenant/suite``) took:
+    span id -> job id (``evalq.orchestrator.once``). One hash slot per suite."""
+    return f"{PREFIX}:spans:{{{suite}}}:{day}"
+
+
 def exported(job_id: str, metric_key: str) -> str:
     """The positions whose evaluation events the collector took (``evalq.orchestrator.otel_export``)."""
     return f"{job_prefix(job_id)}:otel:{metric_key}"

@@ -310,7 +310,7 @@ def load_dataset(spec: DatasetSpec, checker: InstanceChecker, add_problem: Calla
     from evalq.shared.data import parallel_read
 
     if spec.format == "otlp":
-        return _load_traces(spec, checker, add_problem, max_problems)
+        raise JobError(f"{spec.uri}: format otlp is read as the job's dataset only (evalq.shared.data.traces)")
     uri = spec.uri
     records = _records(spec)
     mapper: RecordMapper | None = None
@@ -331,15 +331,8 @@ def load_dataset(spec: DatasetSpec, checker: InstanceChecker, add_problem: Calla
         if not problems:
             spool.append(inst)
             lines.append(number)
-        elif spec.on_bad_record == "skip":
-            bad.add(where, problems)
-        else:
-            for p in problems:
-                add_problem(where, p)
-            n_problems += len(problems)
-            if n_problems >= max_problems - 1:  # the stop is the last problem shown
-                add_problem(where, "stopped reading here: fix the problems above first")
-                break
+        elif (n_problems := said(spec, bad, add_problem, where, problems, n_problems, max_problems)) < 0:
+            break
         if spec.limit is not None and len(spool) + bad.count >= spec.limit:
             break
     if not len(spool) and not n_problems:
@@ -347,32 +340,19 @@ def load_dataset(spec: DatasetSpec, checker: InstanceChecker, add_problem: Calla
     return LoadedDataset(spool, lines, bad, mapper.describe() if mapper else "")
 
 
-def _load_traces(spec: DatasetSpec, checker: InstanceChecker, add_problem: Callable[[str, str], None],
-                 max_problems: int) -> LoadedDataset:
-    """GenAI spans of OTLP trace exports as instances (``evalq.shared.data.traces``), checked alike."""
-    from evalq.shared.data.traces import SpanCounts, instances
-
-    spool, bad, counts, n_problems = SpooledInstances(), BadRecords(), SpanCounts(), 0
-    for item in instances(spec.uri, spec.endpoint_url, spec.traces, counts):  # instances, or located errors
-        if isinstance(item, dict):
-            where, problems = f"{spec.uri} span {item['id']} (trace {item['otel']['trace_id']})", checker.check(item)
-        else:  # a line or span that cannot be read: its place, and what is wrong
-            where, _, problem = str(item).partition(": ")
-            problems = [problem or where]
-        if not problems:
-            spool.append(item)
-        elif spec.on_bad_record == "skip":
-            bad.add(where, problems)
-        else:
-            for p in problems:
-                add_problem(where, p)
-            n_problems += len(problems)
-            if n_problems >= max_problems - 1:
-                add_problem(where, "stopped reading here: fix the problems above first")
-                break
-    if not len(spool) and not n_problems:
-        add_problem(spec.uri, f"no GenAI spans to score ({counts.describe()})")
-    return LoadedDataset(spool, array("q", range(1, len(spool) + 1)), bad, counts.describe(), counts.as_json())
+def said(spec: DatasetSpec, bad: BadRecords, add_problem, where: str, problems: list[str], n_problems: int,
+          max_problems: int) -> int:
+    """A record's problems listed (``on_bad_record: skip``) or said: the count said, negative to stop reading."""
+    if spec.on_bad_record == "skip":
+        bad.add(where, problems)
+        return n_problems
+    for p in problems:
+        add_problem(where, p)
+    n_problems += len(problems)
+    if n_problems >= max_problems - 1:
+        add_problem(where, "stopped reading here: fix the problems above first")
+        return -n_problems
+    return n_problems
 
 
 def examine(mapper: RecordMapper | None, checker: InstanceChecker, record: Any, number: int

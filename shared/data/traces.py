@@ -1,8 +1,8 @@
 """A dataset of OTLP JSON trace exports (``"format": "otlp"``), read in bounded memory.
 
 ``uri`` names a file, a folder or prefix (every file under it, in name order), or a glob
-(``traces/2026-11-25/*.json.gz``, ``s3://bucket/otel/2026/11/25/**``); local or S3, plain or
-gzip. Each line is one export request. Every span is counted; a span that is not GenAI is passed
+(``traces/2026-11-25/*.json.gz``, ``s3://bucket/otel/2026/11/25/**``, with ``{a,b}`` alternatives:
+``otel/{2026/11/25,2026/11/26}/**``); local or S3, plain or gzip. Each line is one export request. Every span is counted; a span that is not GenAI is passed
 by (counted); the GenAI spans that ``traces`` selects (``evalq.shared.traces.select``) are kept
 in a spool file on disk (SQLite), so a night of a million spans holds a few rows in memory, and
 come out as instances when the last file is read:
@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import sqlite3
 import tempfile
+from array import array
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from evalq.shared.core.errors import JobError
+from evalq.shared.data.instances import BadRecords, InstanceChecker, LoadedDataset, SpooledInstances, said
 from evalq.shared.data.storage import LineError, is_s3, read_lines, s3_client, s3_errors, split_s3
 from evalq.shared.traces import genai
 from evalq.shared.traces.otlp import Span, SpanError, read_request, spans_of
@@ -65,8 +69,28 @@ class SpanCounts:
         return {k: v for k, v in self.__dict__.items()}
 
 
+def expand_braces(uri: str) -> list[str]:
+    """``traces/{2026/11/25,2026/11/26}/**`` as its alternatives, in order (as a shell expands them)."""
+    m = re.search(r"\{([^{}]*)\}", uri)
+    if m is None:
+        return [uri]
+    return [out for alt in m.group(1).split(",") for out in expand_braces(uri[:m.start()] + alt + uri[m.end():])]
+
+
 def files(uri: str, endpoint_url: str | None = None) -> list[str]:
-    """The export files ``uri`` names: itself, what lies under it, or what its glob matches."""
+    """The export files ``uri`` names: itself, what lies under it, or what its glob matches; a
+    ``{a,b}`` in it names each alternative's files in turn."""
+    alternatives = expand_braces(uri)
+    if len(alternatives) > 1:  # an alternative with nothing in it (today's partition, early) is passed by
+        found: list[str] = []
+        for alt in alternatives:
+            try:
+                found += files(alt, endpoint_url)
+            except JobError:
+                continue
+        if not found:
+            raise JobError(f"{uri}: no files match any of its alternatives")
+        return list(dict.fromkeys(found))
     pattern = any(c in uri for c in GLOB_CHARS)
     if is_s3(uri):
         bucket, key = split_s3(uri)
@@ -129,18 +153,19 @@ class _Spool:
         self.db.execute("PRAGMA journal_mode=OFF")
         self.db.execute("PRAGMA synchronous=OFF")
         self.db.execute("CREATE TABLE spans (n INTEGER PRIMARY KEY, trace TEXT, kind TEXT, conv TEXT, "
-                        "start INTEGER, span TEXT)")
+                        "start INTEGER, stop INTEGER, span TEXT)")
         self._rows: list[tuple] = []
 
     def add(self, span: Span, kind: str) -> None:
         payload = json.dumps([span.trace_id, span.span_id, span.parent_id, span.name, span.start, span.end,
                               span.service, span.attributes, span.events, span.where], ensure_ascii=False)
-        self._rows.append((span.trace_id, kind, genai.conversation(span), span.start, payload))
+        self._rows.append((span.trace_id, kind, genai.conversation(span), span.start, span.end, payload))
         if len(self._rows) >= 2000:
             self.flush()
 
     def flush(self) -> None:
-        self.db.executemany("INSERT INTO spans (trace, kind, conv, start, span) VALUES (?, ?, ?, ?, ?)", self._rows)
+        self.db.executemany("INSERT INTO spans (trace, kind, conv, start, stop, span) VALUES (?, ?, ?, ?, ?, ?)",
+                            self._rows)
         self._rows.clear()
 
     def query(self, sql: str, *args) -> Iterator[tuple]:
@@ -181,37 +206,36 @@ def instances(uri: str, endpoint_url: str | None, selection: TraceSelection,
                 spool.add(item, kind)
         spool.flush()
         spool.db.execute("CREATE INDEX by_trace ON spans (trace, start)")
+        spool.db.execute("CREATE TABLE agents (trace TEXT PRIMARY KEY)")
+        if selection.unit == "auto":  # the traces that hold an agent's run
+            spool.db.execute("INSERT OR IGNORE INTO agents SELECT trace FROM spans WHERE kind = 'agent'")
         yield from _made(spool, selection, counts)
     finally:
         spool.close()
 
 
 def _made(spool: _Spool, selection: TraceSelection, counts: SpanCounts) -> Iterator[dict | SpanError]:
-    grouped = selection.unit == "auto"
-    agent_traces = {t for (t,) in spool.query("SELECT DISTINCT trace FROM spans WHERE kind = 'agent'")} \
-        if grouped else set()
+    """Instances from the spool, streamed by SQLite (one trace, or one span, in memory at a time)."""
+    lone = "kind = 'chat' AND trace NOT IN (SELECT trace FROM agents)"
     # agent runs, trace by trace
-    for trace in sorted(agent_traces):
-        spans = [_span(p) for (p,) in spool.query("SELECT span FROM spans WHERE trace = ? ORDER BY start, n", trace)]
+    rows = spool.query("SELECT s.trace, s.span FROM spans s JOIN agents a ON a.trace = s.trace "
+                       "ORDER BY s.trace, s.start, s.n")
+    for _, trace_rows in groupby(rows, key=lambda row: row[0]):
         try:
-            yield from _runs(spans, counts)
+            yield from _runs([_span(payload) for _, payload in trace_rows], counts)
         except SpanError as exc:
             yield exc
-    # conversations, then lone chat spans, in the order they started
-    conversations: dict[str, Span] = {}
-    for trace, payload in spool.query("SELECT trace, span FROM spans WHERE kind = 'chat' ORDER BY start, n"):
-        if trace in agent_traces:
-            continue
-        span = _span(payload)
-        conv = genai.conversation(span) if grouped else None
-        if conv is not None:
-            held = conversations.get(conv)
-            if held is None or (span.end, span.start) >= (held.end, held.start):
-                conversations[conv] = span
-            continue
-        yield from _one(span, "span", counts)
-    for conv, span in sorted(conversations.items(), key=lambda kv: kv[1].start):
-        yield from _one(span, "conversation", counts)
+    # model calls alone, in the order they started
+    grouped = selection.unit == "auto"
+    for (payload,) in spool.query(f"SELECT span FROM spans WHERE {lone} AND (conv IS NULL OR ?) ORDER BY start, n",
+                                  int(not grouped)):
+        yield from _one(_span(payload), "span", counts)
+    # conversations, each on its last call
+    if grouped:
+        rows = spool.query(f"SELECT conv, span FROM spans WHERE {lone} AND conv IS NOT NULL "
+                           "ORDER BY conv, stop DESC, start DESC, n DESC")
+        for _, conv_rows in groupby(rows, key=lambda row: row[0]):
+            yield from _one(_span(next(conv_rows)[1]), "conversation", counts)
 
 
 def _one(span: Span, unit: str, counts: SpanCounts) -> Iterator[dict | SpanError]:
@@ -264,3 +288,23 @@ def _runs(spans: list[Span], counts: SpanCounts) -> Iterator[dict | SpanError]:
         if inst is not None:
             counts.instances["run"] += 1
             yield inst
+
+
+def load_traces(spec: DatasetSpec, checker: InstanceChecker, add_problem: Callable[[str, str], None],
+                 max_problems: int) -> LoadedDataset:
+    """The job's instances from OTLP trace exports: checked, spooled and reported as any dataset's
+    records are (``evalq.shared.data.instances.load_dataset``)."""
+    spool, bad, counts, n_problems = SpooledInstances(), BadRecords(), SpanCounts(), 0
+    for item in instances(spec.uri, spec.endpoint_url, spec.traces, counts):  # instances, or located errors
+        if isinstance(item, dict):
+            where, problems = f"{spec.uri} span {item['id']} (trace {item['otel']['trace_id']})", checker.check(item)
+        else:  # a line or span that cannot be read: its place, and what is wrong
+            where, _, problem = str(item).partition(": ")
+            problems = [problem or where]
+        if not problems:
+            spool.append(item)
+        elif (n_problems := said(spec, bad, add_problem, where, problems, n_problems, max_problems)) < 0:
+            break
+    if not len(spool) and not n_problems:
+        add_problem(spec.uri, f"no GenAI spans to score ({counts.describe()})")
+    return LoadedDataset(spool, array("q", range(1, len(spool) + 1)), bad, counts.describe(), counts.as_json())

@@ -316,7 +316,12 @@ def _load_instances(raw: dict, job: Job, problems: Problems) -> None:
         allowed = _within_roots(dataset.uri, "dataset.uri", problems) and _s3_allowed(dataset, "dataset", problems)
         if not allowed or problems.items:  # a typo elsewhere is not worth reading a big file for
             return
-        loaded = load_dataset(dataset, checker, problems.add, MAX_PROBLEMS)
+        if dataset.format == "otlp":  # an application's traces (evalq.shared.data.traces)
+            from evalq.shared.data.traces import load_traces
+
+            loaded = load_traces(dataset, checker, problems.add, MAX_PROBLEMS)
+        else:
+            loaded = load_dataset(dataset, checker, problems.add, MAX_PROBLEMS)
         job.dataset, job.instances, job.mapping, job.bad_records = dataset, loaded.instances, loaded.mapping, loaded.bad
         job.spans = loaded.spans
         places = ((record_place(dataset, n), record_place(dataset, n, short=True)) for n in loaded.lines)

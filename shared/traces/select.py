@@ -15,6 +15,8 @@
   the submission (``-24h``, ``-1d``, ``-30m``); ``until`` is excluded.
 - ``attributes``: ``{"deployment.environment": "prod"}``: each named span attribute equals the value.
 - ``unit``: ``auto`` (agent runs and conversations grouped) or ``span`` (every chat span alone).
+- ``once`` (default true): a span an earlier run of the job's suite took is left out
+  (``evalq.orchestrator.once``): nightly runs over overlapping windows score each span once.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class TraceSelection(Strict):
         default=None, description="span attributes that must equal these values")
     unit: Literal["auto", "span"] = Field(default="auto", description="auto: agent runs and conversations "
                                           "grouped; span: every chat span alone")
+    once: bool = Field(default=True, description="each span scored once per suite: spans an earlier run of the "
+                       "job's suite took are left out (nightly runs over overlapping windows)")
 
     @field_validator("since", "until", mode="before")
     @classmethod

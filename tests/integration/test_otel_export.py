@@ -110,7 +110,8 @@ def cluster(tmp_path, receivers):
 
 
 def _job(folder, metrics, otel=None, **traces):
-    raw = {"dataset": {"uri": str(folder), "format": "otlp", **({"traces": traces} if traces else {})},
+    """A job over the exported spans; every run scores them all (traces.once is tested apart)."""
+    raw = {"dataset": {"uri": str(folder), "format": "otlp", "traces": {"once": False, **traces}},
            "metrics": metrics}
     if otel is not None:
         raw["output"] = {"otel": otel}

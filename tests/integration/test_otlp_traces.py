@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import random
 import shutil
 
@@ -236,6 +237,9 @@ def test_gzip_glob_and_a_malformed_line_located(exported, tmp_path):
         with open(part, "rb") as f, gzip.open(packed / (part.name + ".gz"), "wb") as g:
             shutil.copyfileobj(f, g)
     assert len(load(f"{packed}/*.jsonl.gz").instances) == 14
+    # alternatives, as a nightly job names two days' partitions; one with nothing in it is passed by
+    assert len(load(f"{packed}/{{part-0,part-1,part-9}}.jsonl.gz").instances) == 14
+    assert len(load(f"{packed}/{{part-1,nothing}}*").instances) == 4
     broken = packed / "part-2.jsonl"
     broken.write_text('{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "01"}]}]}]}\n'
                       "not json\n")
@@ -271,3 +275,37 @@ def test_a_night_of_traces_scored_on_a_cluster(exported, redis_url, cpu_worker, 
     proc = evalq("validate", str(tmp_path / "job.json"))
     assert proc.returncode == 0, proc.stderr
     assert "OTLP traces: 2 file(s), 26 spans (6 not GenAI" in proc.stdout and "valid: 14 instances" in proc.stdout
+
+
+def test_traces_in_s3_by_prefix_and_by_time_partitioned_glob(exported, tmp_path):
+    """The Collector's awss3 layout (gzipped parts under day/hour prefixes) on a real S3 API (moto)."""
+    import boto3
+
+    from tests.integration.test_datasets import AWS, start_moto
+
+    folder, made = exported
+    for k, v in AWS.items():
+        os.environ.setdefault(k, v)
+    proc, url = start_moto()
+    try:
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                              **{k.lower(): v for k, v in AWS.items() if k != "AWS_DEFAULT_REGION"})
+        client.create_bucket(Bucket="otel")
+        for day, part in (("2026/11/25/23", "part-0.jsonl"), ("2026/11/26/00", "part-1.jsonl")):
+            client.put_object(Bucket="otel", Key=f"traces/{day}/{part}.gz", Body=gzip.compress((folder / part).read_bytes()))
+        client.put_object(Bucket="otel", Key="traces/2026/11/24/00/old.jsonl.gz", Body=b"not even gzip")
+
+        def read(uri):
+            return parse_job({"dataset": {"uri": uri, "format": "otlp", "endpoint_url": url},
+                              "metrics": [{"id": "slow_len"}]})
+
+        assert len(read("s3://otel/traces/2026/11/25/").instances) == 10  # a prefix
+        assert len(read("s3://otel/traces/{2026/11/25,2026/11/26}/**").instances) == 14  # two days' partitions
+        assert len(read("s3://otel/traces/2026/11/26/00/part-1.jsonl.gz").instances) == 4  # one object
+        with pytest.raises(JobError, match="s3://otel/traces/2026/11/24/00/old.jsonl.gz line 1"):
+            read("s3://otel/traces/2026/11/2[45]/**")
+        with pytest.raises(JobError, match="no objects match"):
+            read("s3://otel/traces/2027/**")
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -310,3 +310,33 @@ def test_the_tenant_acl_cronjob_runs_the_cli_command_that_makes_the_users(overla
 
     cli.commands["tenants"].commands["acl"].make_context("acl", ["--apply"])
     assert {"secretRef": {"name": "evalq-tenant-passwords", "optional": True}} in container["envFrom"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_monitoring_cronjob_scores_yesterdays_traces_with_a_valid_job(overlay, monkeypatch):
+    """Issue 41: the CronJob's job file, with yesterday's date written in as its shell does, is a valid
+    trace-dataset job (read against the example export), its suite is watched by the nightly alert,
+    and it reads the two last days' partitions (a brace the reader expands)."""
+    from evalq.shared.data.traces import expand_braces
+    from evalq.shared.job.schema import parse_job
+
+    docs = render(overlay)
+    (cron,) = [d for d in docs if d["kind"] == "CronJob" and d["metadata"]["name"] == "evalq-monitoring"]
+    script = " ".join(pod_of(cron)["spec"]["containers"][0]["args"])
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "evalq-monitoring")
+    text = config["data"]["job.json"]
+    assert "@DAY@" in text and 's#@DAY@#{$(date -u -d yesterday +%Y/%m/%d),$(date -u +%Y/%m/%d)}#' in script
+    job = json.loads(text.replace("@DAY@", "{2026/11/25,2026/11/26}"))
+    assert expand_braces(job["dataset"]["uri"]) == ["s3://acme-otel/traces/2026/11/25/**",
+                                                    "s3://acme-otel/traces/2026/11/26/**"]
+    rules = yaml.safe_load((ROOT / "deploy" / "monitoring" / "rules.yml").read_text())
+    (missed,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "EvalqNightlyMissed"]
+    assert re.fullmatch(re.search(r'suite=~"([^"]+)"', missed["expr"]).group(1), job["suite"])
+    monkeypatch.setenv("EVALQ_CATALOGUE", str(ROOT / "deploy" / "catalogue.json"))
+    monkeypatch.delenv("EVALQ_ENDPOINTS", raising=False)
+    job["dataset"]["uri"] = str(ROOT / "examples" / "data" / "otel_traces.jsonl")
+    assert job["dataset"]["traces"].pop("since") == "-48h"  # the example export is older than two days
+    assert job["dataset"]["traces"].pop("sample_rate") == 0.05  # its 8 instances might all be left out
+    assert len(parse_job(job, source="monitoring", keys_needed=False).instances) == 8
+    prefixes = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "evalq-config")
+    assert "s3://acme-otel/traces/" in prefixes["data"]["EVALQ_S3_PREFIXES"]

@@ -1,0 +1,80 @@
+"""Issue 41: spans that real instrumentations made, not spans written by hand. An application calls
+an OpenAI-compatible server (judge-sim, on loopback) through the openai SDK, instrumented once by
+OpenTelemetry's own OpenAI instrumentation (the GenAI conventions, message content on the span) and
+once by OpenInference's (Phoenix's dialect); the SDK's JSON file exporter writes the spans as a
+Collector would. evalq reads each file back: one instance per call, its input the question the app
+sent, its answer what the app received, its ids the span's."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+pytest.importorskip("opentelemetry.instrumentation.openai_v2")
+pytest.importorskip("openinference.instrumentation.openai")
+
+import openai  # noqa: E402
+
+from evalq.sim import JudgeSim, Region  # noqa: E402
+from tests.integration.test_otlp_traces import load, provider  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+KEY = "sk-sim-" + uuid.uuid4().hex
+QUESTIONS = ["Is the store open on Sunday?", "How long does delivery to Porto take?", "Can I pay by invoice?"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with JudgeSim([Region("app")], api_key=KEY, seed=3) as sim:
+        yield sim
+
+
+def app(server, path, instrumentor, service):
+    """The instrumented application: three questions, the answers it got back (and their ids)."""
+    tp = provider(path, service)
+    instrumentor.instrument(tracer_provider=tp)
+    try:
+        client = openai.OpenAI(base_url=server.base_url("app"), api_key=KEY, max_retries=0)
+        got = []
+        for q in QUESTIONS:
+            reply = client.chat.completions.create(model="judge-sim", max_tokens=60,
+                                                   messages=[{"role": "system", "content": "You help shoppers."},
+                                                             {"role": "user", "content": q}])
+            got.append((q, reply.choices[0].message.content, reply.id))
+    finally:
+        instrumentor.uninstrument()
+        tp.shutdown()
+    return got
+
+
+def check(tmp_path, got, model_key="model"):
+    job = load(tmp_path / "traces")
+    by_input = {inst["input"]: inst for inst in job.instances}
+    assert len(job.instances) == len(QUESTIONS) == len(by_input)
+    for q, answer, _ in got:
+        assert by_input[q]["actual-output"] == answer
+        assert len(by_input[q]["otel"]["trace_id"]) == 32 and by_input[q]["id"] == by_input[q]["otel"]["span_id"]
+    return by_input
+
+
+def test_opentelemetrys_openai_instrumentation(server, tmp_path, monkeypatch):
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "span_only")
+    (tmp_path / "traces").mkdir()
+    got = app(server, tmp_path / "traces" / "app.jsonl", OpenAIInstrumentor(), "shop-otel")
+    by_input = check(tmp_path, got)
+    for q, _, reply_id in got:
+        assert by_input[q]["otel"]["response_id"] == reply_id and by_input[q]["otel"]["service"] == "shop-otel"
+
+
+def test_openinferences_openai_instrumentation(server, tmp_path):
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+
+    (tmp_path / "traces").mkdir()
+    got = app(server, tmp_path / "traces" / "app.jsonl", OpenAIInstrumentor(), "shop-oi")
+    by_input = check(tmp_path, got)
+    assert {inst["otel"]["model"] for inst in by_input.values()} == {"judge-sim"}
