@@ -11,7 +11,9 @@ A chunk's events (``evalq.shared.traces.events``) are sent by the SDK's OTLP/HTT
 batches of ``BATCH`` once its records are written, each parented to the span it judges, and the
 positions sent are marked in Redis (``keys.exported``) only after the collector accepted them: a
 chunk run again (a worker died, the message came back) sends only what was not marked. An export
-that fails is logged and left unmarked; the final callback sends what is left (``export_rest``). Every event carries ``evalq.event.id``, the same on any resend.
+that fails is logged and left unmarked, and that process sends nothing to that collector for
+``PAUSE`` seconds (a collector that is down would otherwise cost every chunk the exporter's
+retries); the final callback sends what is left (``export_rest``), and logs what even it could not. Every event carries ``evalq.event.id``, the same on any resend.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ from evalq.shared.traces.events import EVENT_NAME, Evaluation, evaluations
 
 log = logging.getLogger("evalq.otel")
 BATCH = 512  # events per export request
+# After a failed export a process leaves that collector alone this long: the exporter's own retries
+# take up to its timeout (10 s), which a down collector would add to every chunk.
+PAUSE = 60.0
+_DOWN: dict[str, float] = {}
+RETRIES = 3  # failed exports the final callback rides out before it gives the rest up
 
 
 def default_endpoint() -> str | None:
@@ -83,13 +90,13 @@ def _record(ev: Evaluation, job_id: str, entry_key: str, now: int):
 
 
 def export_items(r: redis.Redis, job_id: str, spec: dict, entry_key: str, entry: dict, kind: str,
-                 items: list[tuple[int, dict, dict | None]]) -> int:
+                 items: list[tuple[int, dict, dict | None]], force: bool = False) -> int:
     """Send the events of ``items`` (position, record, the instance's ``otel``) not sent before;
     returns how many events were sent. Never raises for the exporter's sake: the items are kept."""
     choice = spec.get("otel_export")  # the job's output.otel: None, False or an exporter's name
     endpoint = endpoint_for(choice)
-    if endpoint is None or not items:
-        return 0
+    if endpoint is None or not items or (not force and time.monotonic() < _DOWN.get(endpoint, 0.0)):
+        return 0  # none, nothing, or a collector that just failed: the final callback sends these
     done = r.smismember(keys.exported(job_id, entry_key), [str(p) for p, _, _ in items])
     todo = [(p, rec, otel) for (p, rec, otel), sent in zip(items, done) if not sent]
     if not todo:
@@ -108,11 +115,11 @@ def export_items(r: redis.Redis, job_id: str, spec: dict, entry_key: str, entry:
             try:
                 result = exporter.export([_record(ev, job_id, entry_key, now) for _, ev in events])
             except Exception as exc:  # the exporter's own failure: the items stay unmarked
-                log.warning("job %s %s: exporting %d evaluation events failed: %s", job_id, entry_key, len(events), exc)
-                return sent
+                result = exc
             if result != LogRecordExportResult.SUCCESS:
-                log.warning("job %s %s: the collector did not take %d evaluation events", job_id, entry_key,
-                            len(events))
+                log.warning("job %s %s: the collector did not take %d evaluation events (%s); this process "
+                            "sends none to it for %.0f s", job_id, entry_key, len(events), result, PAUSE)
+                _DOWN[endpoint] = time.monotonic() + PAUSE
                 return sent
             sent += len(events)
         pipe = r.pipeline(transaction=False)
@@ -128,9 +135,10 @@ def export_rest(r: redis.Redis, job_id: str, spec: dict) -> int:
     from evalq.shared.cluster.spec import METRICS_STAGE, stage_runs
     from evalq.shared.metrics.registry import REGISTRY
 
-    if endpoint_for(spec.get("otel_export")) is None:
+    endpoint = endpoint_for(spec.get("otel_export"))
+    if endpoint is None:
         return 0
-    sent = 0
+    sent, failures = 0, 0
     traces = (spec.get("dataset") or {}).get("format") == "otlp"
     for key, entry in stage_runs(spec, METRICS_STAGE):
         if entry["id"] not in REGISTRY:
@@ -142,8 +150,18 @@ def export_rest(r: redis.Redis, job_id: str, spec: dict) -> int:
             records = [json.loads(raw) for raw in r.hmget(keys.results(job_id, key), [str(p) for p in part])]
             otel = [json.loads(raw).get("otel") if raw else None
                     for raw in (_instances_at(r, job_id, part) if traces else [None] * len(part))]
-            sent += export_items(r, job_id, spec, key, entry, REGISTRY.get(entry["id"]).aggregation,
-                                 list(zip(part, records, otel)))
+            while failures < RETRIES:  # the last chance: a few tries, then the rest is logged as unsent
+                before = _DOWN.get(endpoint, 0.0)
+                sent += export_items(r, job_id, spec, key, entry, REGISTRY.get(entry["id"]).aggregation,
+                                     list(zip(part, records, otel)), force=True)
+                if _DOWN.get(endpoint, 0.0) == before:
+                    break
+                failures += 1
+                time.sleep(min(2.0 ** failures, 8.0))
+        unsent = r.hlen(keys.results(job_id, key)) - r.scard(keys.exported(job_id, key))
+        if unsent > 0:
+            log.warning("job %s %s: %d items' evaluation events were not sent (the collector did not take them)",
+                        job_id, key, unsent)
     return sent
 
 

@@ -138,6 +138,7 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
             spec["dataset"]["bad_records"] = job.bad_records.shown
         if job.spans is not None:  # OTLP traces: spans read, passed by, filtered, sampled; instances made
             spec["dataset"]["spans"] = job.spans
+            spec["dataset"]["traces"] = job.dataset.traces.model_dump(mode="json")  # since/until as resolved
     if job.jailbreak is not None:
         spec["jailbreak"] = {"n_clean": job.n_clean, "n_injected": len(job.instances) - job.n_clean,
                              **({"template": job.jailbreak.template} if job.jailbreak.template is not None

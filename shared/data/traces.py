@@ -55,6 +55,7 @@ class SpanCounts:
     sampled_out: int = 0
     kept: int = 0
     unreadable: int = 0
+    repeated: int = 0             # the same span (trace and span id) read again: kept once
     chat_without_text: int = 0
     instances: dict[str, int] = field(default_factory=lambda: {"span": 0, "conversation": 0, "run": 0})
 
@@ -62,7 +63,8 @@ class SpanCounts:
         made = ", ".join(f"{n:,} {kind}{'s' if n != 1 else ''}" for kind, n in self.instances.items() if n)
         return (f"OTLP traces: {self.files:,} file(s), {self.spans:,} spans ({self.not_genai:,} not GenAI, "
                 f"{self.filtered_out:,} filtered out, {self.sampled_out:,} not in the sample, "
-                f"{self.kept:,} kept{f', {self.unreadable:,} unreadable' if self.unreadable else ''}); "
+                f"{self.kept:,} kept{f', {self.unreadable:,} unreadable' if self.unreadable else ''}"
+                f"{f', {self.repeated:,} read twice' if self.repeated else ''}); "
                 f"instances: {made or 'none'}")
 
     def as_json(self) -> dict:
@@ -152,20 +154,22 @@ class _Spool:
         self.db = sqlite3.connect(str(Path(self._dir.name) / "spans.db"))
         self.db.execute("PRAGMA journal_mode=OFF")
         self.db.execute("PRAGMA synchronous=OFF")
-        self.db.execute("CREATE TABLE spans (n INTEGER PRIMARY KEY, trace TEXT, kind TEXT, conv TEXT, "
-                        "start INTEGER, stop INTEGER, span TEXT)")
+        self.db.execute("CREATE TABLE spans (n INTEGER PRIMARY KEY, trace TEXT, sid TEXT, kind TEXT, conv TEXT, "
+                        "start INTEGER, stop INTEGER, span TEXT, UNIQUE (trace, sid))")
+        self.repeats = 0  # spans read twice (a Collector's retried export): kept once
         self._rows: list[tuple] = []
 
     def add(self, span: Span, kind: str) -> None:
         payload = json.dumps([span.trace_id, span.span_id, span.parent_id, span.name, span.start, span.end,
                               span.service, span.attributes, span.events, span.where], ensure_ascii=False)
-        self._rows.append((span.trace_id, kind, genai.conversation(span), span.start, span.end, payload))
+        self._rows.append((span.trace_id, span.span_id, kind, genai.conversation(span), span.start, span.end, payload))
         if len(self._rows) >= 2000:
             self.flush()
 
     def flush(self) -> None:
-        self.db.executemany("INSERT INTO spans (trace, kind, conv, start, stop, span) VALUES (?, ?, ?, ?, ?, ?)",
-                            self._rows)
+        added = self.db.executemany("INSERT OR IGNORE INTO spans (trace, sid, kind, conv, start, stop, span) "
+                                    "VALUES (?, ?, ?, ?, ?, ?, ?)", self._rows).rowcount
+        self.repeats += len(self._rows) - added
         self._rows.clear()
 
     def query(self, sql: str, *args) -> Iterator[tuple]:
@@ -205,6 +209,7 @@ def instances(uri: str, endpoint_url: str | None, selection: TraceSelection,
                 counts.kept += 1
                 spool.add(item, kind)
         spool.flush()
+        counts.kept, counts.repeated = counts.kept - spool.repeats, spool.repeats
         spool.db.execute("CREATE INDEX by_trace ON spans (trace, start)")
         spool.db.execute("CREATE TABLE agents (trace TEXT PRIMARY KEY)")
         if selection.unit == "auto":  # the traces that hold an agent's run
@@ -230,15 +235,20 @@ def _made(spool: _Spool, selection: TraceSelection, counts: SpanCounts) -> Itera
     for (payload,) in spool.query(f"SELECT span FROM spans WHERE {lone} AND (conv IS NULL OR ?) ORDER BY start, n",
                                   int(not grouped)):
         yield from _one(_span(payload), "span", counts)
-    # conversations, each on its last call
+    # conversations, each on its last call, with every turn
     if grouped:
-        rows = spool.query(f"SELECT conv, span FROM spans WHERE {lone} AND conv IS NOT NULL "
-                           "ORDER BY conv, stop DESC, start DESC, n DESC")
+        rows = spool.query(f"SELECT conv, span FROM spans WHERE {lone} AND conv IS NOT NULL ORDER BY conv, start, n")
         for _, conv_rows in groupby(rows, key=lambda row: row[0]):
-            yield from _one(_span(next(conv_rows)[1]), "conversation", counts)
+            calls = [_span(payload) for _, payload in conv_rows]
+            try:
+                history = genai.conversation_messages(calls)
+            except SpanError as exc:
+                yield exc
+                continue
+            yield from _one(max(calls, key=lambda c: (c.end, c.start)), "conversation", counts, history)
 
 
-def _one(span: Span, unit: str, counts: SpanCounts) -> Iterator[dict | SpanError]:
+def _one(span: Span, unit: str, counts: SpanCounts, history: list[dict] | None = None) -> Iterator[dict | SpanError]:
     try:
         inst = genai.chat_instance(span)
     except SpanError as exc:
@@ -248,8 +258,7 @@ def _one(span: Span, unit: str, counts: SpanCounts) -> Iterator[dict | SpanError
         counts.chat_without_text += 1
         return
     if unit == "conversation":
-        inp, out = genai.messages(span)
-        inst["messages"] = [*inp, *out]
+        inst["messages"] = history
     counts.instances[unit] += 1
     yield inst
 

@@ -245,6 +245,21 @@ def chat_instance(span: Span) -> dict | None:
     return inst
 
 
+def conversation_messages(calls: list[Span]) -> list[dict]:
+    """A conversation's messages from its model calls, in the order they started: each call adds what
+    it was sent that the conversation does not end with yet (the whole history, a window of it, or
+    only its own turn, as applications send them), then its answer."""
+    convo: list[dict] = []
+    for call in calls:
+        inp, out = messages(call)
+        sent = [m for m in inp if m.get("role") != "system"] if convo else inp
+        # what the call was sent that the conversation already has: its tail (all of it, a window of
+        # it, or nothing when each call carries only its own turn)
+        seen = next((k for k in range(min(len(convo), len(sent)), 0, -1) if convo[-k:] == sent[:k]), 0)
+        convo = [*convo, *sent[seen:], *out]
+    return convo
+
+
 def run_instance(root: Span, chats: list[Span], tools: list[Span]) -> dict | None:
     """An agent's run under one trace as one instance (the agent metrics score it): the
     conversation the last model call was sent and answered, with the tools it was offered;

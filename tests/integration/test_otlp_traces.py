@@ -177,7 +177,9 @@ def test_spans_of_both_dialects_become_instances_with_their_ids(exported):
     last = made["conv"][-1][1]
     assert not {s for _, s in made["conv"][:-1]} & by_id.keys()
     texts = [m["content"] for m in by_id[last]["messages"]]
-    assert texts == ["turn 2", "answer 2"] and by_id[last]["otel"]["conversation_id"] == "conv-1"
+    # each call here was sent only its own turn: the conversation is every turn, in order
+    assert texts == ["turn 0", "answer 0", "turn 1", "answer 1", "turn 2", "answer 2"]
+    assert by_id[last]["otel"]["conversation_id"] == "conv-1"
     # the agent's run: one instance on its invoke_agent span, with its calls and results, by trajectory
     run = by_id[made["run"][1]]
     calls = [tc["function"]["name"] for m in run["messages"] for tc in m.get("tool_calls") or []]
@@ -237,6 +239,11 @@ def test_gzip_glob_and_a_malformed_line_located(exported, tmp_path):
         with open(part, "rb") as f, gzip.open(packed / (part.name + ".gz"), "wb") as g:
             shutil.copyfileobj(f, g)
     assert len(load(f"{packed}/*.jsonl.gz").instances) == 14
+    # a Collector that retried an export: the same spans twice, scored once
+    shutil.copy(packed / "part-1.jsonl.gz", packed / "part-1-retried.jsonl.gz")
+    job = load(f"{packed}/*.jsonl.gz")
+    assert len(job.instances) == 14 and job.spans["repeated"] == 4
+    (packed / "part-1-retried.jsonl.gz").unlink()
     # alternatives, as a nightly job names two days' partitions; one with nothing in it is passed by
     assert len(load(f"{packed}/{{part-0,part-1,part-9}}.jsonl.gz").instances) == 14
     assert len(load(f"{packed}/{{part-1,nothing}}*").instances) == 4
@@ -309,3 +316,22 @@ def test_traces_in_s3_by_prefix_and_by_time_partitioned_glob(exported, tmp_path)
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_conversation_is_judged_turn_by_turn_and_a_run_by_its_calls(exported):
+    """What the per-turn and agent metrics see of the instances traces make (judge calls recorded,
+    not sent: tests/agents has them on judge-sim)."""
+    from evalq.shared.agents.params import TurnsParams
+    from evalq.workers.agents.judged import intent_resolution, tool_call_accuracy
+    from tests.agents.test_agent_judges import Recorder
+
+    folder, made = exported
+    by_id = {inst["id"]: inst for inst in load(folder).instances}
+    judge = Recorder()
+    out = intent_resolution(by_id[made["conv"][-1][1]], TurnsParams(judge="j", turns="all"), judge)
+    assert [t["turn"] for t in out["turns"]] == [1, 2, 3]
+    for k, prompt in enumerate(judge.prompts):  # each turn on the conversation up to it
+        assert f"answer {k}" in prompt and f"turn {k + 1}" not in prompt
+    judge = Recorder()
+    out = tool_call_accuracy(by_id[made["run"][1]], TurnsParams(judge="j"), judge)
+    assert [c["name"] for c in out["calls"]] == ["weather", "calendar"]

@@ -123,3 +123,20 @@ def test_evaluation_events_of_a_rating_a_defect_and_an_object():
     assert {(e.name, e.value, e.label) for e in evs} == {("rouge.rouge1", 0.5, None), ("rouge.rougeL", 0.25, None)}
     assert evaluations("j", "k", "k", "mean", {}, 0, {"instance_id": "x", "error": "ValueError: no"}, None) == []
     assert evaluations("j", "k", "k", "mean", {}, 0, {"instance_id": "x", "not_applicable": "no refs"}, None) == []
+
+
+@pytest.mark.parametrize("sent", ["history", "window", "own turn"])
+def test_a_conversation_is_every_turn_however_each_call_was_sent_it(sent):
+    """Applications send a model call the whole history, a window of it, or only the new turn."""
+    turns = [("user", f"q{k}") if k % 2 == 0 else ("assistant", f"a{k // 2}") for k in range(6)]
+    calls = []
+    for k in range(3):
+        upto = [{"role": r, "content": c} for r, c in turns[:2 * k + 1]]
+        inp = {"history": upto, "window": upto[-3:], "own turn": upto[-1:]}[sent]
+        attrs = [kv("gen_ai.operation.name", "chat"), kv("gen_ai.conversation.id", "c"),
+                 kv("gen_ai.input.messages", json.dumps([{"role": "system", "content": "sys"}, *inp])),
+                 kv("gen_ai.output.messages", json.dumps([{"role": "assistant", "content": f"a{k}"}]))]
+        (s,) = spans_of(request(span(attrs, spanId=f"{k:016x}", startTimeUnixNano=str(10 + k))), "f")
+        calls.append(s)
+    convo = genai.conversation_messages(calls)
+    assert convo == [{"role": "system", "content": "sys"}] + [{"role": r, "content": c} for r, c in turns]
