@@ -120,8 +120,8 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
     """
     fn = bounded(spec, spec.load())  # EVALQ_ITEM_TIMEOUT per item (evalq.workers.item_budget)
     extra = ((prepared,) if spec.prepare else ()) + ((judge,) if spec.calls_endpoint else ())
-    # read, not taken: the entries of a chunk scored together read the same instances
     needs = spec.required(params)
+    # read, not taken: the entries of a chunk scored together read the same instances
     outcomes: list = [inst.get(NOT_GENERATED) or _lacking(needs, inst) for inst in instances]
     ready = [i for i, outcome in enumerate(outcomes) if outcome is None]
     records: list[dict | None] = [None] * len(instances)
@@ -315,8 +315,10 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
     # chunk was never written there), so each item counts once, as results.json counts it
     telemetry.items_recorded(spec.id, queue, new.values())
     if not ctx.model_run and ctx.spec.get("otel_export") is not False:
-        from evalq.orchestrator.otel_export import export_items
+        from evalq.orchestrator.otel_export import endpoint_for, export_items
 
+        if endpoint_for(ctx.spec.get("otel_export")) is None:  # the operator configured none
+            return
         at = dict(instances or {})
         unread = [p for p, _ in items if p not in at]  # kept by an earlier run of the chunk: not read now
         if unread and (ctx.spec.get("dataset") or {}).get("format") == "otlp":
