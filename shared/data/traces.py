@@ -128,11 +128,20 @@ def files(uri: str, endpoint_url: str | None = None) -> list[str]:
 
 
 def read_spans(uri: str, endpoint_url: str | None, counts: SpanCounts) -> Iterator[Span | SpanError]:
-    """Every span of every export file, in file and line order."""
+    """Every span of every export file, in file and line order; all the files together are held
+    to ``EVALQ_MAX_DATASET_BYTES``, as one dataset file is (each file is also held to it as it is
+    read, decompressed, by ``read_lines``)."""
+    from evalq.shared.core.limits import Limits, size
+
+    limit, total = Limits.from_env().dataset_bytes, 0
     for name in files(uri, endpoint_url):
         counts.files += 1
         for number, text in read_lines(name, endpoint_url):
             where = f"{name} line {number}"
+            total += len(text) + 1
+            if total > limit:
+                raise JobError(f"{where}: stopped reading: the trace files are larger than {size(limit)} together "
+                               "(EVALQ_MAX_DATASET_BYTES)")
             if isinstance(text, LineError):
                 yield SpanError(f"{where}: {text}")
                 continue

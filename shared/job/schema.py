@@ -16,6 +16,7 @@ from evalq.shared.data.dataset import DatasetSpec, JailbreakSpec, OutputSpec
 from evalq.shared.policy.egress import roots_problem, s3_problem
 from evalq.shared.core.errors import JobError, kind
 from evalq.shared.data.instances import BadRecords, InstanceChecker, load_dataset, record_place, report_duplicates
+from evalq.shared.data.traces import expand_braces, load_traces
 from evalq.shared.job.entries import (MetricRun, check_batch, check_cost_cap, check_endpoints,  # noqa: F401
                                       check_key_env, entry_head, parse_judges, parse_metrics, resolve_judges)
 from evalq.shared.judging.judges import JudgeConfig, JudgingOptions
@@ -313,12 +314,13 @@ def _load_instances(raw: dict, job: Job, problems: Problems) -> None:
         dataset = _relative_to_job(dataset, job.source)
         if dataset.format == "otlp":  # model calls, runs and conversations mixed: an entry that needs
             checker.required = {}     # what a span lacks records it not applicable there (evalq.workers.chunk)
-        allowed = _within_roots(dataset.uri, "dataset.uri", problems) and _s3_allowed(dataset, "dataset", problems)
+        # a trace dataset's {a,b} alternatives each name a place of their own: each must lie inside
+        places = expand_braces(dataset.uri) if dataset.format == "otlp" else [dataset.uri]
+        allowed = all(_within_roots(uri, "dataset.uri", problems) for uri in places) and \
+            _s3_allowed(dataset, "dataset", problems)
         if not allowed or problems.items:  # a typo elsewhere is not worth reading a big file for
             return
         if dataset.format == "otlp":  # an application's traces (evalq.shared.data.traces)
-            from evalq.shared.data.traces import load_traces
-
             loaded = load_traces(dataset, checker, problems.add, MAX_PROBLEMS)
         else:
             loaded = load_dataset(dataset, checker, problems.add, MAX_PROBLEMS)

@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from evalq.shared.core.strict import Strict
+from evalq.shared.traces.genai import conversation, model
 from evalq.shared.traces.otlp import Span
 
 ID_LIMIT = (1 << 64) - 1
@@ -87,8 +88,6 @@ class TraceSelection(Strict):
             if self.span_names is not None and not _matches(span.name, self.span_names):
                 return "filtered"
             if self.models is not None:
-                from evalq.shared.traces.genai import model
-
                 name = model(span)
                 if not (name is None and kind == "agent") and not _matches(name, self.models):
                     return "filtered"
@@ -103,8 +102,6 @@ class TraceSelection(Strict):
     def sample_key(self, span: Span) -> str:
         """What decides a span's sample: its trace id; for a turn of a conversation (unit ``auto``)
         the conversation's id, hashed to 64 bits, so that a conversation is in or out whole."""
-        from evalq.shared.traces.genai import conversation
-
         conv = conversation(span) if self.unit == "auto" else None
         if conv is None:
             return span.trace_id

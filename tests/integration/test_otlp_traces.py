@@ -335,3 +335,18 @@ def test_a_conversation_is_judged_turn_by_turn_and_a_run_by_its_calls(exported):
     judge = Recorder()
     out = tool_call_accuracy(by_id[made["run"][1]], TurnsParams(judge="j"), judge)
     assert [c["name"] for c in out["calls"]] == ["weather", "calendar"]
+
+
+def test_alternatives_stay_inside_the_request_roots_and_files_share_one_size_bound(exported, monkeypatch):
+    """A request's {a,b} may not climb out of its roots; many files are held to one dataset's bound."""
+    folder, _ = exported
+    raw = {"dataset": {"uri": f"{folder}/{{part-0.jsonl,../../../etc/passwd}}", "format": "otlp"},
+           "metrics": [{"id": "slow_len"}]}
+    with pytest.raises(JobError, match=r"\.\./\.\./\.\./etc/passwd is outside the directories"):
+        parse_job(raw, roots=[folder])
+    assert len(parse_job({**raw, "dataset": {**raw["dataset"], "uri": f"{folder}/{{part-0,part-1}}.jsonl"}},
+                         roots=[folder]).instances) == 14
+    biggest = max(p.stat().st_size for p in folder.iterdir())
+    monkeypatch.setenv("EVALQ_MAX_DATASET_BYTES", str(biggest + 10))  # each file fits; both do not
+    with pytest.raises(JobError, match="larger than .* together"):
+        load(folder)
