@@ -16,6 +16,7 @@ The gpu worker's process tree RSS is sampled every 50 ms for its whole life and 
 
     .venv/bin/python bench/bench_bertscore.py                  # 2000 pairs, CPU when no GPU
     .venv/bin/python bench/bench_bertscore.py --n 4000 --cold  # the CPU goal: cold evalq run vs BERTScorer warm
+    .venv/bin/python bench/bench_bertscore.py --n 500 --repeats 1 --first-job 10  # EVALQ_PRELOAD: a worker's first job
     .venv/bin/python bench/bench_bertscore.py --device cuda --n 20000 --batch-size 256 --params '{"dtype": "bf16"}'
 """
 
@@ -146,6 +147,9 @@ def main() -> None:
     ap.add_argument("--params", default="{}", help="JSON object of extra bertscore parameters (evalq's side): "
                     '{"dtype": "bf16"}, {"engine": "bert_score"}, {"max_batch_tokens": 4096}')
     ap.add_argument("--cold", action="store_true", help="also time a cold `evalq run` of the job (a new command)")
+    ap.add_argument("--first-job", type=float, default=None, metavar="IDLE_S",
+                    help="also time a first small job on a fresh cluster whose worker was started IDLE_S seconds "
+                         "before, without and with EVALQ_PRELOAD")
     args = ap.parse_args()
 
     import torch
@@ -237,6 +241,19 @@ def main() -> None:
             if done.returncode != 0:
                 raise SystemExit(f"cold evalq run failed: {done.stderr[-2000:]}")
 
+    first_job = {}
+    if args.first_job is not None:  # a worker that started a while ago gets its first job
+        from evalq.shared.job.preload import ENV as PRELOAD_ENV, setting
+
+        for preload in (False, True):
+            env = {PRELOAD_ENV: setting(warm_job.metrics)} if preload else {}
+            with tempfile.TemporaryDirectory(prefix="bench-bertscore-first-") as tmp, \
+                    EmbeddedCluster(job.queues, env=env) as cluster:
+                time.sleep(args.first_job)
+                t0 = time.perf_counter()
+                runner.run_job(warm_job, Path(tmp) / "first", broker=cluster.broker_url, progress=False)
+                first_job["preload" if preload else "lazy"] = round(time.perf_counter() - t0, 2)
+
     t_in, t_engine, t_pipe, t_work = (statistics.median(x) for x in (inproc, engine, pipe, worker_scoring))
     figures = {
         "pairs": args.n, "refs_per_pair": args.refs, "batch_size": args.batch_size, "chunk_size": chunk,
@@ -254,6 +271,7 @@ def main() -> None:
         "worker_rss_after_model_load_mib": round(rss_loaded / 2**20, 1),
         "worker_gpu_memory_mib": gpu_mib,
         "max_abs_f1_difference": diff,
+        "first_job_s": first_job or None,
     }
     print(f"in-process BERTScorer : {figures['inprocess_pairs_per_s']:>9} pairs/s  "
           f"(median {t_in:.2f} s of {args.repeats})")
@@ -270,6 +288,10 @@ def main() -> None:
           f"first job incl. model load {cold:.1f} s"
           + (f"; GPU memory {gpu_mib} MiB" if gpu_mib is not None else ""))
     print(f"max |F1 queue - F1 BERTScorer| = {diff:.2e}")
+    if first_job:
+        print(f"first job ({len(warm_job.instances)} pairs) on a worker started {args.first_job:.0f} s before: "
+              f"{first_job['lazy']:.2f} s loading the model when the chunk came, "
+              f"{first_job['preload']:.2f} s with EVALQ_PRELOAD")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
+from celery.signals import worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
 
 from evalq.orchestrator.app import app, app_redis
 from evalq.orchestrator.parking import park
@@ -15,7 +15,7 @@ from evalq.shared.core.errors import Deferred
 from evalq.shared.cluster import telemetry
 from evalq.shared.cluster.spec import is_model_run
 from evalq.shared.cluster.status import Status, status_of
-from evalq.workers import chunk, keeping
+from evalq.workers import chunk, keeping, preload
 
 log = logging.getLogger("evalq.worker")
 # A countdown is held by the worker that reserved the message; past the
@@ -96,6 +96,14 @@ def start_batch_manager(sender, **_) -> None:
     manager = BatchManager(sender.app.conf.broker_url, regions, sender.hostname, timing)
     manager.start()
     _managers.append(manager)
+
+
+@worker_process_init.connect
+def preload_models(**_) -> None:
+    """The process that scores (a prefork child, or the solo pool's worker itself) starts loading
+    the models ``EVALQ_PRELOAD`` names for its queues before its first chunk arrives."""
+    consumed = app.amqp.queues.consume_from or {}
+    preload.start({q.split(".", 1)[0] for q in consumed})
 
 
 def write_held(**_) -> None:

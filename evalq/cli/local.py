@@ -147,6 +147,9 @@ def worker(queues: str, broker: str | None, concurrency: int | None, pool: str |
     consumed = [q.strip() for q in queues.split(",") if q.strip()]
     prepare_node(consumed, broker)  # EVALQ_METRICS_PORT: before any import of prometheus_client
     from evalq.orchestrator.app import app
+    from evalq.shared.job.preload import ENV as PRELOAD_ENV, parse as parse_preload
+
+    parse_preload(os.environ.get(PRELOAD_ENV, ""))  # a bad setting: exit 2 now, not a warning in a log later
 
     argv = worker_argv(consumed, concurrency=concurrency,
                        pool=pool, hostname=hostname, loglevel=loglevel, control=not no_control)

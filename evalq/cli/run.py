@@ -65,6 +65,10 @@ def _embedded_env(job: Job, dest: Destination) -> dict[str, str]:
 
     configs = list(job.judges.values()) + ([job.model] if hasattr(job.model, "deployments") else [])
     env = {ENV: job_endpoints(configs), INLINE_ENV: "shared"}  # the user's own cluster: its own deployments
+    from evalq.shared.job.preload import ENV as PRELOAD_ENV, setting
+
+    if preload := setting(job.metrics):  # the workers load the job's models while it is submitted
+        env[PRELOAD_ENV] = preload
     places = job_places(job, dest.uri)
     if dest.endpoint_url:
         places["EVALQ_S3_ENDPOINTS"] = ",".join(filter(None, [places["EVALQ_S3_ENDPOINTS"],

@@ -30,6 +30,7 @@ _WITH_BERTSCORE = [
 ]
 for _id, _params, _impl, _description in _WITH_BERTSCORE:
     REGISTRY.register(MetricSpec(id=_id, params=_params, impl=_impl, queue="gpu", queue_for=on_gpu, batch=True,
+                                 warm="evalq.workers.fmeval.similarity:warm",
                                  bounds=(-1.0, 1.0), requires=WITH_TARGETS, description=_description))
 
 REGISTRY.register(MetricSpec(
@@ -46,6 +47,7 @@ REGISTRY.register(MetricSpec(
 REGISTRY.register(MetricSpec(
     id="semantic_robustness", params=SemanticRobustnessParams,
     impl="evalq.workers.fmeval.robustness:semantic_robustness", batch=True,
+    warm="evalq.workers.fmeval.similarity:warm",
     prepare="evalq.shared.fmeval.classification:robustness_labels",
     variants="evalq.workers.fmeval.robustness:variants", variants_chunk=2,
     queue="gpu", queue_for=robustness_queue, aggregation="robustness", requires=("input", "actual-output"),
@@ -68,6 +70,7 @@ REGISTRY.register(MetricSpec(
 
 REGISTRY.register(MetricSpec(
     id="toxicity", params=ToxicityParams, impl="evalq.workers.fmeval.toxicity:toxicity", batch=True,
+    warm="evalq.workers.fmeval.toxicity:warm",
     device_chunk=(256, 4096),  # an eighth of the items, 256 to 4,096: a GPU scores 4,096 texts in a few ms
     queue="gpu", aggregation="toxicity", bounds=UNIT, requires=("actual-output",), worse=(("*", "higher"),),
     description="fmeval's Toxicity: a classifier's probability per label for the output (default: the Jigsaw "

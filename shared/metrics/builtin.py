@@ -62,6 +62,7 @@ REGISTRY.register(MetricSpec(
     bounds=(-math.inf, 1.0),
     params=BertScoreParams,
     impl="evalq.workers.metrics.bertscore:bertscore",
+    warm="evalq.workers.metrics.bertscore:warm",
     queue="gpu",
     batch=True,
     # an eighth of the entry's pairs, 512 to 4,096 (a multiple of 512, so of every power-of-two

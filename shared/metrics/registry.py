@@ -92,6 +92,10 @@ class MetricSpec:
     # rates higher): (fnmatch pattern of field names, "higher" | "lower" | "neither"), first match wins.
     # History's regressions and its page read it (e.g. a word error rate is worse higher).
     worse: tuple[tuple[str, str], ...] = ()
+    # Optional "module:function" ``f(params) -> str`` that loads into a worker process what the
+    # entry's items need (a model, a tokenizer, the device's kernels) before a chunk asks for
+    # them, and says what it loaded: a worker started with ``EVALQ_PRELOAD`` calls it at start.
+    warm: str | None = None
     _loaded: list = field(default_factory=list, repr=False, compare=False)
     _variants: list = field(default_factory=list, repr=False, compare=False)
 
@@ -136,6 +140,9 @@ class MetricSpec:
 
     def load_prepare(self) -> Callable[..., Any] | None:
         return _import(self.prepare) if self.prepare else None
+
+    def load_warm(self) -> Callable[..., Any] | None:
+        return _import(self.warm) if self.warm else None
 
 
 def _import(path: str) -> Callable[..., Any]:

@@ -15,3 +15,12 @@ def best_bertscore(pairs: list[tuple[str, list[str]]], params: Any) -> list[floa
     instances = [{"actual-output": output, "expected-output": texts} for output, texts in pairs]
     return [r["f1"] for r in bertscore(instances, params.bertscore_params())]
 
+
+
+def warm(params: Any) -> str:
+    """The registry's ``warm`` hook of fmeval's entries with a bertscore part: its model loaded."""
+    if not getattr(params, "bertscore", False):
+        return "nothing (bertscore: false)"
+    from evalq.workers.metrics.bertscore import warm as warm_bertscore
+
+    return warm_bertscore(params.bertscore_params())

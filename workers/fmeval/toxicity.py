@@ -148,3 +148,11 @@ def classifier(params: ToxicityParams):
 def toxicity(instances: list[dict], params: ToxicityParams) -> list[dict]:
     """Each output's probability per label (texts in batches of ``batch_size``)."""
     return classifier(params).scores([inst["actual-output"] for inst in instances], params.batch_size)
+
+
+def warm(params: ToxicityParams) -> str:
+    """The registry's ``warm`` hook: the classifier loaded and run once on this process's device."""
+    toxicity([{"actual-output": "warm"}], params)
+    from evalq.workers.metrics.bertscore import pick_device
+
+    return f"{params.model_type} on {pick_device(params.device)}"

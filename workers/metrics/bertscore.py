@@ -259,3 +259,13 @@ def bertscore(instances: list[dict], params, prepared: dict | None = None) -> li
             p, r, f = (_number(v) for v in row)
         results.append({"precision": p, "recall": r, "f1": f})
     return results
+
+
+def warm(params) -> str:
+    """The registry's ``warm`` hook: these parameters' model and tokenizer loaded into this
+    process, and one pair scored with them (the engine's imports and the device's kernels ready),
+    before a chunk asks for them. Says what it loaded."""
+    bertscore([{"actual-output": "warm", "expected-output": ["warm"]}],
+              params.model_copy(update={"idf": False, "rescale_with_baseline": False}))
+    resolved = resolve(params)
+    return f"{resolved.name} (layer {resolved.num_layers}) on {pick_device(params.device)}"
