@@ -14,7 +14,7 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 keras = pytest.importorskip("keras")
 
 from evalq.shared.fmeval.params import ToxicityParams  # noqa: E402
-from evalq.workers.fmeval.toxicity import JIGSAW, NAMES, classifier_dir, toxicity, word_ids  # noqa: E402
+from evalq.workers.fmeval.toxicity import JIGSAW, NAMES, classifier_dir, id_grid, toxicity, word_ids  # noqa: E402
 
 TEXTS = ["You are a wonderful person and I appreciate your help.",
          "You are an idiot and I hate you, shut up!!",
@@ -53,6 +53,7 @@ def test_tokens_and_scores_equal_keras(reference):
 
     tokenizer = classifier(ToxicityParams()).tokenizer
     assert [word_ids(tokenizer, t) for t in TEXTS] == padded.tolist()
+    assert id_grid(tokenizer, TEXTS).tolist() == padded.tolist()  # the rows the classifier is given
     got = toxicity([{"id": str(i), "actual-output": t} for i, t in enumerate(TEXTS)], ToxicityParams(batch_size=3))
     for row, scores in zip(expected.tolist(), got):
         assert scores == {NAMES.get(label, label): pytest.approx(p, abs=1e-5) for label, p in zip(JIGSAW, row)}

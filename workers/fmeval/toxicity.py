@@ -56,16 +56,37 @@ class _OnlyTokenizer(pickle.Unpickler):
         raise pickle.UnpicklingError(f"the tokenizer file may not name {module}.{name}")
 
 
-def word_ids(tokenizer: _Tokenizer, text: str) -> list[int]:
-    """Keras' ``texts_to_sequences`` then ``pad_sequences(maxlen=100)``: filters to spaces,
-    lower-cased, split; words outside the vocabulary dropped; the last 100 kept, zeros before."""
+def _words(tokenizer: _Tokenizer, text: str) -> list[int]:
+    """Keras' ``texts_to_sequences`` for one text: filters to spaces, lower-cased, split; words
+    outside the vocabulary dropped; the last 100 kept."""
+    table = tokenizer.__dict__.get("_evalq_table")
+    if table is None:  # built once per tokenizer, not per text
+        table = tokenizer._evalq_table = str.maketrans({c: tokenizer.split for c in tokenizer.filters})
     if tokenizer.lower:
         text = text.lower()
-    text = text.translate(str.maketrans({c: tokenizer.split for c in tokenizer.filters}))
-    ids = [i for i in (tokenizer.word_index.get(w) for w in text.split(tokenizer.split) if w)
-           if i is not None and not (tokenizer.num_words and i >= tokenizer.num_words)]
-    ids = ids[-MAXLEN:]
+    index, limit = tokenizer.word_index, tokenizer.num_words
+    ids = [i for i in map(index.get, filter(None, text.translate(table).split(tokenizer.split)))
+           if i is not None and not (limit and i >= limit)]
+    return ids[-MAXLEN:]
+
+
+def word_ids(tokenizer: _Tokenizer, text: str) -> list[int]:
+    """``texts_to_sequences`` then ``pad_sequences(maxlen=100)``: zeros before the words."""
+    ids = _words(tokenizer, text)
     return [0] * (MAXLEN - len(ids)) + ids
+
+
+def id_grid(tokenizer: _Tokenizer, texts: list[str]):
+    """``word_ids`` of each text as one ``[len(texts), 100]`` int64 numpy array (filled row by row:
+    a nested list handed to ``torch.tensor`` cost as much as the tokenization)."""
+    import numpy as np
+
+    grid = np.zeros((len(texts), MAXLEN), dtype=np.int64)
+    for row, text in enumerate(texts):
+        ids = _words(tokenizer, text)
+        if ids:
+            grid[row, MAXLEN - len(ids):] = ids
+    return grid
 
 
 class JigsawLSTM:
@@ -99,16 +120,21 @@ class JigsawLSTM:
     def scores(self, texts: list[str], batch_size: int) -> list[dict[str, float]]:
         import torch
 
-        results = []
+        if not texts:
+            return []
+        parts = []
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
-                ids = torch.tensor([word_ids(self.tokenizer, t) for t in texts[start:start + batch_size]],
-                                   device=self.device)
+                # the next batch is tokenized while a GPU still runs this one: nothing waits for the
+                # device until every batch is queued
+                ids = torch.from_numpy(id_grid(self.tokenizer, texts[start:start + batch_size])).to(
+                    self.device, non_blocking=True)
                 hidden, _ = self.lstm(self.embedding[ids])
                 x = torch.relu(hidden.max(dim=1).values @ self.dense[0] + self.dense[1])
-                probs = torch.sigmoid(x @ self.out[0] + self.out[1]).cpu().tolist()
-                results += [{NAMES.get(label, label): p for label, p in zip(JIGSAW, row)} for row in probs]
-        return results
+                parts.append(torch.sigmoid(x @ self.out[0] + self.out[1]))
+            probs = torch.cat(parts).cpu().tolist()
+        labels = [NAMES.get(label, label) for label in JIGSAW]
+        return [dict(zip(labels, row)) for row in probs]
 
 
 class Toxigen:
