@@ -64,6 +64,9 @@ TOOL_CALLS_ENV, TOOL_CALLS_DEFAULT = "EVALQ_MAX_TOOL_CALLS", 200
 # ... and its total size: the UTF-8 bytes of every message's text, call arguments and tool results
 # (a judge metric sends all of it in one prompt; a judge's context is ~128k tokens, ~0.5 MB)
 RUN_BYTES_ENV, RUN_BYTES_DEFAULT = "EVALQ_MAX_RUN_BYTES", 1_048_576
+# a trace dataset: the GenAI spans one agent run or one conversation is made from, all in memory
+# together while it is made (where the job is validated)
+TRACE_SPANS_ENV, TRACE_SPANS_DEFAULT = "EVALQ_MAX_TRACE_SPANS", 10_000
 
 
 def item_timeout() -> float:
@@ -76,7 +79,13 @@ def rouge_l_max_tokens() -> int:
     return env_number(ROUGE_L_TOKENS_ENV, ROUGE_L_TOKENS_DEFAULT)
 
 
+def trace_spans_limit() -> int:
+    """GenAI spans one agent run or conversation of a trace dataset may be made from (0: no limit)."""
+    return env_number(TRACE_SPANS_ENV, TRACE_SPANS_DEFAULT)
+
+
 def check_env() -> None:
     """Read every setting here once: a bad value is a JobError before anything starts."""
     item_timeout()
     rouge_l_max_tokens()
+    trace_spans_limit()

@@ -34,6 +34,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from evalq.shared.core.bounds import TRACE_SPANS_ENV, trace_spans_limit
 from evalq.shared.core.errors import JobError
 from evalq.shared.data.instances import BadRecords, InstanceChecker, LoadedDataset, SpooledInstances, said
 from evalq.shared.data.storage import LineError, is_s3, read_lines, s3_client, s3_errors, split_s3
@@ -228,13 +229,32 @@ def instances(uri: str, endpoint_url: str | None, selection: TraceSelection,
         spool.close()
 
 
+def _too_many(spool: _Spool, group: str, where: str, limit: int) -> dict[str, int]:
+    """The groups (traces, conversations) of more than ``limit`` spans: {group: spans}."""
+    if not limit:
+        return {}
+    return dict(spool.query(f"SELECT {group}, COUNT(*) FROM spans WHERE {where} GROUP BY {group} "
+                            "HAVING COUNT(*) > ?", limit))
+
+
+def _over(what: str, n: int, limit: int) -> SpanError:
+    return SpanError(f"{what}: {n:,} GenAI spans, more than {TRACE_SPANS_ENV} ({limit:,}) allows one run "
+                     "or conversation: not scored (raise the limit, or leave spans out with traces.span_names)")
+
+
 def _made(spool: _Spool, selection: TraceSelection, counts: SpanCounts) -> Iterator[dict | SpanError]:
-    """Instances from the spool, streamed by SQLite (one trace, or one span, in memory at a time)."""
+    """Instances from the spool, streamed by SQLite (one trace, or one span, in memory at a time;
+    a trace or conversation of more than ``EVALQ_MAX_TRACE_SPANS`` spans is a located problem)."""
     lone = "kind = 'chat' AND trace NOT IN (SELECT trace FROM agents)"
+    limit = trace_spans_limit()
     # agent runs, trace by trace
+    big = _too_many(spool, "trace", "trace IN (SELECT trace FROM agents)", limit)
     rows = spool.query("SELECT s.trace, s.span FROM spans s JOIN agents a ON a.trace = s.trace "
                        "ORDER BY s.trace, s.start, s.n")
-    for _, trace_rows in groupby(rows, key=lambda row: row[0]):
+    for trace, trace_rows in groupby(rows, key=lambda row: row[0]):
+        if trace in big:  # its rows are passed by unread
+            yield _over(f"trace {trace}", big[trace], limit)
+            continue
         try:
             yield from _runs([_span(payload) for _, payload in trace_rows], counts)
         except SpanError as exc:
@@ -246,8 +266,12 @@ def _made(spool: _Spool, selection: TraceSelection, counts: SpanCounts) -> Itera
         yield from _one(_span(payload), "span", counts)
     # conversations, each on its last call, with every turn
     if grouped:
+        big = _too_many(spool, "conv", f"{lone} AND conv IS NOT NULL", limit)
         rows = spool.query(f"SELECT conv, span FROM spans WHERE {lone} AND conv IS NOT NULL ORDER BY conv, start, n")
-        for _, conv_rows in groupby(rows, key=lambda row: row[0]):
+        for conv, conv_rows in groupby(rows, key=lambda row: row[0]):
+            if conv in big:
+                yield _over(f"conversation {conv}", big[conv], limit)
+                continue
             calls = [_span(payload) for _, payload in conv_rows]
             try:
                 history = genai.conversation_messages(calls)

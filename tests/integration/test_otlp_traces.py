@@ -350,3 +350,28 @@ def test_alternatives_stay_inside_the_request_roots_and_files_share_one_size_bou
     monkeypatch.setenv("EVALQ_MAX_DATASET_BYTES", str(biggest + 10))  # each file fits; both do not
     with pytest.raises(JobError, match="larger than .* together"):
         load(folder)
+
+
+def test_a_trace_or_conversation_over_the_span_bound_is_a_located_problem(exported, monkeypatch):
+    """One agent run or conversation is held in memory while it is made: EVALQ_MAX_TRACE_SPANS
+    bounds its spans; one over it is said (its trace or conversation id, its count), not read."""
+    folder, made = exported
+    run_trace = made["run"][0]
+    monkeypatch.setenv("EVALQ_MAX_TRACE_SPANS", "4")  # the run has 5 GenAI spans, the conversation 3
+    with pytest.raises(JobError) as err:
+        load(folder)
+    said = "\n".join(err.value.problems)
+    assert f"trace {run_trace}: 5 GenAI spans, more than EVALQ_MAX_TRACE_SPANS (4)" in said
+    assert "conversation conv-1" not in said
+    monkeypatch.setenv("EVALQ_MAX_TRACE_SPANS", "2")
+    job = parse_job({"dataset": {"uri": str(folder), "format": "otlp", "on_bad_record": "skip"},
+                     "metrics": [{"id": "slow_len", "parameters": {"seconds": 0}}]})
+    ids = {inst["id"] for inst in job.instances}
+    assert made["run"][1] not in ids and made["conv"][-1][1] not in ids
+    assert {c[0][1] for c in made["chat"]} <= ids  # the other instances are all there
+    assert job.bad_records.count == 2
+    listed = {b["where"]: " ".join(b["errors"]) for b in job.bad_records.shown}
+    assert listed[f"trace {run_trace}"].startswith("5 GenAI spans, more than EVALQ_MAX_TRACE_SPANS (2)")
+    assert listed["conversation conv-1"].startswith("3 GenAI spans")
+    monkeypatch.setenv("EVALQ_MAX_TRACE_SPANS", "0")  # no limit
+    assert made["run"][1] in {inst["id"] for inst in load(folder).instances}
