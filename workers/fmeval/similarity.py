@@ -16,7 +16,6 @@ def best_bertscore(pairs: list[tuple[str, list[str]]], params: Any) -> list[floa
     return [r["f1"] for r in bertscore(instances, params.bertscore_params())]
 
 
-
 def warm(params: Any) -> str:
     """The registry's ``warm`` hook of fmeval's entries with a bertscore part: its model loaded."""
     if not getattr(params, "bertscore", False):
