@@ -187,7 +187,7 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     pipe = r.pipeline(transaction=True)
     if errors:
         pipe.set(keys.error(job_id), "; ".join(errors))
-    pipe.set(keys.status(job_id), final)
+    _end(pipe, job_id, final)
     _expire(pipe, job_id, spec)
     pipe.execute()
     reply(r, job_id, spec, final, errors, summary)
@@ -200,13 +200,21 @@ def fail(r: redis.Redis, job_id: str, error: str) -> dict:
     record_job(r, job_id, spec, Status.FAILED, None, error)
     pipe = r.pipeline(transaction=True)
     pipe.set(keys.error(job_id), error)
-    pipe.set(keys.status(job_id), Status.FAILED)
+    _end(pipe, job_id, Status.FAILED)
     if spec:
         _expire(pipe, job_id, spec)
     pipe.execute()
     if spec:
         reply(r, job_id, spec, Status.FAILED, [error], None)
     return {"job": job_id, "status": Status.FAILED}
+
+
+def _end(pipe, job_id: str, status: str) -> None:
+    """The final status, and the word to the clients blocked waiting for it (``keys.ended``)."""
+    pipe.set(keys.status(job_id), status)
+    pipe.delete(keys.ended(job_id))
+    pipe.rpush(keys.ended(job_id), status)
+    pipe.expire(keys.ended(job_id), 3600)  # until _expire's TTL, where the job's keys get one
 
 
 def _expire(pipe, job_id: str, spec: dict) -> None:

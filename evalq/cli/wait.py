@@ -83,7 +83,14 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
             else:
                 raise InfraError(f"job {job_id}: no progress for {stall_timeout:.0f} s "
                                  f"({done} items done); are workers consuming the job's queues?")
-        time.sleep(poll)
+        outage.call(_until_ended, r, job_id, poll)
+
+
+def _until_ended(r: redis.Redis, job_id: str, poll: float) -> None:
+    """Up to ``poll`` seconds, less when the job ends meanwhile: its final callback pushes the
+    status onto ``keys.ended``, which this moves onto itself (left there for other waiters)."""
+    ended = keys.ended(job_id)
+    r.blmove(ended, ended, poll, "RIGHT", "LEFT")
 
 
 def _look(r: redis.Redis, broker_url: str, job_id: str, spec: dict, timing) -> tuple[int, str, list[str]]:

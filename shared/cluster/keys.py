@@ -130,6 +130,12 @@ def status(job_id: str) -> str:
     return f"{job_prefix(job_id)}:status"
 
 
+def ended(job_id: str) -> str:
+    """A list that gets the job's final status as it is set: a waiting client blocks on it
+    (``BLMOVE`` onto itself, which leaves it for the next) instead of sleeping between looks."""
+    return f"{job_prefix(job_id)}:ended"
+
+
 def plan(job_id: str) -> str:
     return f"{job_prefix(job_id)}:plan"
 
@@ -261,7 +267,7 @@ def backlog(queue: str) -> str:
 
 def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
     """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage."""
-    keys = [spec(job_id), instances(job_id), shared_values(job_id), summary(job_id), status(job_id),
+    keys = [spec(job_id), instances(job_id), shared_values(job_id), summary(job_id), status(job_id), ended(job_id),
             job_tokens(job_id), job_cost(job_id), cost_held(job_cost(job_id)), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
             replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
             chunks_done(job_id, "generate"), chunks_done(job_id, "metrics"), parked(job_id),
