@@ -266,9 +266,11 @@ def _within_roots(uri: str, where: str, problems: Problems) -> bool:
     return problem is None
 
 
-def _s3_allowed(spec, where: str, problems: Problems) -> bool:
-    """An S3 dataset or output the operator's lists allow (checked again at every read and write)."""
-    problem = s3_problem(spec.uri, spec.endpoint_url, problems.s3) if spec.uri and is_s3(spec.uri) else None
+def _s3_allowed(spec, where: str, problems: Problems, uri: str | None = None) -> bool:
+    """An S3 dataset or output (or ``uri``, one place of it) the operator's lists allow (checked
+    again at every read and write)."""
+    uri = uri or spec.uri
+    problem = s3_problem(uri, spec.endpoint_url, problems.s3) if uri and is_s3(uri) else None
     if problem:
         problems.add(where, problem)
     return problem is None
@@ -315,9 +317,10 @@ def _load_instances(raw: dict, job: Job, problems: Problems) -> None:
         if dataset.format == "otlp":  # model calls, runs and conversations mixed: an entry that needs
             checker.required = {}     # what a span lacks records it not applicable there (evalq.workers.chunk)
         # a trace dataset's {a,b} alternatives each name a place of their own: each must lie inside
+        # the roots, and each S3 one among the tenant's places (as the uri itself must)
         places = expand_braces(dataset.uri) if dataset.format == "otlp" else [dataset.uri]
         allowed = all(_within_roots(uri, "dataset.uri", problems) for uri in places) and \
-            _s3_allowed(dataset, "dataset", problems)
+            all(_s3_allowed(dataset, "dataset", problems, uri) for uri in dict.fromkeys([dataset.uri, *places]))
         if not allowed or problems.items:  # a typo elsewhere is not worth reading a big file for
             return
         if dataset.format == "otlp":  # an application's traces (evalq.shared.data.traces)

@@ -375,3 +375,16 @@ def test_a_trace_or_conversation_over_the_span_bound_is_a_located_problem(export
     assert listed["conversation conv-1"].startswith("3 GenAI spans")
     monkeypatch.setenv("EVALQ_MAX_TRACE_SPANS", "0")  # no limit
     assert made["run"][1] in {inst["id"] for inst in load(folder).instances}
+
+
+def test_each_s3_alternative_is_held_to_the_tenants_places():
+    """A {a,b} in an S3 uri names places of their own: the uri as written may fit a tenant's place
+    (a wildcard bucket takes the brace) while one alternative lies outside it; each is checked, and
+    nothing is listed or read."""
+    from evalq.shared.policy.egress import S3Policy
+
+    places = S3Policy(None, ["eval-*/nightly/A/"])  # a tenant's part of the operator's prefixes
+    raw = {"dataset": {"uri": "s3://eval-{a/nightly/A/x,b/secret}/nightly/A/", "format": "otlp"},
+           "metrics": [{"id": "slow_len"}]}
+    with pytest.raises(JobError, match=r"s3://eval-b/secret/nightly/A/ is not a place this cluster may read"):
+        parse_job(raw, s3=places)
