@@ -13,6 +13,7 @@ import os
 import threading
 import time
 
+from evalq.shared.core.errors import JobError
 from evalq.shared.job.preload import ENV, parse
 
 log = logging.getLogger("evalq.worker")
@@ -26,7 +27,7 @@ def start(kinds: set[str], text: str | None = None) -> threading.Thread | None:
     text = os.environ.get(ENV, "") if text is None else text
     try:
         wanted = [(spec, params) for spec, params in parse(text) if spec.kind(params) in kinds]
-    except Exception as exc:  # noqa: BLE001 - `evalq worker` refuses a bad setting before Celery starts
+    except JobError as exc:  # `evalq worker` refuses a bad setting before Celery starts
         log.error("%s is not used: %s", ENV, exc)
         return None
     if not wanted:

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
 
@@ -231,23 +231,12 @@ def parse_metrics(raw: Any, problems: Problems) -> list[MetricRun]:
         if not isinstance(enable, bool):
             problems.add(where, f"'enable' must be true or false, got {json.dumps(enable)}")
             continue
-        try:
-            spec = REGISTRY.get(metric_id)
-        except UnknownMetric as exc:
-            problems.add(where, str(exc))
+        spec = entry_spec(where, metric_id, problems.add)
+        if spec is None:
             continue
-        params_raw = entry.get("parameters", {})
-        if params_raw is None:
-            params_raw = {}
-        if not isinstance(params_raw, dict):
-            problems.add(f"{where}.parameters", f"expected an object, got {kind(params_raw)}")
-            continue
-        try:
-            # a queue request's local paths (bertscore's model_type, baseline_path) must lie under its roots
-            params = spec.params.model_validate(params_raw, context={"roots": problems.roots})
-        except ValidationError as exc:
-            for message in param_errors(exc, spec):
-                problems.add(f"{where}.parameters", message)
+        # a queue request's local paths (bertscore's model_type, baseline_path) must lie under its roots
+        params = entry_params(where, spec, entry.get("parameters"), problems.add, problems.roots)
+        if params is None:
             continue
         name = entry.get("name")
         if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME):
@@ -272,6 +261,32 @@ def parse_metrics(raw: Any, problems: Problems) -> list[MetricRun]:
         computed[same] = i
         runs.append(MetricRun(key=f"{metric_id}@{i}", spec=spec, params=params, name=name, position=i))
     return runs
+
+
+def entry_spec(where: str, metric_id: str, add: Callable[[str, str], None]) -> MetricSpec | None:
+    """The metric an entry names, or None, said through ``add(where, message)``."""
+    try:
+        return REGISTRY.get(metric_id)
+    except UnknownMetric as exc:
+        add(where, str(exc))
+        return None
+
+
+def entry_params(where: str, spec: MetricSpec, raw: Any, add: Callable[[str, str], None],
+                 roots: list | None = None) -> Any | None:
+    """An entry's ``parameters`` validated, defaults filled in (``roots``: a queue request's, under
+    which its local paths must lie), or None, each problem said through ``add(where, message)``."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        add(f"{where}.parameters", f"expected an object, got {kind(raw)}")
+        return None
+    try:
+        return spec.params.model_validate(raw, context={"roots": roots})
+    except ValidationError as exc:
+        for message in param_errors(exc, spec):
+            add(f"{where}.parameters", message)
+        return None
 
 
 def param_errors(exc: ValidationError, spec: MetricSpec) -> list[str]:

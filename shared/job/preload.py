@@ -18,12 +18,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import ValidationError
-
 import evalq.shared.job.catalogue  # noqa: F401  (first: the metrics and the plugins, which may import the job's modules)
 from evalq.shared.core.errors import JobError, kind
-from evalq.shared.job.entries import MetricRun, param_errors
-from evalq.shared.metrics.registry import REGISTRY, MetricSpec, UnknownMetric
+from evalq.shared.job.entries import MetricRun, entry_params, entry_spec
+from evalq.shared.metrics.registry import REGISTRY, MetricSpec
 
 ENV = "EVALQ_PRELOAD"
 KEYS = {"id", "parameters"}
@@ -48,35 +46,29 @@ def parse(text: str) -> list[tuple[MetricSpec, Any]]:
     else:
         raw = [{"id": part.strip()} for part in text.split(",") if part.strip()]
     problems: list[str] = []
+
+    def add(where: str, message: str) -> None:
+        problems.append(f"{where}: {message}")
+
     out = []
     for i, entry in enumerate(raw):
         where = f"{ENV}[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            problems.append(f"{where}: expected {{\"id\": \"<metric>\", \"parameters\": {{...}}}}, "
-                            f"got {json.dumps(entry)[:80]}")
+            add(where, f"expected {{\"id\": \"<metric>\", \"parameters\": {{...}}}}, got {json.dumps(entry)[:80]}")
             continue
         if set(entry) - KEYS:
-            problems.append(f"{where}: unknown field(s) {', '.join(sorted(set(entry) - KEYS))} (allowed: id, parameters)")
+            add(where, f"unknown field(s) {', '.join(sorted(set(entry) - KEYS))} (allowed: id, parameters)")
             continue
-        try:
-            spec = REGISTRY.get(entry["id"])
-        except UnknownMetric as exc:
-            problems.append(f"{where}: {exc}")
+        spec = entry_spec(where, entry["id"], add)
+        if spec is None:
             continue
         if not spec.warm:
-            problems.append(f"{where}: {spec.id} loads no model, so there is nothing to preload "
-                            f"(metrics that can be preloaded: {', '.join(warmable())})")
+            add(where, f"{spec.id} loads no model, so there is nothing to preload "
+                       f"(metrics that can be preloaded: {', '.join(warmable())})")
             continue
-        params_raw = entry.get("parameters") or {}
-        if not isinstance(params_raw, dict):
-            problems.append(f"{where}.parameters: expected an object, got {kind(params_raw)}")
-            continue
-        try:
-            params = spec.params.model_validate(params_raw)
-        except ValidationError as exc:
-            problems.extend(f"{where}.parameters: {message}" for message in param_errors(exc, spec))
-            continue
-        out.append((spec, params))
+        params = entry_params(where, spec, entry.get("parameters"), add)
+        if params is not None:
+            out.append((spec, params))
     if problems:
         raise JobError(problems)
     return out

@@ -192,10 +192,9 @@ def messages(span: Span) -> tuple[list[dict], list[dict]]:
         inp, out = _indexed_messages(span, pin), _indexed_messages(span, pout)
         if inp or out:
             return inp, [{**m, "role": m.get("role") or "assistant"} for m in out]
-    for key in ("input.value",):  # OpenInference's plain values
-        if isinstance(span.get(key), str):
-            return [{"role": "user", "content": span.get(key)}], \
-                ([{"role": "assistant", "content": span.get("output.value")}] if isinstance(span.get("output.value"), str) else [])
+    if isinstance(span.get("input.value"), str):  # OpenInference's plain values
+        return [{"role": "user", "content": span.get("input.value")}], \
+            ([{"role": "assistant", "content": span.get("output.value")}] if isinstance(span.get("output.value"), str) else [])
     return [], []
 
 
@@ -218,6 +217,11 @@ def text_of(msg: dict | None) -> str | None:
     return content if isinstance(content, str) else None
 
 
+def _answer(out: list[dict]) -> str | None:
+    """The text of the last assistant message that has one."""
+    return next((text_of(m) for m in reversed(out) if m.get("role") == "assistant" and text_of(m)), None)
+
+
 def trace_fields(span: Span) -> dict:
     """What an instance keeps of its span: where its scores go back to (``trace_id``, ``span_id``)
     and what filters and reports name."""
@@ -235,7 +239,7 @@ def chat_instance(span: Span) -> dict | None:
     ``actual-output``, the conversation it was sent as ``messages``; None when the answer has no
     text (a turn that only called tools: its agent run is scored instead)."""
     inp, out = messages(span)
-    answer = next((text_of(m) for m in reversed(out) if m.get("role") == "assistant" and text_of(m)), None)
+    answer = _answer(out)
     if answer is None:
         return None
     question = next((text_of(m) for m in reversed(inp) if m.get("role") == "user" and text_of(m) is not None), None)
@@ -275,7 +279,7 @@ def run_instance(root: Span, chats: list[Span], tools: list[Span]) -> dict | Non
     defs = next((d for d in (tool_definitions(s) for s in sorted(chats, key=lambda s: -s.end)) if d), None)
     if defs:
         inst["tool_definitions"] = defs
-    answer = next((text_of(m) for m in reversed(out) if m.get("role") == "assistant" and text_of(m)), None)
+    answer = _answer(out)
     if answer is not None:
         inst["actual-output"] = answer
     question = next((text_of(m) for m in convo if m.get("role") == "user" and text_of(m) is not None), None)

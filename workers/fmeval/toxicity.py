@@ -42,6 +42,8 @@ class _Tokenizer:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        # its filters as a translation table, made once rather than for every text
+        self.table = str.maketrans({c: self.split for c in self.filters})
 
 
 class _OnlyTokenizer(pickle.Unpickler):
@@ -59,13 +61,10 @@ class _OnlyTokenizer(pickle.Unpickler):
 def _words(tokenizer: _Tokenizer, text: str) -> list[int]:
     """Keras' ``texts_to_sequences`` for one text: filters to spaces, lower-cased, split; words
     outside the vocabulary dropped; the last 100 kept."""
-    table = tokenizer.__dict__.get("_evalq_table")
-    if table is None:  # built once per tokenizer, not per text
-        table = tokenizer._evalq_table = str.maketrans({c: tokenizer.split for c in tokenizer.filters})
     if tokenizer.lower:
         text = text.lower()
     index, limit = tokenizer.word_index, tokenizer.num_words
-    ids = [i for i in map(index.get, filter(None, text.translate(table).split(tokenizer.split)))
+    ids = [i for i in map(index.get, filter(None, text.translate(tokenizer.table).split(tokenizer.split)))
            if i is not None and not (limit and i >= limit)]
     return ids[-MAXLEN:]
 
