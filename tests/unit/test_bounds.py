@@ -5,6 +5,7 @@ worker path is in tests/integration/test_item_bounds.py."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -168,18 +169,84 @@ def test_no_budget_outside_the_main_thread_nor_for_endpoint_or_batch_metrics(mon
 
     from evalq.workers.item_budget import bounded
 
+    def wrapped(spec):
+        with bounded(spec, spin) as fn:
+            return fn
+
     monkeypatch.setenv(bounds.ITEM_TIMEOUT_ENV, "0.3")
-    assert bounded(SPIN, spin) is not spin
+    assert wrapped(SPIN) is not spin
     for kind in ({"queue": "judge"}, {"queue": "generate"}, {"batch": True}):
         spec = MetricSpec(id="x", params=BleuParams, impl="m:f", description="test", **{"queue": "cpu", **kind})
-        assert bounded(spec, spin) is spin, kind
+        assert wrapped(spec) is spin, kind
     seen = []
-    thread = threading.Thread(target=lambda: seen.append(bounded(SPIN, spin)))
+    thread = threading.Thread(target=lambda: seen.append(wrapped(SPIN)))
     thread.start()
     thread.join()
     assert seen == [spin]  # a threads pool: judge timeouts bound the work, no signal can
     monkeypatch.setenv(bounds.ITEM_TIMEOUT_ENV, "0")
-    assert bounded(SPIN, spin) is spin
+    assert wrapped(SPIN) is spin
+
+
+def pause(instance: dict, params) -> str:
+    """A metric that takes its time on every item, busy (a signal must find it working)."""
+    if instance["actual-output"] == "hang":
+        while True:
+            pass
+    until = time.perf_counter() + float(instance["actual-output"])
+    while time.perf_counter() < until:
+        pass
+    return instance["actual-output"]
+
+
+PAUSE = MetricSpec(id="pause", params=BleuParams, impl=f"{__name__}:pause", queue="cpu", description="test")
+
+
+def test_the_budget_is_each_items_own_however_long_the_chunk(monkeypatch):
+    """One timer watches the whole chunk: the items before the runaway take four budgets together,
+    each under its own, and are scored (the timer fires during several of them); the runaway is
+    stopped one budget after its own start."""
+    monkeypatch.setenv(bounds.ITEM_TIMEOUT_ENV, "0.25")
+    items = [{"id": f"i{k}", "actual-output": "0.1"} for k in range(10)]
+    items += [{"id": "runaway", "actual-output": "hang"}, {"id": "last", "actual-output": "0.2"}]
+    starts = {}
+    real = pause
+
+    def timed(instance, params):
+        starts[instance["id"]] = time.perf_counter()
+        return real(instance, params)
+
+    monkeypatch.setattr(sys.modules[__name__], "pause", timed)
+    t0 = time.perf_counter()
+    records = score_items(PAUSE, BleuParams(), items)
+    ended = time.perf_counter()
+    assert [r.get("result") for r in records] == ["0.1"] * 10 + [None, "0.2"]
+    assert records[10]["error"].startswith("ItemTimeout: the item took longer than 0.25 s")
+    stopped_after = starts["last"] - starts["runaway"]
+    assert 0.25 <= stopped_after < 0.6, stopped_after  # its own budget, not what the chunk had left
+    assert ended - t0 < 3
+
+
+def own_alarm(instance: dict, params) -> str:
+    """A metric with a SIGALRM handler of its own, which it leaves installed."""
+    import signal
+
+    if instance["actual-output"] == "hang":
+        while True:
+            pass
+    signal.signal(signal.SIGALRM, lambda *_: None)
+    return instance["actual-output"]
+
+
+OWN_ALARM = MetricSpec(id="own", params=BleuParams, impl=f"{__name__}:own_alarm", queue="cpu", description="test")
+
+
+def test_an_item_that_installs_its_own_alarm_handler_does_not_unwatch_the_next(monkeypatch):
+    monkeypatch.setenv(bounds.ITEM_TIMEOUT_ENV, "0.3")
+    items = [{"id": "a", "actual-output": "x"}, {"id": "b", "actual-output": "hang"}]
+    t0 = time.perf_counter()
+    records = score_items(OWN_ALARM, BleuParams(), items)
+    assert time.perf_counter() - t0 < 5
+    assert records[0]["result"] == "x" and records[1]["error"].startswith("ItemTimeout")
 
 
 def test_the_timer_is_disarmed_and_the_handler_restored_after_each_item(monkeypatch):
