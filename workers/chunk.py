@@ -26,6 +26,7 @@ from evalq.shared.metrics.registry import MetricSpec
 from evalq.workers import keeping, prefetch
 from evalq.workers.item_budget import bounded
 from evalq.shared.cluster.spec import companions, variants_key
+from evalq.shared.core.jsonio import decode_many, encode
 from evalq.shared.core.memo import shared_reading
 from evalq.workers.context import ChunkContext
 
@@ -118,37 +119,37 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
     Records carry the instance's grade for ``human`` (``human.<key>``); a
     ``keeper`` gets each item's record as soon as the item is scored.
     """
-    fn = bounded(spec, spec.load())  # EVALQ_ITEM_TIMEOUT per item (evalq.workers.item_budget)
-    extra = ((prepared,) if spec.prepare else ()) + ((judge,) if spec.calls_endpoint else ())
     needs = spec.required(params)
     # read, not taken: the entries of a chunk scored together read the same instances
     outcomes: list = [inst.get(NOT_GENERATED) or _lacking(needs, inst) for inst in instances]
     ready = [i for i, outcome in enumerate(outcomes) if outcome is None]
     records: list[dict | None] = [None] * len(instances)
     waiting: set[str] = set()
-    if spec.batch:
-        try:
-            results = fn([instances[i] for i in ready], params, *extra) if ready else []
-        except Exception as exc:  # the whole batch failed: record it on each item
-            results = [exc] * len(ready)
-        for i, result in zip(ready, results):
-            outcomes[i] = result
-    else:
-        for i in ready:
-            if keeper is not None:
-                keeper.begin(i)
+    with bounded(spec, spec.load()) as fn:  # EVALQ_ITEM_TIMEOUT per item (evalq.workers.item_budget)
+        extra = ((prepared,) if spec.prepare else ()) + ((judge,) if spec.calls_endpoint else ())
+        if spec.batch:
             try:
-                outcomes[i] = fn(instances[i], params, *extra)
-            except (Deferred, *REDIS_BLIPS):
-                raise  # not the item's fault: the task re-schedules, or is retried
-            except Pending as exc:  # a call waits for a provider batch: the item is asked again later
-                waiting.update(exc.digests)
-                continue
-            except Exception as exc:
-                outcomes[i] = exc
-            if keeper is not None:
-                records[i] = _record(spec, instances[i], outcomes[i], human)
-                keeper.done(records[i])
+                results = fn([instances[i] for i in ready], params, *extra) if ready else []
+            except Exception as exc:  # the whole batch failed: record it on each item
+                results = [exc] * len(ready)
+            for i, result in zip(ready, results):
+                outcomes[i] = result
+        else:
+            for i in ready:
+                if keeper is not None:
+                    keeper.begin(i)
+                try:
+                    outcomes[i] = fn(instances[i], params, *extra)
+                except (Deferred, *REDIS_BLIPS):
+                    raise  # not the item's fault: the task re-schedules, or is retried
+                except Pending as exc:  # a call waits for a provider batch: the item is asked again later
+                    waiting.update(exc.digests)
+                    continue
+                except Exception as exc:
+                    outcomes[i] = exc
+                if keeper is not None:
+                    records[i] = _record(spec, instances[i], outcomes[i], human)
+                    keeper.done(records[i])
     if waiting:
         raise Parked(sorted(waiting))
     return [record if record is not None else _record(spec, inst, outcome, human)
@@ -345,7 +346,8 @@ def _instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:
         return []
     lo, hi = positions[0], positions[-1]
     raw = ctx.r.lrange(keys.instances(ctx.job_id), lo, hi)
-    return with_shared(ctx.r, ctx.job_id, [json.loads(raw[p - lo]) for p in positions])
+    picked = raw if len(raw) == len(positions) else [raw[p - lo] for p in positions]
+    return with_shared(ctx.r, ctx.job_id, decode_many(picked))
 
 
 def _with_generated(ctx: ChunkContext, positions: list[int], instances: list[dict]) -> None:
@@ -399,7 +401,7 @@ def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: flo
     if records:
         # HSET by instance position: a redelivered chunk overwrites, it never adds.
         pipe.hset(keys.results(job_id, metric_key),
-                  mapping={str(p): json.dumps(rec, ensure_ascii=False) for p, rec in records.items()})
+                  mapping={str(p): encode(rec) for p, rec in records.items()})
     if kept:  # the chunk's records are written: what was kept of its items goes
         pipe.hdel(keys.kept(job_id, metric_key), *(str(p) for p in kept))
     if part is not None:  # likewise by chunk

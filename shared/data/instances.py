@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from evalq.shared.data.dataset import DataConfig, DatasetSpec, RecordError, RecordMapper, detect_preset
 from evalq.shared.core.errors import JobError, kind as _kind
+from evalq.shared.core.jsonio import encode
 from evalq.shared.data.documents import read_document
 from evalq.shared.core.limits import Limits, OverLimit, loads
 from evalq.shared.data.storage import LineError, read_lines
@@ -102,7 +103,7 @@ class SpooledInstances:
         self.shared: dict[str, str] = {}
 
     def append(self, instance: dict) -> None:
-        self._file.write(json.dumps(share(instance, self.shared), ensure_ascii=False).encode("utf-8") + b"\n")
+        self._file.write(encode(share(instance, self.shared)).encode("utf-8") + b"\n")
         self._n += 1
 
     def __len__(self) -> int:
@@ -148,7 +149,7 @@ def json_lines(instances: Iterable[dict], shared: dict[str, str]) -> Iterator[st
     if isinstance(instances, SpooledInstances):
         shared.update(instances.shared)
         return instances.json_lines()
-    return (json.dumps(share(inst, shared), ensure_ascii=False) for inst in instances)
+    return (encode(share(inst, shared)) for inst in instances)
 
 
 @dataclass
