@@ -92,6 +92,7 @@ docs: $(DEV_STAMP)
 
 bench: $(DEV_STAMP)
 	$(BIN)/python bench/bench_cpu.py
+	$(BIN)/python bench/bench_fast_metrics.py
 	$(BIN)/python bench/bench_bertscore.py
 	$(BIN)/python bench/bench_submit.py
 	$(BIN)/python bench/bench_judge_costs.py
