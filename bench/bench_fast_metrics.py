@@ -20,6 +20,7 @@ sending the chunks) and the cluster's part (scoring and the final callback) are 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -103,19 +104,14 @@ def main() -> None:
     cores = os.cpu_count() or 1
     local: list[tuple[float, float]] = []
     runs: dict[int, list[tuple[float, float, float]]] = {1: [], cores: []}
-    with tempfile.TemporaryDirectory(prefix="evalq-bench-") as tmp:
-        clusters = {c: EmbeddedCluster(job.queues, concurrency=c) for c in runs}
-        try:
+    with tempfile.TemporaryDirectory(prefix="evalq-bench-") as tmp, contextlib.ExitStack() as stack:
+        clusters = {c: stack.enter_context(EmbeddedCluster(job.queues, concurrency=c)) for c in runs}
+        for c, cluster in clusters.items():
+            through_evalq(cluster, warm, Path(tmp) / f"warm{c}")  # workers started, metric imported
+        for i in range(args.repeat):
+            local.append(in_process(args.metric, instances))
             for c, cluster in clusters.items():
-                cluster.__enter__()
-                through_evalq(cluster, warm, Path(tmp) / f"warm{c}")  # workers started, metric imported
-            for i in range(args.repeat):
-                local.append(in_process(args.metric, instances))
-                for c, cluster in clusters.items():
-                    runs[c].append(through_evalq(cluster, job, Path(tmp) / f"out{c}-{i}"))
-        finally:
-            for cluster in clusters.values():
-                cluster.close()
+                runs[c].append(through_evalq(cluster, job, Path(tmp) / f"out{c}-{i}"))
 
     n = args.n
     print(f"machine: {cores} cores; N={n:,} instances x {args.metric}; {args.repeat} rounds, median and best; "

@@ -45,7 +45,7 @@ def share(instance: dict, shared: dict[str, str]) -> dict:
     for name in SHARED_FIELDS:
         value = instance.get(name)
         if isinstance(value, list) and value:
-            text = json.dumps(value, ensure_ascii=False)
+            text = encode(value)
             digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
             shared.setdefault(digest, text)
             out = {**out, name: {SHARED: digest}}
