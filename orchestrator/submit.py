@@ -48,6 +48,14 @@ def run_entry(m: MetricRun, chunk_size: int | None, items: int) -> dict:
 GROUPED_QUEUES = ("cpu", "gpu")
 
 
+def _group_key(entry: dict | None, m: MetricRun, n_instances: int) -> tuple | None:
+    """What an entry's chunks are scored together by (``group_entries``), or None: it is scored alone."""
+    if entry is None or entry.get("queue") not in GROUPED_QUEUES or entry.get("regions") \
+            or m.spec.calls_endpoint or m.spec.variants:
+        return None
+    return entry["queue"], entry["chunk_size"], entry.get("span", n_instances)
+
+
 def group_entries(metrics: dict[str, dict], runs: list[MetricRun], n_instances: int) -> None:
     """Mark the metric entries scored together (``evalq.shared.cluster.spec``): entries of the
     cpu or gpu queue that call no endpoint and read no variants, over the same instances in
@@ -58,15 +66,38 @@ def group_entries(metrics: dict[str, dict], runs: list[MetricRun], n_instances: 
         return
     leaders: dict[tuple, str] = {}
     for m in runs:
-        entry = metrics.get(m.key)
-        if entry is None or entry.get("queue") not in GROUPED_QUEUES or entry.get("regions") \
-                or m.spec.calls_endpoint or m.spec.variants:
+        group = _group_key(metrics.get(m.key), m, n_instances)
+        if group is None:
             continue
-        group = (entry["queue"], entry["chunk_size"], entry.get("span", n_instances))
         leader = leaders.setdefault(group, m.key)
         if leader != m.key:
             metrics[leader].setdefault("companions", []).append(m.key)
-            entry["led_by"] = leader
+            metrics[m.key]["led_by"] = leader
+
+
+def size_cheap(metrics: dict[str, dict], runs: list[MetricRun], n_instances: int, chunk_size: int | None) -> None:
+    """Give the entries of cheap metrics (the registry's ``item_us``: exact_match, f1_score) chunks
+    sized by their work (``sized_chunk``) rather than by their count alone, so that a task's fixed
+    cost stays small beside a metric of microseconds. Entries scored together (``group_entries``)
+    are sized by the sum of their costs, and only when every one of them has one: a group keeps one
+    chunk size, and one with bleu or rouge in it already has work enough per item. Not with a
+    ``chunk_size`` the job or the command gives."""
+    if chunk_size is not None:
+        return
+    together = Settings.from_env().group_entries
+    groups: dict[tuple, list[MetricRun]] = {}
+    for m in runs:
+        entry = metrics.get(m.key)
+        if entry is not None:
+            key = _group_key(entry, m, n_instances) if together else None
+            groups.setdefault(key or ("alone", m.key), []).append(m)
+    for members in groups.values():
+        costs = [None if m.spec.chunk_size or m.spec.device_chunk else m.spec.item_us for m in members]
+        if None in costs:
+            continue
+        span = metrics[members[0].key].get("span", n_instances)
+        for m in members:
+            metrics[m.key]["chunk_size"] = sized_chunk(span, sum(costs))
 
 
 def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None = None) -> Iterator[Chunk]:
@@ -84,6 +115,7 @@ def outline(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | Non
     spec = {"n_instances": len(job.instances),
             "metrics": {m.key: {**run_entry(m, chunk_size, job.span(m)), "span": job.span(m)}
                         for m in runs if not is_model_run(m.key)}}
+    size_cheap(spec["metrics"], runs, len(job.instances), chunk_size)
     group_entries(spec["metrics"], runs, len(job.instances))
     gen = [m for m in runs if m.key == GENERATE]
     if gen:
@@ -107,6 +139,7 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
         if prepare is not None:
             entry["prepared"] = prepare(job.instances, m.params)
         metrics[m.key] = entry
+    size_cheap(metrics, job.metrics, len(job.instances), chunk_size)
     group_entries(metrics, job.metrics, len(job.instances))
     used = {m.params.judge for m in job.metrics if m.judge is not None}
     spec = {"source": job.source, "n_instances": len(job.instances), "metrics": metrics,

@@ -15,7 +15,7 @@ WITH_TARGETS = ("actual-output", "expected-output")
 
 REGISTRY.register(MetricSpec(
     id="factual_knowledge", params=FactualKnowledgeParams, impl="evalq.workers.fmeval.text:factual_knowledge",
-    queue="cpu", bounds=UNIT, requires=WITH_TARGETS,
+    queue="cpu", item_us=28, bounds=UNIT, requires=WITH_TARGETS,
     description="fmeval FactualKnowledge: 1 if the output contains a target (any with OR, every one with AND), "
     "case-folded (factual_knowledge) and after normalisation (factual_knowledge_quasi_exact)."))
 

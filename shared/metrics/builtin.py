@@ -42,6 +42,7 @@ REGISTRY.register(MetricSpec(
     params=NoParams,
     impl="evalq.workers.metrics.lexical:f1_score",
     queue="cpu",
+    item_us=33,
     requires=("actual-output", "expected-output"),
     description="Shared-token precision, recall and F1 after SQuAD normalisation; best reference.",
 ))
@@ -52,6 +53,7 @@ REGISTRY.register(MetricSpec(
     params=NoParams,
     impl="evalq.workers.metrics.lexical:exact_match",
     queue="cpu",
+    item_us=13,
     requires=("actual-output", "expected-output"),
     description="1 if the answer equals a reference after SQuAD normalisation, else 0.",
 ))

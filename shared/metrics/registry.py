@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
@@ -23,6 +24,13 @@ Aggregation = Literal["mean", "distribution", "rating", "defect", "classificatio
 
 CHUNKS_PER_ENTRY = 100
 CHUNK_MIN, CHUNK_MAX = 250, 1000
+# A cheap metric's chunks (``MetricSpec.item_us``) hold about CHEAP_CHUNK_S of its work, so that a
+# task's fixed cost (its message and dispatch, the completion count, a few Redis round trips: about
+# 8 ms a task on the CI kind, measured; BENCHMARKS.md) stays small beside it: at most CHEAP_CHUNK_MAX
+# items, and never fewer than CHEAP_SPREAD tasks an entry, so that it still spreads over workers.
+CHEAP_CHUNK_S = 0.06
+CHEAP_CHUNK_MAX = 10_000
+CHEAP_SPREAD = 8
 
 
 def device_chunk(items: int, smallest: int, largest: int) -> int:
@@ -32,14 +40,22 @@ def device_chunk(items: int, smallest: int, largest: int) -> int:
     return max(smallest, min(largest, -(-eighth // smallest) * smallest))
 
 
-def sized_chunk(items: int) -> int:
+def sized_chunk(items: int, item_us: float | None = None) -> int:
     """Items per task for a metric without a fixed size (the lexical cpu metrics):
     about CHUNKS_PER_ENTRY tasks per entry, each of 250 to 1,000 items. Small jobs
     keep small chunks, which spread over every worker process; large ones pay the
     per-task costs (a message, fetching instances, writing records) on 4x fewer
     tasks (measured: a 50k-instance run of three lexical metrics scored 8% faster
-    with 1,000 than with 250 items per task; BENCHMARKS.md)."""
-    return min(CHUNK_MAX, max(CHUNK_MIN, -(-items // CHUNKS_PER_ENTRY)))
+    with 1,000 than with 250 items per task; BENCHMARKS.md).
+
+    ``item_us``: what an item costs, for metrics far cheaper than a task (exact_match's
+    13 us against about 8 ms a task): their chunks hold about CHEAP_CHUNK_S of work
+    instead, up to CHEAP_CHUNK_MAX items and while the entry keeps CHEAP_SPREAD tasks."""
+    size = min(CHUNK_MAX, max(CHUNK_MIN, -(-items // CHUNKS_PER_ENTRY)))
+    if item_us:
+        worth = min(CHEAP_CHUNK_MAX, math.ceil(CHEAP_CHUNK_S * 1e6 / item_us), -(-items // CHEAP_SPREAD))
+        size = max(size, worth)
+    return size
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,10 @@ class MetricSpec:
     batch: bool = False
     # default number of items one task carries; None: sized by the entry's items (sized_chunk)
     chunk_size: int | None = None
+    # about what one item costs on one core, in microseconds, for a metric far cheaper than a
+    # task's fixed cost (measured on the CI kind with bench/bench_fast_metrics.py's instances):
+    # its chunks are sized by their work (sized_chunk). None: not cheap.
+    item_us: float | None = None
     # a device metric's chunk sizes (smallest, largest): an eighth of the entry's items, a multiple of
     # the smallest, so that a chunk fills a GPU's batches and pays the per-chunk costs rarely, while
     # a large entry still spreads over several workers (overrides chunk_size)

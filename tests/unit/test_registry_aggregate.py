@@ -233,6 +233,46 @@ def test_cpu_chunks_are_sized_by_the_entry_and_fixed_sizes_stay():
     assert sizes(300, chunk_size=7) == {"bleu": 7, "bertscore": 7}  # --chunk-size wins
 
 
+def test_cheap_metrics_chunks_hold_work_enough_and_groups_keep_one_size(monkeypatch):
+    """exact_match costs about 13 us an item against about 8 ms a task: its chunks are sized by
+    their work; entries scored together are sized by their summed costs, and not at all when one
+    of them is not cheap; a job's chunk_size still wins."""
+    import math
+
+    from evalq.orchestrator.submit import job_spec, outline
+    from evalq.shared.job.schema import parse_job
+    from evalq.shared.metrics.registry import CHEAP_CHUNK_MAX, CHEAP_CHUNK_S, REGISTRY, sized_chunk
+
+    em, f1 = REGISTRY.get("exact_match").item_us, REGISTRY.get("f1_score").item_us
+    assert em and f1 and REGISTRY.get("bleu").item_us is None
+    by_work = math.ceil(CHEAP_CHUNK_S * 1e6 / em)
+    assert 1000 < by_work < CHEAP_CHUNK_MAX
+    assert sized_chunk(100_000, em) == by_work
+    assert sized_chunk(20_000, em) == 2500  # an eighth of the entry: it still spreads over workers
+    assert sized_chunk(1000, em) == sized_chunk(1000) == 250  # small entries as before
+    assert sized_chunk(10**7, 0.001) == CHEAP_CHUNK_MAX
+
+    def entries(n: int, ids: list[str], chunk_size: int | None = None) -> dict[str, dict]:
+        job = parse_job({"instances": [{"id": str(i), "actual-output": "a", "expected-output": ["a"]}
+                                       for i in range(n)], "metrics": [{"id": i} for i in ids]})
+        spec = job_spec(job, chunk_size)["metrics"]
+        assert {k: e["chunk_size"] for k, e in outline(job, chunk_size)["metrics"].items()} == \
+            {k: e["chunk_size"] for k, e in spec.items()}  # `evalq validate` shows the plan it will be
+        return {e["id"]: e for e in spec.values()}
+
+    alone = entries(100_000, ["exact_match"])
+    assert alone["exact_match"]["chunk_size"] == by_work
+    together = entries(100_000, ["exact_match", "f1_score"])
+    assert {e["chunk_size"] for e in together.values()} == {math.ceil(CHEAP_CHUNK_S * 1e6 / (em + f1))}
+    assert together["f1_score"]["led_by"] == "exact_match@0"  # still read once for both
+    with_bleu = entries(100_000, ["exact_match", "bleu"])
+    assert {e["chunk_size"] for e in with_bleu.values()} == {1000} and with_bleu["bleu"]["led_by"]
+    assert entries(100_000, ["exact_match"], chunk_size=300)["exact_match"]["chunk_size"] == 300
+    monkeypatch.setenv("EVALQ_GROUP_ENTRIES", "0")  # each entry on its own: each by its own cost
+    apart = entries(100_000, ["exact_match", "bleu"])
+    assert apart["exact_match"]["chunk_size"] == by_work and apart["bleu"]["chunk_size"] == 1000
+
+
 def _wilson_textbook(k: int, n: int) -> list[float]:
     """Wilson score interval from its formula (Wilson 1927), z from scipy."""
     from scipy.stats import norm
