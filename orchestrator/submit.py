@@ -102,7 +102,11 @@ def size_cheap(metrics: dict[str, dict], runs: list[MetricRun], n_instances: int
 
 def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None = None) -> Iterator[Chunk]:
     """The chunks of ``runs`` (by default the job's metrics), as the cluster will plan them."""
-    spec = outline(job, chunk_size, runs)
+    return chunks_of(outline(job, chunk_size, runs))
+
+
+def chunks_of(spec: dict) -> Iterator[Chunk]:
+    """The chunks of a job's ``outline`` (or of its spec), the generation stage's first."""
     if has_model_stage(spec):
         yield from plan_spec(spec, GENERATE_STAGE)
     yield from plan_spec(spec, METRICS_STAGE)

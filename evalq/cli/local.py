@@ -54,7 +54,7 @@ def validate(job_file: Path, offline: bool) -> None:
     from collections import Counter
 
     from evalq.cli.capacity import key_variables, render_keys
-    from evalq.orchestrator.submit import outline, plan
+    from evalq.orchestrator.submit import chunks_of, outline
     from evalq.cli.common import read_job
 
     job = read_job(job_file, keys_needed=not offline)
@@ -62,11 +62,12 @@ def validate(job_file: Path, offline: bool) -> None:
     repeated = {m.id for m in job.metrics if sum(o.id == m.id for o in job.metrics) > 1}
     metrics = ", ".join(f"{m.label} (metrics[{m.position}], {m.kind})" if m.id in repeated
                         else f"{m.label} ({m.kind})" for m in job.metrics)
-    per_queue = Counter(chunk.queue for chunk in plan(job, runs=job.runs))
+    spec = outline(job, runs=job.runs)
+    per_queue = Counter(chunk.queue for chunk in chunks_of(spec))
     tasks = ", ".join(f"{n} on {q}" for q, n in sorted(per_queue.items()))
     labels = {m.key: m.label for m in job.metrics}
     together = "".join(f"; scored together: {', '.join(labels[k] for k in [key, *entry['companions']])}"
-                       for key, entry in outline(job, runs=job.runs)["metrics"].items() if entry.get("companions"))
+                       for key, entry in spec["metrics"].items() if entry.get("companions"))
     click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}; tasks: {tasks}{together}")
     if offline:
         for line in render_keys(key_variables(job)):
