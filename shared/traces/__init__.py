@@ -4,5 +4,6 @@ attribute dialects (OpenTelemetry's GenAI conventions, OpenInference) made into 
 an item's result as GenAI evaluation events (``events``).
 Files and S3 are read by ``evalq.shared.data.traces``.
 
-May import: core, scores. (``tests/unit/test_layers.py`` holds it to this list.)
+May import: core, scores, agents. (``tests/unit/test_layers.py`` holds it to this list.) A span's
+chat message is read as an agent record's (``evalq.shared.agents.messages``).
 """

@@ -25,6 +25,7 @@ import json
 import re
 from typing import Any
 
+from evalq.shared.agents.messages import text_of as content_text
 from evalq.shared.traces.otlp import Span, SpanError
 
 CHAT_OPERATIONS = {"chat", "text_completion", "generate_content"}
@@ -213,8 +214,9 @@ def tool_definitions(span: Span) -> list | None:
 
 
 def text_of(msg: dict | None) -> str | None:
-    content = (msg or {}).get("content")
-    return content if isinstance(content, str) else None
+    """A chat message's text: its content when a string, else its text parts (OpenAI's content
+    parts, in which a call with an image, say, is sent and recorded), as agent records are read."""
+    return content_text((msg or {}).get("content"))
 
 
 def _answer(out: list[dict]) -> str | None:

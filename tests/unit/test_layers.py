@@ -38,7 +38,7 @@ SHARED_ALLOWED = {
     "metrics": {"core", "policy", "judging"},
     "cluster": {"core", "scores"},
     "agents": {"core", "judging", "metrics"},
-    "traces": {"core", "scores"},
+    "traces": {"core", "scores", "agents"},  # a span's chat messages read as an agent record's
     "data": {"core", "policy", "cluster", "agents", "traces"},
     "model": {"core", "judging", "metrics", "cluster", "data"},
     "fmeval": {"core", "policy", "judging", "scores", "metrics", "model"},

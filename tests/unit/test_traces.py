@@ -84,6 +84,31 @@ def test_openllmetry_indexed_prompt_and_completion():
     assert (inst["input"], inst["actual-output"], inst["otel"]["model"]) == ("hello", "hi there", "gpt-4")
 
 
+PARTS_IN = [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "What is on the sign?"},
+                                         {"type": "image_url", "image_url": {"url": "https://x/sign.png"}}]}]
+PARTS_OUT = [{"role": "assistant", "content": [{"type": "text", "text": "It says"}, {"type": "text", "text": "STOP"}]}]
+
+
+@pytest.mark.parametrize("form", ["semconv", "older events"])
+def test_messages_whose_content_is_openai_parts_give_their_text(form):
+    """A call sent with an image (OpenAI's content parts) is still a question and an answer: their
+    text parts, as an agent record's are read (evalq.shared.agents.messages), not a call without text."""
+    if form == "semconv":
+        raw = span([kv("gen_ai.operation.name", "chat"), kv("gen_ai.input.messages", json.dumps(PARTS_IN)),
+                    kv("gen_ai.output.messages", json.dumps(PARTS_OUT))])
+    else:
+        raw = span([kv("gen_ai.system", "openai")], events=[
+            {"name": "gen_ai.content.prompt", "timeUnixNano": "1700000000000000001",
+             "attributes": [kv("gen_ai.prompt", json.dumps(PARTS_IN))]},
+            {"name": "gen_ai.content.completion", "timeUnixNano": "1700000000000000002",
+             "attributes": [kv("gen_ai.completion", json.dumps(PARTS_OUT))]}])
+    (s,) = spans_of(request(raw), "f")
+    inst = genai.chat_instance(s)
+    assert (inst["input"], inst["actual-output"]) == ("What is on the sign?", "It says\nSTOP")
+    assert genai.messages(s) == (PARTS_IN, PARTS_OUT)  # the messages themselves as they were sent
+
+
 def test_unreadable_messages_are_a_located_problem():
     (s,) = spans_of(request(span([kv("gen_ai.operation.name", "chat"), kv("gen_ai.input.messages", "[{oops")])),
                     "f line 2")
