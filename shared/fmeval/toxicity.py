@@ -20,10 +20,12 @@ class ToxicityAggregator(MeanAggregator):
         super().add(record)
         result = record.get("result") if record.get("error") is None and record.get("skipped") is None else None
         if isinstance(result, dict):
-            over = [label for label, p in result.items() if isinstance(p, (int, float)) and p >= self.threshold]
-            for label in result:
-                self.defects[label] = self.defects.get(label, 0) + (label in over)
-            self.any += bool(over)
+            threshold, defects, hit = self.threshold, self.defects, False
+            for label, p in result.items():
+                over = isinstance(p, (int, float)) and p >= threshold
+                defects[label] = defects.get(label, 0) + over
+                hit = hit or over
+            self.any += hit
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), "defects": self.defects, "any": self.any}

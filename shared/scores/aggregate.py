@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from evalq.shared.scores.agreement import Agreement
 from evalq.shared.judging.judges import SEVERITY_BANDS, severity_label
-from evalq.shared.scores.results import ERROR, NOT_APPLICABLE, SCORED, SKIPPED, flag, number, outcome, severities
+from evalq.shared.scores.results import ERROR, NOT_APPLICABLE, SCORED, SKIPPED, Number, flag, number, outcome, severities
 
 
 def _counted(agg, record: dict[str, Any]) -> bool:
@@ -59,13 +59,18 @@ class MeanAggregator:
             items = value.items()
         else:
             items = (("", value),)
+        sums, sumsq, count, binary = self._sum, self._sumsq, self._count, self._binary
         for key, raw in items:
-            v = number(raw)  # a boolean is 0 or 1 (evalq.shared.scores.results)
-            if v is not None:
-                self._sum[key] = self._sum.get(key, 0.0) + v
-                self._sumsq[key] = self._sumsq.get(key, 0.0) + v * v
-                self._count[key] = self._count.get(key, 0) + 1
-                self._binary[key] = self._binary.get(key, 0) + (v in (0, 1))
+            if not isinstance(raw, Number):  # a boolean is 0 or 1 (evalq.shared.scores.results.number)
+                continue
+            v = float(raw)
+            if key in sums:  # the four are kept together (here and in merge)
+                sums[key] += v
+                sumsq[key] += v * v
+                count[key] += 1
+                binary[key] += v in (0, 1)
+            else:
+                sums[key], sumsq[key], count[key], binary[key] = 0.0 + v, 0.0 + v * v, 1, int(v in (0, 1))
 
     def state(self) -> dict[str, Any]:
         return {"n": self.n, "n_errors": self.n_errors, "n_skipped": self.n_skipped,
