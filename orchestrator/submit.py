@@ -16,14 +16,14 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import Settings
 from evalq.shared.core.errors import InfraError, JobError
-from evalq.shared.data.instances import json_lines
+from evalq.shared.data.instances import json_lines, stored_bytes
 from evalq.shared.job.schema import Job, MetricRun
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.metrics.registry import device_chunk, sized_chunk
@@ -75,15 +75,16 @@ def group_entries(metrics: dict[str, dict], runs: list[MetricRun], n_instances: 
             metrics[m.key]["led_by"] = leader
 
 
-def size_cheap(metrics: dict[str, dict], runs: list[MetricRun], n_instances: int, chunk_size: int | None) -> None:
+def size_cheap(metrics: dict[str, dict], runs: list[MetricRun], instances: Any, chunk_size: int | None) -> None:
     """Give the entries of cheap metrics (the registry's ``item_us``: exact_match, f1_score) chunks
     sized by their work (``sized_chunk``) rather than by their count alone, so that a task's fixed
     cost stays small beside a metric of microseconds. Entries scored together (``group_entries``)
     are sized by the sum of their costs, and only when every one of them has one: a group keeps one
     chunk size, and one with bleu or rouge in it already has work enough per item. Not with a
-    ``chunk_size`` the job or the command gives."""
+    ``chunk_size`` the job or the command gives. Within CHEAP_CHUNK_BYTES of ``instances``."""
     if chunk_size is not None:
         return
+    n_instances, item_bytes = len(instances), None
     together = Settings.from_env().group_entries
     groups: dict[tuple, list[MetricRun]] = {}
     for m in runs:
@@ -95,9 +96,11 @@ def size_cheap(metrics: dict[str, dict], runs: list[MetricRun], n_instances: int
         costs = [None if m.spec.chunk_size or m.spec.device_chunk else m.spec.item_us for m in members]
         if None in costs:
             continue
+        if item_bytes is None:
+            item_bytes = stored_bytes(instances)
         span = metrics[members[0].key].get("span", n_instances)
         for m in members:
-            metrics[m.key]["chunk_size"] = sized_chunk(span, sum(costs))
+            metrics[m.key]["chunk_size"] = sized_chunk(span, sum(costs), item_bytes)
 
 
 def plan(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | None = None) -> Iterator[Chunk]:
@@ -119,7 +122,7 @@ def outline(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | Non
     spec = {"n_instances": len(job.instances),
             "metrics": {m.key: {**run_entry(m, chunk_size, job.span(m)), "span": job.span(m)}
                         for m in runs if not is_model_run(m.key)}}
-    size_cheap(spec["metrics"], runs, len(job.instances), chunk_size)
+    size_cheap(spec["metrics"], runs, job.instances, chunk_size)
     group_entries(spec["metrics"], runs, len(job.instances))
     gen = [m for m in runs if m.key == GENERATE]
     if gen:
@@ -143,7 +146,7 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
         if prepare is not None:
             entry["prepared"] = prepare(job.instances, m.params)
         metrics[m.key] = entry
-    size_cheap(metrics, job.metrics, len(job.instances), chunk_size)
+    size_cheap(metrics, job.metrics, job.instances, chunk_size)
     group_entries(metrics, job.metrics, len(job.instances))
     used = {m.params.judge for m in job.metrics if m.judge is not None}
     spec = {"source": job.source, "n_instances": len(job.instances), "metrics": metrics,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from array import array
@@ -109,6 +110,11 @@ class SpooledInstances:
     def __len__(self) -> int:
         return self._n
 
+    def size(self) -> int:
+        """Bytes of the spool: the instances in their stored form, a line each."""
+        self._file.flush()
+        return os.fstat(self._file.fileno()).st_size
+
     def extend_from(self, path: str, n: int, shared: dict[str, str]) -> None:
         """Append ``n`` instances already in their stored form, one per line of ``path``."""
         with open(path, "rb") as part:
@@ -141,6 +147,15 @@ def context_passages(instance: dict) -> list[str]:
 def context_text(instance: dict) -> str:
     """The passages as one text, blank lines between them."""
     return "\n\n".join(context_passages(instance))
+
+
+def stored_bytes(instances: Iterable[dict], sample: int = 256) -> float:
+    """About how many bytes an instance takes stored (JSON, shared fields as references): a spool's
+    average, or that of the first ``sample`` inline instances."""
+    if isinstance(instances, SpooledInstances):
+        return instances.size() / max(1, len(instances))
+    lines = [len(line.encode("utf-8")) + 1 for line, _ in zip(json_lines(instances, {}), range(sample))]
+    return sum(lines) / len(lines) if lines else 0.0
 
 
 def json_lines(instances: Iterable[dict], shared: dict[str, str]) -> Iterator[str]:

@@ -27,10 +27,13 @@ CHUNK_MIN, CHUNK_MAX = 250, 1000
 # A cheap metric's chunks (``MetricSpec.item_us``) hold about CHEAP_CHUNK_S of its work, so that a
 # task's fixed cost (its message and dispatch, the completion count, a few Redis round trips: about
 # 8 ms a task on the CI kind, measured; BENCHMARKS.md) stays small beside it: at most CHEAP_CHUNK_MAX
-# items, and never fewer than CHEAP_SPREAD tasks an entry, so that it still spreads over workers.
+# items, and never fewer than CHEAP_SPREAD tasks an entry, so that it still spreads over workers;
+# nor more than CHEAP_CHUNK_BYTES of stored instances, so that a worker holds no more of long texts
+# than a 1,000-item chunk of short ones.
 CHEAP_CHUNK_S = 0.06
 CHEAP_CHUNK_MAX = 10_000
 CHEAP_SPREAD = 8
+CHEAP_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 def device_chunk(items: int, smallest: int, largest: int) -> int:
@@ -40,7 +43,7 @@ def device_chunk(items: int, smallest: int, largest: int) -> int:
     return max(smallest, min(largest, -(-eighth // smallest) * smallest))
 
 
-def sized_chunk(items: int, item_us: float | None = None) -> int:
+def sized_chunk(items: int, item_us: float | None = None, item_bytes: float | None = None) -> int:
     """Items per task for a metric without a fixed size (the lexical cpu metrics):
     about CHUNKS_PER_ENTRY tasks per entry, each of 250 to 1,000 items. Small jobs
     keep small chunks, which spread over every worker process; large ones pay the
@@ -50,10 +53,13 @@ def sized_chunk(items: int, item_us: float | None = None) -> int:
 
     ``item_us``: what an item costs, for metrics far cheaper than a task (exact_match's
     13 us against about 8 ms a task): their chunks hold about CHEAP_CHUNK_S of work
-    instead, up to CHEAP_CHUNK_MAX items and while the entry keeps CHEAP_SPREAD tasks."""
+    instead, up to CHEAP_CHUNK_MAX items, while the entry keeps CHEAP_SPREAD tasks, and
+    within CHEAP_CHUNK_BYTES of instances (``item_bytes``: an instance's stored size)."""
     size = min(CHUNK_MAX, max(CHUNK_MIN, -(-items // CHUNKS_PER_ENTRY)))
     if item_us:
         worth = min(CHEAP_CHUNK_MAX, math.ceil(CHEAP_CHUNK_S * 1e6 / item_us), -(-items // CHEAP_SPREAD))
+        if item_bytes:
+            worth = min(worth, int(CHEAP_CHUNK_BYTES // item_bytes))
         size = max(size, worth)
     return size
 

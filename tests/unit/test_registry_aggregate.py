@@ -241,7 +241,7 @@ def test_cheap_metrics_chunks_hold_work_enough_and_groups_keep_one_size(monkeypa
 
     from evalq.orchestrator.submit import job_spec, outline
     from evalq.shared.job.schema import parse_job
-    from evalq.shared.metrics.registry import CHEAP_CHUNK_MAX, CHEAP_CHUNK_S, REGISTRY, sized_chunk
+    from evalq.shared.metrics.registry import CHEAP_CHUNK_BYTES, CHEAP_CHUNK_MAX, CHEAP_CHUNK_S, REGISTRY, sized_chunk
 
     em, f1 = REGISTRY.get("exact_match").item_us, REGISTRY.get("f1_score").item_us
     assert em and f1 and REGISTRY.get("bleu").item_us is None
@@ -268,6 +268,13 @@ def test_cheap_metrics_chunks_hold_work_enough_and_groups_keep_one_size(monkeypa
     with_bleu = entries(100_000, ["exact_match", "bleu"])
     assert {e["chunk_size"] for e in with_bleu.values()} == {1000} and with_bleu["bleu"]["led_by"]
     assert entries(100_000, ["exact_match"], chunk_size=300)["exact_match"]["chunk_size"] == 300
+    # long texts: no more of them in a chunk than CHEAP_CHUNK_BYTES (nor fewer than a 1,000-item chunk)
+    assert sized_chunk(100_000, em, 2048) == CHEAP_CHUNK_BYTES // 2048 < by_work
+    assert sized_chunk(100_000, em, CHEAP_CHUNK_BYTES // 10) == 1000
+    job = parse_job({"instances": [{"id": str(i), "actual-output": "a" * 3000, "expected-output": ["b"]}
+                                   for i in range(100_000)], "metrics": [{"id": "exact_match"}]})
+    size = job_spec(job)["metrics"]["exact_match@0"]["chunk_size"]  # instances of ~3,050 bytes stored
+    assert 1000 < size < by_work and size * 3000 <= CHEAP_CHUNK_BYTES < (size + 1) * 3100
     monkeypatch.setenv("EVALQ_GROUP_ENTRIES", "0")  # each entry on its own: each by its own cost
     apart = entries(100_000, ["exact_match", "bleu"])
     assert apart["exact_match"]["chunk_size"] == by_work and apart["bleu"]["chunk_size"] == 1000
