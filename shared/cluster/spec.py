@@ -62,8 +62,7 @@ def has_model_stage(spec: dict) -> bool:
 
 @lru_cache(maxsize=64)
 def stored_spec(r, job_id: str) -> dict:
-    """The job's spec, read from Redis on each call (a spec never changes once submitted, so a
-    caller may keep what it read: a worker keeps each entry's ``ChunkContext``)."""
+    """The job's spec from Redis, cached per process (a spec never changes once submitted)."""
     raw = r.get(keys.spec(job_id))
     if raw is None:
         raise LookupError(f"job {job_id} has no spec in Redis (expired or never submitted)")
