@@ -133,15 +133,21 @@ def _indexed_messages(span: Span, prefix: str) -> list[dict]:
         rest = m.group(3).removeprefix("message.")
         msg = found.setdefault(int(m.group(2)), {})
         call = re.match(r"^tool_calls\.(\d+)\.(?:tool_call\.)?(.+)$", rest)
+        part = re.match(r"^contents\.(\d+)\.message_content\.(.+)$", rest)
         if call:
             calls = msg.setdefault("_calls", {})
             one = calls.setdefault(int(call.group(1)), {})
             one[call.group(2).removeprefix("function.")] = value
+        elif part:  # OpenInference's content of several parts (a question sent with an image)
+            msg.setdefault("_contents", {}).setdefault(int(part.group(1)), {})[part.group(2)] = value
         elif rest in ("role", "content", "tool_call_id"):
             msg[rest] = value
     out = []
     for _, msg in sorted(found.items()):
-        message = {"role": msg.get("role") or "user", "content": msg.get("content")}
+        content = msg.get("content")
+        if content is None and msg.get("_contents"):
+            content = [_content_part(c) for _, c in sorted(msg["_contents"].items())]
+        message = {"role": msg.get("role") or "user", "content": content}
         if msg.get("tool_call_id") is not None:
             message["tool_call_id"] = msg["tool_call_id"]
         if msg.get("_calls"):
@@ -150,6 +156,16 @@ def _indexed_messages(span: Span, prefix: str) -> list[dict]:
                 for _, c in sorted(msg["_calls"].items())]
         out.append(message)
     return out
+
+
+def _content_part(c: dict) -> dict:
+    """An OpenInference ``message_content`` as OpenAI's content part: text, an image by its url, or
+    another kind as it was recorded."""
+    if c.get("type") == "text":
+        return {"type": "text", "text": c.get("text")}
+    if c.get("type") == "image" and "image.image.url" in c:
+        return {"type": "image_url", "image_url": {"url": c["image.image.url"]}}
+    return dict(c)
 
 
 def _older_events(span: Span, where: str) -> tuple[list[dict], list[dict]]:

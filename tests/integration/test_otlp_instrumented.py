@@ -7,6 +7,7 @@ sent, its answer what the app received, its ids the span's."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -31,8 +32,9 @@ def server():
         yield sim
 
 
-def app(server, path, instrumentor, service):
-    """The instrumented application: three questions, the answers it got back (and their ids)."""
+def app(server, path, instrumentor, service, content=lambda q: q):
+    """The instrumented application: three questions, the answers it got back (and their ids);
+    ``content`` makes a question's message content (a string, or OpenAI's content parts)."""
     tp = provider(path, service)
     instrumentor.instrument(tracer_provider=tp)
     try:
@@ -41,7 +43,7 @@ def app(server, path, instrumentor, service):
         for q in QUESTIONS:
             reply = client.chat.completions.create(model="judge-sim", max_tokens=60,
                                                    messages=[{"role": "system", "content": "You help shoppers."},
-                                                             {"role": "user", "content": q}])
+                                                             {"role": "user", "content": content(q)}])
             got.append((q, reply.choices[0].message.content, reply.id))
     finally:
         instrumentor.uninstrument()
@@ -78,3 +80,22 @@ def test_openinferences_openai_instrumentation(server, tmp_path):
     got = app(server, tmp_path / "traces" / "app.jsonl", OpenAIInstrumentor(), "shop-oi")
     by_input = check(tmp_path, got)
     assert {inst["otel"]["model"] for inst in by_input.values()} == {"judge-sim"}
+
+
+def test_openinferences_spans_of_a_question_sent_with_an_image(server, tmp_path):
+    """OpenInference records a message of several content parts as ``message.contents.<j>.message_content``
+    (a text part, an image part): the question is its text part, the conversation keeps both parts."""
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+
+    photo = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    (tmp_path / "traces").mkdir()
+    got = app(server, tmp_path / "traces" / "app.jsonl", OpenAIInstrumentor(), "shop-oi",
+              content=lambda q: [{"type": "text", "text": q}, photo])
+    check(tmp_path, got)  # every question read from its text part, with its answer
+    from evalq.shared.traces import genai
+    from evalq.shared.traces.otlp import spans_of
+
+    lines = (tmp_path / "traces" / "app.jsonl").read_text().splitlines()
+    spans = [s for n, line in enumerate(lines, 1) for s in spans_of(json.loads(line), f"app.jsonl line {n}")]
+    sent = [m for s in spans for m in genai.messages(s)[0] if m["role"] == "user"]
+    assert sent == [{"role": "user", "content": [{"type": "text", "text": q}, photo]} for q in QUESTIONS]
