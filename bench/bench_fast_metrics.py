@@ -113,9 +113,12 @@ def main() -> None:
             for c, cluster in clusters.items():
                 runs[c].append(through_evalq(cluster, job, Path(tmp) / f"out{c}-{i}"))
 
+    from evalq.orchestrator.submit import chunks_of, outline
+
     n = args.n
+    tasks = list(chunks_of(outline(job)))  # as the cluster plans them
     print(f"machine: {cores} cores; N={n:,} instances x {args.metric}; {args.repeat} rounds, median and best; "
-          "history off")
+          f"history off; {len(tasks)} tasks of up to {max(c.stop - c.start for c in tasks):,} items")
     walls_local = [w for w, _ in local]
     metric, best_metric = statistics.median(walls_local), min(walls_local)
     metric_cpu = statistics.median(c for _, c in local)
