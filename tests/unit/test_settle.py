@@ -1,0 +1,28 @@
+"""What a worker keeps for its life leaves the cyclic collector's reach (``evalq.workers.chunk.settle``):
+the metric's modules as it is first imported, and what its first chunk loaded (a model) as its second
+chunk starts; nothing later is frozen, so a chunk's own objects stay collectable."""
+
+from __future__ import annotations
+
+import gc
+from types import SimpleNamespace
+
+from evalq.workers import chunk
+
+
+def test_what_the_first_chunk_loaded_is_frozen_as_the_second_starts(monkeypatch):
+    monkeypatch.setattr(chunk, "_SETTLED", {})
+    spec = SimpleNamespace(impl="tests:a_model_metric", load=lambda: None)
+    try:
+        chunk.settle(spec)  # the first chunk: the metric imported
+        first = gc.get_freeze_count()
+        model = [[n] for n in range(20_000)]  # what the first chunk loads: 20,001 tracked objects
+        assert gc.get_freeze_count() == first
+        chunk.settle(spec)  # the second chunk: the model joins what is frozen
+        assert gc.get_freeze_count() >= first + len(model)
+        second = gc.get_freeze_count()
+        later = [[n] for n in range(1000)]  # a later chunk's objects: left to the collector
+        chunk.settle(spec)
+        assert gc.get_freeze_count() == second and later
+    finally:
+        gc.unfreeze()  # this test process's objects back under the collector
