@@ -411,8 +411,8 @@ def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: flo
     if part is not None:  # likewise by chunk
         pipe.hset(keys.parts(job_id, metric_key), str(start), json.dumps(part))
     if view is not None:
-        pipe.hset(keys.views(job_id, metric_key), str(start), json.dumps(view, ensure_ascii=False))
+        pipe.hset(keys.views(job_id, metric_key), str(start), encode(view))
     if values is not None:
-        pipe.hset(keys.values(job_id, metric_key), str(start), json.dumps(values, ensure_ascii=False))
+        pipe.hset(keys.values(job_id, metric_key), str(start), encode(values))
     pipe.hincrbyfloat(keys.timings(job_id, metric_key), str(start), elapsed)
     pipe.execute()

@@ -5,7 +5,8 @@ watched by a real-time timer (``setitimer``, one per chunk: ``_Watch``); when an
 item's budget is spent, the signal handler raises ``ItemTimeout`` in the item's
 code, which ``score_items`` records as that item's error, and the chunk goes on
 with the next item. Signals are delivered to the main thread only, which is where
-the prefork pool's children (cpu) and the solo pool (gpu) run tasks. Elsewhere the budget is not set:
+the prefork pool's children (cpu) and the solo pool (gpu) run tasks. Elsewhere the
+budget is not set:
 
 - in a thread that is not the main one (a threads pool: judge and generate
   workers), where no signal can interrupt it;
@@ -64,10 +65,9 @@ class _Watch:
     left (or for the whole budget). So an item costs a clock read and a look at the installed
     handler rather than two ``setitimer`` calls and ``signal.getsignal`` (together 5 us: a third of
     a fast metric's time, measured), and a runaway item is still stopped when its own budget is
-    spent. An item that installed a SIGALRM
-    handler of its own finds ours back, armed, at the next item; one that cancels the process's
-    real-time timer and leaves our handler in place (``signal.alarm(0)``) leaves the rest of its
-    chunk unwatched (docs: known limits)."""
+    spent. An item that installed a SIGALRM handler of its own finds ours back, armed, at the next
+    item; one that cancels the process's real-time timer and leaves our handler in place
+    (``signal.alarm(0)``) leaves the rest of its chunk unwatched (docs: known limits)."""
 
     def __init__(self, seconds: float, message: str):
         self.seconds, self.message = seconds, message

@@ -87,14 +87,14 @@ def test_openinferences_spans_of_a_question_sent_with_an_image(server, tmp_path)
     (a text part, an image part): the question is its text part, the conversation keeps both parts."""
     from openinference.instrumentation.openai import OpenAIInstrumentor
 
+    from evalq.shared.traces import genai
+    from evalq.shared.traces.otlp import spans_of
+
     photo = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     (tmp_path / "traces").mkdir()
     got = app(server, tmp_path / "traces" / "app.jsonl", OpenAIInstrumentor(), "shop-oi",
               content=lambda q: [{"type": "text", "text": q}, photo])
     check(tmp_path, got)  # every question read from its text part, with its answer
-    from evalq.shared.traces import genai
-    from evalq.shared.traces.otlp import spans_of
-
     lines = (tmp_path / "traces" / "app.jsonl").read_text().splitlines()
     spans = [s for n, line in enumerate(lines, 1) for s in spans_of(json.loads(line), f"app.jsonl line {n}")]
     sent = [m for s in spans for m in genai.messages(s)[0] if m["role"] == "user"]
