@@ -124,6 +124,20 @@ def test_prepare_is_json_and_none_without_idf():
     assert json.loads(json.dumps(prepared)) == prepared
 
 
+@pytest.mark.parametrize("use_fast", [False, True])
+def test_idf_weights_are_bert_scores(use_fast):
+    """bert-score's ``get_idf_dict`` computed directly on the same references, an empty one and
+    one longer than the model's limit among them: the same tokens, the same weights."""
+    from bert_score.utils import get_idf_dict
+
+    instances = INSTANCES + [{"id": "x", "actual-output": "a",
+                              "expected-output": ["", "   ", "word " * 700, "Some text.", "some text"]}]
+    prepared = REGISTRY.get("bertscore").load_prepare()(instances, BertScoreParams(idf=True, use_fast_tokenizer=use_fast))
+    expected = get_idf_dict(all_refs(instances), bs.load_tokenizer(MODEL_DIR, use_fast), nthreads=0)
+    assert prepared["num_docs"] == len(all_refs(instances))
+    assert {int(k): v for k, v in prepared["idf"].items()} == dict(expected)
+
+
 @pytest.mark.parametrize("empty", ["", "   "])
 def test_empty_candidate_scores_zero_and_leaves_the_others_alone(reference_scorer, empty):
     instances = [INSTANCES[0], {"id": "e", "actual-output": empty, "expected-output": ["Some text.", "x"]},

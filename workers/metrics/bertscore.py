@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import threading
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -93,9 +93,9 @@ def load_tokenizer(path: str, use_fast: bool) -> Any:
     with _lock:
         key = (path, use_fast)
         if key not in _tokenizers:
-            from bert_score.utils import get_tokenizer
+            from transformers import AutoTokenizer  # as bert_score's get_tokenizer, for a local directory
 
-            _tokenizers[key] = _fix_tokenizer(get_tokenizer(path, use_fast), path)
+            _tokenizers[key] = _fix_tokenizer(AutoTokenizer.from_pretrained(path, use_fast=use_fast), path)
         return _tokenizers[key]
 
 
@@ -108,7 +108,6 @@ def load_model(path: str, num_layers: int, all_layers: bool, use_fast: bool, dev
             return _models[key]
         import time
 
-        from bert_score.utils import get_model
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
@@ -125,6 +124,65 @@ def load_model(path: str, num_layers: int, all_layers: bool, use_fast: bool, dev
             _models.popitem(last=False)
             _free_device_memory()
         return _models[key]
+
+
+def get_model(path: str, num_layers: int, all_layers: bool) -> Any:
+    """``bert_score.utils.get_model`` for a local directory (evalq never loads models by hub
+    name): the model in eval mode, an encoder-decoder's encoder, and, unless ``all_layers``, only
+    its first ``num_layers`` layers, cut where bert_score cuts each family. Here rather than
+    imported: importing ``bert_score`` imports matplotlib and pandas, which the engine never uses
+    (a cold ``evalq run`` of a small job: 0.7 s faster without them, the worker 85 MiB smaller).
+    tests/unit/test_bertscore_model.py holds it equal to bert_score's on every family."""
+    import torch
+    from transformers import AutoModel
+
+    if "t5" in path:  # bert_score's test, on the name it is given
+        from transformers import T5EncoderModel
+
+        model = T5EncoderModel.from_pretrained(path)
+    else:
+        model = AutoModel.from_pretrained(path)
+    model.eval()
+    if hasattr(model, "decoder") and hasattr(model, "encoder"):
+        model = model.encoder
+    if all_layers:  # every layer's states, flagged where bert_score flags them
+        if hasattr(model, "output_hidden_states"):
+            model.output_hidden_states = True
+        elif hasattr(model, "encoder"):
+            model.encoder.output_hidden_states = True
+        elif hasattr(model, "transformer"):
+            model.transformer.output_hidden_states = True
+        return model
+
+    def cut(owner, name: str) -> None:
+        layers = getattr(owner, name)
+        if not 0 <= num_layers <= len(layers):
+            raise ValueError(f"num_layers {num_layers} is out of range: the model has {len(layers)} layers")
+        setattr(owner, name, torch.nn.ModuleList(list(layers[:num_layers])))
+
+    if hasattr(model, "n_layers"):  # xlm
+        if not 0 <= num_layers <= model.n_layers:
+            raise ValueError(f"num_layers {num_layers} is out of range: the model has {model.n_layers} layers")
+        model.n_layers = num_layers
+    elif hasattr(model, "layer"):  # xlnet
+        cut(model, "layer")
+    elif hasattr(model, "encoder"):
+        if hasattr(model.encoder, "albert_layer_groups"):
+            if not 0 <= num_layers <= model.encoder.config.num_hidden_layers:
+                raise ValueError(f"num_layers {num_layers} is out of range: the model has "
+                                 f"{model.encoder.config.num_hidden_layers} layers")
+            model.encoder.config.num_hidden_layers = num_layers
+        elif hasattr(model.encoder, "block"):  # t5
+            cut(model.encoder, "block")
+        else:  # bert, roberta
+            cut(model.encoder, "layer")
+    elif hasattr(model, "transformer"):  # distilbert
+        cut(model.transformer, "layer")
+    elif hasattr(model, "layers"):  # bart's encoder
+        cut(model, "layers")
+    else:
+        raise ValueError(f"bert_score does not know where to cut {type(model).__name__}'s layers")
+    return model
 
 
 def _free_device_memory() -> None:
@@ -151,20 +209,27 @@ def prepare(instances: list[dict], params) -> dict | None:
 
     With ``idf`` it returns bert-score's idf weights (``get_idf_dict``) over
     every reference of every instance, as JSON: each task then weighs tokens as
-    bert-score does when it scores the whole dataset at once.
+    bert-score does when it scores the whole dataset at once. Its definition, computed
+    here: ``log((N + 1) / (n + 1))`` for a token in n of the N references, each reference
+    tokenized as bert_score's ``sent_encode`` does (the engine's ``encode``: one call for
+    them all, on one core, where bert_score tokenizes one sentence at a time).
     """
     if not params.idf:
         return None
-    from bert_score.utils import get_idf_dict
+    from evalq.workers.metrics.bertscore_engine import encode
 
     resolved = resolve(params)
     tokenizer = load_tokenizer(resolved.path, params.use_fast_tokenizer)
     references = [ref for inst in instances for ref in inst["expected-output"]]
-    # Never a process pool here: the orchestrator has threads (progress, Redis,
-    # Celery), and forking a Pool from a threaded process can deadlock the
-    # children (it hung the test suite). The Rust tokenizer is fast in-process.
-    idf = get_idf_dict(references, tokenizer, nthreads=0)
-    return {"num_docs": len(references), "idf": {str(k): v for k, v in sorted(idf.items())}}
+    # One core: the orchestrator has threads (progress, Redis, Celery) and may be a
+    # prefork pool's parent, where neither a process pool nor the Rust tokenizer's
+    # threads are safe across a fork (a Pool here hung the test suite).
+    counts: Counter[int] = Counter()
+    for ids in encode(tokenizer, references, parallel=False):
+        counts.update(set(ids))
+    num_docs = len(references)
+    idf = {token: math.log((num_docs + 1) / (n + 1)) for token, n in counts.items()}
+    return {"num_docs": num_docs, "idf": {str(k): v for k, v in sorted(idf.items())}}
 
 
 _idf_cache: list = []  # [(prepared object, dict)]: one job's weights, rebuilt once per process
@@ -218,7 +283,6 @@ def bertscore(instances: list[dict], params, prepared: dict | None = None) -> li
     if not instances:
         return []
     import torch
-    from bert_score.utils import bert_cos_score_idf
 
     resolved = resolve(params)
     device = pick_device(params.device)
@@ -236,6 +300,8 @@ def bertscore(instances: list[dict], params, prepared: dict | None = None) -> li
         cands.extend([inst["actual-output"]] * len(group))
 
     if params.engine == "bert_score":
+        from bert_score.utils import bert_cos_score_idf
+
         preds = bert_cos_score_idf(model, refs, cands, tokenizer, weights, verbose=params.verbose,
                                    batch_size=params.batch_size, device=device,
                                    all_layers=params.all_layers).cpu()
