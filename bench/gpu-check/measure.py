@@ -7,6 +7,7 @@ run.sh calls them in turn; evalq is the wheel prepare.sh built from the project'
     measure.py bertscore --label minilm --model DIR --num-layers 6 --n 20000 --batch-size 256
     measure.py toxicity --n 20000 --batch-size 256
     measure.py cli --label minilm_cli --model DIR --num-layers 6 --n 20000 --batch-size 256
+    measure.py profile --n 20000 --model DIR --num-layers 6 --pairs 20000 --batch-size 256   # sampled, not timed
     measure.py summary            # merges the parts into $OUT/gpu_summary.json and prints it
 
 --params '{"key": value}' adds parameters to the bertscore job (evalq's side; BERTScorer keeps
@@ -526,6 +527,155 @@ def phase_toxicity(args) -> None:
                                    if k.endswith("_items_per_s")))
 
 
+# --- profile: where a gpu-queue job's time goes, sampled in the worker and in this process ------
+
+# The step a sample belongs to: the innermost of its frames that names one (file under the evalq
+# package, and a function, or None for any function of the file).
+STEPS = [
+    ("write", "workers/chunk.py", "_write"),
+    ("records, part, views", "workers/chunk.py", "_record_chunk"),
+    ("read instances", "workers/chunk.py", "_read_ahead"),
+    ("read ahead (thread)", "workers/prefetch.py", None),
+    ("score (metric)", "workers/chunk.py", "score_items"),
+    ("chunk, other", "workers/chunk.py", None),
+    ("final callback", "orchestrator/finalize.py", None),
+    ("dispatch, completion", "orchestrator/dispatch.py", None),
+    ("submission", "orchestrator/submit.py", None),
+    ("client waiting", "cli/wait.py", None),
+    ("task", "workers/tasks.py", None),
+    ("task", "orchestrator/tasks.py", None),
+]
+
+
+def _evalq_roots() -> list[str]:
+    """The folders evalq's rooms live in, longest first: the wheel's evalq/ (all of them), or a
+    checkout's root and its evalq/ (an editable install, as on the project's machines)."""
+    import evalq.cli
+    import evalq.orchestrator
+    import evalq.shared
+    import evalq.workers
+
+    roots = {str(Path(m.__file__).resolve().parent.parent) + os.sep
+             for m in (evalq.cli, evalq.orchestrator, evalq.shared, evalq.workers)}
+    return sorted(roots, key=len, reverse=True)
+
+
+def _step(stack: list[str], roots: list[str]) -> tuple[str, str]:
+    """(step, innermost evalq frame) of a sample's frames (outermost first)."""
+    inner = "-"
+    for frame in reversed(stack):
+        path, _, func = frame.rpartition(":")
+        root = next((r for r in roots if path.startswith(r)), None)
+        if root is None or "site-packages" in path[len(root):]:
+            continue
+        rel = path[len(root):]
+        if inner == "-":
+            inner = f"{rel}:{func}"
+        for name, file, fn in STEPS:
+            if rel == file and fn in (None, func):
+                return name, inner
+    leaf = stack[-1].rpartition(":") if stack else ("?", "", "?")
+    where = Path(leaf[0]).parent.name + "/" + Path(leaf[0]).name
+    return ("elsewhere" if inner != "-" else f"outside evalq: {where}:{leaf[2]}"), inner
+
+
+def summarise_samples(directory: Path, t0: float, t1: float, client_pid: int) -> dict:
+    """Seconds per step and per innermost evalq frame, per process (the worker, this client) and
+    thread, of the samples taken between t0 and t1."""
+    import collections
+
+    out: dict = {}
+    roots = _evalq_roots()
+    for f in sorted(directory.glob("*.jsonl")):
+        with f.open() as fh:
+            try:
+                head = json.loads(fh.readline())
+            except ValueError:
+                continue
+            pid, interval = head.get("pid"), head.get("interval", 0.01)
+            argv = " ".join(map(str, head.get("argv") or []))
+            who = "client" if pid == client_pid else ("worker" if "worker" in argv else f"pid {pid}")
+            steps: dict = collections.defaultdict(collections.Counter)
+            inner: dict = collections.defaultdict(collections.Counter)
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if not t0 <= rec.get("t", 0) <= t1 or rec.get("th") == "evalq-sampler":
+                    continue
+                step, frame = _step(rec.get("s") or [], roots)
+                steps[rec["th"]][step] += 1
+                inner[rec["th"]][frame] += 1
+        threads = {}
+        for th, counter in steps.items():
+            if sum(counter.values()) * interval < 0.05:
+                continue
+            threads[th] = {"steps_s": {k: round(v * interval, 3) for k, v in counter.most_common()},
+                           "innermost_s": {k: round(v * interval, 3) for k, v in inner[th].most_common(15)}}
+        if threads:
+            out[who] = threads
+    return out
+
+
+def phase_profile(args) -> None:
+    """A toxicity job (and, with --model, a bertscore job) once more on a cluster whose worker is
+    sampled every 10 ms (bench/gpu-check/sampler), this process too: the seconds of each step of
+    the job path, to read beside the timed phases (which run unsampled)."""
+    import importlib.util
+
+    import torch
+
+    import evalq.cli.run as runner
+    from evalq.cli.embedded import EmbeddedCluster
+    from evalq.shared.job.schema import parse_job
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    samples = WORK / "samples"
+    sampler_dir = HERE / "sampler"
+    spec = importlib.util.spec_from_file_location("evalq_gpu_sampler", sampler_dir / "sitecustomize.py")
+    sampler = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sampler)
+    sampler.start(str(samples))
+    jobs = []
+    tox = {"id": "toxicity", "parameters": {"batch_size": args.batch_size, "device": device}}
+    texts = synthetic(args.n, 1, args.seed + 7, rude=0.08)
+    jobs.append(("toxicity", args.n, [tox], texts))
+    if args.model:
+        pairs = args.pairs or args.n
+        jobs.append(("bertscore", pairs, [{"id": "bertscore", "parameters": _bertscore_params(args, device)}],
+                     synthetic(pairs, 1, args.seed)))
+    part: dict = {"label": "profile", "device": device, "interval_s": 0.01, "done": False}
+    write_part("profile", part)
+    runner._warn_missing_workers = lambda *a, **k: None
+    env = {"PYTHONPATH": os.pathsep.join([str(sampler_dir), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           "EVALQ_SAMPLE_DIR": str(samples)}
+    queues = parse_job({"instances": texts[:2], "metrics": [tox]}, source="gpu-profile-queues").queues
+    with tempfile.TemporaryDirectory(prefix="gpu-profile-") as tmp, EmbeddedCluster(queues, env=env) as cluster, \
+            dump_logs_on_error(cluster):
+        for label, n, metrics, instances in jobs:
+            warm = parse_job({"instances": instances[:2 * args.batch_size], "metrics": metrics},
+                             source=f"gpu-profile-{label}-warmup")
+            runner.run_job(warm, Path(tmp) / f"warm-{label}", broker=cluster.broker_url, progress=False,
+                           stall_timeout=args.stall)
+            job = parse_job({"instances": instances, "metrics": metrics}, source=f"gpu-profile-{label}")
+            t0 = time.time()
+            summary = runner.run_job(job, Path(tmp) / label, broker=cluster.broker_url, progress=False,
+                                     stall_timeout=args.stall)
+            t1 = time.time()
+            time.sleep(0.1)  # the samplers' last lines
+            part[label] = {"items": n, "wall_s": round(t1 - t0, 3),
+                           "scoring_in_worker_s": summary[0].get("elapsed_time") if summary else None,
+                           "processes": summarise_samples(samples, t0, t1, os.getpid())}
+            write_part("profile", part)
+            main = part[label]["processes"].get("worker", {}).get("MainThread", {}).get("steps_s", {})
+            say(f"profile {label}: {n} items on {device} in {t1 - t0:.2f} s (sampled); worker main thread: "
+                + ", ".join(f"{k} {v}" for k, v in list(main.items())[:8]))
+        part["worker_log_tail"] = worker_log_tail(cluster, 20)
+    part["done"] = True
+    write_part("profile", part)
+
+
 def phase_cli(args) -> None:
     """The plain command a user types, cold: `evalq run job.json --out DIR -q` (validation, private Redis,
     worker start, model load, scoring, outputs), compared with the in-process F1 of the bertscore phase."""
@@ -624,6 +774,17 @@ def phase_summary(args) -> None:
                      + "; diffs " + json.dumps(t.get("diffs")))
     else:
         lines.append("toxicity: no result")
+    prof = parts.get("profile")
+    for label in ("toxicity", "bertscore"):
+        q = (prof or {}).get(label)
+        if q:
+            for who in ("worker", "client"):
+                for th, d in (q.get("processes", {}).get(who) or {}).items():
+                    # the threads that work for the job (the others mostly wait: in the json)
+                    if th in ("MainThread", "evalq-read-ahead", "evalq-bertscore-tokenize"):
+                        lines.append(f"profile {label} ({q['items']} items, {prof['device']}, {q['wall_s']} s sampled; "
+                                     f"scoring in worker {q.get('scoring_in_worker_s')} s) {who} {th}: "
+                                     + ", ".join(f"{k} {v}" for k, v in list(d["steps_s"].items())[:8]))
     c = parts.get("minilm_cli")
     if c:
         lines.append(f"evalq run (cold CLI, minilm): rc {c.get('rc')}, {c.get('wall_s')} s, max |dF1| "
@@ -657,7 +818,7 @@ def phase_summary(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("phase", choices=["env", "bertscore", "toxicity", "cli", "summary"])
+    ap.add_argument("phase", choices=["env", "bertscore", "toxicity", "profile", "cli", "summary"])
     ap.add_argument("--label", default="minilm")
     ap.add_argument("--model", default=None)
     ap.add_argument("--num-layers", type=int, default=None)
@@ -667,14 +828,15 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--n-cpu", type=int, default=None, help="toxicity: texts for the cpu runs [default: --n]")
+    ap.add_argument("--pairs", type=int, default=None, help="profile: bertscore pairs [default: --n]")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ref", default="minilm")
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--stall", type=float, default=60, help="run_job's stall_timeout (s)")
     ap.add_argument("--params", default="{}", help="bertscore, cli: JSON object of extra job parameters")
     args = ap.parse_args()
-    {"env": phase_env, "bertscore": phase_bertscore, "toxicity": phase_toxicity, "cli": phase_cli,
-     "summary": phase_summary}[args.phase](args)
+    {"env": phase_env, "bertscore": phase_bertscore, "toxicity": phase_toxicity, "profile": phase_profile,
+     "cli": phase_cli, "summary": phase_summary}[args.phase](args)
 
 
 if __name__ == "__main__":
