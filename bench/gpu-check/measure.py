@@ -7,7 +7,7 @@ run.sh calls them in turn; evalq is the wheel prepare.sh built from the project'
     measure.py bertscore --label minilm --model DIR --num-layers 6 --n 20000 --batch-size 256
     measure.py toxicity --n 20000 --batch-size 256
     measure.py cli --label minilm_cli --model DIR --num-layers 6 --n 20000 --batch-size 256
-    measure.py profile --n 20000 --model DIR --num-layers 6 --pairs 20000 --batch-size 256   # sampled, not timed
+    measure.py profile --n 20000 --model DIR --num-layers 6 --pairs 20000 --batch-size 256   # steps timed
     measure.py summary            # merges the parts into $OUT/gpu_summary.json and prints it
 
 --params '{"key": value}' adds parameters to the bertscore job (evalq's side; BERTScorer keeps
@@ -527,103 +527,40 @@ def phase_toxicity(args) -> None:
                                    if k.endswith("_items_per_s")))
 
 
-# --- profile: where a gpu-queue job's time goes, sampled in the worker and in this process ------
+# --- profile: where a gpu-queue job's time goes, timed in the worker and in this process ------
 
-# The step a sample belongs to: the innermost of its frames that names one (file under the evalq
-# package, and a function, or None for any function of the file).
-STEPS = [
-    ("write", "workers/chunk.py", "_write"),
-    ("records, part, views", "workers/chunk.py", "_record_chunk"),
-    ("read instances", "workers/chunk.py", "_read_ahead"),
-    ("read ahead (thread)", "workers/prefetch.py", None),
-    ("score (metric)", "workers/chunk.py", "score_items"),
-    ("chunk, other", "workers/chunk.py", None),
-    ("final callback", "orchestrator/finalize.py", None),
-    ("dispatch, completion", "orchestrator/dispatch.py", None),
-    ("submission", "orchestrator/submit.py", None),
-    ("client waiting", "cli/wait.py", None),
-    ("task", "workers/tasks.py", None),
-    ("task", "orchestrator/tasks.py", None),
-]
+def _timing_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evalq_gpu_timing", HERE / "timing" / "sitecustomize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _evalq_roots() -> list[str]:
-    """The folders evalq's rooms live in, longest first: the wheel's evalq/ (all of them), or a
-    checkout's root and its evalq/ (an editable install, as on the project's machines)."""
-    import evalq.cli
-    import evalq.orchestrator
-    import evalq.shared
-    import evalq.workers
-
-    roots = {str(Path(m.__file__).resolve().parent.parent) + os.sep
-             for m in (evalq.cli, evalq.orchestrator, evalq.shared, evalq.workers)}
-    return sorted(roots, key=len, reverse=True)
-
-
-def _step(stack: list[str], roots: list[str]) -> tuple[str, str]:
-    """(step, innermost evalq frame) of a sample's frames (outermost first)."""
-    inner = "-"
-    for frame in reversed(stack):
-        path, _, func = frame.rpartition(":")
-        root = next((r for r in roots if path.startswith(r)), None)
-        if root is None or "site-packages" in path[len(root):]:
-            continue
-        rel = path[len(root):]
-        if inner == "-":
-            inner = f"{rel}:{func}"
-        for name, file, fn in STEPS:
-            if rel == file and fn in (None, func):
-                return name, inner
-    leaf = stack[-1].rpartition(":") if stack else ("?", "", "?")
-    where = Path(leaf[0]).parent.name + "/" + Path(leaf[0]).name
-    return ("elsewhere" if inner != "-" else f"outside evalq: {where}:{leaf[2]}"), inner
-
-
-def summarise_samples(directory: Path, t0: float, t1: float, client_pid: int) -> dict:
-    """Seconds per step and per innermost evalq frame, per process (the worker, this client) and
-    thread, of the samples taken between t0 and t1."""
-    import collections
-
+def _timing_diff(before: dict, after: dict, client_pid: int) -> dict:
+    """Per process (the worker's, this client's), each timed function's calls and seconds between
+    two readings of the totals."""
     out: dict = {}
-    roots = _evalq_roots()
-    for f in sorted(directory.glob("*.jsonl")):
-        with f.open() as fh:
-            try:
-                head = json.loads(fh.readline())
-            except ValueError:
-                continue
-            pid, interval = head.get("pid"), head.get("interval", 0.01)
-            argv = " ".join(map(str, head.get("argv") or []))
+    for pid, data in after.items():
+        was = (before.get(pid) or {}).get("totals", {})
+        rows = {}
+        for key, (calls, secs) in data.get("totals", {}).items():
+            c0, s0 = was.get(key, [0, 0.0])
+            if calls > c0:
+                rows[key] = [calls - c0, round(secs - s0, 4)]
+        if rows:
+            argv = " ".join(map(str, data.get("argv") or []))
             who = "client" if pid == client_pid else ("worker" if "worker" in argv else f"pid {pid}")
-            steps: dict = collections.defaultdict(collections.Counter)
-            inner: dict = collections.defaultdict(collections.Counter)
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if not t0 <= rec.get("t", 0) <= t1 or rec.get("th") == "evalq-sampler":
-                    continue
-                step, frame = _step(rec.get("s") or [], roots)
-                steps[rec["th"]][step] += 1
-                inner[rec["th"]][frame] += 1
-        threads = {}
-        for th, counter in steps.items():
-            if sum(counter.values()) * interval < 0.05:
-                continue
-            threads[th] = {"steps_s": {k: round(v * interval, 3) for k, v in counter.most_common()},
-                           "innermost_s": {k: round(v * interval, 3) for k, v in inner[th].most_common(15)}}
-        if threads:
-            out[who] = threads
+            out[who if who not in out else f"{who} {pid}"] = dict(sorted(rows.items(), key=lambda kv: -kv[1][1]))
     return out
 
 
 def phase_profile(args) -> None:
-    """A toxicity job (and, with --model, a bertscore job) once more on a cluster whose worker is
-    sampled every 10 ms (bench/gpu-check/sampler), this process too: the seconds of each step of
-    the job path, to read beside the timed phases (which run unsampled)."""
-    import importlib.util
-
+    """A toxicity job (and, with --model, a bertscore job) once more on a cluster whose worker has
+    the job path's functions timed (bench/gpu-check/timing), this process too: calls and seconds of
+    each step (records, writes, reads, the metric, the final callback, submission), to read beside
+    the timed phases (which run without it)."""
     import torch
 
     import evalq.cli.run as runner
@@ -631,12 +568,10 @@ def phase_profile(args) -> None:
     from evalq.shared.job.schema import parse_job
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    samples = WORK / "samples"
-    sampler_dir = HERE / "sampler"
-    spec = importlib.util.spec_from_file_location("evalq_gpu_sampler", sampler_dir / "sitecustomize.py")
-    sampler = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sampler)
-    sampler.start(str(samples))
+    where = WORK / "timing"
+    timing = _timing_module()
+    timing.install(str(where))
+    timing.wrap_loaded()
     jobs = []
     tox = {"id": "toxicity", "parameters": {"batch_size": args.batch_size, "device": device}}
     texts = synthetic(args.n, 1, args.seed + 7, rude=0.08)
@@ -645,11 +580,11 @@ def phase_profile(args) -> None:
         pairs = args.pairs or args.n
         jobs.append(("bertscore", pairs, [{"id": "bertscore", "parameters": _bertscore_params(args, device)}],
                      synthetic(pairs, 1, args.seed)))
-    part: dict = {"label": "profile", "device": device, "interval_s": 0.01, "done": False}
+    part: dict = {"label": "profile", "device": device, "done": False}
     write_part("profile", part)
     runner._warn_missing_workers = lambda *a, **k: None
-    env = {"PYTHONPATH": os.pathsep.join([str(sampler_dir), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "EVALQ_SAMPLE_DIR": str(samples)}
+    env = {"PYTHONPATH": os.pathsep.join([str(HERE / "timing"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           "EVALQ_TIMING_DIR": str(where)}
     queues = parse_job({"instances": texts[:2], "metrics": [tox]}, source="gpu-profile-queues").queues
     with tempfile.TemporaryDirectory(prefix="gpu-profile-") as tmp, EmbeddedCluster(queues, env=env) as cluster, \
             dump_logs_on_error(cluster):
@@ -659,18 +594,22 @@ def phase_profile(args) -> None:
             runner.run_job(warm, Path(tmp) / f"warm-{label}", broker=cluster.broker_url, progress=False,
                            stall_timeout=args.stall)
             job = parse_job({"instances": instances, "metrics": metrics}, source=f"gpu-profile-{label}")
-            t0 = time.time()
+            time.sleep(0.6)  # every process has written its totals
+            timing._dump()
+            before = timing.read(str(where))
+            t0 = time.perf_counter()
             summary = runner.run_job(job, Path(tmp) / label, broker=cluster.broker_url, progress=False,
                                      stall_timeout=args.stall)
-            t1 = time.time()
-            time.sleep(0.1)  # the samplers' last lines
-            part[label] = {"items": n, "wall_s": round(t1 - t0, 3),
+            wall = time.perf_counter() - t0
+            time.sleep(0.6)
+            timing._dump()
+            part[label] = {"items": n, "wall_s": round(wall, 3),
                            "scoring_in_worker_s": summary[0].get("elapsed_time") if summary else None,
-                           "processes": summarise_samples(samples, t0, t1, os.getpid())}
+                           "timed": _timing_diff(before, timing.read(str(where)), os.getpid())}
             write_part("profile", part)
-            main = part[label]["processes"].get("worker", {}).get("MainThread", {}).get("steps_s", {})
-            say(f"profile {label}: {n} items on {device} in {t1 - t0:.2f} s (sampled); worker main thread: "
-                + ", ".join(f"{k} {v}" for k, v in list(main.items())[:8]))
+            worker = part[label]["timed"].get("worker", {})
+            say(f"profile {label}: {n} items on {device} in {wall:.2f} s (timed run); worker: "
+                + ", ".join(f"{k} {v[1]} s ({v[0]})" for k, v in list(worker.items())[:10]))
         part["worker_log_tail"] = worker_log_tail(cluster, 20)
     part["done"] = True
     write_part("profile", part)
@@ -778,13 +717,10 @@ def phase_summary(args) -> None:
     for label in ("toxicity", "bertscore"):
         q = (prof or {}).get(label)
         if q:
-            for who in ("worker", "client"):
-                for th, d in (q.get("processes", {}).get(who) or {}).items():
-                    # the threads that work for the job (the others mostly wait: in the json)
-                    if th in ("MainThread", "evalq-read-ahead", "evalq-bertscore-tokenize"):
-                        lines.append(f"profile {label} ({q['items']} items, {prof['device']}, {q['wall_s']} s sampled; "
-                                     f"scoring in worker {q.get('scoring_in_worker_s')} s) {who} {th}: "
-                                     + ", ".join(f"{k} {v}" for k, v in list(d["steps_s"].items())[:8]))
+            for who, rows in (q.get("timed") or {}).items():
+                lines.append(f"profile {label} ({q['items']} items, {prof['device']}, {q['wall_s']} s, scoring in "
+                             f"worker {q.get('scoring_in_worker_s')} s) {who}: "
+                             + ", ".join(f"{k} {v[1]} s ({v[0]})" for k, v in list(rows.items())[:12]))
     c = parts.get("minilm_cli")
     if c:
         lines.append(f"evalq run (cold CLI, minilm): rc {c.get('rc')}, {c.get('wall_s')} s, max |dF1| "
