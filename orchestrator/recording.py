@@ -20,6 +20,7 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import env_number
+from evalq.shared.core.jsonio import floats, pack_floats
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.job.nightly import Regression, suite_of
 from evalq.shared.metrics.registry import REGISTRY
@@ -109,8 +110,9 @@ def chunk_values(items: list[tuple[int, dict]], readings: list) -> dict:
     """What the history store needs of one chunk of a metric entry, made by the worker that
     scored it (``readings``: each item's ``evalq.shared.scores.results.read``, in the items' order):
     its scored items' instance ids and, per field, their values in the same order (None where
-    an item has no finite value of that field). A jailbreak's injected variants are left out,
-    as ``evalq compare`` leaves them out."""
+    an item has no finite value of that field), each column packed as float64s
+    (``jsonio.pack_floats``; ``item_fields`` reads both that and a plain list). A jailbreak's
+    injected variants are left out, as ``evalq compare`` leaves them out."""
     ids: list[str] = []
     fields: dict[str, list[float | None]] = {}
     for (_, record), reading in zip(items, readings):
@@ -124,7 +126,7 @@ def chunk_values(items: list[tuple[int, dict]], readings: list) -> dict:
         for field, value in values.items():  # a field first seen here: None for the items before
             fields[field] = [None] * len(ids) + [value]
         ids.append(str(record.get("instance_id")))
-    return {"ids": ids, "fields": fields}
+    return {"ids": ids, "fields": {field: pack_floats(column, none=True) for field, column in fields.items()}}
 
 
 def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
@@ -140,7 +142,7 @@ def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
             ids = chunk["ids"]
             for field, column in chunk["fields"].items():
                 into_ids, into_values = fields.setdefault(field, ([], []))
-                for iid, value in zip(ids, column):
+                for iid, value in zip(ids, floats(column)):
                     if value is not None:
                         into_ids.append(iid)
                         into_values.append(value)

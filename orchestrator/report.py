@@ -16,6 +16,7 @@ import json
 import random
 from typing import Any, Callable, Iterable
 
+from evalq.shared.core.jsonio import floats, pack_floats
 from evalq.shared.scores.results import read
 from evalq.shared.data.loglines import entry_index, entry_slot
 from evalq.orchestrator.markup import esc
@@ -88,7 +89,8 @@ def chunk_view(items: list[tuple[int, dict]], readings: list, span: int, seed: i
     """What the report needs of one chunk of a metric entry, made by the worker that
     scored it (so the final callback parses no item record): the chunk's ``worst``
     items and a sample of its numbers, whose size is the chunk's share of
-    ``RESERVOIR`` (the merged chunks give about RESERVOIR values per field).
+    ``RESERVOIR`` (the merged chunks give about RESERVOIR values per field), each field's packed
+    as float64s (``jsonio.pack_floats``; ``add_views`` reads both that and a plain list).
     ``readings``: each item's ``evalq.shared.scores.results.read``, in the items' order."""
     quota = max(1, -(-RESERVOIR * len(items) // max(span, 1)))
     heap: list = []
@@ -104,7 +106,8 @@ def chunk_view(items: list[tuple[int, dict]], readings: list, span: int, seed: i
                          record.get("error")), worst)
     rng = random.Random(seed)
     return {"worst": heap, "seen": {name: len(vs) for name, vs in values.items()},
-            "sample": {name: vs if len(vs) <= quota else rng.sample(vs, quota) for name, vs in values.items()}}
+            "sample": {name: pack_floats(vs if len(vs) <= quota else rng.sample(vs, quota))
+                       for name, vs in values.items()}}
 
 
 def _push(heap: list, item: tuple, size: int) -> None:
@@ -167,7 +170,7 @@ class ReportBuilder:
             for name, count in view["seen"].items():
                 self.seen[i][name] = self.seen[i].get(name, 0) + count
             for name, values in view["sample"].items():
-                self.samples[i].setdefault(name, []).extend(values)
+                self.samples[i].setdefault(name, []).extend(floats(values))
         for name, values in self.samples[i].items():
             if len(values) > RESERVOIR:
                 self.samples[i][name] = self.rng.sample(values, RESERVOIR)

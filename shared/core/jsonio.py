@@ -7,7 +7,11 @@ chunk path both were paid per item (BENCHMARKS.md, "Fast metrics through evalq")
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+import sys
+from array import array
 from typing import Any
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
@@ -48,3 +52,31 @@ encode = _c_encode() or _ENCODER.encode
 def decode_many(raw: list[bytes]) -> list[Any]:
     """``[json.loads(r) for r in raw]``, decoded as one array in one call."""
     return json.loads(b"[" + b",".join(raw) + b"]") if raw else []
+
+
+def pack_floats(values: list, none: bool = False) -> dict:
+    """A column of numbers as a chunk stores it for the report and the history store: the float64s'
+    little-endian bytes in base64, ``{"f64": ...}``. Their JSON costs a ``repr`` a number (a
+    toxicity chunk's seven labels: 16 of its 50 ms of writing); this costs a twelfth of that and
+    half the text, and reads back the same floats. With ``none``, None is kept as NaN and read back
+    as None (such a column holds no NaN of its own)."""
+    column = array("d", [math.nan if v is None else v for v in values] if none else values)
+    if sys.byteorder != "little":
+        column.byteswap()
+    packed = {"f64": base64.b64encode(column.tobytes()).decode("ascii")}
+    if none:
+        packed["none"] = True
+    return packed
+
+
+def floats(column: Any) -> list:
+    """A column as ``pack_floats`` packed it, or a plain list (as a chunk written by an older
+    worker holds it)."""
+    if isinstance(column, list):
+        return column
+    values = array("d")
+    values.frombytes(base64.b64decode(column["f64"]))
+    if sys.byteorder != "little":
+        values.byteswap()
+    out = values.tolist()
+    return [None if v != v else v for v in out] if column.get("none") else out

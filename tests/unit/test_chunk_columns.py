@@ -1,0 +1,74 @@
+"""A chunk's report sample and history values are stored as packed float64 columns
+(``jsonio.pack_floats``): the final callback reads from a real Redis what the report and the
+history store read before, whether the chunks were written packed or, by an older worker, as
+plain JSON lists, and both kinds mixed in one entry."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import redis
+
+import evalq.shared.job.catalogue  # noqa: F401  (registers the metrics)
+from evalq.orchestrator.recording import chunk_values, item_fields
+from evalq.orchestrator.report import ReportBuilder, chunk_view
+from evalq.shared.cluster import keys
+from evalq.shared.core.jsonio import encode, floats
+from evalq.shared.metrics.registry import REGISTRY
+from evalq.shared.scores.results import read
+
+LABELS = ["toxicity", "severe_toxicity", "insult"]
+
+
+def chunks(n: int = 300, size: int = 100):
+    rng = random.Random(3)
+    items = []
+    for i in range(n):
+        result = {label: rng.random() ** 3 for label in LABELS}
+        if i % 7 == 0:
+            del result["insult"]  # a field some items lack: None in its column
+        items.append((i, {"instance_id": f"t{i}", "result": result}))
+    kind = REGISTRY.get("toxicity").aggregation
+    readings = [read(kind, {}, rec) for _, rec in items]
+    return [(items[s:s + size], readings[s:s + size], s) for s in range(0, n, size)], n, kind
+
+
+def plain(column):
+    return floats(column)  # what an older worker wrote: the list itself
+
+
+def test_history_values_read_back_packed_and_plain_mixed(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    parts, n, kind = chunks()
+    job = "columns-test-values"
+    r.delete(keys.values(job, "tox@0"))
+    expected: dict[str, tuple[list, list]] = {}
+    for k, (items, readings, start) in enumerate(parts):
+        values = chunk_values(items, readings)
+        assert all(isinstance(c, dict) and "f64" in c for c in values["fields"].values())
+        if k == 1:  # one chunk as an older worker wrote it
+            values = {"ids": values["ids"], "fields": {f: plain(c) for f, c in values["fields"].items()}}
+        r.hset(keys.values(job, "tox@0"), str(start), encode(values))
+        for (_, rec), reading in zip(items, readings):
+            for field, value in reading.values.items():
+                ids, vals = expected.setdefault(field, ([], []))
+                ids.append(rec["instance_id"])
+                vals.append(value)
+    got = item_fields(r, job, "tox@0", kind, {}, chunks=len(parts))
+    # the hash's chunks come in any order: each field's (id, value) pairs, every one once
+    assert {f: sorted(zip(i, v)) for f, (i, v) in got.items()} == {f: sorted(zip(i, v)) for f, (i, v) in expected.items()}
+    assert len(expected["insult"][0]) == n - len(range(0, n, 7))
+    r.delete(keys.values(job, "tox@0"))
+
+
+def test_report_samples_read_back_packed_and_plain_mixed():
+    parts, n, _ = chunks()
+    summary = [{"metric": "toxicity", "name": "toxicity", "aggregation": "toxicity"}]
+    views = [json.loads(encode(chunk_view(items, readings, n, start))) for items, readings, start in parts]
+    old = dict(views[0], sample={name: plain(c) for name, c in views[0]["sample"].items()})
+    builder = ReportBuilder(summary, {})
+    builder.add_views(0, [old, *views[1:]])
+    for label in LABELS:
+        want = [reading.sample[label] for _, readings, _ in parts for reading in readings if label in reading.sample]
+        assert sorted(builder.samples[0][label]) == sorted(want)
