@@ -34,9 +34,9 @@ def start_moto(env: dict | None = None) -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            requests.get(url, timeout=1)
+            requests.get(url, timeout=5)
             return proc, url
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not up yet, or its first answer slow
             time.sleep(0.1)
     proc.kill()
     raise TimeoutError("moto server did not start")
