@@ -20,7 +20,7 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import env_number
-from evalq.shared.core.jsonio import floats, pack_floats
+from evalq.shared.core.jsonio import pack_floats, unpack_floats
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.job.nightly import Regression, suite_of
 from evalq.shared.metrics.registry import REGISTRY
@@ -110,9 +110,9 @@ def chunk_values(items: list[tuple[int, dict]], readings: list) -> dict:
     """What the history store needs of one chunk of a metric entry, made by the worker that
     scored it (``readings``: each item's ``evalq.shared.scores.results.read``, in the items' order):
     its scored items' instance ids and, per field, their values in the same order (None where
-    an item has no finite value of that field), each column packed as float64s
-    (``jsonio.pack_floats``; ``item_fields`` reads both that and a plain list). A jailbreak's
-    injected variants are left out, as ``evalq compare`` leaves them out."""
+    an item has no finite value of that field), each column packed as float64s in ``fields_f64``
+    (``jsonio.pack_floats``; ``item_fields`` reads an older chunk's plain lists in ``fields``
+    too). A jailbreak's injected variants are left out, as ``evalq compare`` leaves them out."""
     ids: list[str] = []
     fields: dict[str, list[float | None]] = {}
     for (_, record), reading in zip(items, readings):
@@ -126,7 +126,9 @@ def chunk_values(items: list[tuple[int, dict]], readings: list) -> dict:
         for field, value in values.items():  # a field first seen here: None for the items before
             fields[field] = [None] * len(ids) + [value]
         ids.append(str(record.get("instance_id")))
-    return {"ids": ids, "fields": {field: pack_floats(column, none=True) for field, column in fields.items()}}
+    # "fields" stays, empty: the final callback of an older evalq (a rolling upgrade) then records
+    # the entry unpaired rather than reading the packed columns as numbers
+    return {"ids": ids, "fields": {}, "fields_f64": {field: pack_floats(column) for field, column in fields.items()}}
 
 
 def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
@@ -139,10 +141,12 @@ def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
     if chunks is not None and len(kept) == chunks:
         for raw in kept:
             chunk = json.loads(raw)
-            ids = chunk["ids"]
-            for field, column in chunk["fields"].items():
+            ids, packed = chunk["ids"], chunk.get("fields_f64")  # an older evalq's chunk: "fields", lists
+            columns = ({f: unpack_floats(t, none=True) for f, t in packed.items()} if packed is not None
+                       else chunk["fields"])
+            for field, column in columns.items():
                 into_ids, into_values = fields.setdefault(field, ([], []))
-                for iid, value in zip(ids, floats(column)):
+                for iid, value in zip(ids, column):
                     if value is not None:
                         into_ids.append(iid)
                         into_values.append(value)

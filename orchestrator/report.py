@@ -16,7 +16,7 @@ import json
 import random
 from typing import Any, Callable, Iterable
 
-from evalq.shared.core.jsonio import floats, pack_floats
+from evalq.shared.core.jsonio import pack_floats, unpack_floats
 from evalq.shared.scores.results import read
 from evalq.shared.data.loglines import entry_index, entry_slot
 from evalq.orchestrator.markup import esc
@@ -90,7 +90,8 @@ def chunk_view(items: list[tuple[int, dict]], readings: list, span: int, seed: i
     scored it (so the final callback parses no item record): the chunk's ``worst``
     items and a sample of its numbers, whose size is the chunk's share of
     ``RESERVOIR`` (the merged chunks give about RESERVOIR values per field), each field's packed
-    as float64s (``jsonio.pack_floats``; ``add_views`` reads both that and a plain list).
+    as float64s in ``sample_f64`` (``jsonio.pack_floats``; ``add_views`` reads an older chunk's
+    plain lists in ``sample`` too).
     ``readings``: each item's ``evalq.shared.scores.results.read``, in the items' order."""
     quota = max(1, -(-RESERVOIR * len(items) // max(span, 1)))
     heap: list = []
@@ -105,9 +106,11 @@ def chunk_view(items: list[tuple[int, dict]], readings: list, span: int, seed: i
             _push(heap, (badness, -position, record.get("instance_id"), position, record.get("result"),
                          record.get("error")), worst)
     rng = random.Random(seed)
-    return {"worst": heap, "seen": {name: len(vs) for name, vs in values.items()},
-            "sample": {name: pack_floats(vs if len(vs) <= quota else rng.sample(vs, quota))
-                       for name, vs in values.items()}}
+    # "sample" stays, empty: a final callback of an older evalq (a rolling upgrade) then draws
+    # no histogram from this chunk rather than reading the packed columns as numbers
+    return {"worst": heap, "seen": {name: len(vs) for name, vs in values.items()}, "sample": {},
+            "sample_f64": {name: pack_floats(vs if len(vs) <= quota else rng.sample(vs, quota))
+                           for name, vs in values.items()}}
 
 
 def _push(heap: list, item: tuple, size: int) -> None:
@@ -169,8 +172,10 @@ class ReportBuilder:
                 _push(self.heaps[i], tuple(item), self.worst)
             for name, count in view["seen"].items():
                 self.seen[i][name] = self.seen[i].get(name, 0) + count
-            for name, values in view["sample"].items():
-                self.samples[i].setdefault(name, []).extend(floats(values))
+            packed = view.get("sample_f64")  # a chunk of an older evalq: "sample", plain lists
+            sample = {n: unpack_floats(t) for n, t in packed.items()} if packed is not None else view["sample"]
+            for name, values in sample.items():
+                self.samples[i].setdefault(name, []).extend(values)
         for name, values in self.samples[i].items():
             if len(values) > RESERVOIR:
                 self.samples[i][name] = self.rng.sample(values, RESERVOIR)

@@ -1,7 +1,8 @@
 """A chunk's report sample and history values are stored as packed float64 columns
-(``jsonio.pack_floats``): the final callback reads from a real Redis what the report and the
-history store read before, whether the chunks were written packed or, by an older worker, as
-plain JSON lists, and both kinds mixed in one entry."""
+(``jsonio.pack_floats``, under ``sample_f64`` and ``fields_f64``): the final callback reads from a
+real Redis what the report and the history store read before, whether the chunks were written
+packed or, by an older worker, as plain JSON lists, and both kinds mixed in one entry; and a final
+callback of an older evalq finds ``sample`` and ``fields`` empty rather than packed text."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import evalq.shared.job.catalogue  # noqa: F401  (registers the metrics)
 from evalq.orchestrator.recording import chunk_values, item_fields
 from evalq.orchestrator.report import ReportBuilder, chunk_view
 from evalq.shared.cluster import keys
-from evalq.shared.core.jsonio import encode, floats
+from evalq.shared.core.jsonio import encode, unpack_floats
 from evalq.shared.metrics.registry import REGISTRY
 from evalq.shared.scores.results import read
 
@@ -34,8 +35,9 @@ def chunks(n: int = 300, size: int = 100):
     return [(items[s:s + size], readings[s:s + size], s) for s in range(0, n, size)], n, kind
 
 
-def plain(column):
-    return floats(column)  # what an older worker wrote: the list itself
+def older(packed: dict, none: bool = False) -> dict:
+    """The lists an older worker wrote instead of the packed columns."""
+    return {name: unpack_floats(text, none=none) for name, text in packed.items()}
 
 
 def test_history_values_read_back_packed_and_plain_mixed(redis_url):
@@ -46,9 +48,9 @@ def test_history_values_read_back_packed_and_plain_mixed(redis_url):
     expected: dict[str, tuple[list, list]] = {}
     for k, (items, readings, start) in enumerate(parts):
         values = chunk_values(items, readings)
-        assert all(isinstance(c, dict) and "f64" in c for c in values["fields"].values())
+        assert values["fields"] == {} and set(values["fields_f64"]) == set(LABELS)  # an older reader: no values
         if k == 1:  # one chunk as an older worker wrote it
-            values = {"ids": values["ids"], "fields": {f: plain(c) for f, c in values["fields"].items()}}
+            values = {"ids": values["ids"], "fields": older(values["fields_f64"], none=True)}
         r.hset(keys.values(job, "tox@0"), str(start), encode(values))
         for (_, rec), reading in zip(items, readings):
             for field, value in reading.values.items():
@@ -66,7 +68,8 @@ def test_report_samples_read_back_packed_and_plain_mixed():
     parts, n, _ = chunks()
     summary = [{"metric": "toxicity", "name": "toxicity", "aggregation": "toxicity"}]
     views = [json.loads(encode(chunk_view(items, readings, n, start))) for items, readings, start in parts]
-    old = dict(views[0], sample={name: plain(c) for name, c in views[0]["sample"].items()})
+    assert all(v["sample"] == {} and set(v["sample_f64"]) == set(LABELS) for v in views)
+    old = {k: v for k, v in views[0].items() if k != "sample_f64"} | {"sample": older(views[0]["sample_f64"])}
     builder = ReportBuilder(summary, {})
     builder.add_views(0, [old, *views[1:]])
     for label in LABELS:
