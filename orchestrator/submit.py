@@ -48,31 +48,34 @@ def run_entry(m: MetricRun, chunk_size: int | None, items: int) -> dict:
 GROUPED_QUEUES = ("cpu", "gpu")
 
 
-def _group_key(entry: dict | None, m: MetricRun, n_instances: int) -> tuple | None:
-    """What an entry's chunks are scored together by (``group_entries``), or None: it is scored alone."""
-    if entry is None or entry.get("queue") not in GROUPED_QUEUES or entry.get("regions") \
-            or m.spec.calls_endpoint or m.spec.variants:
-        return None
-    return entry["queue"], entry["chunk_size"], entry.get("span", n_instances)
+def _groups(metrics: dict[str, dict], runs: list[MetricRun], n_instances: int) -> list[list[MetricRun]]:
+    """The job's entries in the groups they are scored in (``group_entries``), each group's members
+    in the job's order: entries of the cpu or gpu queue that call no endpoint and read no variants,
+    over the same instances in chunks of the same size, share one; every other entry, and every
+    entry with ``EVALQ_GROUP_ENTRIES=0``, is a group of its own."""
+    together = Settings.from_env().group_entries
+    groups: dict[tuple, list[MetricRun]] = {}
+    for m in runs:
+        entry = metrics.get(m.key)
+        if entry is None:
+            continue
+        key = None
+        if together and entry.get("queue") in GROUPED_QUEUES and not entry.get("regions") \
+                and not m.spec.calls_endpoint and not m.spec.variants:
+            key = (entry["queue"], entry["chunk_size"], entry.get("span", n_instances))
+        groups.setdefault(key or ("alone", m.key), []).append(m)
+    return list(groups.values())
 
 
 def group_entries(metrics: dict[str, dict], runs: list[MetricRun], n_instances: int) -> None:
-    """Mark the metric entries scored together (``evalq.shared.cluster.spec``): entries of the
-    cpu or gpu queue that call no endpoint and read no variants, over the same instances in
-    chunks of the same size. The first of each such group leads it (``companions``); the others
-    name it (``led_by``). A chunk of the group reads and decodes its instances once for all of
-    them. Off with ``EVALQ_GROUP_ENTRIES=0`` (each entry's chunks then spread on their own)."""
-    if not Settings.from_env().group_entries:
-        return
-    leaders: dict[tuple, str] = {}
-    for m in runs:
-        group = _group_key(metrics.get(m.key), m, n_instances)
-        if group is None:
-            continue
-        leader = leaders.setdefault(group, m.key)
-        if leader != m.key:
-            metrics[leader].setdefault("companions", []).append(m.key)
-            metrics[m.key]["led_by"] = leader
+    """Mark the metric entries scored together (``evalq.shared.cluster.spec``; which: ``_groups``).
+    The first of each such group leads it (``companions``); the others name it (``led_by``). A
+    chunk of the group reads and decodes its instances once for all of them. Off with
+    ``EVALQ_GROUP_ENTRIES=0`` (each entry's chunks then spread on their own)."""
+    for leader, *others in _groups(metrics, runs, n_instances):
+        for m in others:
+            metrics[leader.key].setdefault("companions", []).append(m.key)
+            metrics[m.key]["led_by"] = leader.key
 
 
 def size_cheap(metrics: dict[str, dict], runs: list[MetricRun], instances: Any, chunk_size: int | None) -> None:
@@ -85,14 +88,7 @@ def size_cheap(metrics: dict[str, dict], runs: list[MetricRun], instances: Any, 
     if chunk_size is not None:
         return
     n_instances, item_bytes = len(instances), None
-    together = Settings.from_env().group_entries
-    groups: dict[tuple, list[MetricRun]] = {}
-    for m in runs:
-        entry = metrics.get(m.key)
-        if entry is not None:
-            key = _group_key(entry, m, n_instances) if together else None
-            groups.setdefault(key or ("alone", m.key), []).append(m)
-    for members in groups.values():
+    for members in _groups(metrics, runs, n_instances):
         costs = [None if m.spec.chunk_size or m.spec.device_chunk else m.spec.item_us for m in members]
         if None in costs:
             continue
