@@ -269,3 +269,30 @@ def test_greedy_matching_equals_bert_scores_on_vectors_with_negative_similaritie
     # and the rule matters here: matched alone (no group, no padding), many pairs score otherwise
     alone = greedy_match(cand, ref, cand_idf, ref_idf, 1, "cpu")
     assert ((alone - expected).abs() > 1e-3).any()
+
+
+def test_best_of_references_is_the_per_instance_maximum_with_nan_kept():
+    """Each instance's best over its references, value by value, as ``preds[a:b].max(dim=0)``:
+    groups of one to four references, a NaN (bert-score's undefined P) that must stay NaN, every
+    layer's rows too."""
+    import torch
+
+    from evalq.workers.metrics.bertscore import best_of_references
+
+    rng = random.Random(3)
+    sizes = [rng.choice([1, 1, 2, 3, 4]) for _ in range(200)]
+    groups, start = [], 0
+    for size in sizes:
+        groups.append((start, start + size))
+        start += size
+    for shape in ((start, 3), (start, 7, 3)):
+        preds = torch.rand(shape) * 2 - 1
+        preds[5, ..., 0] = float("nan")
+        want = torch.stack([preds[a:b].max(dim=0)[0] for a, b in groups])
+        got = best_of_references(preds, groups)
+        assert got.shape == want.shape
+        assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.isnan(want).any()
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+    single = [(i, i + 1) for i in range(10)]
+    preds = torch.rand(10, 3)
+    assert torch.equal(best_of_references(preds, single), preds)

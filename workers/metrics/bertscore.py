@@ -272,6 +272,23 @@ def _number(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
+def best_of_references(preds, groups: list[tuple[int, int]]):
+    """Each instance's best P, R and F1 over its references' rows ``preds[start:stop]``, value
+    by value (NaN kept), as ``preds[start:stop].max(dim=0)`` gives it, in one gather rather than
+    a tensor operation per instance (90 ms per 20,000 instances)."""
+    import torch
+
+    widest = max(stop - start for start, stop in groups)
+    if widest == 1:  # one reference each: the rows themselves, in order
+        return preds[: len(groups)] if len(preds) == len(groups) else preds[[start for start, _ in groups]]
+    bounds = torch.tensor(groups, dtype=torch.long)
+    starts, sizes = bounds[:, 0:1], bounds[:, 1:2] - bounds[:, 0:1]
+    cols = torch.arange(widest)[None, :]
+    # an instance with fewer references repeats its first: the maximum is unchanged
+    rows = torch.where(cols < sizes, starts + cols, starts)
+    return preds[rows].amax(dim=1)
+
+
 def bertscore(instances: list[dict], params, prepared: dict | None = None) -> list[dict]:
     """Precision, recall and F1 per instance, best over its references.
 
@@ -312,17 +329,16 @@ def bertscore(instances: list[dict], params, prepared: dict | None = None) -> li
 
         preds = bertscore_engine.score(model, tokenizer, cands, refs, weights, device, params.batch_size,
                                        params.all_layers, params.dtype, params.max_batch_tokens)
-    best = torch.stack([preds[start:stop].max(dim=0)[0] for start, stop in groups])
+    best = best_of_references(preds, groups)
     if params.rescale_with_baseline:
         baseline = _baseline_values(resolved.baseline, resolved.num_layers, params.all_layers)
         best = (best - baseline) / (1 - baseline)
 
+    if not params.all_layers:
+        return [{"precision": _number(p), "recall": _number(r), "f1": _number(f)} for p, r, f in best.tolist()]
     results = []
     for row in best.tolist():
-        if params.all_layers:
-            p, r, f = ([_number(layer[i]) for layer in row] for i in range(3))
-        else:
-            p, r, f = (_number(v) for v in row)
+        p, r, f = ([_number(layer[i]) for layer in row] for i in range(3))
         results.append({"precision": p, "recall": r, "f1": f})
     return results
 
