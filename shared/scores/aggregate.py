@@ -1,7 +1,8 @@
 """Aggregation of per-item results, chosen by the registry entry's ``aggregation``.
 
 Streaming: an aggregator sees one item at a time, so a million-item metric
-aggregates in flat memory. Mergeable aggregators (mean, rating) also work in
+aggregates in flat memory (a distribution keeps its values: 8 bytes each).
+Mergeable aggregators (all of evalq's own) also work in
 parts: each chunk's worker aggregates its own items (``chunk_part``) and the
 job's callback merges one small part per chunk (``merge_parts``) instead of
 reading every item again.
@@ -9,13 +10,12 @@ reading every item again.
 
 from __future__ import annotations
 
-import math
 from array import array
 from typing import Any, Iterable
 
 from evalq.shared.scores.agreement import Agreement
 from evalq.shared.judging.judges import SEVERITY_BANDS, severity_label
-from evalq.shared.scores.results import ERROR, NOT_APPLICABLE, SCORED, SKIPPED, Number, flag, number, outcome, severities
+from evalq.shared.scores.results import ERROR, NOT_APPLICABLE, SCORED, SKIPPED, Number, flag, outcome, severities
 
 
 def _counted(agg, record: dict[str, Any]) -> bool:
@@ -116,10 +116,11 @@ class DistributionAggregator(MeanAggregator):
     """The means, plus each number's distribution under ``"distribution"``.
 
     A list of numbers (one per layer, say) is taken position by position. The
-    values are kept (8 bytes each) so quantiles are exact.
+    values are kept (8 bytes each) so quantiles are exact; a chunk's part carries
+    them as packed float64s (``jsonio.pack_floats``), so the job's callback merges
+    one part per chunk instead of reading and decoding every item's record.
     """
 
-    mergeable = False  # quantiles need every value: the callback reads the items
     QUANTILES = {"p5": 0.05, "p25": 0.25, "median": 0.5, "p75": 0.75, "p95": 0.95}
     BINS = 10
 
@@ -133,23 +134,50 @@ class DistributionAggregator(MeanAggregator):
         if outcome(record) != SCORED:
             return
         value = record["result"]
+        values, is_list = self._values, self._is_list
         for key, v in (value.items() if isinstance(value, dict) else (("", value),)):
-            series = v if isinstance(v, list) else [v]
-            self._is_list[key] = isinstance(v, list)
-            columns = self._values.setdefault(key, [])
-            for i, x in enumerate(series):
-                if number(x) is not None:
+            columns = values.setdefault(key, [])
+            if not isinstance(v, list):  # a number (or not one: skipped), as a series of one
+                is_list[key] = False
+                if isinstance(v, Number):
+                    if not columns:
+                        columns.append(array("d"))
+                    columns[0].append(float(v))
+                continue
+            is_list[key] = True
+            for i, x in enumerate(v):
+                if isinstance(x, Number):
                     while len(columns) <= i:
                         columns.append(array("d"))
-                    columns[i].append(number(x))
+                    columns[i].append(float(x))
+
+    def state(self) -> dict[str, Any]:
+        from evalq.shared.core.jsonio import pack_floats
+
+        return {**super().state(), "is_list": self._is_list,
+                "values": {key: [pack_floats(c) for c in columns] for key, columns in self._values.items()}}
+
+    def merge(self, state: dict[str, Any]) -> None:
+        from evalq.shared.core.jsonio import unpack_floats
+
+        super().merge(state)
+        for key, packed in state["values"].items():
+            self._is_list[key] = state["is_list"][key]
+            columns = self._values.setdefault(key, [])
+            for i, text in enumerate(packed):
+                while len(columns) <= i:
+                    columns.append(array("d"))
+                columns[i].extend(unpack_floats(text))
 
     def score(self) -> dict[str, Any] | None:
+        from evalq.shared.scores.stats import describe
+
         if self.n == 0:
             return None
         means: dict[str, Any] = {}
         spread: dict[str, Any] = {}
         for key, columns in self._values.items():
-            stats = [_describe(sorted(c), self.QUANTILES, self.BINS) for c in columns]
+            stats = [describe(sorted(c), self.QUANTILES, self.BINS) for c in columns]
             avgs = [sum(c) / len(c) if c else None for c in columns]
             if self._is_list[key]:
                 means[key], spread[key] = avgs, stats
@@ -158,33 +186,6 @@ class DistributionAggregator(MeanAggregator):
         if self._scalar:
             return {"mean": means.get(""), "distribution": spread.get("")}
         return {**means, "distribution": spread}
-
-
-def _describe(values: list[float], quantiles: dict[str, float], bins: int) -> dict[str, Any] | None:
-    """Standard deviation, min, quantiles (linear interpolation), max and a histogram
-    whose range is [min, max] widened to tenths."""
-    n = len(values)
-    if n == 0:
-        return None
-    mean = sum(values) / n
-    out: dict[str, Any] = {"std": math.sqrt(sum((v - mean) ** 2 for v in values) / n), "min": values[0]}
-    for name, q in quantiles.items():
-        pos = q * (n - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, n - 1)
-        out[name] = values[lo] + (values[hi] - values[lo]) * (pos - lo)
-    out["max"] = values[-1]
-    # rounded first: float32 scores of identical texts come out as 1.0000001
-    low = math.floor(round(values[0] * 10, 4)) / 10
-    high = math.ceil(round(values[-1] * 10, 4)) / 10
-    if high <= low:
-        high = low + 0.1
-    width = (high - low) / bins
-    counts = [0] * bins
-    for v in values:
-        counts[min(int((v - low) / width), bins - 1)] += 1
-    out["histogram"] = {"edges": [round(low + i * width, 6) for i in range(bins + 1)], "counts": counts}
-    return out
 
 
 class RatingAggregator(MeanAggregator):

@@ -7,6 +7,7 @@
 - ``score_interval``: a metric's interval from those moments: Wilson when every
   value is 0 or 1, else the normal one clipped to the metric's range;
 - ``bootstrap_mean``: a percentile bootstrap interval of a mean over instances;
+- ``describe``: a distribution's spread, quantiles and histogram (bertscore's report);
 - ``paired``: for two runs' values on the same instances, the mean difference,
   a paired-bootstrap 95% interval, and a two-sided paired permutation test
   (random sign flips of the differences) p-value.
@@ -196,3 +197,30 @@ def paired(base: Sequence[float], new: Sequence[float], seed: int = SEED,
             extreme += int(np.count_nonzero(np.abs(flipped) >= observed - 1e-12))
         p = (extreme + 1) / (resamples + 1)
     return {"n": n, "diff": mean, "ci95": _percentiles(boots) if n > 1 else None, "p_value": p}
+
+
+def describe(values: Sequence[float], quantiles: Mapping[str, float], bins: int) -> dict | None:
+    """Of ``values`` sorted ascending: the standard deviation, min, quantiles (linear
+    interpolation), max and a histogram whose range is [min, max] widened to tenths."""
+    n = len(values)
+    if n == 0:
+        return None
+    mean = sum(values) / n
+    out: dict = {"std": math.sqrt(sum((v - mean) ** 2 for v in values) / n), "min": values[0]}
+    for name, q in quantiles.items():
+        pos = q * (n - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, n - 1)
+        out[name] = values[lo] + (values[hi] - values[lo]) * (pos - lo)
+    out["max"] = values[-1]
+    # rounded first: float32 scores of identical texts come out as 1.0000001
+    low = math.floor(round(values[0] * 10, 4)) / 10
+    high = math.ceil(round(values[-1] * 10, 4)) / 10
+    if high <= low:
+        high = low + 0.1
+    width = (high - low) / bins
+    counts = [0] * bins
+    for v in values:
+        counts[min(int((v - low) / width), bins - 1)] += 1
+    out["histogram"] = {"edges": [round(low + i * width, 6) for i in range(bins + 1)], "counts": counts}
+    return out

@@ -114,7 +114,7 @@ def test_summary_from_chunk_parts_equals_summary_from_items(redis_url, cpu_worke
     instances = [{**inst, "category": "xy"[i % 2]} for i, inst in enumerate(synthetic(23, seed=4))]
     instances[5]["actual-output"] = "FAIL here"
     job = parse_job({"instances": instances, "metrics": [
-        {"id": "rouge"}, {"id": "f1_score"}, {"id": "fail_on"}]})
+        {"id": "rouge"}, {"id": "f1_score"}, {"id": "fail_on"}, {"id": "spread"}]})
     run_job(job, tmp_path, broker=redis_url, chunk_size=4, progress=False)
     from_parts = read_results(tmp_path)
     r = redis.Redis.from_url(redis_url)
@@ -125,10 +125,13 @@ def test_summary_from_chunk_parts_equals_summary_from_items(redis_url, cpu_worke
     job_id = job_id.pop()
     assert r.hlen(keys.parts(job_id, "rouge@0")) == 6  # one per chunk of 4
     r.delete(*[keys.parts(job_id, m) for m in ("rouge@0", "f1_score@1", "fail_on@2")])
+    # one chunk scored by an evalq that wrote no distribution parts (a rolling upgrade): the items are read
+    assert r.hdel(keys.parts(job_id, "spread@3"), "8") == 1
     job_spec.cache_clear()
     finalize(r, job_id)
     from_items = {m.get("name", m["metric"]): m for m in json.loads(r.get(keys.summary(job_id)))}
-    for name in ("rouge", "f1_score", "fail_on"):  # the same but for the order floats were summed in
+    assert from_parts["spread"]["score"]["distribution"]["per_word"][0]["histogram"]["counts"]
+    for name in ("rouge", "f1_score", "fail_on", "spread"):  # the same but for the order floats were summed in
         assert _close({k: v for k, v in from_parts[name].items() if k != "elapsed_time"},
                       {k: v for k, v in from_items[name].items() if k != "elapsed_time"})
     assert from_parts["fail_on"]["n_errors"] == 1 and set(from_parts["rouge"]["categories"]) == {"x", "y"}

@@ -69,6 +69,12 @@ def hang_on(instance: dict, params: SlowParams) -> float:
     return 1.0
 
 
+def spread(instance: dict, params) -> dict:
+    # a cpu-queue metric aggregated as a distribution (bertscore's aggregation), for its parts
+    words = instance["actual-output"].split()
+    return {"chars": len(instance["actual-output"]) / 7, "per_word": [len(w) / 3 for w in words[:3]]}
+
+
 if "fail_on" not in REGISTRY:
     from evalq.shared.metrics.params import NoParams
 
@@ -80,3 +86,5 @@ if "fail_on" not in REGISTRY:
                                  queue="cpu", chunk_size=2, description="test: slow length"))
     REGISTRY.register(MetricSpec(id="hang_on", params=SlowParams, impl="tests.plugins.faulty:hang_on",
                                  queue="cpu", description="test: sleeps on 'HANG'"))
+    REGISTRY.register(MetricSpec(id="spread", params=NoParams, impl="tests.plugins.faulty:spread", queue="cpu",
+                                 aggregation="distribution", description="test: a distribution of lengths"))

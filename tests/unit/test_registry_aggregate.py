@@ -59,6 +59,10 @@ def test_no_items_scores_none():
                   {"f1": 0.2, "precision": 0.1}]),
     ("rating", {"scale_min": 0, "scale_max": 3, "threshold": 2},
      [{"score": s, "reason": "r"} for s in (0, 3, 2, 2, 1, 3, 3)]),
+    # bertscore's: quantiles and histograms need every value, which each part carries packed
+    ("distribution", {}, [0.5, 1, 0.25, 0.0, 1.0, 0.75, 0.3]),
+    ("distribution", {}, [{"f1": 0.1 * i + 0.01, "precision": None if i == 2 else 0.9 - 0.1 * i,
+                           "layers": [0.3 * i, 1 / (i + 3)]} for i in range(7)]),
 ])
 def test_chunk_parts_merge_to_the_streaming_aggregate(kind, params, results):
     from evalq.shared.scores.aggregate import aggregator_for, chunk_part, merge_parts
@@ -85,10 +89,14 @@ def test_chunk_parts_merge_to_the_streaming_aggregate(kind, params, results):
     assert {c: a.score() for c, a in merged_by_category.items()} == {c: a.score() for c, a in by_category.items()}
 
 
-def test_distribution_is_not_merged_from_parts():
-    from evalq.shared.scores.aggregate import chunk_part
+def test_a_distribution_part_carries_its_values_exactly():
+    from evalq.shared.scores.aggregate import chunk_part, merge_parts
 
-    assert chunk_part("distribution", {}, [{"instance_id": "1", "result": 0.5}]) is None
+    values = [1 / 3, 0.1 + 0.2, 2.5e-17, -0.0, 0.987654321]
+    part = json.loads(json.dumps(chunk_part("distribution", {}, [{"result": {"f1": v}} for v in values])))
+    merged, _, _ = merge_parts("distribution", {}, [part])
+    assert list(merged._values["f1"][0]) == values
+    assert merged.score()["distribution"]["f1"]["max"] == 0.987654321
 
 
 def _severity(k: int, category: str | None = None) -> dict:
