@@ -89,31 +89,62 @@ def _fix_tokenizer(tokenizer, path: str) -> Any:
     return tokenizer
 
 
-def load_tokenizer(path: str, use_fast: bool) -> Any:
+def load_tokenizer(path: str, use_fast: bool, native: bool = False) -> Any:
+    """``AutoTokenizer``'s, as bert_score's ``get_tokenizer`` loads it from a local directory;
+    with ``native``, the same ids from ``tokenizer.json`` without importing transformers
+    (``bertscore_native``: only where ``native_ok`` says so)."""
     with _lock:
-        key = (path, use_fast)
+        key = (path, use_fast, native)
         if key not in _tokenizers:
-            from transformers import AutoTokenizer  # as bert_score's get_tokenizer, for a local directory
+            if native:
+                from evalq.workers.metrics.bertscore_native import Tokenizer
 
-            _tokenizers[key] = _fix_tokenizer(AutoTokenizer.from_pretrained(path, use_fast=use_fast), path)
+                tokenizer = Tokenizer(path)
+            else:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(path, use_fast=use_fast)
+            _tokenizers[key] = _fix_tokenizer(tokenizer, path)
         return _tokenizers[key]
 
 
-def load_model(path: str, num_layers: int, all_layers: bool, use_fast: bool, device: str) -> tuple[Any, Any]:
-    """(model, tokenizer), loaded once per process and kept for later chunks and jobs."""
-    key = (path, num_layers, all_layers, use_fast, device)
+@lru_cache(maxsize=32)
+def _unsupported(path: str, switch: str | None) -> str | None:
+    from evalq.workers.metrics.bertscore_native import unsupported
+
+    return unsupported(path)
+
+
+def native_ok(path: str, engine: str) -> bool:
+    """Whether evalq's engine loads this model and tokenizer without transformers (a plain BERT;
+    ``engine: bert_score`` always goes through transformers, as bert_score does)."""
+    from evalq.workers.metrics.bertscore_native import ENV
+
+    return engine != "bert_score" and _unsupported(path, os.environ.get(ENV)) is None
+
+
+def load_model(path: str, num_layers: int, all_layers: bool, use_fast: bool, device: str,
+               native: bool = False) -> tuple[Any, Any]:
+    """(model, tokenizer), loaded once per process and kept for later chunks and jobs; with
+    ``native`` (``native_ok``), built by ``bertscore_native`` without importing transformers."""
+    key = (path, num_layers, all_layers, use_fast, device, native)
     with _lock:
         if key in _models:
             _models.move_to_end(key)
             return _models[key]
         import time
 
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
         t0 = time.perf_counter()
-        tokenizer = load_tokenizer(path, use_fast)
-        model = get_model(path, num_layers, all_layers)
+        tokenizer = load_tokenizer(path, use_fast, native)
+        if native:
+            from evalq.workers.metrics import bertscore_native
+
+            model = bertscore_native.load_model(path, num_layers, all_layers)
+        else:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+            model = get_model(path, num_layers, all_layers)
         model.to(device)
         model.eval()
         _models[key] = (model, tokenizer)
@@ -219,7 +250,7 @@ def prepare(instances: list[dict], params) -> dict | None:
     from evalq.workers.metrics.bertscore_engine import encode
 
     resolved = resolve(params)
-    tokenizer = load_tokenizer(resolved.path, params.use_fast_tokenizer)
+    tokenizer = load_tokenizer(resolved.path, params.use_fast_tokenizer, native_ok(resolved.path, params.engine))
     references = [ref for inst in instances for ref in inst["expected-output"]]
     # One core: the orchestrator has threads (progress, Redis, Celery) and may be a
     # prefork pool's parent, where neither a process pool nor the Rust tokenizer's
@@ -304,7 +335,7 @@ def bertscore(instances: list[dict], params, prepared: dict | None = None) -> li
     resolved = resolve(params)
     device = pick_device(params.device)
     model, tokenizer = load_model(resolved.path, resolved.num_layers, params.all_layers,
-                                  params.use_fast_tokenizer, device)
+                                  params.use_fast_tokenizer, device, native_ok(resolved.path, params.engine))
     weights = idf_weights(params, prepared, tokenizer)
 
     cands: list[str] = []

@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import os
 import queue
+import sys
 import threading
 import weakref
 from typing import Any, Iterator
@@ -77,16 +78,22 @@ def _hf_encode(tokenizer, sentences: list[str]) -> list[list[int]]:
                                        truncation=True)["input_ids"]] if sentences else []
 
 
+def _gpt2_or_roberta(tokenizer) -> bool:
+    if "transformers" not in sys.modules:  # a tokenizer of transformers' would have imported it
+        return False
+    from transformers import GPT2Tokenizer, RobertaTokenizer
+
+    return isinstance(tokenizer, (GPT2Tokenizer, RobertaTokenizer))
+
+
 def encode(tokenizer, sentences: list[str], parallel: bool = False) -> list[list[int]]:
     """Token ids of each sentence, as bert_score's ``sent_encode`` gives them. ``parallel``: a
     fast tokenizer may use every core for the batch (the gpu worker's cores are otherwise idle)."""
-    from transformers import GPT2Tokenizer, RobertaTokenizer
-
     stripped = [s.strip() for s in sentences]
     out: list[list[int] | None] = [None] * len(stripped)
     filled = [i for i, s in enumerate(stripped) if s]
     texts = [stripped[i] for i in filled]
-    if isinstance(tokenizer, (GPT2Tokenizer, RobertaTokenizer)):  # bert_score checks the slow classes only
+    if _gpt2_or_roberta(tokenizer):  # bert_score checks the slow classes only
         kwargs: dict[str, Any] = {"add_special_tokens": True, "max_length": tokenizer.model_max_length,
                                   "truncation": True, "add_prefix_space": True}
         ids = [tokenizer.encode(text, **kwargs) for text in texts]
