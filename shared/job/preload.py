@@ -1,8 +1,9 @@
 """What a worker loads at start, before any chunk asks for it: ``EVALQ_PRELOAD``.
 
-A model metric's first chunk on a fresh worker otherwise pays for importing torch and
-transformers and loading the model (4 to 5 s on a CPU for the shipped MiniLM, more for a large
-model or a GPU's first kernels) while the job waits. With ``EVALQ_PRELOAD`` the worker does that
+A model metric's first chunk on a fresh worker otherwise pays for importing torch (and
+transformers, for a model that is not a plain BERT) and loading the model (about 3 s of a first
+job on a CPU for the shipped MiniLM, more for a large model or a GPU's first kernels) while the
+job waits. With ``EVALQ_PRELOAD`` the worker does that
 in a thread as it starts, beside Celery's own start and the job's submission.
 
 The setting is the operator's (a deployment's environment; ``evalq run`` sets it for its own
