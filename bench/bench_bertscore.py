@@ -2,7 +2,7 @@
 
 - BERTScorer in-process: ``bert_score.BERTScorer(...).score(cands, refs)`` on all pairs at once
   (model loaded and warmed up beforehand, not timed);
-- evalq's engine in-process: the bertscore metric function (``evalq.workers.metrics.bertscore``,
+- evalq's engine in-process: the bertscore metric function (``evalq.workers.metrics.bertscore.metric``,
   ``engine: evalq``) called on all instances in this process, warmed up likewise;
 - the gpu queue: ``evalq.cli.run.run_job`` against an embedded cluster (private Redis plus one
   gpu-queue worker, as ``evalq run`` starts it), the worker warmed up with a small job first; the
@@ -191,7 +191,7 @@ def main() -> None:
                         idf=args.idf, idf_sents=[r for g in refs for r in g] if args.idf else None,
                         batch_size=args.batch_size)
     scorer.score(cands[:2 * args.batch_size], refs[:2 * args.batch_size], batch_size=args.batch_size)
-    from evalq.workers.metrics.bertscore import bertscore as engine_metric
+    from evalq.workers.metrics.bertscore.metric import bertscore as engine_metric
 
     engine_params = job.metrics[0].params
     prepared = REGISTRY.get("bertscore").load_prepare()(instances, engine_params)

@@ -310,7 +310,7 @@ def phase_bertscore(args) -> None:
     # evalq's engine in this process (issue 40): the metric function the worker calls, fp32 as the
     # job asks, and bf16, warmed up the same way (model loaded, kernels ready)
     from evalq.shared.metrics.params import BertScoreParams
-    from evalq.workers.metrics.bertscore import bertscore as engine_metric
+    from evalq.workers.metrics.bertscore.metric import bertscore as engine_metric
 
     engines = {"engine_fp32": BertScoreParams.model_validate({**params, "dtype": "fp32"}),
                "engine_bf16": BertScoreParams.model_validate({**params, "dtype": "bf16"}),

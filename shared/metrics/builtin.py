@@ -63,14 +63,14 @@ REGISTRY.register(MetricSpec(
     # cosine similarities: at most 1; below 0 is possible (rescaled with a baseline, most of all)
     bounds=(-math.inf, 1.0),
     params=BertScoreParams,
-    impl="evalq.workers.metrics.bertscore:bertscore",
-    warm="evalq.workers.metrics.bertscore:warm",
+    impl="evalq.workers.metrics.bertscore.metric:bertscore",
+    warm="evalq.workers.metrics.bertscore.metric:warm",
     queue="gpu",
     batch=True,
     # an eighth of the entry's pairs, 512 to 4,096 (a multiple of 512, so of every power-of-two
     # batch_size up to 512): a chunk fills a GPU's forward batches and pays the per-chunk costs rarely
     device_chunk=(512, 4096),
-    prepare="evalq.workers.metrics.bertscore:prepare",
+    prepare="evalq.workers.metrics.bertscore.metric:prepare",
     aggregation="distribution",
     requires=("actual-output", "expected-output"),
     description="BERTScore precision, recall and F1 (bert-score), best over the references; "

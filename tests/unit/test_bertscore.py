@@ -17,7 +17,7 @@ from evalq.shared.metrics.params import BertScoreParams
 from evalq.shared.metrics.registry import REGISTRY
 from tests.conftest import ROOT
 from evalq.shared.metrics import bertscore as models
-from evalq.workers.metrics import bertscore as bs
+from evalq.workers.metrics.bertscore import models as bs
 from evalq.workers.chunk import score_items
 
 bert_score = pytest.importorskip("bert_score")

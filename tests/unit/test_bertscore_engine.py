@@ -14,7 +14,7 @@ import pytest
 
 import evalq.shared.job.catalogue  # noqa: F401
 from evalq.shared.metrics import bertscore as models
-from evalq.workers.metrics import bertscore_engine
+from evalq.workers.metrics.bertscore import engine as bertscore_engine
 from tests.unit.test_bertscore import INSTANCES, all_refs, cands, refs
 from tests.unit.test_bertscore import run as evalq_scores  # prepared once, chunks apart, via JSON
 
@@ -107,7 +107,7 @@ def test_empty_candidates_and_references(scorer, idf):
     reference = scorer(idf=idf)
     # bert-score 0.3.13 encodes an empty sentence with build_inputs_with_special_tokens([]), which
     # transformers 5's tokenizers lack: given back with its old meaning (the special tokens alone)
-    from evalq.workers.metrics.bertscore import _fix_tokenizer
+    from evalq.workers.metrics.bertscore.models import _fix_tokenizer
 
     reference._tokenizer = _fix_tokenizer(reference._tokenizer, MODEL_DIR)
     if idf:
@@ -169,7 +169,7 @@ def test_bf16_is_within_its_tolerance_and_bert_score_stays_selectable(scorer):
 def test_tokenization_is_bert_scores():
     from bert_score.utils import sent_encode
 
-    from evalq.workers.metrics.bertscore import load_tokenizer
+    from evalq.workers.metrics.bertscore.models import load_tokenizer
 
     for fast in (False, True):
         tok = load_tokenizer(MODEL_DIR, fast)
@@ -187,7 +187,7 @@ def test_a_tokenizer_whose_rust_copy_disagrees_is_called_itself():
     keeps its own call: the engine's tokens are still bert_score's."""
     from bert_score.utils import sent_encode
 
-    from evalq.workers.metrics.bertscore import load_tokenizer
+    from evalq.workers.metrics.bertscore.models import load_tokenizer
 
     base = load_tokenizer(MODEL_DIR, True)
 
@@ -210,7 +210,7 @@ def test_a_forward_pass_that_raises_stops_the_tokenizing_thread():
     behind blocked on batches nobody takes."""
     import threading
 
-    from evalq.workers.metrics.bertscore import load_tokenizer
+    from evalq.workers.metrics.bertscore.models import load_tokenizer
 
     tok = load_tokenizer(MODEL_DIR, False)
     sentences = [i["actual-output"] for i in synthetic(200, 1, seed=9)]
@@ -277,7 +277,7 @@ def test_best_of_references_is_the_per_instance_maximum_with_nan_kept():
     layer's rows too."""
     import torch
 
-    from evalq.workers.metrics.bertscore import best_of_references
+    from evalq.workers.metrics.bertscore.metric import best_of_references
 
     rng = random.Random(3)
     sizes = [rng.choice([1, 1, 2, 3, 4]) for _ in range(200)]

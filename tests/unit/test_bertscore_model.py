@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 bert_score_utils = pytest.importorskip("bert_score.utils")
 
-from evalq.workers.metrics.bertscore import get_model  # noqa: E402
+from evalq.workers.metrics.bertscore.models import get_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,7 +84,7 @@ def test_a_layer_beyond_the_model_is_refused(saved):
 
 def test_scoring_with_the_engine_imports_neither_bert_score_nor_matplotlib_nor_pandas():
     """idf's prepare step included; only ``engine: bert_score`` and the baseline's table need them."""
-    code = ("import sys; from evalq.workers.metrics.bertscore import bertscore, prepare; "
+    code = ("import sys; from evalq.workers.metrics.bertscore.metric import bertscore, prepare; "
             "from evalq.shared.metrics.params import BertScoreParams; "
             "items = [{'actual-output': 'a cat sat', 'expected-output': ['the cat sat']}, "
             "{'actual-output': 'dogs run', 'expected-output': ['a dog ran fast']}]; "

@@ -1,4 +1,4 @@
-"""The engine's BERT built without transformers (workers/metrics/bertscore_native.py) against
+"""The engine's BERT built without transformers (workers/metrics/bertscore/native.py) against
 transformers itself, computed here: hidden states of ``BertModel`` (every layer, padded and
 unpadded batches, a pre-training checkpoint's ``bert.`` names), token ids of ``AutoTokenizer``
 (accents, CJK, control characters, empty and over-long texts, a cased tokenizer), which models
@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from evalq.shared.metrics import bertscore as models
-from evalq.workers.metrics import bertscore_native as native
-from evalq.workers.metrics.bertscore import native_ok
+from evalq.workers.metrics.bertscore import native
+from evalq.workers.metrics.bertscore.models import native_ok
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -141,7 +141,7 @@ def test_scoring_the_shipped_model_never_imports_transformers():
     code = """
 import sys
 from evalq.shared.metrics.params import BertScoreParams
-from evalq.workers.metrics.bertscore import bertscore, prepare
+from evalq.workers.metrics.bertscore.metric import bertscore, prepare
 insts = [{"actual-output": "a cat sat", "expected-output": ["the cat sat", "a dog"]},
          {"actual-output": "", "expected-output": ["nothing"]}]
 params = BertScoreParams.model_validate({"idf": True})

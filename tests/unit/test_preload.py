@@ -73,22 +73,22 @@ def test_the_embedded_cluster_of_evalq_run_preloads_the_jobs_models(tmp_path, mo
 
 def test_a_worker_loads_only_its_queues_entries():
     from evalq.workers import preload
-    from evalq.workers.metrics import bertscore as worker_bertscore
+    from evalq.workers.metrics.bertscore import metric as worker_bertscore, models
 
     assert preload.start({"cpu"}, "bertscore") is None
     assert preload.start({"gpu"}, "") is None
-    worker_bertscore.clear_cache()
-    before = worker_bertscore.stats["model_loads"]
+    models.clear_cache()
+    before = models.stats["model_loads"]
     thread = preload.start({"gpu", "cpu"}, '[{"id": "bertscore", "parameters": {"batch_size": 4}}]')
     thread.join(120)
     assert not thread.is_alive()
-    assert worker_bertscore.stats["model_loads"] == before + 1
+    assert models.stats["model_loads"] == before + 1
     # a chunk's call finds it loaded
     from evalq.shared.metrics.params import BertScoreParams
 
     worker_bertscore.bertscore([{"actual-output": "a cat", "expected-output": ["a dog"]}],
                                BertScoreParams(batch_size=2))
-    assert worker_bertscore.stats["model_loads"] == before + 1
+    assert models.stats["model_loads"] == before + 1
 
 
 def test_a_load_that_fails_is_logged_and_left_to_the_chunks(caplog):

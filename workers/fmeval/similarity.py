@@ -10,7 +10,7 @@ from typing import Any
 def best_bertscore(pairs: list[tuple[str, list[str]]], params: Any) -> list[float | None]:
     """For each (output, texts): the best BERTScore F1 of the output against the texts.
     ``params``: fmeval parameters with ``model_type_for_bertscore``."""
-    from evalq.workers.metrics.bertscore import bertscore
+    from evalq.workers.metrics.bertscore.metric import bertscore
 
     instances = [{"actual-output": output, "expected-output": texts} for output, texts in pairs]
     return [r["f1"] for r in bertscore(instances, params.bertscore_params())]
@@ -20,6 +20,6 @@ def warm(params: Any) -> str:
     """The registry's ``warm`` hook of fmeval's entries with a bertscore part: its model loaded."""
     if not getattr(params, "bertscore", False):
         return "nothing (bertscore: false)"
-    from evalq.workers.metrics.bertscore import warm as warm_bertscore
+    from evalq.workers.metrics.bertscore.metric import warm as warm_bertscore
 
     return warm_bertscore(params.bertscore_params())

@@ -158,7 +158,7 @@ class Toxigen:
 
 
 def classifier(params: ToxicityParams):
-    from evalq.workers.metrics.bertscore import pick_device
+    from evalq.workers.metrics.bertscore.models import pick_device
 
     device = pick_device(params.device)
     key = (params.model_type, params.model_path, device)
@@ -178,6 +178,6 @@ def toxicity(instances: list[dict], params: ToxicityParams) -> list[dict]:
 def warm(params: ToxicityParams) -> str:
     """The registry's ``warm`` hook: the classifier loaded and run once on this process's device."""
     toxicity([{"actual-output": "warm"}], params)
-    from evalq.workers.metrics.bertscore import pick_device
+    from evalq.workers.metrics.bertscore.models import pick_device
 
     return f"{params.model_type} on {pick_device(params.device)}"

@@ -161,7 +161,6 @@ def _bert_class():
     """``Bert``, defined on first use so that importing this module does not import torch."""
     if _BERT:
         return _BERT[0]
-    import torch
     from torch import nn
     from torch.nn import functional as F
 

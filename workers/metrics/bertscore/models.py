@@ -1,26 +1,20 @@
-"""BERTScore on the gpu queue: evalq's engine (``evalq.workers.metrics.bertscore_engine``, the
-default), or the bert-score package's own ``bert_cos_score_idf`` (``engine: bert_score``).
-
+"""BERTScore's models on a worker: loaded once per process from local directories (never by hub
+name), kept for later chunks and jobs (the two most recently used), as bert_score loads them
+(``get_model``, ``AutoTokenizer``), or, for a plain BERT, by ``native`` without transformers.
 What model, layer and baseline a parameter set means is resolved in
-``evalq.shared.metrics.bertscore`` (validation needs it too, without torch). Here: a
-per-process model cache, the ``prepare`` hook that computes idf weights once
-per job over every reference, and the batch function the runner calls with a
-chunk of instances. Models are only ever loaded from local directories.
+``evalq.shared.metrics.bertscore`` (validation needs it too, without torch).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import threading
-from collections import Counter, OrderedDict, defaultdict
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-
-from evalq.shared.metrics.bertscore import resolve
 
 # Never reach the network, whatever imports transformers later in this process.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -92,12 +86,12 @@ def _fix_tokenizer(tokenizer, path: str) -> Any:
 def load_tokenizer(path: str, use_fast: bool, native: bool = False) -> Any:
     """``AutoTokenizer``'s, as bert_score's ``get_tokenizer`` loads it from a local directory;
     with ``native``, the same ids from ``tokenizer.json`` without importing transformers
-    (``bertscore_native``: only where ``native_ok`` says so)."""
+    (``native``: only where ``native_ok`` says so)."""
     with _lock:
         key = (path, use_fast, native)
         if key not in _tokenizers:
             if native:
-                from evalq.workers.metrics.bertscore_native import Tokenizer
+                from evalq.workers.metrics.bertscore.native import Tokenizer
 
                 tokenizer = Tokenizer(path)
             else:
@@ -110,7 +104,7 @@ def load_tokenizer(path: str, use_fast: bool, native: bool = False) -> Any:
 
 @lru_cache(maxsize=32)
 def _unsupported(path: str, switch: str | None) -> str | None:
-    from evalq.workers.metrics.bertscore_native import unsupported
+    from evalq.workers.metrics.bertscore.native import unsupported
 
     return unsupported(path)
 
@@ -118,7 +112,7 @@ def _unsupported(path: str, switch: str | None) -> str | None:
 def native_ok(path: str, engine: str) -> bool:
     """Whether evalq's engine loads this model and tokenizer without transformers (a plain BERT;
     ``engine: bert_score`` always goes through transformers, as bert_score does)."""
-    from evalq.workers.metrics.bertscore_native import ENV
+    from evalq.workers.metrics.bertscore.native import ENV
 
     return engine != "bert_score" and _unsupported(path, os.environ.get(ENV)) is None
 
@@ -126,7 +120,7 @@ def native_ok(path: str, engine: str) -> bool:
 def load_model(path: str, num_layers: int, all_layers: bool, use_fast: bool, device: str,
                native: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer), loaded once per process and kept for later chunks and jobs; with
-    ``native`` (``native_ok``), built by ``bertscore_native`` without importing transformers."""
+    ``native`` (``native_ok``), built by ``native`` without importing transformers."""
     key = (path, num_layers, all_layers, use_fast, device, native)
     with _lock:
         if key in _models:
@@ -137,9 +131,9 @@ def load_model(path: str, num_layers: int, all_layers: bool, use_fast: bool, dev
         t0 = time.perf_counter()
         tokenizer = load_tokenizer(path, use_fast, native)
         if native:
-            from evalq.workers.metrics import bertscore_native
+            from evalq.workers.metrics.bertscore import native
 
-            model = bertscore_native.load_model(path, num_layers, all_layers)
+            model = native.load_model(path, num_layers, all_layers)
         else:
             from transformers.utils import logging as hf_logging
 
@@ -231,154 +225,3 @@ def clear_cache() -> None:
         _models.clear()
         _tokenizers.clear()
         _free_device_memory()
-
-
-# --- idf: once per job, over every reference ------------------------------------
-
-def prepare(instances: list[dict], params) -> dict | None:
-    """The registry's ``prepare`` hook, run once per job by the orchestrator.
-
-    With ``idf`` it returns bert-score's idf weights (``get_idf_dict``) over
-    every reference of every instance, as JSON: each task then weighs tokens as
-    bert-score does when it scores the whole dataset at once. Its definition, computed
-    here: ``log((N + 1) / (n + 1))`` for a token in n of the N references, each reference
-    tokenized as bert_score's ``sent_encode`` does (the engine's ``encode``: one call for
-    them all, on one core, where bert_score tokenizes one sentence at a time).
-    """
-    if not params.idf:
-        return None
-    from evalq.workers.metrics.bertscore_engine import encode
-
-    resolved = resolve(params)
-    tokenizer = load_tokenizer(resolved.path, params.use_fast_tokenizer, native_ok(resolved.path, params.engine))
-    references = [ref for inst in instances for ref in inst["expected-output"]]
-    # One core: the orchestrator has threads (progress, Redis, Celery) and may be a
-    # prefork pool's parent, where neither a process pool nor the Rust tokenizer's
-    # threads are safe across a fork (a Pool here hung the test suite).
-    counts: Counter[int] = Counter()
-    for ids in encode(tokenizer, references, parallel=False):
-        counts.update(set(ids))
-    num_docs = len(references)
-    idf = {token: math.log((num_docs + 1) / (n + 1)) for token, n in counts.items()}
-    return {"num_docs": num_docs, "idf": {str(k): v for k, v in sorted(idf.items())}}
-
-
-_idf_cache: list = []  # [(prepared object, dict)]: one job's weights, rebuilt once per process
-
-
-def idf_weights(params, prepared: dict | None, tokenizer) -> dict:
-    if not params.idf:
-        weights = defaultdict(lambda: 1.0)
-        weights[tokenizer.sep_token_id] = 0
-        weights[tokenizer.cls_token_id] = 0
-        return weights
-    if not isinstance(prepared, dict) or "idf" not in prepared:
-        raise RuntimeError("idf weights are missing: the job was stored without its prepare step")
-    if _idf_cache and _idf_cache[0][0] is prepared:
-        return _idf_cache[0][1]
-    unseen = math.log((prepared["num_docs"] + 1) / 1)  # bert-score's weight for unseen tokens
-    weights = defaultdict(lambda: unseen)
-    weights.update({int(k): v for k, v in prepared["idf"].items()})
-    _idf_cache[:] = [(prepared, weights)]
-    return weights
-
-
-# --- scoring -------------------------------------------------------------------
-
-@lru_cache(maxsize=8)
-def _baseline_values(file: str, num_layers: int, all_layers: bool):
-    """As ``BERTScorer.baseline_vals``: P, R, F for the layer (or every layer)."""
-    import pandas as pd
-    import torch
-
-    table = pd.read_csv(file)
-    if all_layers:
-        return torch.from_numpy(table.to_numpy())[:, 1:].float()  # (layers, 3)
-    return torch.from_numpy(table.iloc[num_layers].to_numpy())[1:].float()  # (3,)
-
-
-def _number(value: float) -> float | None:
-    # bert-score leaves P undefined (NaN) when every candidate token has idf 0;
-    # JSON has no NaN, so the value is null and aggregation skips it.
-    return None if math.isnan(value) else value
-
-
-def best_of_references(preds, groups: list[tuple[int, int]]):
-    """Each instance's best P, R and F1 over its references' rows ``preds[start:stop]``, value
-    by value (NaN kept), as ``preds[start:stop].max(dim=0)`` gives it, in one gather rather than
-    a tensor operation per instance (90 ms per 20,000 instances)."""
-    import torch
-
-    widest = max(stop - start for start, stop in groups)
-    if widest == 1:  # one reference each: the rows themselves, in order
-        return preds[: len(groups)] if len(preds) == len(groups) else preds[[start for start, _ in groups]]
-    bounds = torch.tensor(groups, dtype=torch.long)
-    starts, sizes = bounds[:, 0:1], bounds[:, 1:2] - bounds[:, 0:1]
-    cols = torch.arange(widest)[None, :]
-    # an instance with fewer references repeats its first: the maximum is unchanged
-    rows = torch.where(cols < sizes, starts + cols, starts)
-    return preds[rows].amax(dim=1)
-
-
-def bertscore(instances: list[dict], params, prepared: dict | None = None) -> list[dict]:
-    """Precision, recall and F1 per instance, best over its references.
-
-    As ``BERTScorer.score`` with a list of references per candidate: each of P,
-    R and F1 is the maximum over the references (they may come from different
-    references), then rescaled with the baseline when asked. With
-    ``all_layers`` each value is a list, one per layer (embeddings first).
-    """
-    if not instances:
-        return []
-    import torch
-
-    resolved = resolve(params)
-    device = pick_device(params.device)
-    model, tokenizer = load_model(resolved.path, resolved.num_layers, params.all_layers,
-                                  params.use_fast_tokenizer, device, native_ok(resolved.path, params.engine))
-    weights = idf_weights(params, prepared, tokenizer)
-
-    cands: list[str] = []
-    refs: list[str] = []
-    groups: list[tuple[int, int]] = []
-    for inst in instances:
-        group = inst["expected-output"]
-        groups.append((len(refs), len(refs) + len(group)))
-        refs.extend(group)
-        cands.extend([inst["actual-output"]] * len(group))
-
-    if params.engine == "bert_score":
-        from bert_score.utils import bert_cos_score_idf
-
-        preds = bert_cos_score_idf(model, refs, cands, tokenizer, weights, verbose=params.verbose,
-                                   batch_size=params.batch_size, device=device,
-                                   all_layers=params.all_layers).cpu()
-        if params.all_layers:
-            preds = preds.transpose(0, 1)  # (pairs, layers, 3)
-    else:
-        from evalq.workers.metrics import bertscore_engine
-
-        preds = bertscore_engine.score(model, tokenizer, cands, refs, weights, device, params.batch_size,
-                                       params.all_layers, params.dtype, params.max_batch_tokens)
-    best = best_of_references(preds, groups)
-    if params.rescale_with_baseline:
-        baseline = _baseline_values(resolved.baseline, resolved.num_layers, params.all_layers)
-        best = (best - baseline) / (1 - baseline)
-
-    if not params.all_layers:
-        return [{"precision": _number(p), "recall": _number(r), "f1": _number(f)} for p, r, f in best.tolist()]
-    results = []
-    for row in best.tolist():
-        p, r, f = ([_number(layer[i]) for layer in row] for i in range(3))
-        results.append({"precision": p, "recall": r, "f1": f})
-    return results
-
-
-def warm(params) -> str:
-    """The registry's ``warm`` hook: these parameters' model and tokenizer loaded into this
-    process, and one pair scored with them (the engine's imports and the device's kernels ready),
-    before a chunk asks for them. Says what it loaded."""
-    bertscore([{"actual-output": "warm", "expected-output": ["warm"]}],
-              params.model_copy(update={"idf": False, "rescale_with_baseline": False}))
-    resolved = resolve(params)
-    return f"{resolved.name} (layer {resolved.num_layers}) on {pick_device(params.device)}"
