@@ -5,9 +5,10 @@ The same numbers as ``bert_score.utils.bert_cos_score_idf`` (within float roundi
 
 - **Tokenization** as bert_score's ``sent_encode``: each sentence stripped, truncated to the
   tokenizer's ``model_max_length``, an empty one encoded as the special tokens alone, GPT-2 and
-  RoBERTa tokenizers given a prefix space; but one batch call, to a copy of a fast tokenizer's
-  Rust tokenizer on every core where that copy gives the tokenizer's own ids (else to the
-  tokenizer), on a GPU in a thread that prepares the next batch while the device works on this one.
+  RoBERTa tokenizers asked for a prefix space one sentence at a time; but one batch call, to a
+  copy of a fast tokenizer's Rust tokenizer on every core where that copy gives bert_score's ids
+  on the first sentences (else bert_score's own calls), on a GPU in a thread that prepares the
+  next batch while the device works on this one.
 - **Forward passes** over each distinct sentence once, in batches formed by length (sorted by
   characters, so a batch pads little) and sized in tokens (``max_batch_tokens``), optionally in
   bf16/fp16 (``dtype``; the embeddings are normalised and matched in fp32).
@@ -40,8 +41,8 @@ _parallel = threading.Lock()
 def _backend(tokenizer, sample: list[str]):
     """A copy of a fast tokenizer's Rust tokenizer set up as bert_score's call sets it up
     (special tokens, truncation to ``model_max_length``, no padding), or None where the tokenizer
-    has none or the copy tokenizes ``sample`` differently from the tokenizer's own call: then
-    the tokenizer's own call is used. The copy skips the Python work transformers does for each
+    has none or the copy tokenizes ``sample`` differently from bert_score's call of the tokenizer
+    (``_reference``): then that call is used. The copy skips the Python work transformers does for each
     sentence of a batch, and may use every core."""
     try:
         return _backends[tokenizer]
@@ -57,7 +58,7 @@ def _backend(tokenizer, sample: list[str]):
             backend.no_padding()
             backend.enable_truncation(tokenizer.model_max_length, stride=0, strategy="longest_first",
                                       direction=getattr(tokenizer, "truncation_side", "right"))
-            if _ids(backend, sample) != _hf_encode(tokenizer, sample):
+            if _ids(backend, sample) != _reference(tokenizer, sample):
                 backend = None
     except Exception:  # noqa: BLE001 - any doubt: the tokenizer's own call
         backend = None
@@ -86,6 +87,18 @@ def _gpt2_or_roberta(tokenizer) -> bool:
     return isinstance(tokenizer, (GPT2Tokenizer, RobertaTokenizer))
 
 
+def _reference(tokenizer, texts: list[str]) -> list[list[int]]:
+    """bert_score's ``sent_encode`` of each (stripped, non-empty) text, through the tokenizer
+    itself: a GPT-2 or RoBERTa tokenizer one text at a time with a prefix space asked for
+    (bert_score checks the slow classes only; transformers 5 leaves the pre-tokenizer's own
+    setting), any other in one call."""
+    if _gpt2_or_roberta(tokenizer):
+        kwargs: dict[str, Any] = {"add_special_tokens": True, "max_length": tokenizer.model_max_length,
+                                  "truncation": True, "add_prefix_space": True}
+        return [list(tokenizer.encode(text, **kwargs)) for text in texts]
+    return _hf_encode(tokenizer, texts)
+
+
 def encode(tokenizer, sentences: list[str], parallel: bool = False) -> list[list[int]]:
     """Token ids of each sentence, as bert_score's ``sent_encode`` gives them. ``parallel``: a
     fast tokenizer may use every core for the batch (the gpu worker's cores are otherwise idle)."""
@@ -93,11 +106,7 @@ def encode(tokenizer, sentences: list[str], parallel: bool = False) -> list[list
     out: list[list[int] | None] = [None] * len(stripped)
     filled = [i for i, s in enumerate(stripped) if s]
     texts = [stripped[i] for i in filled]
-    if _gpt2_or_roberta(tokenizer):  # bert_score checks the slow classes only
-        kwargs: dict[str, Any] = {"add_special_tokens": True, "max_length": tokenizer.model_max_length,
-                                  "truncation": True, "add_prefix_space": True}
-        ids = [tokenizer.encode(text, **kwargs) for text in texts]
-    elif texts and (backend := _backend(tokenizer, texts[:64])) is not None:
+    if texts and (backend := _backend(tokenizer, texts[:64])) is not None:
         with _parallel:  # the Rust tokenizer reads the variable at each call
             before = os.environ.get("TOKENIZERS_PARALLELISM")
             os.environ["TOKENIZERS_PARALLELISM"] = "true" if parallel else "false"
@@ -109,7 +118,7 @@ def encode(tokenizer, sentences: list[str], parallel: bool = False) -> list[list
                 else:
                     os.environ["TOKENIZERS_PARALLELISM"] = before
     else:
-        ids = _hf_encode(tokenizer, texts)
+        ids = _reference(tokenizer, texts)
     for i, one in zip(filled, ids):
         out[i] = list(one)
     if len(filled) < len(stripped):
