@@ -72,6 +72,10 @@ def unsupported(path: str) -> str | None:
               "handle_chinese_chars": tok_config.get("tokenize_chinese_chars", True)}
     if any(normalizer.get(k) != v for k, v in wanted.items()):
         return "tokenizer.json's normalizer differs from tokenizer_config.json"
+    try:
+        Tokenizer(path)
+    except Exception as exc:  # noqa: BLE001 - any doubt: transformers reads it
+        return f"its tokenizer: {exc}"
     return None
 
 
