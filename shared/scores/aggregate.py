@@ -2,10 +2,9 @@
 
 Streaming: an aggregator sees one item at a time, so a million-item metric
 aggregates in flat memory (a distribution keeps its values: 8 bytes each).
-Mergeable aggregators (all of evalq's own) also work in
-parts: each chunk's worker aggregates its own items (``chunk_part``) and the
-job's callback merges one small part per chunk (``merge_parts``) instead of
-reading every item again.
+Mergeable aggregators (every one here) also work in parts: each chunk's worker
+aggregates its own items (``chunk_part``) and the job's callback merges one
+part per chunk (``merge_parts``) instead of reading every item again.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,12 +30,12 @@ TEXTS = ["The cat sat on the mat.", "A much longer sentence, with punctuation; a
          "   spaced   out   ", "emoji 🙂 and symbols ©®", " ".join(["token"] * 700)]
 
 
-def _random_bert(folder, cls=None, **config):
+def _random_bert(folder, cls=None):
     """A small BERT with random weights (seeded) and the shipped tokenizer files, saved as
     transformers saves it."""
     torch.manual_seed(0)
-    base = json.loads(open(f"{MODEL_DIR}/config.json").read())
-    base.update(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128, **config)
+    base = json.loads(Path(MODEL_DIR, "config.json").read_text())
+    base.update(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128)
     cfg = transformers.BertConfig(**{k: v for k, v in base.items() if not k.startswith("_")})
     model = (cls or transformers.BertModel)(cfg).eval()
     model.save_pretrained(folder, safe_serialization=True)

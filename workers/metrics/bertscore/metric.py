@@ -91,8 +91,8 @@ def best_of_references(preds, groups: list[tuple[int, int]]):
     import torch
 
     widest = max(stop - start for start, stop in groups)
-    if widest == 1:  # one reference each: the rows themselves, in order
-        return preds[: len(groups)] if len(preds) == len(groups) else preds[[start for start, _ in groups]]
+    if widest == 1:  # one reference each: the rows themselves
+        return preds if len(preds) == len(groups) else preds[[start for start, _ in groups]]
     bounds = torch.tensor(groups, dtype=torch.long)
     starts, sizes = bounds[:, 0:1], bounds[:, 1:2] - bounds[:, 0:1]
     cols = torch.arange(widest)[None, :]

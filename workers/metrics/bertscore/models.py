@@ -31,7 +31,7 @@ MAX_CACHED_MODELS = 2
 # --- models (workers) ----------------------------------------------------------
 
 _models: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
-_tokenizers: dict[tuple[str, bool], Any] = {}
+_tokenizers: dict[tuple[str, bool, bool], Any] = {}
 _lock = threading.RLock()
 stats = {"model_loads": 0}
 
@@ -104,6 +104,7 @@ def load_tokenizer(path: str, use_fast: bool, native: bool = False) -> Any:
 
 @lru_cache(maxsize=32)
 def _unsupported(path: str, switch: str | None) -> str | None:
+    # ``switch``: EVALQ_BERTSCORE_NATIVE's value, part of the key (the files are read once)
     from evalq.workers.metrics.bertscore.native import unsupported
 
     return unsupported(path)
