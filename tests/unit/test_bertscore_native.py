@@ -1,5 +1,5 @@
-"""The engine's BERT built without transformers (workers/metrics/bertscore/native.py) against
-transformers itself, computed here: hidden states of ``BertModel`` (every layer, padded and
+"""The engine's BERT and RoBERTa built without transformers (workers/metrics/bertscore/native.py)
+against transformers itself, computed here: hidden states of ``BertModel`` (every layer, padded and
 unpadded batches, a pre-training checkpoint's ``bert.`` names), token ids of ``AutoTokenizer``
 (accents, CJK, control characters, empty and over-long texts, a cased tokenizer), which models
 it takes and which it leaves to transformers, and a scoring process that never imports
@@ -123,7 +123,7 @@ def test_which_models_are_built_here(tmp_path, monkeypatch):
     folder = _random_bert(tmp_path / "m")
     assert native.unsupported(str(folder)) is None
     config = json.loads((folder / "config.json").read_text())
-    for change, reason in [({"model_type": "roberta"}, "model_type"), ({"hidden_act": "relu"}, "gelu"),
+    for change, reason in [({"model_type": "distilbert"}, "model_type"), ({"hidden_act": "relu"}, "gelu"),
                            ({"position_embedding_type": "relative_key"}, "absolute"),
                            ({"is_decoder": True}, "decoder")]:
         (folder / "config.json").write_text(json.dumps({**config, **change}))
@@ -157,3 +157,42 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("transformers", "bert
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("add_prefix_space", [False, True])
+def test_a_roberta_is_built_here_equal_to_roberta_model_and_bertscorer(tmp_path, add_prefix_space):
+    """RoBERTa (bert_score's default English family): positions counted from the padding token,
+    byte-level BPE ids as bert_score's ``sent_encode`` gives them (a tokenizer trained in the test:
+    none ships offline), and the engine's F1 through this path equal to ``BERTScorer``'s."""
+    from bert_score import BERTScorer
+    from bert_score.utils import sent_encode
+
+    from tests.unit.test_bertscore import run as evalq_scores
+    from tests.unit.test_bertscore_engine import _roberta_tokenizer, cands, refs, synthetic
+
+    folder = Path(_roberta_tokenizer(tmp_path / "roberta", add_prefix_space))
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                        intermediate_size=128, max_position_embeddings=66, pad_token_id=1,
+                                        type_vocab_size=1)
+    transformers.RobertaModel(config).eval().save_pretrained(folder, safe_serialization=True)
+    assert native.unsupported(str(folder)) is None
+    theirs = transformers.AutoModel.from_pretrained(folder).eval()
+    ours = native.load_model(str(folder), 3, all_layers=False)
+    ids, mask = _batch(tok, ["The city music", "garden window morning letter market doctor answer", "A"])
+    with torch.inference_mode():
+        want, got = theirs(ids, attention_mask=mask)[0], ours(ids, attention_mask=mask)[0]
+    assert (got - want)[mask.bool()].abs().max().item() <= 1e-6
+    texts = ["  Padded text.  ", "The city music", "garden " * 100, "Ünïcode ok"]
+    ours_tok = native.Tokenizer(str(folder))
+    assert ours_tok([t.strip() for t in texts], max_length=64, truncation=True)["input_ids"] == \
+        [sent_encode(tok, t) for t in texts]
+    data = synthetic(10, 2, seed=5)
+    P, R, F = BERTScorer(model_type=str(folder), num_layers=2, device="cpu", nthreads=0).score(cands(data), refs(data))
+    scores = evalq_scores(data, model_type=str(folder), num_layers=2)
+    assert max(abs(s["f1"] - f) for s, f in zip(scores, F.tolist())) <= 1e-6
+    # a tokenizer_config.json that says otherwise of the prefix space: transformers decides
+    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**tok_config, "add_prefix_space": not add_prefix_space}))
+    assert "byte-level" in native.unsupported(str(folder))

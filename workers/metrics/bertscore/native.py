@@ -1,16 +1,17 @@
-"""A BERT model and its tokenizer for the BERTScore engine, loaded without transformers.
+"""A BERT or RoBERTa model and its tokenizer for the BERTScore engine, loaded without transformers.
 
 Importing transformers' BERT costs a cold gpu worker about 2 s on one core (its tokenizer
 classes 0.65 s; its modelling modules 1.4 s more, which import torch.distributed.tensor,
 torch._dynamo and scipy whether a model needs them or not), a third of a cold ``evalq run``.
-A BERT encoder is a few torch functions, so for a model directory that is plainly a BERT
-(``model_type: bert``, absolute positions, GELU, float32 weights in ``model.safetensors``, a Rust
-``tokenizer.json`` whose settings agree with ``tokenizer_config.json``) the engine builds both
-here from the same files: the same embeddings, layers and scaled-dot-product attention as transformers'
-``BertModel`` with its default (SDPA) attention, and the same token ids as ``AutoTokenizer``.
+A BERT encoder is a few torch functions, so for a model directory that is plainly a BERT or a
+RoBERTa (``model_type: bert`` or ``roberta``, absolute positions, GELU, float32 weights in
+``model.safetensors``, a Rust ``tokenizer.json`` whose settings agree with
+``tokenizer_config.json``) the engine builds both here from the same files: the same embeddings,
+layers and scaled-dot-product attention as transformers' ``BertModel``/``RobertaModel`` with their
+default (SDPA) attention, and the same token ids as ``AutoTokenizer``.
 Anything else (another family, a setting this module does not read, ``engine: bert_score``)
 goes through transformers as before. tests/unit/test_bertscore_native.py holds the hidden
-states equal to ``BertModel``'s and the ids equal to ``AutoTokenizer``'s; the engine's tests
+states equal to transformers' and the ids equal to ``AutoTokenizer``'s; the engine's tests
 against ``BERTScorer`` run through this path. ``EVALQ_BERTSCORE_NATIVE=0`` turns it off.
 """
 
@@ -22,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 ENV = "EVALQ_BERTSCORE_NATIVE"
-_TOKENIZER_CLASSES = (None, "BertTokenizer", "BertTokenizerFast")
+# per family: the tokenizer classes whose tokenizer.json is read here, and the special tokens'
+# defaults (transformers' own, for a tokenizer_config.json that names none)
+FAMILIES = {
+    "bert": ((None, "BertTokenizer", "BertTokenizerFast"),
+             {"cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]", "unk": "[UNK]"}),
+    "roberta": ((None, "RobertaTokenizer", "RobertaTokenizerFast"),
+                {"cls": "<s>", "sep": "</s>", "pad": "<pad>", "unk": "<unk>"}),
+}
 
 
 def _read(path: Path) -> dict:
@@ -52,30 +60,40 @@ def unsupported(path: str) -> str | None:
         return f"{ENV} is off"
     folder = Path(path)
     config, tok_config = _read(folder / "config.json"), _read(folder / "tokenizer_config.json")
+    family = config.get("model_type")
     checks = {
-        "model_type is not bert": config.get("model_type") != "bert",
+        "model_type is neither bert nor roberta": family not in FAMILIES,
         "not absolute positions": config.get("position_embedding_type", "absolute") != "absolute",
         "activation is not gelu": config.get("hidden_act", "gelu") != "gelu",
         "a decoder": bool(config.get("is_decoder") or config.get("add_cross_attention")),
         "chunked feed-forward": bool(config.get("chunk_size_feed_forward")),
         "no float32 model.safetensors": not _float32_safetensors(folder / "model.safetensors"),
         "no tokenizer.json": not (folder / "tokenizer.json").is_file(),
-        "another tokenizer class": tok_config.get("tokenizer_class") not in _TOKENIZER_CLASSES,
+        "another tokenizer class": tok_config.get("tokenizer_class") not in FAMILIES.get(family, ((),))[0],
         "no model_max_length": not isinstance(tok_config.get("model_max_length"), int),
     }
     for reason, failed in checks.items():
         if failed:
             return reason
-    normalizer = (_read(folder / "tokenizer.json").get("normalizer") or {})
-    wanted = {"type": "BertNormalizer", "lowercase": tok_config.get("do_lower_case", True),
-              "strip_accents": tok_config.get("strip_accents"),
-              "handle_chinese_chars": tok_config.get("tokenize_chinese_chars", True)}
-    if any(normalizer.get(k) != v for k, v in wanted.items()):
-        return "tokenizer.json's normalizer differs from tokenizer_config.json"
+    rust = _read(folder / "tokenizer.json")
+    if family == "bert":
+        wanted = {"type": "BertNormalizer", "lowercase": tok_config.get("do_lower_case", True),
+                  "strip_accents": tok_config.get("strip_accents"),
+                  "handle_chinese_chars": tok_config.get("tokenize_chinese_chars", True)}
+        if any((rust.get("normalizer") or {}).get(k) != v for k, v in wanted.items()):
+            return "tokenizer.json's normalizer differs from tokenizer_config.json"
+    else:  # byte-level BPE: the prefix space as tokenizer_config.json says, <s> ... </s> around
+        prefix = tok_config.get("add_prefix_space", False)
+        pre, post = rust.get("pre_tokenizer") or {}, rust.get("post_processor") or {}
+        if (pre.get("type"), pre.get("add_prefix_space"), post.get("type")) != \
+                ("ByteLevel", prefix, "RobertaProcessing"):
+            return "tokenizer.json's byte-level settings differ from tokenizer_config.json"
     try:
-        Tokenizer(path)
+        tokenizer = Tokenizer(path)
     except Exception as exc:  # noqa: BLE001 - any doubt: transformers reads it
         return f"its tokenizer: {exc}"
+    if family == "roberta" and tokenizer.pad_token_id != config.get("pad_token_id", 1):
+        return "the padding token is not the model's (RoBERTa counts positions from it)"
     return None
 
 
@@ -93,11 +111,12 @@ class Tokenizer:
         folder = Path(path)
         config = _read(folder / "tokenizer_config.json")
         specials = _read(folder / "special_tokens_map.json")
+        defaults = FAMILIES.get(_read(folder / "config.json").get("model_type"), FAMILIES["bert"])[1]
         self._tokenizer = Rust.from_file(str(folder / "tokenizer.json"))
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
         self.model_max_length = int(config["model_max_length"])
-        for role, default in (("cls", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"), ("unk", "[UNK]")):
+        for role, default in defaults.items():
             token = config.get(f"{role}_token") or specials.get(f"{role}_token") or default
             if isinstance(token, dict):  # {"content": "[CLS]", ...}
                 token = token.get("content", default)
@@ -125,13 +144,15 @@ class Tokenizer:
 
 
 def _state_dict(path: str) -> dict[str, Any]:
-    """The checkpoint's tensors, named as ``BertModel``'s (a ``bert.`` prefix of a pre-training
-    checkpoint dropped, old ``gamma``/``beta`` layer-norm names read as ``weight``/``bias``)."""
+    """The checkpoint's tensors, named as ``BertModel``'s (a ``bert.`` or ``roberta.`` prefix of a
+    pre-training checkpoint dropped, old ``gamma``/``beta`` layer-norm names read as
+    ``weight``/``bias``)."""
     from safetensors.torch import load_file
 
     out = {}
     for name, tensor in load_file(str(Path(path) / "model.safetensors")).items():
-        name = name[len("bert."):] if name.startswith("bert.") else name
+        for prefix in ("bert.", "roberta."):
+            name = name[len(prefix):] if name.startswith(prefix) else name
         name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
         out[name] = tensor
     return out
@@ -139,7 +160,7 @@ def _state_dict(path: str) -> dict[str, Any]:
 
 def load_model(path: str, num_layers: int, all_layers: bool):
     """The model at ``path`` as ``Bert``: its first ``num_layers`` layers (all with
-    ``all_layers``, every layer's states then returned), as bert_score cuts a BERT."""
+    ``all_layers``, every layer's states then returned), as bert_score cuts a BERT or a RoBERTa."""
     import torch
 
     config = _read(Path(path) / "config.json")
@@ -165,6 +186,7 @@ def _bert_class():
     """``Bert``, defined on first use so that importing this module does not import torch."""
     if _BERT:
         return _BERT[0]
+    import torch
     from torch import nn
     from torch.nn import functional as F
 
@@ -187,13 +209,16 @@ def _bert_class():
             return self.ln2(self.down(F.gelu(self.up(a))) + a)
 
     class Bert(nn.Module):
-        """transformers' ``BertModel`` forward (eval mode, SDPA attention, no pooler);
+        """transformers' ``BertModel`` (or ``RobertaModel``) forward (eval mode, SDPA attention,
+        no pooler);
         ``hf_name`` names its parameters as ``BertModel``'s."""
 
         def __init__(self, config: dict, layers: int, all_layers: bool):
             super().__init__()
             d, eps = config["hidden_size"], config.get("layer_norm_eps", 1e-12)
             self.all_layers = all_layers
+            # RoBERTa numbers positions from its padding token's id + 1, padding at that id
+            self.padding_idx = config.get("pad_token_id", 1) if config.get("model_type") == "roberta" else None
             self.word = nn.Embedding(config["vocab_size"], d)
             self.position = nn.Embedding(config["max_position_embeddings"], d)
             self.token_type = nn.Embedding(config.get("type_vocab_size", 2), d)
@@ -204,12 +229,17 @@ def _bert_class():
         def forward(self, input_ids, attention_mask=None, output_hidden_states: bool = False):
             b, t = input_ids.shape
             h = self.word(input_ids) + self.token_type.weight[0]  # token type 0 everywhere, as BertModel
-            h = self.ln(h + self.position.weight[:t])
-            # the padding mask as transformers gives SDPA one: [b, 1, t, t], True where a key is
-            # attended, and none at all where nothing is padded
+            if self.padding_idx is None:
+                h = self.ln(h + self.position.weight[:t])
+            else:  # RobertaEmbeddings' create_position_ids_from_input_ids
+                real = input_ids.ne(self.padding_idx).int()
+                positions = (torch.cumsum(real, dim=1).type_as(real) * real).long() + self.padding_idx
+                h = self.ln(h + self.position(positions))
+            # the padding mask as transformers gives SDPA one: [b, 1, t, t], contiguous (the same
+            # kernel on every device), True where a key is attended; none where nothing is padded
             mask = None
             if attention_mask is not None and not bool(attention_mask.all()):
-                mask = attention_mask.bool()[:, None, None, :].expand(b, 1, t, t)
+                mask = attention_mask.bool()[:, None, None, :].expand(b, 1, t, t).contiguous()
             states = [h]
             for layer in self.layers:
                 h = layer(h, mask)
