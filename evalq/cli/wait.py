@@ -7,20 +7,22 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Callable
-
-import redis
+from typing import TYPE_CHECKING, Callable
 
 from evalq.cli.outage import Outage
 from evalq.shared.cluster import keys
 from evalq.shared.core.errors import InfraError
 from evalq.shared.cluster.status import FINAL
 
+if TYPE_CHECKING:  # redis itself is imported when a client connects: `evalq run` starts its
+    import redis  # workers first (redis-py imports asyncio and OpenTelemetry, 0.13 s)
+
 
 def connect(broker_url: str, outage: Outage | None = None) -> redis.Redis:
     """A client for the broker's Redis, checked with a ping. A client that waits
     rides out an outage through ``outage`` alone (redis-py's own retries off), so it
     says at once that Redis is unreachable."""
+    import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 

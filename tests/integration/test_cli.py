@@ -131,6 +131,14 @@ def test_help_is_fast_and_lists_commands():
     assert time.monotonic() - t0 < 5
 
 
+def test_the_command_imports_neither_redis_nor_celery_until_it_needs_them():
+    # what keeps --help and validate quick, and lets `evalq run` start its workers sooner
+    code = "import sys, evalq.cli; print(sorted({m.split('.')[0] for m in sys.modules} & {'redis', 'celery', 'torch'}))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_ctrl_c_stops_everything_it_started(tmp_path):
     marker = uuid.uuid4().hex
     started = tmp_path / "started"
