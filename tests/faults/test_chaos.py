@@ -99,9 +99,25 @@ def drill_job(tmp_path: Path, sim: JudgeSim, n: int) -> Path:
     return path
 
 
-def kill_a_pool_child(worker: subprocess.Popen) -> None:
-    wait_until(lambda: psutil.Process(worker.pid).children(), 60, "cpu pool children")
-    random.Random(worker.pid).choice(psutil.Process(worker.pid).children()).send_signal(signal.SIGKILL)
+def kill_a_pool_child(cluster: Supervisor, role: str) -> None:
+    """SIGKILL a pool child of the role's running worker once its pool has started. Celery gives up
+    on a worker whose child dies before its consumer loop begins ("Could not start worker
+    processes", checked once as the loop starts, just after "ready."): a death at start, which the
+    supervisor answers with a new worker, not the death mid-job this drill is about."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        worker = cluster.proc(role)
+        if worker.poll() is None and b" ready." in Path(worker.log_path).read_bytes():
+            time.sleep(1.0)  # past the loop's start
+            try:
+                children = psutil.Process(worker.pid).children()
+            except psutil.NoSuchProcess:
+                children = []
+            if children and worker.poll() is None:
+                random.Random(worker.pid).choice(children).send_signal(signal.SIGKILL)
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"no started {role} pool to kill a child of")
 
 
 def waiter_blocked(port: int) -> bool:
@@ -168,7 +184,7 @@ def test_chaos_drill_pays_again_only_calls_in_flight_and_wait_rides_out_redis(tm
                     time.sleep(3.0)
                     server, _ = private_redis(data, port=port, aof=True)
                 elif event == "cpu child":
-                    kill_a_pool_child(cluster.proc("cpu"))
+                    kill_a_pool_child(cluster, "cpu")
                 else:
                     os.killpg(cluster.proc(event).pid, signal.SIGKILL)
             _, err = waiting.communicate(timeout=240)
