@@ -16,9 +16,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator
-
-import redis
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import Settings
@@ -31,6 +29,9 @@ from evalq.shared.data.storage import Destination
 from evalq.shared.cluster.spec import (GENERATE_STAGE, METRICS_STAGE, Chunk, has_model_stage, is_model_run,  # noqa: F401
                                is_variants, plan as plan_spec, variants_of)
 from evalq.shared.cluster.status import Status
+
+if TYPE_CHECKING:  # redis-py is imported where a client is used: `evalq run` reads the job,
+    import redis  # picks its destination and starts its workers before it needs one
 
 PUSH_BATCH = 5000
 
@@ -214,6 +215,8 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None) -
     With a given ``job_id`` (a redelivered request) whatever an earlier attempt
     left half-stored is replaced first.
     """
+    import redis
+
     job_id = job_id or new_job_id()
     ttl = spec["ttl"]
     try:
@@ -252,6 +255,8 @@ def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
 
 def start(r: redis.Redis, broker_url: str, job_id: str, spec: dict) -> None:
     """Send the job's first stage; the cluster does the rest."""
+    import redis
+
     from evalq.orchestrator.app import client_app
     from evalq.orchestrator.stages import send_stage
 
@@ -277,6 +282,8 @@ def submit(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None = N
 
 
 def delete_job(r: redis.Redis, job_id: str, metric_keys: list[str]) -> None:
+    import redis
+
     try:
         r.delete(*keys.all_job_keys(job_id, metric_keys))
         r.zrem(keys.JOBS, job_id)

