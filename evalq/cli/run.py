@@ -22,6 +22,7 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
     Killing this process does not stop a job on a given broker: it finishes
     and its files still appear (``evalq status``/``wait`` follow it).
     """
+    from evalq.orchestrator import submit
     from evalq.cli.embedded import EmbeddedCluster
 
     dest = out if isinstance(out, Destination) else Destination(str(out))
@@ -33,10 +34,6 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
             cluster = stack.enter_context(EmbeddedCluster(job.queues, concurrency=concurrency,
                                                           env=_embedded_env(job, dest)))
             broker_url, check = cluster.broker_url, cluster.check
-        # imported once the workers are starting (it imports redis-py and Celery's app): on
-        # two cores their start is what an embedded run waits for
-        from evalq.orchestrator import submit
-
         r = waiting.connect(broker_url)
         if broker:
             _warn_missing_workers(broker_url, job.queues)
