@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import Settings
-from evalq.shared.core.errors import InfraError, JobError
+from evalq.shared.core.errors import InfraError
 from evalq.shared.data.instances import json_lines, stored_bytes
 from evalq.shared.job.schema import Job, MetricRun
 from evalq.shared.model.runners import GENERATE

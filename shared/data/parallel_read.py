@@ -20,7 +20,6 @@ uncompressed file of at least ``MIN_BYTES``, no ``limit``, and the ``fork`` star
 from __future__ import annotations
 
 import multiprocessing
-import shutil
 import tempfile
 import threading
 from array import array

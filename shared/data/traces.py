@@ -32,7 +32,7 @@ from array import array
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from evalq.shared.core.bounds import TRACE_SPANS_ENV, trace_spans_limit
 from evalq.shared.core.errors import JobError
@@ -41,6 +41,9 @@ from evalq.shared.data.storage import LineError, is_s3, read_lines, s3_client, s
 from evalq.shared.traces import genai
 from evalq.shared.traces.otlp import Span, SpanError, read_request, spans_of
 from evalq.shared.traces.select import TraceSelection
+
+if TYPE_CHECKING:  # a type only: the spec is read through its fields
+    from evalq.shared.data.dataset import DatasetSpec
 
 GLOB_CHARS = "*?["
 
