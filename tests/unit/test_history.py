@@ -199,6 +199,28 @@ def test_an_older_store_is_upgraded_and_its_runs_compared_unpaired(tmp_path):
         assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0002"
 
 
+def test_the_head_evalq_knows_is_alembics_and_a_store_there_opens_without_alembic(tmp_path):
+    import subprocess
+    import sys
+
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    import evalq.orchestrator.migrations as migrations
+    from evalq.orchestrator.history import HEAD
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    assert HEAD == ScriptDirectory.from_config(config).get_current_head()
+    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    open_store(url)  # made and migrated to the head here
+    code = ("import sys; from evalq.orchestrator.history import open_store; "
+            f"open_store({url!r}).runs_of('nightly'); print('alembic' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
 def test_default_suite_names():
     assert suite_of("jobs/rag-nightly.json") == "rag-nightly"
     assert suite_of("s3://bucket/jobs/rag.json.gz") == "rag"
