@@ -205,6 +205,8 @@ def _bert_class():
         def reset_parameters(self) -> None:
             pass
 
+    _gelu_ = torch.ops.aten.gelu_  # F.gelu, in place (exact erf form, as BertModel's "gelu")
+
     class Layer(nn.Module):
         def __init__(self, d: int, ffn: int, heads: int, eps: float):
             super().__init__()
@@ -221,7 +223,10 @@ def _bert_class():
                                                is_causal=False)
             a = a.transpose(1, 2).contiguous().reshape(b, t, d).contiguous()
             a = self.ln1(self.o(a) + h)
-            return self.ln2(self.down(F.gelu(self.up(a))) + a)
+            # GELU in place: the same values, and no second [tokens, intermediate] tensor, whose
+            # allocation beside the first made glibc hand its heap's top back and fault it in again
+            # layer after layer on a CPU (MiniLM on 2 cores: ~7% of the engine's time; BENCHMARKS.md).
+            return self.ln2(self.down(_gelu_(self.up(a))) + a)
 
     class Bert(nn.Module):
         """transformers' ``BertModel`` (or ``RobertaModel``) forward (eval mode, SDPA attention,
