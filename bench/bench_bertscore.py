@@ -8,14 +8,15 @@
   gpu-queue worker, as ``evalq run`` starts it), the worker warmed up with a small job first; the
   timed run covers submission, the idf prepare step, storing the instances, every chunk,
   aggregation and writing the outputs;
-- and once, a cold ``evalq run`` of the same job as a fresh command (its Redis, its worker's start
-  and model load included).
+- and, with ``--cold``, a cold ``evalq run`` of the same job as a fresh command (its Redis, its
+  worker's start and model load included), in ``--cold-rounds`` rounds, each against BERTScorer warm
+  timed again just before it (this VM's speed drifts by 10 to 20% within minutes).
 
 F1 is compared item by item with BERTScorer's. Runs alternate and the median of each is reported.
 The gpu worker's process tree RSS is sampled every 50 ms for its whole life and the peak printed.
 
     .venv/bin/python bench/bench_bertscore.py                  # 2000 pairs, CPU when no GPU
-    .venv/bin/python bench/bench_bertscore.py --n 4000 --cold  # the CPU goal: cold evalq run vs BERTScorer warm
+    .venv/bin/python bench/bench_bertscore.py --n 4000 --cold --cold-rounds 3  # the CPU goal: cold evalq run vs BERTScorer warm
     .venv/bin/python bench/bench_bertscore.py --n 500 --repeats 1 --first-job 10  # EVALQ_PRELOAD: a worker's first job
     .venv/bin/python bench/bench_bertscore.py --device cuda --n 20000 --batch-size 256 --params '{"dtype": "bf16"}'
 """
@@ -147,6 +148,9 @@ def main() -> None:
     ap.add_argument("--params", default="{}", help="JSON object of extra bertscore parameters (evalq's side): "
                     '{"dtype": "bf16"}, {"engine": "bert_score"}, {"max_batch_tokens": 4096}')
     ap.add_argument("--cold", action="store_true", help="also time a cold `evalq run` of the job (a new command)")
+    ap.add_argument("--cold-rounds", type=int, default=1, metavar="K",
+                    help="with --cold: K rounds, each BERTScorer warm timed again just before the cold run, "
+                         "so that a VM that slows down or speeds up meanwhile weighs on both [default: 1]")
     ap.add_argument("--first-job", type=float, default=None, metavar="IDLE_S",
                     help="also time a first small job on a fresh cluster whose worker was started IDLE_S seconds "
                          "before, without and with EVALQ_PRELOAD")
@@ -228,18 +232,26 @@ def main() -> None:
                .read_text().splitlines()]
     diff = max(abs(line["result"]["f1"] - f) for line, f in zip(log, F.tolist()))
     engine_diff = max(abs(r["f1"] - f) for r, f in zip(in_engine, F.tolist()))
-    cold_run = None
+    cold_run, cold_rounds = None, []
     if args.cold:  # a fresh `evalq run`: its Redis, its worker's start and model load, then the job
         with tempfile.TemporaryDirectory(prefix="bench-bertscore-cold-") as tmp:
             path = Path(tmp) / "job.json"
             path.write_text(json.dumps({"instances": instances, "metrics": metrics}))
-            t0 = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "evalq.cli", "run", str(path), "--out", str(Path(tmp) / "out"),
-                                   "-q"] + (["--chunk-size", str(chunk)] if args.chunk_size else []),
-                                  cwd=ROOT, capture_output=True, text=True)
-            cold_run = time.perf_counter() - t0
-            if done.returncode != 0:
-                raise SystemExit(f"cold evalq run failed: {done.stderr[-2000:]}")
+            for k in range(max(1, args.cold_rounds)):
+                t0 = time.perf_counter()  # BERTScorer warm again, right before: the pair shares the VM's mood
+                scorer.score(cands, refs, batch_size=args.batch_size)
+                warm = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                done = subprocess.run([sys.executable, "-m", "evalq.cli", "run", str(path), "--out",
+                                       str(Path(tmp) / f"out{k}"), "-q"]
+                                      + (["--chunk-size", str(chunk)] if args.chunk_size else []),
+                                      cwd=ROOT, capture_output=True, text=True)
+                cold_rounds.append({"bertscorer_warm_s": round(warm, 2),
+                                    "cold_evalq_run_s": round(time.perf_counter() - t0, 2)})
+                if done.returncode != 0:
+                    raise SystemExit(f"cold evalq run failed: {done.stderr[-2000:]}")
+        cold_run = statistics.median(r["cold_evalq_run_s"] for r in cold_rounds)
+        cold_ratio = statistics.median(r["cold_evalq_run_s"] / r["bertscorer_warm_s"] for r in cold_rounds)
 
     first_job = {}
     if args.first_job is not None:  # a worker that started a while ago gets its first job
@@ -262,7 +274,8 @@ def main() -> None:
         "params": params, "engine_inprocess_s": round(t_engine, 3),
         "engine_speedup_vs_bertscorer": round(t_in / t_engine, 2), "engine_max_abs_f1_difference": engine_diff,
         "cold_evalq_run_s": round(cold_run, 2) if cold_run is not None else None,
-        "cold_run_vs_bertscorer_warm": round(cold_run / t_in, 3) if cold_run is not None else None,
+        "cold_run_vs_bertscorer_warm": round(cold_ratio, 3) if cold_run is not None else None,
+        "cold_rounds": cold_rounds or None,
         "inprocess_s": round(t_in, 3), "pipeline_s": round(t_pipe, 3), "worker_scoring_s": round(t_work, 3),
         "inprocess_pairs_per_s": round(args.n / t_in, 1), "pipeline_pairs_per_s": round(args.n / t_pipe, 1),
         "ratio": round(t_in / t_pipe, 3),
@@ -281,8 +294,12 @@ def main() -> None:
           f"(median {t_pipe:.2f} s end to end; {t_work:.2f} s of it scoring in the worker)")
     print(f"ratio (BERTScorer in-process time / queue time): {figures['ratio']:.3f}")
     if cold_run is not None:
-        print(f"cold `evalq run` (new command, worker start and model load included): {cold_run:.2f} s = "
-              f"{cold_run / t_in:.3f} x BERTScorer warm (goal <= 1)")
+        for k, r in enumerate(cold_rounds, 1):
+            print(f"cold round {k}: BERTScorer warm {r['bertscorer_warm_s']:.2f} s, then a cold `evalq run` "
+                  f"{r['cold_evalq_run_s']:.2f} s = {r['cold_evalq_run_s'] / r['bertscorer_warm_s']:.3f} x")
+        print(f"cold `evalq run` (new command, worker start and model load included): median {cold_run:.2f} s = "
+              f"{cold_ratio:.3f} x BERTScorer warm timed just before it, median of {len(cold_rounds)} "
+              f"round(s) (goal <= 1)")
     print(f"gpu worker: peak RSS {figures['worker_peak_rss_mib']} MiB (process tree, sampled every 50 ms); "
           f"{figures['worker_rss_after_model_load_mib']} MiB after loading the model; "
           f"first job incl. model load {cold:.1f} s"
