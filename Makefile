@@ -26,9 +26,13 @@ $(STAMP): pyproject.toml
 
 # The test extras (`make test`): pytest, moto's S3 server, the reference libraries evalq's values
 # are compared with, and llama-cpp-python's OpenAI-compatible server (built from source, ~4 min).
+# llama.cpp is built for any x86-64-v3 CPU (AVX2, FMA), not for this one (GGML_NATIVE=OFF): a build
+# for the CPU at hand uses every instruction its CPUID lists, and on this project's VM when it was an
+# Intel Xeon listing AMX, llama.cpp's AMX tile load died with SIGILL at the server's first request.
+# --no-cache-dir: pip's wheel cache would hand back a build made with other flags.
 DEV_STAMP := $(VENV)/.installed-dev
 $(DEV_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF $(CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir -e '.[dev]'
 	touch $(DEV_STAMP)
 
 # fmeval 1.2.3, the reference tests/fmeval compares evalq's fmeval algorithms with, in a venv of
