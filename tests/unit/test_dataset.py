@@ -158,6 +158,22 @@ def test_duplicate_ids_in_a_dataset_name_both_lines(tmp_path):
     assert f"{path} line 3: duplicate id; first used at line 1" in problems(job_with({"uri": str(path)}))
 
 
+@pytest.mark.parametrize("small", [100_000, 1], ids=["a set", "numpy's sort"])
+def test_repeated_ids_are_found_the_same_way_below_and_above_the_set_size(tmp_path, monkeypatch, small):
+    """Up to SMALL_ID_CHECK ids a set finds repeats (no numpy import before the workers start);
+    beyond, numpy's sort: the same lines either way, and none where there are none."""
+    from evalq.shared.data import instances
+
+    monkeypatch.setattr(instances, "SMALL_ID_CHECK", small)
+    rows = [{"id": f"r{i % 7}" if i in (3, 10, 12) else f"u{i}", "actual-output": "x", "expected-output": ["x"]}
+            for i in range(14)]  # r3 at lines 4 and 11, r5 once
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    found = [line for line in problems(job_with({"uri": str(path)})).splitlines() if "duplicate id" in line]
+    assert found == [f"job.json: {path} line 11: duplicate id; first used at line 4"]
+    path = write_jsonl(tmp_path / "e.jsonl", [dict(r, id=f"v{i}") for i, r in enumerate(rows)])
+    assert len(parse_job(job_with({"uri": str(path)}), source="job.json").instances) == 14
+
+
 def test_json_array_and_harpia_formats(tmp_path):
     array_path = tmp_path / "d.json"
     array_path.write_text(json.dumps([{"prompt": "p", "gold": "g", "pred": "g"}]))
