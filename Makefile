@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean references docs
+.PHONY: demo test install bench clean references docs bytecode
 
 install: $(STAMP)
 
@@ -67,7 +67,14 @@ $(AZURE_STAMP): $(DEV_STAMP)
 	$(call reference_venv,$(AZURE_VENV),azure-ai-evaluation==1.18.10 'pandas<3')
 	touch $@
 
-demo: $(STAMP)
+# evalq's own modules compiled to bytecode, as pip compiles a wheel's when it installs one: an editable
+# install leaves that to each process, and where PYTHONDONTWRITEBYTECODE is set (this project's
+# machines, many container images) every process compiled them again as it started, about 0.13 s of
+# each worker's and each command's start (BENCHMARKS.md). Only files changed since are compiled again.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q -j 0 evalq orchestrator workers shared
+
+demo: $(STAMP) bytecode
 	$(BIN)/evalq run examples/translation.json --out out/translation
 	$(BIN)/evalq run examples/translation_v2.json --out out/translation_v2
 	$(BIN)/evalq run examples/qa_dataset.json --out out/qa_dataset
@@ -85,7 +92,7 @@ demo: $(STAMP)
 # workers and ports, and a module's cluster fixtures stay in one process. Most of the suite waits
 # on workers, servers and timeouts, so 4 processes fit a 2-core machine (README: Development).
 TEST_WORKERS ?= 4
-test: $(DEV_STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP)
+test: $(DEV_STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP) bytecode
 	# the documentation site: a broken link or anchor, or a page outside the navigation, fails
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
