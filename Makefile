@@ -69,8 +69,8 @@ $(AZURE_STAMP): $(DEV_STAMP)
 
 # evalq's own modules compiled to bytecode, as pip compiles a wheel's when it installs one: an editable
 # install leaves that to each process, and where PYTHONDONTWRITEBYTECODE is set (this project's
-# machines, many container images) every process compiled them again as it started, about 0.13 s of
-# each worker's and each command's start (BENCHMARKS.md). Only files changed since are compiled again.
+# machines, many container images) every process compiled them again as it started: 0.4 s of a cold
+# 8-pair `evalq run` (BENCHMARKS.md). Only files changed since are compiled again.
 bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q -j 0 evalq orchestrator workers shared
 

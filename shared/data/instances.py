@@ -284,7 +284,7 @@ class InstanceChecker:
         self.categories |= categories
         self._hashes.extend(hashes)
 
-    def duplicate_ids(self) -> set[str] | None:
+    def duplicate_ids(self) -> set[int] | None:
         """Hashes of ids seen twice or more (None when there are none): with a set up to
         ``SMALL_ID_CHECK`` ids (no numpy to import, 0.1 s of `evalq run` before it starts its
         workers), beyond with numpy's sort (8 MB for a million ids, not a set of a million ints)."""
