@@ -8,7 +8,9 @@ this process times in one run:
   callback already did for the job;
 - recording it in a fresh SQLite history store (reading the per-instance values the
   workers kept per chunk, and storing them) against a baseline run of the suite, so the
-  paired regression test runs too.
+  paired regression test runs too. The baseline is the same job run before on a cluster of
+  its own (another Redis), as the night before is: its chunks' values come back from Redis in
+  another order than this run's.
 
     .venv/bin/python bench/bench_history.py [N]        # default 100000
 """
@@ -38,20 +40,30 @@ def main() -> None:
                   "actual-output": f"the answer to question {k % 89} is there"} for k in range(n)]
     job = parse_job({"instances": instances, "metrics": [{"id": "exact_match"}, {"id": "f1_score"}]},
                     source="bench-history.json")
+    import redis
+
+    from evalq.orchestrator.history import open_store
+    from evalq.orchestrator.outputs import run_info, write_outputs
+    from evalq.orchestrator.recording import entries_of, run_row
+    from evalq.shared.cluster import keys
+    from evalq.shared.cluster.spec import stored_spec
+    from evalq.shared.data.storage import Destination
+    from evalq.shared.job.nightly import Regression
+
+    store = open_store(f"sqlite:///{work / 'history.sqlite'}")
+    settings = Regression().resolved()
+    # the night before: the same job on a cluster of its own, recorded as the suite's baseline
+    with EmbeddedCluster(job.queues, env={"EVALQ_HISTORY": "off"}) as cluster:
+        run_job(job, work / "before", broker=cluster.broker_url, progress=False, stall_timeout=600)
+        r = redis.Redis.from_url(cluster.broker_url)
+        job_id = r.zrange(keys.JOBS, -1, -1)[0].decode()
+        spec, summary = stored_spec(r, job_id), json.loads(r.get(keys.summary(job_id)))
+        base = run_row(r, job_id, spec, "done", summary, None) | {"job_id": "baseline"}
+        store.record(base, *entries_of(r, job_id, spec, summary), settings)
     with EmbeddedCluster(job.queues, env={"EVALQ_HISTORY": "off"}) as cluster:
         t0 = time.perf_counter()
         run_job(job, work / "out", broker=cluster.broker_url, progress=False, stall_timeout=600)
         job_wall = time.perf_counter() - t0
-        import redis
-
-        from evalq.orchestrator.history import open_store
-        from evalq.orchestrator.outputs import run_info, write_outputs
-        from evalq.orchestrator.recording import entries_of, run_row
-        from evalq.shared.cluster import keys
-        from evalq.shared.job.nightly import Regression
-        from evalq.shared.cluster.spec import stored_spec
-        from evalq.shared.data.storage import Destination
-
         r = redis.Redis.from_url(cluster.broker_url)
         job_id = r.zrange(keys.JOBS, -1, -1)[0].decode()
         spec, summary = stored_spec(r, job_id), json.loads(r.get(keys.summary(job_id)))
@@ -60,10 +72,6 @@ def main() -> None:
         write_outputs(r, spec, job_id, summary, run_info(spec, job_id, None), Destination(str(work / "again")))
         outputs = time.perf_counter() - t0
 
-        store = open_store(f"sqlite:///{work / 'history.sqlite'}")
-        settings = Regression().resolved()
-        base = run_row(r, job_id, spec, "done", summary, None) | {"job_id": "baseline"}
-        store.record(base, *entries_of(r, job_id, spec, summary), settings)
         t0 = time.perf_counter()
         rows, series = entries_of(r, job_id, spec, summary)
         read = time.perf_counter() - t0

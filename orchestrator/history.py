@@ -233,26 +233,41 @@ def iso(value: datetime | None) -> str | None:
 _COLUMNS = b"EVQI2"  # item_values' columnar form: zlib(<u32 n><n bytes: JSON list of ids><float64s>)
 
 
-def pack(items: Items) -> bytes:
+def pack(items: Items, heads: list | None = None) -> bytes:
     """A series' per-instance values as stored: the ids (JSON) and the values (little-endian
-    float64), compressed; a million values pack in well under a second."""
+    float64), compressed; a million values pack in well under a second. ``heads``: the last
+    (ids, JSON) packed, kept there so that the fields of an entry, which mostly list the same
+    instances, encode their ids once."""
     import numpy as np
 
     ids, values = columns(items)
-    head = json.dumps(list(ids), separators=(",", ":"), ensure_ascii=False).encode()
+    if heads and heads[0][0] == ids:
+        head = heads[0][1]
+    else:
+        head = json.dumps(list(ids), separators=(",", ":"), ensure_ascii=False).encode()
+        if heads is not None:
+            heads[:] = [(ids, head)]
     body = struct.pack("<I", len(head)) + head + np.asarray(values, dtype="<f8").tobytes()
     return _COLUMNS + zlib.compress(body, 1)
 
 
-def unpack(data: bytes) -> tuple[list[str], list[float]]:
+def unpack(data: bytes, heads: dict | None = None) -> tuple[list[str], list[float]]:
     """Stored values as columns (ids, values); values stored by older evalq (zlib'd JSON
-    ``{id: value}``, which never starts with the columnar mark) are read too."""
+    ``{id: value}``, which never starts with the columnar mark) are read too. ``heads``: ids
+    already decoded, by their JSON, filled here, so that the fields of a run decode theirs once
+    (the lists are shared: read them, do not change them)."""
     import numpy as np
 
     if data.startswith(_COLUMNS):
         raw = zlib.decompress(data[len(_COLUMNS):])
         (n,) = struct.unpack_from("<I", raw)
-        return json.loads(raw[4:4 + n]), np.frombuffer(raw[4 + n:], dtype="<f8").tolist()
+        head = raw[4:4 + n]
+        ids = heads.get(head) if heads is not None else None
+        if ids is None:
+            ids = json.loads(head)
+            if heads is not None:
+                heads[head] = ids
+        return ids, np.frombuffer(raw[4 + n:], dtype="<f8").tolist()
     return columns(json.loads(zlib.decompress(data)))
 
 
@@ -289,8 +304,9 @@ class HistoryStore:
                         {"run_id": run_id, **{k: s[k] for k in ("slot", "field", "value", "n", "sd", "worse")},
                          "ci_low": (s.get("ci95") or [None, None])[0], "ci_high": (s.get("ci95") or [None, None])[1]}
                         for s in series])
-                    packed = [{"run_id": run_id, "slot": s["slot"], "field": s["field"], "data": pack(s["items"])}
-                              for s in series if s.get("items")]
+                    heads: list = []  # an entry's fields mostly list the same instances: their ids encoded once
+                    packed = [{"run_id": run_id, "slot": s["slot"], "field": s["field"],
+                               "data": pack(s["items"], heads)} for s in series if s.get("items")]
                     if packed:
                         conn.execute(item_values.insert(), packed)
                 found: list[dict] = []
@@ -337,11 +353,12 @@ class HistoryStore:
                                             item_values.c.field == entry_values.c.field))
             .where(entries.c.run_id.in_(earlier))).all()
         found: dict[tuple[str, str, str], list[dict]] = {}
+        heads: dict = {}  # a run's fields mostly list the same instances: their ids decoded once
         for row in rows:
             key = (row.metric, row.name, row.field)
             if key in wanted and row.value is not None:
                 found.setdefault(key, []).append({"run_id": row.run_id, "value": row.value, "n": row.n,
-                                                  "sd": row.sd, "items": unpack(row.data) if row.data else None})
+                                                  "sd": row.sd, "items": unpack(row.data, heads) if row.data else None})
         return found
 
     def claim_alert(self, job_id: str) -> bool:

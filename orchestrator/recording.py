@@ -135,11 +135,13 @@ def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
                 chunks: int | None = None) -> dict[str, Items]:
     """Per field, the entry's scored items as columns (instance ids, values): from the values its
     ``chunks`` chunks kept (``chunk_values``) when every one of them did, else from its item
-    records (a jailbreak's injected variants left out either way)."""
+    records (a jailbreak's injected variants left out either way). The items come in position
+    order, whatever order the chunks finished in and Redis keeps them in: a suite's runs over the
+    same instances then list them alike, and the regression check pairs them without a lookup."""
     fields: dict[str, Items] = {}
-    kept = r.hvals(keys.values(job_id, key)) if chunks is not None else []
+    kept = r.hgetall(keys.values(job_id, key)) if chunks is not None else {}
     if chunks is not None and len(kept) == chunks:
-        for raw in kept:
+        for _, raw in sorted(kept.items(), key=lambda chunk: int(chunk[0])):  # by the chunk's start
             chunk = json.loads(raw)
             ids, packed = chunk["ids"], chunk.get("fields_f64")  # an older evalq's chunk: "fields", lists
             columns = ({f: unpack_floats(t, none=True) for f, t in packed.items()} if packed is not None
@@ -151,15 +153,17 @@ def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
                         into_ids.append(iid)
                         into_values.append(value)
         return fields
-    for _, raw in r.hscan_iter(keys.results(job_id, key), count=5000):
+    found: dict[str, list[tuple[int, str, float]]] = {}
+    for position, raw in r.hscan_iter(keys.results(job_id, key), count=5000):
         record = json.loads(raw)
         if record.get("variant") is not None:
             continue
         for field, value in read(kind, params, record).values.items():
             if math.isfinite(value):
-                into_ids, into_values = fields.setdefault(field, ([], []))
-                into_ids.append(str(record.get("instance_id")))
-                into_values.append(value)
+                found.setdefault(field, []).append((int(position), str(record.get("instance_id")), value))
+    for field, items in found.items():
+        items.sort(key=lambda item: item[0])
+        fields[field] = ([iid for _, iid, _ in items], [value for _, _, value in items])
     return fields
 
 

@@ -267,6 +267,25 @@ def test_stored_values_round_trip_and_older_stores_read():
     assert unpack(legacy) == (ids, values)
 
 
+def test_an_entrys_fields_share_their_ids_when_packed_and_unpacked():
+    """The fields of an entry mostly list the same instances: packed with the ids of the field
+    before, and unpacked with the ids already decoded, they store and read back what each field
+    alone does; a field whose instances differ gets its own."""
+    from evalq.orchestrator.history import pack, unpack
+
+    ids = [f"i{k}" for k in range(500)]
+    fields = [(ids, [k / 3 for k in range(500)]), (list(ids), [k / 5 for k in range(500)]),
+              (ids[:-1], [k / 7 for k in range(499)]), (list(ids), [1.0] * 500)]
+    heads: list = []
+    packed = [pack(f, heads) for f in fields]
+    assert packed == [pack(f) for f in fields]  # the same bytes as packed one by one
+    decoded: dict = {}
+    back = [unpack(data, decoded) for data in packed]
+    assert back == [unpack(data) for data in packed] == [(list(i), v) for i, v in fields]
+    assert back[0][0] is back[1][0] is back[3][0] and back[2][0] is not back[0][0]  # decoded once
+    assert len(decoded) == 2
+
+
 def test_pairing_by_id_whatever_the_order_or_the_form():
     """The paired move over columns equals the one over {id: value} mappings, with baseline runs
     that list the instances in another order, miss some or have others."""
