@@ -261,7 +261,8 @@ def test_a_forward_pass_that_raises_stops_the_tokenizing_thread():
 
 
 def greedy_match(cand_emb: list, ref_emb: list, cand_idf: list, ref_idf: list, group: int, device: str,
-                 all_layers: bool = False, pairs_per_step: int = 4096):
+                 all_layers: bool = False, pairs_per_step: int = 4096,
+                 max_elements: int = bertscore_engine.MATCH_ELEMENTS):
     """The engine's ``match`` over lists of per-sentence embeddings (normalised) and weights, pair by
     pair: candidate i against reference i."""
     import numpy as np
@@ -276,7 +277,7 @@ def greedy_match(cand_emb: list, ref_emb: list, cand_idf: list, ref_idf: list, g
     emb = bertscore_engine.Embedded(flat, offsets, lengths, None)
     n = len(cand_emb)
     return bertscore_engine.match(emb, token_weights, list(range(n)), list(range(n, 2 * n)), group, device,
-                                  all_layers, pairs_per_step)
+                                  all_layers, pairs_per_step, max_elements)
 
 
 def test_greedy_matching_equals_bert_scores_on_vectors_with_negative_similarities():
@@ -309,6 +310,63 @@ def test_greedy_matching_equals_bert_scores_on_vectors_with_negative_similaritie
     # and the rule matters here: matched alone (no group, no padding), many pairs score otherwise
     alone = greedy_match(cand, ref, cand_idf, ref_idf, 1, "cpu")
     assert ((alone - expected).abs() > 1e-3).any()
+
+
+def test_embeddings_are_the_same_tokenized_ahead_or_first():
+    """A GPU's batches are tokenized in a thread a batch ahead and their embeddings joined at the
+    end; a CPU's are tokenized first and written into one tensor as they come (never held twice).
+    Both ways give the same tensor, offsets and tokens (run here on the CPU)."""
+    import numpy as np
+    import torch
+
+    from evalq.workers.metrics.bertscore.models import load_model
+
+    model, tok = load_model(MODEL_DIR, LAYERS, False, False, "cpu", True)
+    sentences = list(dict.fromkeys([i["actual-output"] for i in synthetic(150, 1, seed=11)] + ["", "x " * 600]))
+    for all_layers in (False, True):
+        first = bertscore_engine.embed(model, tok, sentences, "cpu", all_layers, max_batch_tokens=512, ahead=False)
+        ahead = bertscore_engine.embed(model, tok, sentences, "cpu", all_layers, max_batch_tokens=512, ahead=True)
+        assert first.flat.shape == ahead.flat.shape and not first.flat[-1].any()  # the padding row: zeros
+        for i in range(len(sentences)):  # each sentence's rows, wherever its batch put them
+            a = first.flat[first.offsets[i]:first.offsets[i] + first.lengths[i]]
+            b = ahead.flat[ahead.offsets[i]:ahead.offsets[i] + ahead.lengths[i]]
+            assert first.lengths[i] == ahead.lengths[i] and (a - b).abs().max().item() <= EXACT
+            ids_a = first.tokens[first.offsets[i]:first.offsets[i] + first.lengths[i]]
+            assert np.array_equal(ids_a, ahead.tokens[ahead.offsets[i]:ahead.offsets[i] + ahead.lengths[i]])
+        assert torch.isfinite(first.flat).all()
+
+
+def test_long_pairs_are_matched_in_smaller_steps_with_the_same_values():
+    """A matching step holds its pairs' embeddings and similarity matrices at its longest sentences:
+    4,096 pairs of 500-token texts would need about 20 GB at once. Steps are cut to a budget of
+    floats; every pair is matched on its own, so the values are the same whatever the steps (within
+    float rounding: a step's sums run over its own padded width), with the zero-padding rule's groups
+    and every layer too."""
+    import numpy as np
+    import torch
+
+    torch.manual_seed(4)
+    n, group, dim, layers = 60, 8, 16, 3
+    lengths = [(int(torch.randint(2, 40, ())), int(torch.randint(2, 40, ()))) for _ in range(n)]
+    lengths[7] = (300, 280)  # one long pair among short ones
+    cand = [torch.nn.functional.normalize(torch.randn(lc, layers, dim), dim=-1) for lc, _ in lengths]
+    ref = [torch.nn.functional.normalize(torch.randn(lr, layers, dim), dim=-1) for _, lr in lengths]
+    cand_idf = [torch.cat([torch.zeros(1), torch.rand(len(c) - 2) + 0.1, torch.zeros(1)]) for c in cand]
+    ref_idf = [torch.cat([torch.zeros(1), torch.rand(len(r) - 2) + 0.1, torch.zeros(1)]) for r in ref]
+    whole = greedy_match(cand, ref, cand_idf, ref_idf, group, "cpu", all_layers=True)
+    for budget in (1, 20_000, 300_000):
+        steps = greedy_match(cand, ref, cand_idf, ref_idf, group, "cpu", all_layers=True, max_elements=budget)
+        assert (steps - whole).abs().max().item() <= EXACT
+    # the steps: every pair once, in order, each within the budget unless one pair alone exceeds it
+    lh, lr = np.array([a for a, _ in lengths]), np.array([b for _, b in lengths])
+    row = layers * dim
+    for budget, most in ((20_000, 4096), (300_000, 4096), (10**9, 7)):
+        cuts = list(bertscore_engine._steps(lh, lr, row, layers, most, budget))
+        assert [a for a, _ in cuts] == [0] + [b for _, b in cuts[:-1]] and cuts[-1][1] == n
+        for a, b in cuts:
+            h, r = int(lh[a:b].max()), int(lr[a:b].max())
+            assert b - a <= most and (b - a == 1 or (b - a) * ((h + r) * row + 3 * layers * h * r) <= budget)
+    assert len(list(bertscore_engine._steps(lh, lr, row, layers, 4096, 20_000))) > 10  # it does cut
 
 
 def test_best_of_references_is_the_per_instance_maximum_with_nan_kept():

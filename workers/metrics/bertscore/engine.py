@@ -233,19 +233,23 @@ def _grid(ids: list[list[int]], pad: int):
 
 
 def embed(model, tokenizer, sentences: list[str], device: str, all_layers: bool = False, dtype: str = "fp32",
-          max_batch_tokens: int = 16384) -> Embedded:
+          max_batch_tokens: int = 16384, ahead: bool | None = None) -> Embedded:
     """The token embeddings of each sentence (each distinct sentence once), as bert_score's
-    ``get_bert_embedding`` computes them (the model's last layer kept, or every layer)."""
+    ``get_bert_embedding`` computes them (the model's last layer kept, or every layer). ``ahead``:
+    tokenized in a thread a batch ahead of the forward passes (None: on a GPU), else all first."""
     import numpy as np
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     autocast = DTYPES[dtype]
-    if device.startswith("cuda"):  # tokenized in a thread a batch ahead: the device never waits for it
+    known = None  # every token, counted before the first forward pass where the sentences are tokenized first
+    if device.startswith("cuda") if ahead is None else ahead:  # a batch ahead: the device never waits for it
         batches = _tokenized(tokenizer, sentences, _batches(sentences, max_batch_tokens))
     else:  # the CPU runs the forward passes on every core: tokenized first, batched by exact length
-        batches = _by_length(encode(tokenizer, sentences, parallel=True), max_batch_tokens)
-    parts, tokens = [], []
+        ids_all = encode(tokenizer, sentences, parallel=True)
+        known = sum(map(len, ids_all))
+        batches = _by_length(ids_all, max_batch_tokens)
+    parts, tokens, flat = [], [], None
     offsets = np.zeros(len(sentences), dtype=np.int64)
     lengths = np.zeros(len(sentences), dtype=np.int64)
     total = 0
@@ -264,14 +268,22 @@ def embed(model, tokenizer, sentences: list[str], device: str, all_layers: bool 
             hidden = hidden / torch.norm(hidden, dim=-1, keepdim=True)
             # the real tokens, row by row: their places are known here, so the device is not asked
             keep = torch.from_numpy(np.flatnonzero(real)).to(device, non_blocking=True)
-            parts.append(hidden.reshape(-1, *hidden.shape[2:]).index_select(0, keep))
+            found = hidden.reshape(-1, *hidden.shape[2:]).index_select(0, keep)
+            if known is None:
+                parts.append(found)
+            else:  # into one tensor as they come: the chunk's embeddings are never held twice
+                if flat is None:
+                    flat = torch.empty((known + 1, *found.shape[1:]), device=device)
+                    flat[known:].zero_()  # the last row: what padding points at
+                flat[total:total + len(found)] = found
             rows = np.asarray(idx, dtype=np.int64)
             offsets[rows] = total + np.cumsum(lens) - lens
             lengths[rows] = lens
             total += int(lens.sum())
             tokens.append(flat_ids)
-        zero = torch.zeros((1, *parts[0].shape[1:]), device=device) if parts else torch.zeros((1, 1), device=device)
-        flat = torch.cat(parts + [zero]) if parts else zero
+        if flat is None:
+            zero = torch.zeros((1, *parts[0].shape[1:]), device=device) if parts else torch.zeros((1, 1), device=device)
+            flat = torch.cat(parts + [zero]) if parts else zero
     return Embedded(flat, offsets, lengths, np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int64))
 
 
@@ -289,11 +301,35 @@ def weight_table(weights, tokens, device: str):
     return table.to(device)
 
 
+# Floats one matching step holds at most (512 MiB in fp32): its pairs' gathered token embeddings and
+# three similarity matrices. 4,096 short pairs fit; 4,096 pairs of 500-token texts would need about
+# 20 GB at once (BENCHMARKS.md), so such steps take fewer pairs.
+MATCH_ELEMENTS = 1 << 27
+
+
+def _steps(cand_len, ref_len, row: int, layers: int, most: int, budget: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of the matching steps over the pairs, in order: at most ``most`` pairs each,
+    and only as many as keep the step's tensors within ``budget`` floats at its longest candidate
+    and reference (``row`` floats a token's embedding, ``layers`` similarity matrices a pair; one
+    pair at least). Every pair is matched on its own, so the steps change no value beyond float
+    rounding (a step's sums run over its own padded width)."""
+    n, start = len(cand_len), 0
+    while start < n:
+        stop = min(n, start + most)
+        lh, lr = int(cand_len[start:stop].max()), int(ref_len[start:stop].max())
+        per_pair = (lh + lr) * row + 3 * layers * lh * lr
+        stop = min(stop, start + max(1, budget // per_pair))
+        yield start, stop
+        start = stop
+
+
 def match(emb: Embedded, token_weights, cands: list[int], refs: list[int], group: int, device: str,
-          all_layers: bool = False, pairs_per_step: int = 4096):
+          all_layers: bool = False, pairs_per_step: int = 4096, max_elements: int = MATCH_ELEMENTS):
     """P, R, F1 of each (candidate, reference) pair of sentence indices into ``emb``, as
     bert_score's ``greedy_cos_idf`` over its groups of ``group`` pairs: ``[pairs, 3]`` (or
-    ``[pairs, layers, 3]``), fp32, on the CPU. ``token_weights``: each row of ``emb.flat``'s weight."""
+    ``[pairs, layers, 3]``), fp32, on the CPU. ``token_weights``: each row of ``emb.flat``'s weight.
+    Matched ``pairs_per_step`` pairs at a time, fewer where long sentences would make a step hold
+    more than ``max_elements`` floats."""
     import numpy as np
     import torch
 
@@ -303,10 +339,11 @@ def match(emb: Embedded, token_weights, cands: list[int], refs: list[int], group
     # the longest sentence of the group of ``group`` pairs each pair is in (bert_score pads to it)
     group_cand = np.repeat(np.maximum.reduceat(cand_len, np.arange(0, n, group)), group)[:n] if n else cand_len
     group_ref = np.repeat(np.maximum.reduceat(ref_len, np.arange(0, n, group)), group)[:n] if n else ref_len
+    row = int(np.prod(emb.flat.shape[1:]))  # a token's floats: every layer's with all_layers
+    layers = emb.flat.shape[1] if all_layers else 1
     results = []
     with torch.inference_mode():
-        for s in range(0, n, pairs_per_step):
-            e = min(n, s + pairs_per_step)
+        for s, e in _steps(cand_len, ref_len, row, layers, pairs_per_step, max_elements):
             lh_np, lr_np = cand_len[s:e], ref_len[s:e]
             hidx = torch.from_numpy(emb.index(cands[s:e], int(lh_np.max()))).to(device, non_blocking=True)
             ridx = torch.from_numpy(emb.index(refs[s:e], int(lr_np.max()))).to(device, non_blocking=True)
