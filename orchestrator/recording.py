@@ -141,7 +141,7 @@ def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
     fields: dict[str, Items] = {}
     kept = r.hgetall(keys.values(job_id, key)) if chunks is not None else {}
     if chunks is not None and len(kept) == chunks:
-        for _, raw in sorted(kept.items(), key=lambda chunk: int(chunk[0])):  # by the chunk's start
+        for _, raw in sorted(kept.items(), key=lambda start_raw: int(start_raw[0])):  # by the chunk's start
             chunk = json.loads(raw)
             ids, packed = chunk["ids"], chunk.get("fields_f64")  # an older evalq's chunk: "fields", lists
             columns = ({f: unpack_floats(t, none=True) for f, t in packed.items()} if packed is not None

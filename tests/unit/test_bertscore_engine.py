@@ -367,6 +367,8 @@ def test_long_pairs_are_matched_in_smaller_steps_with_the_same_values():
             h, r = int(lh[a:b].max()), int(lr[a:b].max())
             assert b - a <= most and (b - a == 1 or (b - a) * ((h + r) * row + 3 * layers * h * r) <= budget)
     assert len(list(bertscore_engine._steps(lh, lr, row, layers, 4096, 20_000))) > 10  # it does cut
+    empty = np.zeros(5, dtype=np.int64)  # a tokenizer that gives an empty text no token: still steps
+    assert list(bertscore_engine._steps(empty, empty, row, layers, 4096, 20_000)) == [(0, 5)]
 
 
 def test_best_of_references_is_the_per_instance_maximum_with_nan_kept():

@@ -317,7 +317,7 @@ def _steps(cand_len, ref_len, row: int, layers: int, most: int, budget: int) -> 
     while start < n:
         stop = min(n, start + most)
         lh, lr = int(cand_len[start:stop].max()), int(ref_len[start:stop].max())
-        per_pair = (lh + lr) * row + 3 * layers * lh * lr
+        per_pair = max(1, (lh + lr) * row + 3 * layers * lh * lr)  # a tokenizer may give an empty text no token
         stop = min(stop, start + max(1, budget // per_pair))
         yield start, stop
         start = stop
