@@ -336,6 +336,41 @@ def test_embeddings_are_the_same_tokenized_ahead_or_first():
         assert torch.isfinite(first.flat).all()
 
 
+def test_a_batch_the_device_has_no_memory_for_is_split(caplog):
+    """A GPU with less memory than a batch needs (a smaller card, long texts, another process on the
+    device) raises OutOfMemoryError in the forward pass: the batch is split in two until its halves
+    fit, with the same embeddings, and said in the log; one sentence that does not fit alone fails
+    the chunk. A mock for what cannot run here: a model that raises the error CUDA's allocator
+    raises (``torch.OutOfMemoryError``) above a number of tokens, on the CPU."""
+    import torch
+
+    from evalq.workers.metrics.bertscore.models import load_model
+
+    model, tok = load_model(MODEL_DIR, LAYERS, False, False, "cpu", True)
+    calls = []
+
+    def small_device(batch, attention_mask=None, output_hidden_states=False):
+        calls.append(batch.numel())
+        if batch.numel() > 300:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (a mock)")
+        return model(batch, attention_mask=attention_mask, output_hidden_states=output_hidden_states)
+
+    sentences = list(dict.fromkeys(i["actual-output"] for i in synthetic(120, 1, seed=12)))
+    for ahead in (False, True):
+        whole = bertscore_engine.embed(model, tok, sentences, "cpu", max_batch_tokens=2048, ahead=ahead)
+        calls.clear()
+        with caplog.at_level("WARNING", logger="evalq.bertscore"):
+            split = bertscore_engine.embed(small_device, tok, sentences, "cpu", max_batch_tokens=2048, ahead=ahead)
+        assert max(calls) > 300 and "out of memory on cpu" in caplog.text  # it did fail, and was split
+        assert (split.lengths == whole.lengths).all()
+        for i in range(len(sentences)):
+            a = whole.flat[whole.offsets[i]:whole.offsets[i] + whole.lengths[i]]
+            b = split.flat[split.offsets[i]:split.offsets[i] + split.lengths[i]]
+            assert (a - b).abs().max().item() <= EXACT
+    with pytest.raises(torch.OutOfMemoryError):
+        bertscore_engine.embed(small_device, tok, ["word " * 400], "cpu", ahead=False)
+
+
 def test_long_pairs_are_matched_in_smaller_steps_with_the_same_values():
     """A matching step holds its pairs' embeddings and similarity matrices at its longest sentences:
     4,096 pairs of 500-token texts would need about 20 GB at once. Steps are cut to a budget of

@@ -24,6 +24,7 @@ The same numbers as ``bert_score.utils.bert_cos_score_idf`` (within float roundi
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import queue
 import sys
@@ -32,6 +33,8 @@ import weakref
 from typing import Any, Iterator
 
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+
+log = logging.getLogger("evalq.bertscore")
 
 
 _backends: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -232,6 +235,55 @@ def _grid(ids: list[list[int]], pad: int):
     return grid, real, lens, flat
 
 
+def _forward(model, ids: list, pad: int, device: str, all_layers: bool, autocast: str | None):
+    """One forward pass over a batch of token ids: its real tokens' embeddings (normalised, fp32)
+    row by row, the sentences' lengths and their token ids flat."""
+    import numpy as np
+    import torch
+
+    grid, real, lens, flat_ids = _grid(ids, pad)
+    batch = torch.from_numpy(grid).to(device, non_blocking=True)
+    # a batch of one length has nothing to mask: attention takes its unmasked path
+    attention = None if real.all() else torch.from_numpy(real).to(device=device, dtype=torch.long)
+    if autocast is None:
+        out = model(batch, attention_mask=attention, output_hidden_states=all_layers)
+    else:
+        with torch.autocast(device_type=device.split(":")[0], dtype=getattr(torch, autocast)):
+            out = model(batch, attention_mask=attention, output_hidden_states=all_layers)
+    hidden = (torch.stack(out[-1], dim=2) if all_layers else out[0]).float()
+    hidden = hidden / torch.norm(hidden, dim=-1, keepdim=True)
+    # the real tokens, row by row: their places are known here, so the device is not asked
+    keep = torch.from_numpy(np.flatnonzero(real)).to(device, non_blocking=True)
+    return hidden.reshape(-1, *hidden.shape[2:]).index_select(0, keep), lens, flat_ids
+
+
+def _forwards(model, batches, pad: int, device: str, all_layers: bool, autocast: str | None):
+    """(indices, embeddings, lengths, token ids) of each batch. A batch the device has no memory
+    for (a smaller GPU, long texts, another process on the device) is split in two and each half
+    run, down to one sentence, whose failure is the chunk's; the embeddings are the same."""
+    import torch
+
+    for idx, ids in batches:
+        todo = [(idx, ids)]
+        while todo:
+            idx, ids = todo.pop()
+            try:
+                found, lens, flat_ids = _forward(model, ids, pad, device, all_layers, autocast)
+            except torch.OutOfMemoryError:
+                if len(idx) < 2:
+                    raise
+                found = None  # the failed pass's tensors go with the exception, before the cache is emptied
+            if found is None:
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                log.warning("bertscore: out of memory on %s for %d sentences (%d tokens padded): split in two; "
+                            "a lower max_batch_tokens avoids it", device, len(idx), len(idx) * max(map(len, ids)))
+                half = len(idx) // 2
+                todo += [(idx[half:], ids[half:]), (idx[:half], ids[:half])]
+                continue
+            yield idx, found, lens, flat_ids
+
+
 def embed(model, tokenizer, sentences: list[str], device: str, all_layers: bool = False, dtype: str = "fp32",
           max_batch_tokens: int = 16384, ahead: bool | None = None) -> Embedded:
     """The token embeddings of each sentence (each distinct sentence once), as bert_score's
@@ -254,21 +306,7 @@ def embed(model, tokenizer, sentences: list[str], device: str, all_layers: bool 
     lengths = np.zeros(len(sentences), dtype=np.int64)
     total = 0
     with torch.inference_mode():
-        for idx, ids in batches:
-            grid, real, lens, flat_ids = _grid(ids, pad)
-            batch = torch.from_numpy(grid).to(device, non_blocking=True)
-            # a batch of one length has nothing to mask: attention takes its unmasked path
-            attention = None if real.all() else torch.from_numpy(real).to(device=device, dtype=torch.long)
-            if autocast is None:
-                out = model(batch, attention_mask=attention, output_hidden_states=all_layers)
-            else:
-                with torch.autocast(device_type=device.split(":")[0], dtype=getattr(torch, autocast)):
-                    out = model(batch, attention_mask=attention, output_hidden_states=all_layers)
-            hidden = (torch.stack(out[-1], dim=2) if all_layers else out[0]).float()
-            hidden = hidden / torch.norm(hidden, dim=-1, keepdim=True)
-            # the real tokens, row by row: their places are known here, so the device is not asked
-            keep = torch.from_numpy(np.flatnonzero(real)).to(device, non_blocking=True)
-            found = hidden.reshape(-1, *hidden.shape[2:]).index_select(0, keep)
+        for idx, found, lens, flat_ids in _forwards(model, batches, pad, device, all_layers, autocast):
             if known is None:
                 parts.append(found)
             else:  # into one tensor as they come: the chunk's embeddings are never held twice
