@@ -355,13 +355,17 @@ def test_a_batch_the_device_has_no_memory_for_is_split(caplog):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (a mock)")
         return model(batch, attention_mask=attention_mask, output_hidden_states=output_hidden_states)
 
-    sentences = list(dict.fromkeys(i["actual-output"] for i in synthetic(120, 1, seed=12)))
+    sentences = list(dict.fromkeys(i["actual-output"] for i in synthetic(600, 1, seed=12)))
     for ahead in (False, True):
         whole = bertscore_engine.embed(model, tok, sentences, "cpu", max_batch_tokens=2048, ahead=ahead)
         calls.clear()
         with caplog.at_level("WARNING", logger="evalq.bertscore"):
             split = bertscore_engine.embed(small_device, tok, sentences, "cpu", max_batch_tokens=2048, ahead=ahead)
         assert max(calls) > 300 and "out of memory on cpu" in caplog.text  # it did fail, and was split
+        assert caplog.text.count("out of memory") == 1  # said once, not per batch
+        failed = [n for n in calls if n > 300]  # a 2,048-token batch fails thrice on its way to 256
+        assert len(failed) <= 12 < len(calls) / 4  # later batches as large as one that failed: split untried
+        caplog.clear()
         assert (split.lengths == whole.lengths).all()
         for i in range(len(sentences)):
             a = whole.flat[whole.offsets[i]:whole.offsets[i] + whole.lengths[i]]

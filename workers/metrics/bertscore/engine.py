@@ -260,24 +260,31 @@ def _forward(model, ids: list, pad: int, device: str, all_layers: bool, autocast
 def _forwards(model, batches, pad: int, device: str, all_layers: bool, autocast: str | None):
     """(indices, embeddings, lengths, token ids) of each batch. A batch the device has no memory
     for (a smaller GPU, long texts, another process on the device) is split in two and each half
-    run, down to one sentence, whose failure is the chunk's; the embeddings are the same."""
+    run, down to one sentence, whose failure is the chunk's; the embeddings are the same. Later
+    batches as large (in padded tokens) as one that failed are split before they are tried."""
     import torch
 
+    too_big = None  # padded tokens of the smallest batch that did not fit
     for idx, ids in batches:
         todo = [(idx, ids)]
         while todo:
             idx, ids = todo.pop()
-            try:
-                found, lens, flat_ids = _forward(model, ids, pad, device, all_layers, autocast)
-            except torch.OutOfMemoryError:
-                if len(idx) < 2:
-                    raise
-                found = None  # the failed pass's tensors go with the exception, before the cache is emptied
-            if found is None:
+            padded = len(idx) * max(map(len, ids))
+            found = None
+            if too_big is None or padded < too_big or len(idx) < 2:
+                try:
+                    found, lens, flat_ids = _forward(model, ids, pad, device, all_layers, autocast)
+                except torch.OutOfMemoryError:
+                    if len(idx) < 2:
+                        raise
+                    if too_big is None:
+                        log.warning("bertscore: out of memory on %s for %d sentences (%d tokens padded): batches "
+                                    "are split until they fit; a lower max_batch_tokens avoids it",
+                                    device, len(idx), padded)
+                    too_big = padded if too_big is None else min(too_big, padded)
+            if found is None:  # the failed pass's tensors went with the exception: free the cache, split
                 if device.startswith("cuda"):
                     torch.cuda.empty_cache()
-                log.warning("bertscore: out of memory on %s for %d sentences (%d tokens padded): split in two; "
-                            "a lower max_batch_tokens avoids it", device, len(idx), len(idx) * max(map(len, ids)))
                 half = len(idx) // 2
                 todo += [(idx[half:], ids[half:]), (idx[:half], ids[:half])]
                 continue
