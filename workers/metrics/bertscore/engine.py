@@ -270,7 +270,7 @@ def _forwards(model, batches, pad: int, device: str, all_layers: bool, autocast:
         while todo:
             idx, ids = todo.pop()
             padded = len(idx) * max(map(len, ids))
-            found = None
+            found, failed = None, False
             if too_big is None or padded < too_big or len(idx) < 2:
                 try:
                     found, lens, flat_ids = _forward(model, ids, pad, device, all_layers, autocast)
@@ -281,9 +281,9 @@ def _forwards(model, batches, pad: int, device: str, all_layers: bool, autocast:
                         log.warning("bertscore: out of memory on %s for %d sentences (%d tokens padded): batches "
                                     "are split until they fit; a lower max_batch_tokens avoids it",
                                     device, len(idx), padded)
-                    too_big = padded if too_big is None else min(too_big, padded)
-            if found is None:  # the failed pass's tensors went with the exception: free the cache, split
-                if device.startswith("cuda"):
+                    too_big, failed = padded if too_big is None else min(too_big, padded), True
+            if found is None:  # too large: split in two
+                if failed and device.startswith("cuda"):  # the failed pass's tensors went with the exception
                     torch.cuda.empty_cache()
                 half = len(idx) // 2
                 todo += [(idx[half:], ids[half:]), (idx[:half], ids[:half])]
