@@ -312,11 +312,22 @@ def test_greedy_matching_equals_bert_scores_on_vectors_with_negative_similaritie
     assert ((alone - expected).abs() > 1e-3).any()
 
 
+def assert_same_embeddings(x, y, n: int) -> None:
+    """Each of the ``n`` sentences has the same token ids and embeddings (within EXACT) in ``x`` and
+    ``y`` (``engine.Embedded``), wherever their batches put its rows."""
+    import numpy as np
+
+    for i in range(n):
+        rows_x = slice(x.offsets[i], x.offsets[i] + x.lengths[i])
+        rows_y = slice(y.offsets[i], y.offsets[i] + y.lengths[i])
+        assert x.lengths[i] == y.lengths[i] and (x.flat[rows_x] - y.flat[rows_y]).abs().max().item() <= EXACT
+        assert np.array_equal(x.tokens[rows_x], y.tokens[rows_y])
+
+
 def test_embeddings_are_the_same_tokenized_ahead_or_first():
     """A GPU's batches are tokenized in a thread a batch ahead and their embeddings joined at the
     end; a CPU's are tokenized first and written into one tensor as they come (never held twice).
     Both ways give the same tensor, offsets and tokens (run here on the CPU)."""
-    import numpy as np
     import torch
 
     from evalq.workers.metrics.bertscore.models import load_model
@@ -327,12 +338,7 @@ def test_embeddings_are_the_same_tokenized_ahead_or_first():
         first = bertscore_engine.embed(model, tok, sentences, "cpu", all_layers, max_batch_tokens=512, ahead=False)
         ahead = bertscore_engine.embed(model, tok, sentences, "cpu", all_layers, max_batch_tokens=512, ahead=True)
         assert first.flat.shape == ahead.flat.shape and not first.flat[-1].any()  # the padding row: zeros
-        for i in range(len(sentences)):  # each sentence's rows, wherever its batch put them
-            a = first.flat[first.offsets[i]:first.offsets[i] + first.lengths[i]]
-            b = ahead.flat[ahead.offsets[i]:ahead.offsets[i] + ahead.lengths[i]]
-            assert first.lengths[i] == ahead.lengths[i] and (a - b).abs().max().item() <= EXACT
-            ids_a = first.tokens[first.offsets[i]:first.offsets[i] + first.lengths[i]]
-            assert np.array_equal(ids_a, ahead.tokens[ahead.offsets[i]:ahead.offsets[i] + ahead.lengths[i]])
+        assert_same_embeddings(first, ahead, len(sentences))
         assert torch.isfinite(first.flat).all()
 
 
@@ -367,10 +373,7 @@ def test_a_batch_the_device_has_no_memory_for_is_split(caplog):
         assert len(failed) <= 12 < len(calls) / 4  # later batches as large as one that failed: split untried
         caplog.clear()
         assert (split.lengths == whole.lengths).all()
-        for i in range(len(sentences)):
-            a = whole.flat[whole.offsets[i]:whole.offsets[i] + whole.lengths[i]]
-            b = split.flat[split.offsets[i]:split.offsets[i] + split.lengths[i]]
-            assert (a - b).abs().max().item() <= EXACT
+        assert_same_embeddings(whole, split, len(sentences))
     with pytest.raises(torch.OutOfMemoryError):
         bertscore_engine.embed(small_device, tok, ["word " * 400], "cpu", ahead=False)
 
