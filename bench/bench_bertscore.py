@@ -151,6 +151,9 @@ def main() -> None:
     ap.add_argument("--cold-rounds", type=int, default=1, metavar="K",
                     help="with --cold: K rounds, each BERTScorer warm timed again just before the cold run, "
                          "so that a VM that slows down or speeds up meanwhile weighs on both [default: 1]")
+    ap.add_argument("--gpu-processes", type=int, nargs="+", default=None, metavar="N",
+                    help="the gpu worker's processes (the queue's cluster: the first N; with --cold, each round "
+                         "runs a cold `evalq run` with each N in turn) [default: evalq run's]")
     ap.add_argument("--first-job", type=float, default=None, metavar="IDLE_S",
                     help="also time a first small job on a fresh cluster whose worker was started IDLE_S seconds "
                          "before, without and with EVALQ_PRELOAD")
@@ -161,9 +164,12 @@ def main() -> None:
 
     import evalq.cli.run as runner
     from evalq.cli.embedded import EmbeddedCluster
+    from evalq.cli.workerargs import local_gpu_processes
     from evalq.shared.job.schema import parse_job
     from evalq.shared.metrics.registry import REGISTRY
     from evalq.shared.metrics import bertscore as bs
+
+    processes = args.gpu_processes or [local_gpu_processes()]
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     params = {"batch_size": args.batch_size, "device": device, "idf": args.idf}
@@ -186,7 +192,7 @@ def main() -> None:
 
     print(f"bertscore benchmark: {args.n} pairs x {args.refs} reference(s), model {resolved.name} "
           f"(layer {resolved.num_layers}), batch_size {args.batch_size}, chunk_size {chunk}, "
-          f"idf {args.idf}, device {device}")
+          f"idf {args.idf}, device {device}, gpu worker processes {processes}")
     gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") else None
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
           + (f", GPU {gpu}" if gpu else ""))
@@ -207,7 +213,7 @@ def main() -> None:
 
     inproc, engine, pipe, worker_scoring = [], [], [], []
     summary = None
-    with tempfile.TemporaryDirectory(prefix="bench-bertscore-") as tmp, EmbeddedCluster(job.queues) as cluster:
+    with tempfile.TemporaryDirectory(prefix="bench-bertscore-") as tmp, EmbeddedCluster(job.queues, gpu_processes=processes[0]) as cluster:
         worker = cluster.workers[0]
         with TreeRss(worker.proc.pid) as rss:
             t0 = time.perf_counter()
@@ -241,17 +247,22 @@ def main() -> None:
                 t0 = time.perf_counter()  # BERTScorer warm again, right before: the pair shares the VM's mood
                 scorer.score(cands, refs, batch_size=args.batch_size)
                 warm = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                done = subprocess.run([sys.executable, "-m", "evalq.cli", "run", str(path), "--out",
-                                       str(Path(tmp) / f"out{k}"), "-q"]
-                                      + (["--chunk-size", str(chunk)] if args.chunk_size else []),
-                                      cwd=ROOT, capture_output=True, text=True)
-                cold_rounds.append({"bertscorer_warm_s": round(warm, 2),
-                                    "cold_evalq_run_s": round(time.perf_counter() - t0, 2)})
-                if done.returncode != 0:
-                    raise SystemExit(f"cold evalq run failed: {done.stderr[-2000:]}")
-        cold_run = statistics.median(r["cold_evalq_run_s"] for r in cold_rounds)
-        cold_ratio = statistics.median(r["cold_evalq_run_s"] / r["bertscorer_warm_s"] for r in cold_rounds)
+                row = {"bertscorer_warm_s": round(warm, 2)}
+                for n in processes:
+                    t0 = time.perf_counter()
+                    done = subprocess.run([sys.executable, "-m", "evalq.cli", "run", str(path), "--out",
+                                           str(Path(tmp) / f"out{k}-{n}"), "-q", "--gpu-processes", str(n)]
+                                          + (["--chunk-size", str(chunk)] if args.chunk_size else []),
+                                          cwd=ROOT, capture_output=True, text=True)
+                    row[f"cold_evalq_run_{n}p_s"] = round(time.perf_counter() - t0, 2)
+                    if done.returncode != 0:
+                        raise SystemExit(f"cold evalq run failed: {done.stderr[-2000:]}")
+                cold_rounds.append(row)
+        key = f"cold_evalq_run_{processes[0]}p_s"  # the headline: the first N
+        cold_run = statistics.median(r[key] for r in cold_rounds)
+        cold_ratio = statistics.median(r[key] / r["bertscorer_warm_s"] for r in cold_rounds)
+        others = {n: statistics.median(r[f"cold_evalq_run_{n}p_s"] / r["bertscorer_warm_s"] for r in cold_rounds)
+                  for n in processes}
 
     first_job = {}
     if args.first_job is not None:  # a worker that started a while ago gets its first job
@@ -275,7 +286,9 @@ def main() -> None:
         "engine_speedup_vs_bertscorer": round(t_in / t_engine, 2), "engine_max_abs_f1_difference": engine_diff,
         "cold_evalq_run_s": round(cold_run, 2) if cold_run is not None else None,
         "cold_run_vs_bertscorer_warm": round(cold_ratio, 3) if cold_run is not None else None,
-        "cold_rounds": cold_rounds or None,
+        "cold_rounds": cold_rounds or None, "gpu_processes": processes,
+        "cold_run_vs_bertscorer_warm_by_processes": ({str(n): round(v, 3) for n, v in others.items()}
+                                                     if args.cold else None),
         "inprocess_s": round(t_in, 3), "pipeline_s": round(t_pipe, 3), "worker_scoring_s": round(t_work, 3),
         "inprocess_pairs_per_s": round(args.n / t_in, 1), "pipeline_pairs_per_s": round(args.n / t_pipe, 1),
         "ratio": round(t_in / t_pipe, 3),
@@ -296,10 +309,12 @@ def main() -> None:
     if cold_run is not None:
         for k, r in enumerate(cold_rounds, 1):
             print(f"cold round {k}: BERTScorer warm {r['bertscorer_warm_s']:.2f} s, then a cold `evalq run` "
-                  f"{r['cold_evalq_run_s']:.2f} s = {r['cold_evalq_run_s'] / r['bertscorer_warm_s']:.3f} x")
-        print(f"cold `evalq run` (new command, worker start and model load included): median {cold_run:.2f} s = "
-              f"{cold_ratio:.3f} x BERTScorer warm timed just before it, median of {len(cold_rounds)} "
-              f"round(s) (goal <= 1)")
+                  + ", ".join(f"with {n} gpu process(es) {r[f'cold_evalq_run_{n}p_s']:.2f} s = "
+                              f"{r[f'cold_evalq_run_{n}p_s'] / r['bertscorer_warm_s']:.3f} x" for n in processes))
+        for n, ratio in others.items():
+            print(f"cold `evalq run --gpu-processes {n}` (new command, worker start and model load included): "
+                  f"median {ratio:.3f} x BERTScorer warm timed just before it, median of {len(cold_rounds)} "
+                  f"round(s) (goal <= 1)")
     print(f"gpu worker: peak RSS {figures['worker_peak_rss_mib']} MiB (process tree, sampled every 50 ms); "
           f"{figures['worker_rss_after_model_load_mib']} MiB after loading the model; "
           f"first job incl. model load {cold:.1f} s"

@@ -8,6 +8,9 @@ dispatcher sends an entry's chunks in order), its instances are there already. I
 nothing more: what it holds was read from the job's stored instances, which never change; a chunk
 that comes to another worker, or after the slot was filled for another, reads them itself; a worker
 killed with a full slot loses nothing (the chunk's message is redelivered and read again).
+
+A gpu worker of several processes (``--gpu-processes``) reads nothing ahead: the next chunk mostly
+goes to another of its processes, and while one process reads, another keeps the device busy.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 from typing import Callable
+
+from evalq.shared.core.config import GPU_PROCESSES_ENV, env_number
 
 log = logging.getLogger("evalq.worker")
 
@@ -35,9 +40,15 @@ def take(job_id: str, key: str, start: int, stop: int, wait: float = 30.0) -> li
     return slot["instances"]
 
 
+def alone() -> bool:
+    """Whether this process is its gpu worker's only one (``EVALQ_GPU_PROCESSES``, set by ``evalq worker``)."""
+    return env_number(GPU_PROCESSES_ENV, 1) <= 1
+
+
 def ahead(job_id: str, key: str, start: int, stop: int, read: Callable[[list[int]], list[dict]]) -> None:
-    """Read positions ``start``..``stop`` of the entry in a thread, into the slot."""
-    if start >= stop:
+    """Read positions ``start``..``stop`` of the entry in a thread, into the slot (in a worker's
+    only process)."""
+    if start >= stop or not alone():
         return
     slot = {"key": (job_id, key, start, stop), "done": threading.Event(), "instances": None}
     with _lock:

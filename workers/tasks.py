@@ -15,7 +15,7 @@ from evalq.shared.core.errors import Deferred
 from evalq.shared.cluster import telemetry
 from evalq.shared.cluster.spec import is_model_run
 from evalq.shared.cluster.status import Status, status_of
-from evalq.workers import chunk, keeping, preload
+from evalq.workers import chunk, keeping, prefetch, preload
 
 log = logging.getLogger("evalq.worker")
 # A countdown is held by the worker that reserved the message; past the
@@ -103,7 +103,13 @@ def preload_models(**_) -> None:
     """The process that scores (a prefork child, or the solo pool's worker itself) starts loading
     the models ``EVALQ_PRELOAD`` names for its queues before its first chunk arrives."""
     consumed = app.amqp.queues.consume_from or {}
-    preload.start({q.split(".", 1)[0] for q in consumed})
+    kinds = {q.split(".", 1)[0] for q in consumed}
+    if "gpu" in kinds and not prefetch.alone():
+        import os
+
+        log.info("gpu worker process %d: one of %s, each with its own model, %s CPU thread(s) each", os.getpid(),
+                 os.environ.get("EVALQ_GPU_PROCESSES"), os.environ.get("OMP_NUM_THREADS", "all"))
+    preload.start(kinds)
 
 
 def write_held(**_) -> None:

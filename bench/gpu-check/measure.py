@@ -328,9 +328,10 @@ def phase_bertscore(args) -> None:
     inproc, pipe, work = [], [], []
     F = None
     with tempfile.TemporaryDirectory(prefix=f"gpu-{args.label}-") as tmp, \
-            EmbeddedCluster(job.queues) as cluster, dump_logs_on_error(cluster):
+            EmbeddedCluster(job.queues, gpu_processes=args.gpu_processes[0]) as cluster, dump_logs_on_error(cluster):
         worker = cluster.workers[0]
         part["worker_cmd_queues"] = worker.queues
+        part["gpu_processes"] = args.gpu_processes[0]
         used_before = device_used_mib()
         with TreeRss(worker.proc.pid) as rss:
             t0 = time.perf_counter()
@@ -458,26 +459,45 @@ def phase_toxicity(args) -> None:
     say(f"toxicity: {args.n} texts ({n_cpu} on cpu), batch {args.batch_size}, chunk {chunk}, devices {devices}")
     runner._warn_missing_workers = lambda *a, **k: None
     values: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="gpu-toxicity-") as tmp, EmbeddedCluster(jobs["cpu"].queues) as cluster, \
-            dump_logs_on_error(cluster):
-        for d in devices:
-            t0 = time.perf_counter()
-            runner.run_job(warm[d], Path(tmp) / f"warm-{d}", broker=cluster.broker_url, progress=False,
-                           stall_timeout=args.stall)
-            part[f"worker_warmup_{d}_s"] = round(time.perf_counter() - t0, 2)
-            t0 = time.perf_counter()
-            summary = runner.run_job(jobs[d], Path(tmp) / d, broker=cluster.broker_url, progress=False, stall_timeout=args.stall)
-            el = time.perf_counter() - t0
-            log = read_log(Path(tmp) / d / "log.jsonl")
-            part[f"evalq_{d}_sample_log_line"] = log[0] if log else None
-            values[f"evalq_{d}"] = {line_id(line): line.get("result") for line in log if not line.get("error")}
-            part[f"evalq_{d}_s"] = round(el, 3)
-            part[f"evalq_{d}_items_per_s"] = round(count[d] / el, 1)
-            part[f"evalq_{d}_errors"] = sum(1 for line in log if line.get("error"))
-            part[f"evalq_{d}_summary_keys"] = sorted(summary[0])[:30]
-            say(f"toxicity: evalq device {d}: {el:.2f} s ({part[f'evalq_{d}_items_per_s']} items/s)")
-        part["worker_log_tail"] = worker_log_tail(cluster, 20)
-    # in-process: evalq's own classifier function, called directly (model loaded before timing)
+    part["gpu_processes"] = args.gpu_processes
+    for n, processes in enumerate(args.gpu_processes):  # the first as before; the others, their own keys
+        tail = "" if n == 0 else f"_{processes}p"
+        with tempfile.TemporaryDirectory(prefix="gpu-toxicity-") as tmp, \
+                EmbeddedCluster(jobs["cpu"].queues, gpu_processes=processes) as cluster, dump_logs_on_error(cluster):
+            _toxicity_runs(args, cluster, Path(tmp), devices, jobs, warm, count, part, values, tail, processes)
+            part["worker_log_tail" + tail] = worker_log_tail(cluster, 20)
+    _toxicity_in_process(args, devices, instances, count, part, values, gpu)
+
+
+def _toxicity_runs(args, cluster, tmp: Path, devices, jobs, warm, count, part, values, tail, processes) -> None:
+    """The toxicity job on each device through ``cluster`` (a gpu worker of ``processes``); figures
+    under keys ending in ``tail``."""
+    import evalq.cli.run as runner
+
+    for d in devices:
+        t0 = time.perf_counter()
+        runner.run_job(warm[d], tmp / f"warm-{d}", broker=cluster.broker_url, progress=False,
+                       stall_timeout=args.stall)
+        part[f"worker_warmup_{d}_s{tail}"] = round(time.perf_counter() - t0, 2)
+        t0 = time.perf_counter()
+        summary = runner.run_job(jobs[d], tmp / d, broker=cluster.broker_url, progress=False, stall_timeout=args.stall)
+        el = time.perf_counter() - t0
+        log = read_log(tmp / d / "log.jsonl")
+        part[f"evalq_{d}{tail}_sample_log_line"] = log[0] if log else None
+        values[f"evalq_{d}{tail}"] = {line_id(line): line.get("result") for line in log if not line.get("error")}
+        part[f"evalq_{d}{tail}_s"] = round(el, 3)
+        part[f"evalq_{d}{tail}_items_per_s"] = round(count[d] / el, 1)
+        part[f"evalq_{d}{tail}_errors"] = sum(1 for line in log if line.get("error"))
+        part[f"evalq_{d}{tail}_summary_keys"] = sorted(summary[0])[:30]
+        say(f"toxicity: evalq device {d}, {processes} gpu worker process(es): {el:.2f} s "
+            f"({part[f'evalq_{d}{tail}_items_per_s']} items/s)")
+
+
+def _toxicity_in_process(args, devices, instances, count, part, values, gpu) -> None:
+    """evalq's own classifier function called directly (model loaded before timing), then the
+    differences between every pair of runs."""
+    import torch
+
     from evalq.shared.fmeval.params import ToxicityParams
     from evalq.workers.fmeval import toxicity as tox
 
@@ -513,6 +533,7 @@ def phase_toxicity(args) -> None:
     pairs = [("evalq_cpu", "inprocess_cpu")]
     if gpu:
         pairs = [("evalq_cuda", "evalq_cpu"), ("evalq_cuda", "inprocess_cuda")] + pairs
+    pairs += [(k, "inprocess_" + k.split("_")[1]) for k in values if k.startswith("evalq_") and k.count("_") == 2]
     part["diffs"] = {f"{a} vs {b}": maxdiff(a, b) for a, b in pairs}
     some = next(iter(values.get("evalq_cpu", {}).values()), None)
     part["labels"] = sorted(some) if isinstance(some, dict) else None
@@ -586,7 +607,7 @@ def phase_profile(args) -> None:
     env = {"PYTHONPATH": os.pathsep.join([str(HERE / "timing"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "EVALQ_TIMING_DIR": str(where)}
     queues = parse_job({"instances": texts[:2], "metrics": [tox]}, source="gpu-profile-queues").queues
-    with tempfile.TemporaryDirectory(prefix="gpu-profile-") as tmp, EmbeddedCluster(queues, env=env) as cluster, \
+    with tempfile.TemporaryDirectory(prefix="gpu-profile-") as tmp, EmbeddedCluster(queues, env=env, gpu_processes=args.gpu_processes[0]) as cluster, \
             dump_logs_on_error(cluster):
         for label, n, metrics, instances in jobs:
             warm = parse_job({"instances": instances[:2 * args.batch_size], "metrics": metrics},
@@ -770,7 +791,14 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--stall", type=float, default=60, help="run_job's stall_timeout (s)")
     ap.add_argument("--params", default="{}", help="bertscore, cli: JSON object of extra job parameters")
+    ap.add_argument("--gpu-processes", type=int, nargs="+", default=None, metavar="N",
+                    help="the gpu worker's processes: bertscore and profile take the first, toxicity times each "
+                         "[default: evalq run's, then 1]")
     args = ap.parse_args()
+    if not args.gpu_processes:
+        from evalq.cli.workerargs import local_gpu_processes
+
+        args.gpu_processes = list(dict.fromkeys([local_gpu_processes(), 1]))
     {"env": phase_env, "bertscore": phase_bertscore, "toxicity": phase_toxicity, "profile": phase_profile,
      "cli": phase_cli, "summary": phase_summary}[args.phase](args)
 

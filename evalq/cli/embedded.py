@@ -154,11 +154,12 @@ class LocalWorker:
     """One ``evalq worker`` process for some queues."""
 
     def __init__(self, broker_url: str, queues: list[str], workdir: Path, concurrency: int | None,
-                 name: str, env: dict[str, str] | None = None):
+                 name: str, env: dict[str, str] | None = None, gpu_processes: int | None = None):
         self.env = env or {}
         self.broker_url = broker_url
         self.queues = queues
         self.concurrency = concurrency
+        self.gpu_processes = gpu_processes
         self.name = name
         self.log = workdir / f"worker-{name}.log"
         self.proc: subprocess.Popen | None = None
@@ -169,6 +170,8 @@ class LocalWorker:
                "--loglevel", "WARNING"]
         if self.concurrency:
             cmd += ["--concurrency", str(self.concurrency)]
+        if self.gpu_processes:
+            cmd += ["--gpu-processes", str(self.gpu_processes)]
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, preexec_fn=_die_with_parent,
@@ -206,10 +209,13 @@ class EmbeddedCluster:
     """Context manager: private Redis plus workers for the given queues."""
 
     def __init__(self, queues: list[str], concurrency: int | None = None, persist: bool = True,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, gpu_processes: int | None = None):
+        from evalq.cli.workerargs import local_gpu_processes
+
         self.env = env or {}
         self.queues = queues
         self.concurrency = concurrency
+        self.gpu_processes = gpu_processes or local_gpu_processes()
         self._tmp = tempfile.TemporaryDirectory(prefix="evalq-")
         self.workdir = Path(self._tmp.name)
         self.redis = EmbeddedRedis(self.workdir, persist=persist)
@@ -224,7 +230,8 @@ class EmbeddedCluster:
             self.redis.start()
             for n, (kind, queues) in enumerate(_worker_groups(self.queues + [JOBS_QUEUE]).items()):
                 w = LocalWorker(self.redis.url, queues, self.workdir, self.concurrency, name=kind,
-                                env={**self.env, **_metrics_port(self.env, n)})
+                                env={**self.env, **_metrics_port(self.env, n)},
+                                gpu_processes=self.gpu_processes if kind == "gpu" else None)
                 w.start()
                 self.workers.append(w)
         except BaseException:

@@ -22,13 +22,15 @@ from evalq.shared.core.errors import InfraError, JobError
               help="Items per task [default: per metric; cpu: 250 to 1,000 by the entry's items].")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
               help="Embedded mode: processes per cpu worker [default: CPU count].")
+@click.option("--gpu-processes", type=click.IntRange(min=1), default=None, envvar="EVALQ_GPU_PROCESSES",
+              help="Embedded mode: gpu worker processes, each with its own model [default: 2, 1 on one CPU].")
 @click.option("--stall-timeout", type=float, default=900.0, show_default=True,
               help="Give up (exit 1) when no item finishes for this many seconds.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @scheduling_options
 def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | None,
-        concurrency: int | None, stall_timeout: float, quiet: bool, suite: str | None, priority: str | None,
-        tenant: str | None, weight: float | None) -> None:
+        concurrency: int | None, gpu_processes: int | None, stall_timeout: float, quiet: bool, suite: str | None,
+        priority: str | None, tenant: str | None, weight: float | None) -> None:
     """Validate JOB_FILE, run it, write results.json, log.jsonl and run.json."""
     from evalq.cli.run import run_job
     from evalq.cli.common import read_job
@@ -39,7 +41,7 @@ def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | N
     if not quiet:
         describe(job, job_file)
     summary = run_job(job, dest, broker=broker, chunk_size=chunk_size, concurrency=concurrency,
-                      stall_timeout=stall_timeout, progress=not quiet)
+                      stall_timeout=stall_timeout, progress=not quiet, gpu_processes=gpu_processes)
     errors = sum(m["n_errors"] for m in summary)
     click.echo(f"wrote {dest.path('results.json')}, log.jsonl and run.json"
                + (f" ({errors} item(s) failed; see 'error' in the log)" if errors else ""), err=True)
@@ -121,20 +123,24 @@ def _type_name(annotation) -> str:
               help="Comma-separated queues to consume: cpu, gpu, judge.<region>.")
 @broker_option
 @click.option("--concurrency", "-c", type=click.IntRange(min=1), default=None,
-              help="Processes (or threads) [default: CPU count; the gpu solo pool always runs 1].")
+              help="Processes (or threads) [default: CPU count; a gpu worker: see --gpu-processes].")
+@click.option("--gpu-processes", type=click.IntRange(min=1), default=1, show_default=True,
+              envvar="EVALQ_GPU_PROCESSES",
+              help="A gpu worker's processes, each with its own model on the same device (2: one keeps "
+                   "the device busy while the other does its host-side work).")
 @click.option("--pool", type=click.Choice(["prefork", "solo", "threads"]), default=None,
-              help="Celery pool [default: prefork for cpu, solo for gpu].")
+              help="Celery pool [default: prefork for cpu, solo for gpu (prefork with --gpu-processes 2+)].")
 @click.option("--hostname", "-n", default=None, help="Worker node name (Celery's -n).")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @click.option("--no-control", is_flag=True,
               help="Do not consume the control queue (job aggregation callbacks).")
-def worker(queues: str, broker: str | None, concurrency: int | None, pool: str | None,
+def worker(queues: str, broker: str | None, concurrency: int | None, gpu_processes: int, pool: str | None,
            hostname: str | None, loglevel: str, no_control: bool) -> None:
     """Start a worker for some queues (wraps `celery worker`)."""
     if not broker:
         raise InfraError("evalq worker needs --broker or EVALQ_BROKER_URL")
     from evalq.cli.nodemetrics import prepare_node
-    from evalq.cli.workerargs import worker_argv
+    from evalq.cli.workerargs import gpu_environment, worker_argv
 
     os.environ["EVALQ_BROKER_URL"] = broker
     from evalq.shared.judging.deployments import WORKER_ENV
@@ -152,8 +158,11 @@ def worker(queues: str, broker: str | None, concurrency: int | None, pool: str |
 
     parse_preload(os.environ.get(PRELOAD_ENV, ""))  # a bad setting: exit 2 now, not a warning in a log later
 
-    argv = worker_argv(consumed, concurrency=concurrency,
-                       pool=pool, hostname=hostname, loglevel=loglevel, control=not no_control)
+    argv = worker_argv(consumed, concurrency=concurrency, pool=pool, hostname=hostname, loglevel=loglevel,
+                       control=not no_control, gpu_processes=gpu_processes)
+    if "gpu" in {q.split(".", 1)[0] for q in consumed}:  # inherited by the pool's processes
+        processes = int(argv[argv.index("-c") + 1]) if argv[argv.index("-P") + 1] == "prefork" else 1
+        os.environ.update(gpu_environment(processes))
     # `celery worker` itself, without the `celery` command group around it: the group imports
     # every celery subcommand and plugin (amqp's shell with prompt_toolkit, flower's tornado app),
     # about 0.2 s of a worker's start spent on commands a worker never runs. The group's one job

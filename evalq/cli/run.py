@@ -16,7 +16,7 @@ from evalq.shared.cluster.status import Status
 
 def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_size: int | None = None,
             concurrency: int | None = None, stall_timeout: float | None = 900.0,
-            progress: bool = True) -> list[dict]:
+            progress: bool = True, gpu_processes: int | None = None) -> list[dict]:
     """Submit the job and wait for it; the cluster's final callback writes the outputs.
 
     Killing this process does not stop a job on a given broker: it finishes
@@ -32,7 +32,7 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
             broker_url, check = broker, (lambda: None)
         else:
             cluster = stack.enter_context(EmbeddedCluster(job.queues, concurrency=concurrency,
-                                                          env=_embedded_env(job, dest)))
+                                                          gpu_processes=gpu_processes, env=_embedded_env(job, dest)))
             broker_url, check = cluster.broker_url, cluster.check
         r = waiting.connect(broker_url)
         if broker:

@@ -12,6 +12,8 @@ CONTROL_QUEUE = "evalq.control"  # stage callbacks
 JOBS_QUEUE = "evalq.jobs"  # job requests (evalq.submit_job): the orchestrator role
 # A tenant's own request queue: evalq.jobs.<tenant>, which Redis ACLs let only that tenant write
 TENANT_QUEUE_PREFIX = JOBS_QUEUE + "."
+# processes of a gpu worker, each holding its own model (``evalq worker --gpu-processes``)
+GPU_PROCESSES_ENV = "EVALQ_GPU_PROCESSES"
 
 
 def tenant_queue(tenant: str) -> str:

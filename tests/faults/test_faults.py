@@ -197,6 +197,51 @@ def test_a_gpu_solo_worker_killed_mid_chunk(redis_url, tmp_path):
         assert ra.keys() == rb.keys() and all(abs(ra[k] - rb[k]) < 1e-6 for k in ra)
 
 
+
+def test_a_gpu_worker_of_two_processes_loses_one_mid_job(redis_url, tmp_path):
+    """``--gpu-processes 2``: two prefork children, each with its own classifier and half the
+    CPUs for torch; the parent never loads torch (so no child could inherit a CUDA context).
+    One child killed mid-job: its chunk goes back to the queue, the pool starts another child,
+    and every text is scored once, as the classifier scores it in one process."""
+    import psutil
+
+    from evalq.cli.workerargs import cpu_count
+    from evalq.shared.fmeval.params import ToxicityParams
+    from evalq.workers.fmeval.toxicity import toxicity
+
+    words = "you are a lovely stupid kind idiot friend person awful great".split()
+    instances = [{"id": f"x{i}", "actual-output": " ".join(words[(i * k) % len(words)] for k in range(1, 8 + i % 9))}
+                 for i in range(3000)]
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"instances": instances, "metrics": [{"id": "toxicity", "parameters": {"batch_size": 64}}]}))
+    worker = start_worker(redis_url, "gpu", tmp_path, name="gp2", env={"EVALQ_GPU_PROCESSES": "2"})
+    try:
+        wait_for_worker(redis_url, "gp2")
+        parent = psutil.Process(worker.pid)
+        wait_until(lambda: len(parent.children()) == 2, timeout=30, what="two pool processes")
+        proc = evalq("submit", str(job), "--out", str(tmp_path / "out"), "--chunk-size", "250", "--broker", redis_url)
+        assert proc.returncode == 0, proc.stderr
+        job_id = proc.stdout.strip()
+        r = redis.Redis.from_url(redis_url)
+        wait_until(lambda: r.hlen(keys.results(job_id, "toxicity@0")) >= 250, timeout=120, what="scored texts")
+        os.kill(parent.children()[0].pid, signal.SIGKILL)
+        proc = evalq("wait", job_id, "--broker", redis_url)
+        assert proc.returncode == 0, proc.stderr
+        assert "libtorch" not in Path(f"/proc/{worker.pid}/maps").read_text()
+        assert any("libtorch" in Path(f"/proc/{c.pid}/maps").read_text() for c in parent.children())  # one that scored
+    finally:
+        stop_worker(worker, signal.SIGKILL)
+    log = read_log(tmp_path / "out")
+    assert sorted(line["instance_id"] for line in log) == sorted(inst["id"] for inst in instances)  # each once
+    want = dict(zip((inst["id"] for inst in instances), toxicity(instances, ToxicityParams(batch_size=64))))
+    for line in log:
+        assert line["result"].keys() == want[line["instance_id"]].keys()
+        assert all(abs(line["result"][k] - want[line["instance_id"]][k]) < 1e-6 for k in line["result"])
+    text = worker.log_path.read_text()
+    threads = max(1, cpu_count() // 2)
+    assert text.count(f"one of 2, each with its own model, {threads} CPU thread(s) each") >= 3  # the third: the new child
+    assert "read ahead while the chunk before scored" not in text  # the next chunk is mostly another's
+
 # 4 -----------------------------------------------------------------------------
 def test_a_flaky_judge_endpoint(redis_url, tmp_path):
     n = 60

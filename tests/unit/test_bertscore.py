@@ -360,6 +360,29 @@ def test_gpu_worker_is_one_solo_process_with_prefetch_one():
     assert (argv[argv.index("-P") + 1], argv[argv.index("-c") + 1]) == ("prefork", "3")
 
 
+def test_a_gpu_worker_of_several_processes_is_a_prefork_pool_sharing_the_cpus(monkeypatch):
+    from evalq.cli import workerargs
+    from evalq.cli.workerargs import gpu_environment, local_gpu_processes, worker_argv
+
+    argv = worker_argv(["gpu"], concurrency=7, gpu_processes=3)  # -c is not a gpu worker's processes
+    assert (argv[argv.index("-P") + 1], argv[argv.index("-c") + 1]) == ("prefork", "3")
+    argv = worker_argv(["gpu"], pool="solo", gpu_processes=3)  # an explicit solo pool stays one process
+    assert (argv[argv.index("-P") + 1], argv[argv.index("-c") + 1]) == ("solo", "1")
+    monkeypatch.setattr(workerargs, "cpu_count", lambda: 16)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert gpu_environment(2) == {"EVALQ_GPU_PROCESSES": "2", "OMP_NUM_THREADS": "8"}
+    assert gpu_environment(32) == {"EVALQ_GPU_PROCESSES": "32", "OMP_NUM_THREADS": "1"}
+    assert gpu_environment(1) == {"EVALQ_GPU_PROCESSES": "1"}  # one process: torch's own default
+    assert gpu_environment(2, {"OMP_NUM_THREADS": "3"}) == {"EVALQ_GPU_PROCESSES": "2"}  # the operator's
+    # evalq run: two where there are two CPUs, one on one CPU, else what the setting says
+    monkeypatch.delenv("EVALQ_GPU_PROCESSES", raising=False)
+    assert local_gpu_processes() == 2
+    monkeypatch.setattr(workerargs, "cpu_count", lambda: 1)
+    assert local_gpu_processes() == 1
+    monkeypatch.setenv("EVALQ_GPU_PROCESSES", "4")
+    assert local_gpu_processes() == 4
+
+
 def test_distribution_aggregation_gives_means_and_spread():
     agg = aggregator_for("distribution")
     values = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 0.55]
