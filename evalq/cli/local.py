@@ -23,6 +23,7 @@ from evalq.shared.core.errors import InfraError, JobError
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
               help="Embedded mode: processes per cpu worker [default: CPU count].")
 @click.option("--gpu-processes", type=click.IntRange(min=1), default=None, envvar="EVALQ_GPU_PROCESSES",
+              show_envvar=True,
               help="Embedded mode: gpu worker processes, each with its own model [default: 2, 1 on one CPU].")
 @click.option("--stall-timeout", type=float, default=900.0, show_default=True,
               help="Give up (exit 1) when no item finishes for this many seconds.")
@@ -125,7 +126,7 @@ def _type_name(annotation) -> str:
 @click.option("--concurrency", "-c", type=click.IntRange(min=1), default=None,
               help="Processes (or threads) [default: CPU count; a gpu worker: see --gpu-processes].")
 @click.option("--gpu-processes", type=click.IntRange(min=1), default=1, show_default=True,
-              envvar="EVALQ_GPU_PROCESSES",
+              envvar="EVALQ_GPU_PROCESSES", show_envvar=True,
               help="A gpu worker's processes, each with its own model on the same device (2: one keeps "
                    "the device busy while the other does its host-side work).")
 @click.option("--pool", type=click.Choice(["prefork", "solo", "threads"]), default=None,
