@@ -260,9 +260,9 @@ def main() -> None:
                 cold_rounds.append(row)
         key = f"cold_evalq_run_{processes[0]}p_s"  # the headline: the first N
         cold_run = statistics.median(r[key] for r in cold_rounds)
-        cold_ratio = statistics.median(r[key] / r["bertscorer_warm_s"] for r in cold_rounds)
         others = {n: statistics.median(r[f"cold_evalq_run_{n}p_s"] / r["bertscorer_warm_s"] for r in cold_rounds)
                   for n in processes}
+        cold_ratio = others[processes[0]]
 
     first_job = {}
     if args.first_job is not None:  # a worker that started a while ago gets its first job
