@@ -24,7 +24,8 @@ from evalq.shared.core.errors import InfraError, JobError
               help="Embedded mode: processes per cpu worker [default: CPU count].")
 @click.option("--gpu-processes", type=click.IntRange(min=1), default=None, envvar="EVALQ_GPU_PROCESSES",
               show_envvar=True,
-              help="Embedded mode: gpu worker processes, each with its own model [default: 2, 1 on one CPU].")
+              help="Embedded mode: gpu worker processes, each with its own model "
+                   "[default: 2; 1 on one CPU or for one gpu chunk].")
 @click.option("--stall-timeout", type=float, default=900.0, show_default=True,
               help="Give up (exit 1) when no item finishes for this many seconds.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")

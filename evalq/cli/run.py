@@ -31,8 +31,9 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
         if broker:
             broker_url, check = broker, (lambda: None)
         else:
-            cluster = stack.enter_context(EmbeddedCluster(job.queues, concurrency=concurrency,
-                                                          gpu_processes=gpu_processes, env=_embedded_env(job, dest)))
+            cluster = stack.enter_context(EmbeddedCluster(
+                job.queues, concurrency=concurrency, env=_embedded_env(job, dest),
+                gpu_processes=gpu_processes or embedded_gpu_processes(job, chunk_size)))
             broker_url, check = cluster.broker_url, cluster.check
         r = waiting.connect(broker_url)
         if broker:
@@ -50,6 +51,19 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
             if not broker:
                 # the private Redis keeps only what outlives a job (judge cache, budgets)
                 submit.delete_job(r, job_id, [m.key for m in job.runs])
+
+
+def embedded_gpu_processes(job: Job, chunk_size: int | None = None) -> int:
+    """Embedded mode's gpu processes unless the user says: ``evalq run``'s default
+    (``local_gpu_processes``), but no more than the job has gpu chunks; a process no chunk comes
+    to would only load the job's models beside the one that scores (entries scored together
+    count once each here, so such a job may still get one process more than it has chunks)."""
+    from evalq.cli.workerargs import local_gpu_processes
+    from evalq.orchestrator.submit import run_entry
+
+    chunks = sum(-(-job.span(m) // run_entry(m, chunk_size, job.span(m))["chunk_size"])
+                 for m in job.runs if m.kind == "gpu")
+    return max(1, min(local_gpu_processes(), chunks))
 
 
 def _embedded_env(job: Job, dest: Destination) -> dict[str, str]:

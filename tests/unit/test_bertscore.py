@@ -383,6 +383,26 @@ def test_a_gpu_worker_of_several_processes_is_a_prefork_pool_sharing_the_cpus(mo
     assert local_gpu_processes() == 4
 
 
+def test_embedded_mode_starts_no_gpu_process_the_job_has_no_chunk_for(monkeypatch):
+    from evalq.cli import workerargs
+    from evalq.cli.run import embedded_gpu_processes
+    from evalq.shared.job.schema import parse_job
+
+    monkeypatch.setattr(workerargs, "cpu_count", lambda: 8)
+    monkeypatch.delenv("EVALQ_GPU_PROCESSES", raising=False)
+
+    def job(n: int, *metrics: str):
+        instances = [{"id": f"i{i}", "actual-output": "a b", "expected-output": ["a c"]} for i in range(n)]
+        return parse_job({"instances": instances, "metrics": [{"id": m} for m in metrics]}, source="job.json")
+
+    assert embedded_gpu_processes(job(200, "bertscore")) == 1  # one chunk of 512: one process loads the model
+    assert embedded_gpu_processes(job(200, "bertscore"), chunk_size=100) == 2  # three chunks
+    assert embedded_gpu_processes(job(20_000, "bertscore")) == 2  # evalq run's default, not the 8 chunks
+    assert embedded_gpu_processes(job(20_000, "bleu")) == 1  # no gpu entry
+    monkeypatch.setenv("EVALQ_GPU_PROCESSES", "3")
+    assert embedded_gpu_processes(job(200, "bertscore"), chunk_size=50) == 3
+
+
 def test_distribution_aggregation_gives_means_and_spread():
     agg = aggregator_for("distribution")
     values = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 0.55]
