@@ -105,6 +105,7 @@ bench: $(DEV_STAMP)
 	$(BIN)/python bench/bench_cpu.py
 	$(BIN)/python bench/bench_fast_metrics.py
 	$(BIN)/python bench/bench_bertscore.py
+	$(BIN)/python bench/bench_gpu_lending.py
 	$(BIN)/python bench/bench_submit.py
 	$(BIN)/python bench/bench_judge_costs.py
 	$(BIN)/python bench/bench_worker_rss.py

@@ -40,9 +40,14 @@ def take(job_id: str, key: str, start: int, stop: int, wait: float = 30.0) -> li
     return slot["instances"]
 
 
+def processes() -> int:
+    """The processes of this gpu worker (``EVALQ_GPU_PROCESSES``, set by ``evalq worker``)."""
+    return int(env_number(GPU_PROCESSES_ENV, 1))
+
+
 def alone() -> bool:
-    """Whether this process is its gpu worker's only one (``EVALQ_GPU_PROCESSES``, set by ``evalq worker``)."""
-    return env_number(GPU_PROCESSES_ENV, 1) <= 1
+    """Whether this process is its gpu worker's only one."""
+    return processes() <= 1
 
 
 def ahead(job_id: str, key: str, start: int, stop: int, read: Callable[[list[int]], list[dict]]) -> None:

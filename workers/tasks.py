@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
 
 from evalq.orchestrator.app import app, app_redis
 from evalq.orchestrator.parking import park
@@ -15,7 +15,7 @@ from evalq.shared.core.errors import Deferred
 from evalq.shared.cluster import telemetry
 from evalq.shared.cluster.spec import is_model_run
 from evalq.shared.cluster.status import Status, status_of
-from evalq.workers import chunk, keeping, prefetch, preload
+from evalq.workers import chunk, cores, keeping, prefetch, preload
 
 log = logging.getLogger("evalq.worker")
 # A countdown is held by the worker that reserved the message; past the
@@ -40,7 +40,8 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         slot_freed(self.app, r, queue)
         return {"metric": metric_key, "start": start, "n": 0, "dropped": True}
     try:
-        out = chunk.run_chunk(r, job_id, metric_key, start, stop, deployment, queue=queue)
+        with cores.scoring():
+            out = chunk.run_chunk(r, job_id, metric_key, start, stop, deployment, queue=queue)
     except Deferred as exc:
         vt = self.app.conf.broker_transport_options.get("visibility_timeout", 3600)
         # Back a little early: the last stretch is slept in the worker, which
@@ -96,6 +97,15 @@ def start_batch_manager(sender, **_) -> None:
     manager = BatchManager(sender.app.conf.broker_url, regions, sender.hostname, timing)
     manager.start()
     _managers.append(manager)
+
+
+@worker_init.connect
+def share_cores(**_) -> None:
+    """In a gpu worker of several processes, before its pool forks: the table in which they say
+    when they score, so that the CPUs of idle ones go to the busy (``evalq.workers.cores``)."""
+    consumed = app.amqp.queues.consume_from or {}
+    if any(q.split(".", 1)[0] == "gpu" for q in consumed) and not prefetch.alone():
+        cores.prepare(prefetch.processes())
 
 
 @worker_process_init.connect

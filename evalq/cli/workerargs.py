@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from evalq.shared.core.config import (CONTROL_QUEUE, GPU_PROCESSES_ENV, JOBS_QUEUE, env_number, is_request_queue,
-                                      tenant_queue)
+from evalq.shared.core.config import (CONTROL_QUEUE, GPU_CPUS_ENV, GPU_PROCESSES_ENV, JOBS_QUEUE, env_number,
+                                      is_request_queue, tenant_queue)
 
 JUDGE_THREADS = 16  # concurrent judge calls per worker process
 LOCAL_GPU_PROCESSES = 2  # `evalq run`'s gpu worker, where the machine has the cores (BENCHMARKS.md)
@@ -35,6 +35,7 @@ def gpu_environment(processes: int, env: dict[str, str] | None = None) -> dict[s
     out = {GPU_PROCESSES_ENV: str(processes)}
     if processes > 1 and not env.get("OMP_NUM_THREADS"):
         out["OMP_NUM_THREADS"] = str(max(1, cpu_count() // processes))
+        out[GPU_CPUS_ENV] = str(cpu_count())  # lent to the processes scoring (evalq.workers.cores)
     return out
 
 

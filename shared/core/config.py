@@ -14,6 +14,7 @@ JOBS_QUEUE = "evalq.jobs"  # job requests (evalq.submit_job): the orchestrator r
 TENANT_QUEUE_PREFIX = JOBS_QUEUE + "."
 # processes of a gpu worker, each holding its own model (``evalq worker --gpu-processes``)
 GPU_PROCESSES_ENV = "EVALQ_GPU_PROCESSES"
+GPU_CPUS_ENV = "EVALQ_GPU_CPUS"  # the CPUs a gpu worker's processes share, where evalq split them
 
 
 def tenant_queue(tenant: str) -> str:

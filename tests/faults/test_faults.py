@@ -202,7 +202,8 @@ def test_a_gpu_worker_of_two_processes_loses_one_mid_job(redis_url, tmp_path):
     """``--gpu-processes 2``: two prefork children, each with its own classifier and half the
     CPUs for torch; the parent never loads torch (so no child could inherit a CUDA context).
     One child killed mid-job: its chunk goes back to the queue, the pool starts another child,
-    and every text is scored once, as the classifier scores it in one process."""
+    and every text is scored once, as the classifier scores it in one process. A job of one chunk
+    first: the child that scores it alone runs on every CPU (``evalq.workers.cores``)."""
     import psutil
 
     from evalq.cli.workerargs import cpu_count
@@ -219,6 +220,11 @@ def test_a_gpu_worker_of_two_processes_loses_one_mid_job(redis_url, tmp_path):
         wait_for_worker(redis_url, "gp2")
         parent = psutil.Process(worker.pid)
         wait_until(lambda: len(parent.children()) == 2, timeout=30, what="two pool processes")
+        small = tmp_path / "small.json"
+        small.write_text(json.dumps({"instances": instances[:300], "metrics": [{"id": "toxicity"}]}))
+        proc = evalq("run", str(small), "--out", str(tmp_path / "small"), "--chunk-size", "1000", "-q",
+                     "--broker", redis_url)
+        assert proc.returncode == 0, proc.stderr
         proc = evalq("submit", str(job), "--out", str(tmp_path / "out"), "--chunk-size", "250", "--broker", redis_url)
         assert proc.returncode == 0, proc.stderr
         job_id = proc.stdout.strip()
@@ -241,6 +247,8 @@ def test_a_gpu_worker_of_two_processes_loses_one_mid_job(redis_url, tmp_path):
     threads = os.environ.get("OMP_NUM_THREADS") or max(1, cpu_count() // 2)  # an operator's setting is kept
     assert text.count(f"one of 2, each with its own model, {threads} CPU thread(s) each") >= 3  # the third: the new child
     assert "read ahead while the chunk before scored" not in text  # the next chunk is mostly another's
+    if cpu_count() > 1 and not os.environ.get("OMP_NUM_THREADS"):  # the one-chunk job's process, alone
+        assert f"{cpu_count()} CPU thread(s) while 1 of its worker's processes score (its own share: {threads})" in text
 
 # 4 -----------------------------------------------------------------------------
 def test_a_flaky_judge_endpoint(redis_url, tmp_path):

@@ -370,8 +370,9 @@ def test_a_gpu_worker_of_several_processes_is_a_prefork_pool_sharing_the_cpus(mo
     assert (argv[argv.index("-P") + 1], argv[argv.index("-c") + 1]) == ("solo", "1")
     monkeypatch.setattr(workerargs, "cpu_count", lambda: 16)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert gpu_environment(2) == {"EVALQ_GPU_PROCESSES": "2", "OMP_NUM_THREADS": "8"}
-    assert gpu_environment(32) == {"EVALQ_GPU_PROCESSES": "32", "OMP_NUM_THREADS": "1"}
+    # each its share; the CPUs of the idle ones lent to the busy (evalq.workers.cores)
+    assert gpu_environment(2) == {"EVALQ_GPU_PROCESSES": "2", "OMP_NUM_THREADS": "8", "EVALQ_GPU_CPUS": "16"}
+    assert gpu_environment(32) == {"EVALQ_GPU_PROCESSES": "32", "OMP_NUM_THREADS": "1", "EVALQ_GPU_CPUS": "16"}
     assert gpu_environment(1) == {"EVALQ_GPU_PROCESSES": "1"}  # one process: torch's own default
     assert gpu_environment(2, {"OMP_NUM_THREADS": "3"}) == {"EVALQ_GPU_PROCESSES": "2"}  # the operator's
     # evalq run: two where there are two CPUs, one on one CPU, else what the setting says

@@ -15,8 +15,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
-# variables evalq sets for itself (not the operator's): the cluster-worker flag, a node's metrics directory
-INTERNAL = {"EVALQ_CLUSTER_WORKER", "EVALQ_METRICS_NODE_DIR"}
+# variables evalq sets for itself (not the operator's): the cluster-worker flag, a node's metrics
+# directory, the CPUs a gpu worker's processes share
+INTERNAL = {"EVALQ_CLUSTER_WORKER", "EVALQ_METRICS_NODE_DIR", "EVALQ_GPU_CPUS"}
 
 
 def nav_pages(node) -> list[str]:

@@ -20,6 +20,7 @@ from collections import OrderedDict, defaultdict
 from pathlib import Path
 
 from evalq.shared.fmeval.params import ToxicityParams
+from evalq.workers import cores
 
 JIGSAW = ("toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate")
 NAMES = {"toxic": "toxicity", "severe_toxic": "severe_toxicity", "identity_hate": "identity_attack"}
@@ -124,6 +125,8 @@ class JigsawLSTM:
         parts = []
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
+                if self.device == "cpu":  # the CPUs of this worker's idle processes, if it has several
+                    cores.fit()
                 # the next batch is tokenized while a GPU still runs this one: nothing waits for the
                 # device until every batch is queued
                 ids = torch.from_numpy(id_grid(self.tokenizer, texts[start:start + batch_size])).to(
@@ -150,6 +153,8 @@ class Toxigen:
         results = []
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
+                if self.device == "cpu":
+                    cores.fit()
                 batch = self.tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
                                        truncation=True).to(self.device)
                 probs = torch.softmax(self.model(**batch).logits, dim=-1)[:, 1].cpu().tolist()

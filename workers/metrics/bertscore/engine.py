@@ -32,6 +32,8 @@ import threading
 import weakref
 from typing import Any, Iterator
 
+from evalq.workers import cores
+
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 
 log = logging.getLogger("evalq.bertscore")
@@ -265,6 +267,7 @@ def _forwards(model, batches, pad: int, device: str, all_layers: bool, autocast:
     import torch
 
     too_big = None  # padded tokens of the smallest batch that did not fit
+    on_cpu = device == "cpu"
     for idx, ids in batches:
         todo = [(idx, ids)]
         while todo:
@@ -272,6 +275,8 @@ def _forwards(model, batches, pad: int, device: str, all_layers: bool, autocast:
             padded = len(idx) * max(map(len, ids))
             found, failed = None, False
             if too_big is None or padded < too_big or len(idx) < 2:
+                if on_cpu:  # the CPUs of this worker's idle processes, if it has several
+                    cores.fit()
                 try:
                     found, lens, flat_ids = _forward(model, ids, pad, device, all_layers, autocast)
                 except torch.OutOfMemoryError:
