@@ -28,7 +28,7 @@ log = logging.getLogger("evalq.worker")
 
 _table = None  # multiprocessing Array of pids: > 0 scoring, < 0 idle, 0 free; made in the parent
 _threads: list[int] = []  # torch's threads as last set here
-_said: list[bool] = []  # the first time it gets more than its share is logged at INFO, the rest at DEBUG
+_said: set[tuple[int, int]] = set()  # (threads, processes scoring) logged at INFO once each, then at DEBUG
 
 
 def shared_cpus() -> int:
@@ -110,10 +110,8 @@ def fit() -> None:
     want = max(own, cpus // now)
     if not _threads or _threads[0] != want:
         torch.set_num_threads(want)
-        first = want > own and not _said
-        (log.info if first else log.debug)("gpu worker process %d: %d CPU thread(s) while %d of its "
-                                           "worker's processes score (its own share: %d)",
-                                           os.getpid(), want, now, own)
-        if first:
-            _said.append(True)
+        (log.info if (want, now) not in _said else log.debug)(
+            "gpu worker process %d: %d CPU thread(s) while %d of its worker's processes score (its own "
+            "share: %d)", os.getpid(), want, now, own)
+        _said.add((want, now))
         _threads[:] = [want]

@@ -202,8 +202,10 @@ def test_a_gpu_worker_of_two_processes_loses_one_mid_job(redis_url, tmp_path):
     """``--gpu-processes 2``: two prefork children, each with its own classifier and half the
     CPUs for torch; the parent never loads torch (so no child could inherit a CUDA context).
     One child killed mid-job: its chunk goes back to the queue, the pool starts another child,
-    and every text is scored once, as the classifier scores it in one process. A job of one chunk
-    first: the child that scores it alone runs on every CPU (``evalq.workers.cores``)."""
+    and every text is scored once, as the classifier scores it in one process. Two jobs first
+    (``evalq.workers.cores``): one of two long chunks, which the children score at once, each on its
+    own share of the CPUs (they see each other in the table their parent made); then one of one
+    chunk, whose child, alone, runs on every CPU."""
     import psutil
 
     from evalq.cli.workerargs import cpu_count
@@ -220,11 +222,15 @@ def test_a_gpu_worker_of_two_processes_loses_one_mid_job(redis_url, tmp_path):
         wait_for_worker(redis_url, "gp2")
         parent = psutil.Process(worker.pid)
         wait_until(lambda: len(parent.children()) == 2, timeout=30, what="two pool processes")
+        both = tmp_path / "both.json"  # two chunks of 6,000 texts: seconds each, side by side
+        both.write_text(json.dumps({"instances": [{**inst, "id": f"{inst['id']}-{k}"} for k in range(4)
+                                                  for inst in instances], "metrics": [{"id": "toxicity"}]}))
         small = tmp_path / "small.json"
         small.write_text(json.dumps({"instances": instances[:300], "metrics": [{"id": "toxicity"}]}))
-        proc = evalq("run", str(small), "--out", str(tmp_path / "small"), "--chunk-size", "1000", "-q",
-                     "--broker", redis_url)
-        assert proc.returncode == 0, proc.stderr
+        for path, chunk in ((both, "6000"), (small, "1000")):
+            proc = evalq("run", str(path), "--out", str(tmp_path / path.stem), "--chunk-size", chunk, "-q",
+                         "--broker", redis_url)
+            assert proc.returncode == 0, proc.stderr
         proc = evalq("submit", str(job), "--out", str(tmp_path / "out"), "--chunk-size", "250", "--broker", redis_url)
         assert proc.returncode == 0, proc.stderr
         job_id = proc.stdout.strip()
@@ -247,8 +253,10 @@ def test_a_gpu_worker_of_two_processes_loses_one_mid_job(redis_url, tmp_path):
     threads = os.environ.get("OMP_NUM_THREADS") or max(1, cpu_count() // 2)  # an operator's setting is kept
     assert text.count(f"one of 2, each with its own model, {threads} CPU thread(s) each") >= 3  # the third: the new child
     assert "read ahead while the chunk before scored" not in text  # the next chunk is mostly another's
-    if cpu_count() > 1 and not os.environ.get("OMP_NUM_THREADS"):  # the one-chunk job's process, alone
-        assert f"{cpu_count()} CPU thread(s) while 1 of its worker's processes score (its own share: {threads})" in text
+    if cpu_count() > 1 and not os.environ.get("OMP_NUM_THREADS"):
+        share = f"its worker's processes score (its own share: {threads})"
+        assert f"{threads} CPU thread(s) while 2 of {share}" in text  # side by side: each its share
+        assert f"{cpu_count()} CPU thread(s) while 1 of {share}" in text  # alone: every CPU
 
 # 4 -----------------------------------------------------------------------------
 def test_a_flaky_judge_endpoint(redis_url, tmp_path):

@@ -20,7 +20,7 @@ def shared(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setattr(cores, "_table", None)
     monkeypatch.setattr(cores, "_threads", [])
-    monkeypatch.setattr(cores, "_said", [])
+    monkeypatch.setattr(cores, "_said", set())
     before = torch.get_num_threads()
     yield cores
     torch.set_num_threads(before)
