@@ -98,10 +98,10 @@ def busy() -> int:
     return others + 1
 
 
-def fit() -> None:
-    """Before a batch on a CPU: torch's threads set to the CPUs divided among the processes
-    scoring now, at least this process's share."""
-    if _table is None:
+def fit(device: str) -> None:
+    """Before a batch: on a CPU, torch's threads set to the CPUs divided among the processes
+    scoring now, at least this process's share (on another device, nothing)."""
+    if _table is None or device != "cpu":
         return
     import torch
 

@@ -51,14 +51,17 @@ def test_a_process_scoring_alone_gets_the_idle_ones_cpus(shared):
     ctx = multiprocessing.get_context("spawn")
     cores._table = ctx.Array("i", 8)  # the same table, of the context its processes start in here
     with cores.scoring():
-        cores.fit()
+        torch.set_num_threads(3)
+        cores.fit("cuda")  # a GPU's threads are not the CPU's to share
+        assert torch.get_num_threads() == 3
+        cores.fit("cpu")
         assert (cores.busy(), torch.get_num_threads()) == (1, 4)  # the other is idle: every CPU
         sibling, stop = _sibling(ctx, cores)
-        cores.fit()
+        cores.fit("cpu")
         assert (cores.busy(), torch.get_num_threads()) == (2, 2)  # both scoring: its own share
         stop.set()
         sibling.join(30)
-        cores.fit()
+        cores.fit("cpu")
         assert (cores.busy(), torch.get_num_threads()) == (1, 4)
         # one killed while scoring (its slot still says so) counts no more, reaped or not yet
         sibling, _ = _sibling(ctx, cores)
@@ -85,7 +88,7 @@ def test_an_operators_thread_setting_is_kept(shared, monkeypatch):
     cores.prepare(2)
     torch.set_num_threads(3)
     with cores.scoring():
-        cores.fit()
+        cores.fit("cpu")
     assert cores._table is None and torch.get_num_threads() == 3
     monkeypatch.setenv("EVALQ_GPU_CPUS", "4")
     cores.prepare(1)  # one process: nothing to lend

@@ -125,8 +125,7 @@ class JigsawLSTM:
         parts = []
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
-                if self.device == "cpu":  # the CPUs of this worker's idle processes, if it has several
-                    cores.fit()
+                cores.fit(self.device)  # on a CPU: the CPUs of this worker's idle processes, if it has several
                 # the next batch is tokenized while a GPU still runs this one: nothing waits for the
                 # device until every batch is queued
                 ids = torch.from_numpy(id_grid(self.tokenizer, texts[start:start + batch_size])).to(
@@ -153,8 +152,7 @@ class Toxigen:
         results = []
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
-                if self.device == "cpu":
-                    cores.fit()
+                cores.fit(self.device)
                 batch = self.tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
                                        truncation=True).to(self.device)
                 probs = torch.softmax(self.model(**batch).logits, dim=-1)[:, 1].cpu().tolist()

@@ -267,7 +267,6 @@ def _forwards(model, batches, pad: int, device: str, all_layers: bool, autocast:
     import torch
 
     too_big = None  # padded tokens of the smallest batch that did not fit
-    on_cpu = device == "cpu"
     for idx, ids in batches:
         todo = [(idx, ids)]
         while todo:
@@ -275,8 +274,7 @@ def _forwards(model, batches, pad: int, device: str, all_layers: bool, autocast:
             padded = len(idx) * max(map(len, ids))
             found, failed = None, False
             if too_big is None or padded < too_big or len(idx) < 2:
-                if on_cpu:  # the CPUs of this worker's idle processes, if it has several
-                    cores.fit()
+                cores.fit(device)  # on a CPU: the CPUs of this worker's idle processes, if it has several
                 try:
                     found, lens, flat_ids = _forward(model, ids, pad, device, all_layers, autocast)
                 except torch.OutOfMemoryError:
