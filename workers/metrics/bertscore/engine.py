@@ -152,15 +152,22 @@ def _batches(sentences: list[str], max_tokens: int, max_sentences: int = 4096) -
 
 
 def _by_length(ids: list[list[int]], max_tokens: int) -> Iterator[tuple[list[int], list]]:
-    """(indices, token ids) of batches of sentences of the same or similar token length, longest
-    first, each at most ``max_tokens`` tokens padded."""
+    """(indices, token ids) of batches of sentences of one token length, longest first, each at
+    most ``max_tokens`` tokens padded: nothing padded, and attention unmasked. A batch takes
+    shorter sentences too (padded) only while it holds fewer than ``max_tokens // 8`` tokens, so
+    that a length few sentences have does not make a batch of a handful of rows. A chunk of 500
+    short pairs was padded by 5% before, and its masked attention was slower too (BENCHMARKS.md)."""
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    least = max_tokens // 8
     current: list[int] = []
+    real = 0
     for i in order:
-        if current and (len(current) + 1) * len(ids[current[0]]) > max_tokens:
+        if current and ((len(current) + 1) * len(ids[current[0]]) > max_tokens
+                        or (len(ids[i]) != len(ids[current[-1]]) and real >= least)):
             yield current, [ids[j] for j in current]
-            current = []
+            current, real = [], 0
         current.append(i)
+        real += len(ids[i])
     if current:
         yield current, [ids[j] for j in current]
 
