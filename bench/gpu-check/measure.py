@@ -274,6 +274,48 @@ def _bertscore_params(args, device: str) -> dict:
     return params
 
 
+def _embed_ways(params, instances: list[dict], chunk: int, device: str, repeats: int) -> dict:
+    """The engine's forward passes over the job's chunks both ways it forms batches (issue 40): a
+    GPU's from the texts' characters, each batch tokenized a batch ahead in a thread (which pads
+    where characters and tokens disagree), and a CPU's, the chunk tokenized first and each batch of
+    one token length (the GPU waits for that tokenization). Seconds each way, alternately, after a
+    round that warms both, and the tokens each way runs (padding included)."""
+    import torch
+
+    from evalq.shared.metrics import bertscore as bs
+    from evalq.workers.metrics.bertscore import engine
+    from evalq.workers.metrics.bertscore.models import load_model, native_ok
+
+    cuda = device.startswith("cuda")
+    resolved = bs.resolve(params)
+    model, tok = load_model(resolved.path, resolved.num_layers, False, params.use_fast_tokenizer, device,
+                            native_ok(resolved.path, params.engine))
+    per_batch = params.max_batch_tokens or (65536 if cuda else 2048)
+    chunks = []
+    for k in range(0, len(instances), chunk):
+        part = instances[k:k + chunk]
+        chunks.append(list(dict.fromkeys([i["actual-output"] for i in part]
+                                         + [r for i in part for r in i["expected-output"]])))
+    out: dict = {"max_batch_tokens": per_batch, "tokens": 0, "padded_ahead": 0, "padded_first": 0}
+    for sents in chunks:
+        ids = engine.encode(tok, sents)
+        out["tokens"] += sum(map(len, ids))
+        out["padded_ahead"] += sum(len(b) * max(len(ids[i]) for i in b) for b in engine._batches(sents, per_batch))
+        out["padded_first"] += sum(len(b) * max(map(len, b)) for _, b in engine._by_length(ids, per_batch))
+    for r in range(repeats + 1):
+        for ahead in ((True, False) if r % 2 == 0 else (False, True)):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for sents in chunks:
+                engine.embed(model, tok, sents, device, False, params.dtype, per_batch, ahead=ahead)
+            if cuda:
+                torch.cuda.synchronize()
+            if r:
+                out.setdefault("ahead_s" if ahead else "first_s", []).append(round(time.perf_counter() - t0, 3))
+    return out
+
+
 def phase_bertscore(args) -> None:
     import torch
     from bert_score import BERTScorer
@@ -430,6 +472,14 @@ def phase_bertscore(args) -> None:
         f"({part['evalq_pairs_per_s']} pairs/s), ratio {part['ratio_inprocess_over_evalq']} (best-of {part['ratio_best']}), "
         f"max |dF1| {part['max_abs_f1_diff']} over {len(diffs)} items, errors {errors}, worker device "
         f"{device} (params {results[0].get('parameters', {}).get('device')})")
+    try:  # after the phase's figures are saved: what the GPU's batches cost against the CPU's way
+        ways = part["embed_ways"] = _embed_ways(engines["engine_fp32"], instances, chunk, device, args.repeats)
+        say(f"{args.label}: RESULT forward passes by chunk: tokenized ahead {ways['ahead_s']} s "
+            f"({ways['padded_ahead'] / ways['tokens'] - 1:.1%} padding), tokenized first {ways['first_s']} s "
+            f"({ways['padded_first'] / ways['tokens'] - 1:.1%} padding)")
+    except Exception as exc:  # noqa: BLE001 - the phase's other figures stand
+        part["embed_ways"] = {"error": f"{type(exc).__name__}: {exc}"}
+    write_part(args.label, part)
 
 
 def phase_toxicity(args) -> None:
@@ -722,6 +772,13 @@ def phase_summary(args) -> None:
             f"{p.get('gpu_used_delta_mib_worker_model')} MiB when it loaded the model, "
             f"nvidia-smi {p.get('worker_gpu_mib_nvidia_smi')} MiB); in-process peak alloc "
             f"{p.get('inprocess_peak_gpu_allocated_mib')} MiB; worker cold {p.get('worker_cold_start_s')} s")
+        w = p.get("embed_ways") or {}
+        if w.get("tokens"):
+            lines.append(f"{label}: forward passes by chunk, fp32: tokenized ahead {w.get('ahead_s')} s "
+                         f"({w['padded_ahead'] / w['tokens'] - 1:.1%} padding), tokenized first {w.get('first_s')} s "
+                         f"({w['padded_first'] / w['tokens'] - 1:.1%} padding)")
+        elif w:
+            lines.append(f"{label}: forward passes by chunk: {w}")
         for name in ("engine_fp32", "engine_bf16", "engine_fp32_fasttok"):
             e = p.get(name)
             if e:
