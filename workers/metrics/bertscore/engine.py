@@ -9,9 +9,10 @@ The same numbers as ``bert_score.utils.bert_cos_score_idf`` (within float roundi
   copy of a fast tokenizer's Rust tokenizer on every core where that copy gives bert_score's ids
   on the first sentences (else bert_score's own calls), on a GPU in a thread that prepares the
   next batch while the device works on this one.
-- **Forward passes** over each distinct sentence once, in batches formed by length (sorted by
-  characters, so a batch pads little) and sized in tokens (``max_batch_tokens``), optionally in
-  bf16/fp16 (``dtype``; the embeddings are normalised and matched in fp32).
+- **Forward passes** over each distinct sentence once, in batches formed by length and sized in
+  tokens (``max_batch_tokens``): on a GPU sorted by characters, a batch tokenized ahead, so a batch
+  pads little; on a CPU tokenized first, each batch of one token length, so none pads; optionally
+  in bf16/fp16 (``dtype``; the embeddings are normalised and matched in fp32).
 - **Greedy matching** vectorised on the device over many pairs at once: cosine similarities,
   each token's best match, idf weights normalised per sentence. bert_score pads each group of
   ``batch_size`` pairs with zero similarities, so a token whose every real similarity is negative
@@ -152,11 +153,10 @@ def _batches(sentences: list[str], max_tokens: int, max_sentences: int = 4096) -
 
 
 def _by_length(ids: list[list[int]], max_tokens: int) -> Iterator[tuple[list[int], list]]:
-    """(indices, token ids) of batches of sentences of one token length, longest first, each at
-    most ``max_tokens`` tokens padded: nothing padded, and attention unmasked. A batch takes
-    shorter sentences too (padded) only while it holds fewer than ``max_tokens // 8`` tokens, so
-    that a length few sentences have does not make a batch of a handful of rows. A chunk of 500
-    short pairs was padded by 5% before, and its masked attention was slower too (BENCHMARKS.md)."""
+    """(indices, token ids) of batches of sentences of one token length (none padded, attention
+    unmasked), longest first, each at most ``max_tokens`` tokens. A batch takes shorter sentences
+    (padded) only while it holds fewer than ``max_tokens // 8`` tokens, so that a rare length does
+    not make a batch of a few rows (a chunk of 500 short pairs was 5% padding: BENCHMARKS.md)."""
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     least = max_tokens // 8
     current: list[int] = []
