@@ -104,8 +104,8 @@ def share_cores(**_) -> None:
     """In a gpu worker of several processes, before its pool forks: the table in which they say
     when they score, so that the CPUs of idle ones go to the busy (``evalq.workers.cores``)."""
     consumed = app.amqp.queues.consume_from or {}
-    if any(q.split(".", 1)[0] == "gpu" for q in consumed) and not prefetch.alone():
-        cores.prepare(prefetch.processes())
+    if any(q.split(".", 1)[0] == "gpu" for q in consumed):
+        cores.prepare(prefetch.processes())  # none for a single process
 
 
 @worker_process_init.connect

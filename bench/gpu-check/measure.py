@@ -290,7 +290,7 @@ def _embed_ways(params, instances: list[dict], chunk: int, device: str, repeats:
     resolved = bs.resolve(params)
     model, tok = load_model(resolved.path, resolved.num_layers, False, params.use_fast_tokenizer, device,
                             native_ok(resolved.path, params.engine))
-    per_batch = params.max_batch_tokens or (65536 if cuda else 2048)
+    per_batch = engine.batch_tokens(device, params.max_batch_tokens)  # as the engine's score sets it
     chunks = []
     for k in range(0, len(instances), chunk):
         part = instances[k:k + chunk]

@@ -9,10 +9,9 @@ The same numbers as ``bert_score.utils.bert_cos_score_idf`` (within float roundi
   copy of a fast tokenizer's Rust tokenizer on every core where that copy gives bert_score's ids
   on the first sentences (else bert_score's own calls), on a GPU in a thread that prepares the
   next batch while the device works on this one.
-- **Forward passes** over each distinct sentence once, in batches formed by length and sized in
-  tokens (``max_batch_tokens``): on a GPU sorted by characters, a batch tokenized ahead, so a batch
-  pads little; on a CPU tokenized first, each batch of one token length, so none pads; optionally
-  in bf16/fp16 (``dtype``; the embeddings are normalised and matched in fp32).
+- **Forward passes** over each distinct sentence once, in batches sized in tokens (``max_batch_tokens``)
+  and formed by length: on a GPU by characters (a batch tokenized ahead, so one pads little), on a CPU
+  by tokens (tokenized first, so none pads); optionally bf16/fp16 (``dtype``; matched in fp32).
 - **Greedy matching** vectorised on the device over many pairs at once: cosine similarities,
   each token's best match, idf weights normalised per sentence. bert_score pads each group of
   ``batch_size`` pairs with zero similarities, so a token whose every real similarity is negative
@@ -153,17 +152,15 @@ def _batches(sentences: list[str], max_tokens: int, max_sentences: int = 4096) -
 
 
 def _by_length(ids: list[list[int]], max_tokens: int) -> Iterator[tuple[list[int], list]]:
-    """(indices, token ids) of batches of sentences of one token length (none padded, attention
-    unmasked), longest first, each at most ``max_tokens`` tokens. A batch takes shorter sentences
-    (padded) only while it holds fewer than ``max_tokens // 8`` tokens, so that a rare length does
-    not make a batch of a few rows (a chunk of 500 short pairs was 5% padding: BENCHMARKS.md)."""
+    """(indices, token ids) of batches of one token length (none padded, attention unmasked), longest
+    first, each at most ``max_tokens`` tokens; shorter sentences join (padded) only a batch of fewer
+    than ``max_tokens // 8`` tokens, so a rare length makes no batch of a few rows (BENCHMARKS.md)."""
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-    least = max_tokens // 8
     current: list[int] = []
     real = 0
     for i in order:
         if current and ((len(current) + 1) * len(ids[current[0]]) > max_tokens
-                        or (len(ids[i]) != len(ids[current[-1]]) and real >= least)):
+                        or (len(ids[i]) != len(ids[current[-1]]) and real >= max_tokens // 8)):
             yield current, [ids[j] for j in current]
             current, real = [], 0
         current.append(i)
@@ -433,16 +430,19 @@ def match(emb: Embedded, token_weights, cands: list[int], refs: list[int], group
     return torch.cat(results, dim=0) if results else torch.zeros((0, 3))
 
 
+def batch_tokens(device: str, asked: int | None = None) -> int:
+    """Padded tokens a forward pass holds: ``max_batch_tokens`` as asked, else 65,536 on a GPU, 2,048 on a CPU."""
+    return asked or (65536 if device.startswith("cuda") else 2048)
+
+
 def score(model, tokenizer, cands: list[str], refs: list[str], weights, device: str, batch_size: int,
           all_layers: bool = False, dtype: str = "fp32", max_batch_tokens: int | None = None):
     """bert_score's ``bert_cos_score_idf(model, refs, cands, ...)``: ``[pairs, 3]`` (or
     ``[pairs, layers, 3]``), P, R, F1 of each candidate against the reference beside it."""
     import torch
 
-    if max_batch_tokens is None:
-        max_batch_tokens = 65536 if device.startswith("cuda") else 2048
     distinct = list(dict.fromkeys(cands + refs))
-    emb = embed(model, tokenizer, distinct, device, all_layers, dtype, max_batch_tokens)
+    emb = embed(model, tokenizer, distinct, device, all_layers, dtype, batch_tokens(device, max_batch_tokens))
     table = weight_table(weights, emb.tokens, device)
     token_weights = torch.cat([table[torch.from_numpy(emb.tokens).to(device)], torch.zeros(1, device=device)])
     where = {s: i for i, s in enumerate(distinct)}
