@@ -36,6 +36,12 @@ os.environ.setdefault("EVALQ_BACKLOG_PORT", "0")
 os.environ.setdefault("TEST_UNIT_API_KEY", "unit-test-key")
 # embedded runs keep their judge cache here, not in the user's ~/.cache
 os.environ.setdefault("EVALQ_CACHE_DIR", tempfile.mkdtemp(prefix="evalq-test-cache-"))
+# The suite runs more processes than the machine has cores (Makefile: TEST_WORKERS), each with
+# workers of its own. torch's OpenMP threads spin while they wait for work, taking the cores the
+# others need: three copies of the bertscore engine's unit tests side by side on 2 cores took 340 s
+# spinning and 114 s sleeping (112 s with one thread each). Set before any torch is imported here,
+# and inherited by the workers the tests start; it changes no value, only how an idle thread waits.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")
