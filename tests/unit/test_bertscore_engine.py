@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import types
 
 import pytest
 
@@ -457,3 +458,19 @@ def test_a_cpus_batches_hold_one_token_length_unless_small():
     assert shapes == [[600], [30] * 17, [30] * 17, [30] * 6,
                       [20, 19, 18] + [10] * 22,  # three lone lengths: 57 tokens, then the tens join them
                       [10] * 28, [4] * 3]  # 280 tokens of tens: the last length a batch of its own
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_embed_batches_as_the_metric_does_unless_asked(monkeypatch, ahead):
+    """``embed`` and ``score`` take one default for a batch's padded tokens (``batch_tokens``:
+    2,048 on a CPU, 65,536 on a GPU), whichever way the batches are formed; an asked size wins."""
+    seen = []
+    monkeypatch.setattr(bertscore_engine, "_by_length", lambda ids, most: seen.append(most) or iter(()))
+    monkeypatch.setattr(bertscore_engine, "_batches", lambda sentences, most: seen.append(most) or [])
+    monkeypatch.setattr(bertscore_engine, "_tokenized", lambda tok, sentences, batches: iter(()))
+    monkeypatch.setattr(bertscore_engine, "encode", lambda tok, sentences, parallel=False: [[1, 2]])
+    tok = types.SimpleNamespace(pad_token_id=0)  # no forward pass runs: no batch is formed
+    bertscore_engine.embed(None, tok, ["a b"], "cpu", ahead=ahead)
+    bertscore_engine.embed(None, tok, ["a b"], "cpu", max_batch_tokens=300, ahead=ahead)
+    assert seen == [2048, 300]
+    assert bertscore_engine.batch_tokens("cuda:1") == 65536 and bertscore_engine.batch_tokens("cuda", 300) == 300

@@ -299,15 +299,15 @@ def _forwards(model, batches, pad: int, device: str, all_layers: bool, autocast:
 
 
 def embed(model, tokenizer, sentences: list[str], device: str, all_layers: bool = False, dtype: str = "fp32",
-          max_batch_tokens: int = 16384, ahead: bool | None = None) -> Embedded:
+          max_batch_tokens: int | None = None, ahead: bool | None = None) -> Embedded:
     """The token embeddings of each sentence (each distinct sentence once), as bert_score's
-    ``get_bert_embedding`` computes them (the model's last layer kept, or every layer). ``ahead``:
-    tokenized in a thread a batch ahead of the forward passes (None: on a GPU), else all first."""
+    ``get_bert_embedding`` computes them (last layer, or every layer), in batches of ``batch_tokens``
+    padded tokens. ``ahead``: tokenized a batch ahead in a thread (None: on a GPU), else all first."""
     import numpy as np
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    autocast = DTYPES[dtype]
+    autocast, max_batch_tokens = DTYPES[dtype], batch_tokens(device, max_batch_tokens)
     known = None  # every token, counted before the first forward pass where the sentences are tokenized first
     if device.startswith("cuda") if ahead is None else ahead:  # a batch ahead: the device never waits for it
         batches = _tokenized(tokenizer, sentences, _batches(sentences, max_batch_tokens))
@@ -442,7 +442,7 @@ def score(model, tokenizer, cands: list[str], refs: list[str], weights, device: 
     import torch
 
     distinct = list(dict.fromkeys(cands + refs))
-    emb = embed(model, tokenizer, distinct, device, all_layers, dtype, batch_tokens(device, max_batch_tokens))
+    emb = embed(model, tokenizer, distinct, device, all_layers, dtype, max_batch_tokens)
     table = weight_table(weights, emb.tokens, device)
     token_weights = torch.cat([table[torch.from_numpy(emb.tokens).to(device)], torch.zeros(1, device=device)])
     where = {s: i for i, s in enumerate(distinct)}
