@@ -316,6 +316,15 @@ def _embed_ways(params, instances: list[dict], chunk: int, device: str, repeats:
     return out
 
 
+def _ways_line(ways: dict) -> str:
+    """``_embed_ways``'s figures in a line (its error where it failed)."""
+    if not ways.get("tokens"):
+        return f"forward passes by chunk: {ways}"
+    return (f"forward passes by chunk, fp32: tokenized ahead {ways.get('ahead_s')} s "
+            f"({ways['padded_ahead'] / ways['tokens'] - 1:.1%} padding), tokenized first {ways.get('first_s')} s "
+            f"({ways['padded_first'] / ways['tokens'] - 1:.1%} padding)")
+
+
 def phase_bertscore(args) -> None:
     import torch
     from bert_score import BERTScorer
@@ -474,9 +483,7 @@ def phase_bertscore(args) -> None:
         f"{device} (params {results[0].get('parameters', {}).get('device')})")
     try:  # after the phase's figures are saved: what the GPU's batches cost against the CPU's way
         ways = part["embed_ways"] = _embed_ways(engines["engine_fp32"], instances, chunk, device, args.repeats)
-        say(f"{args.label}: RESULT forward passes by chunk: tokenized ahead {ways['ahead_s']} s "
-            f"({ways['padded_ahead'] / ways['tokens'] - 1:.1%} padding), tokenized first {ways['first_s']} s "
-            f"({ways['padded_first'] / ways['tokens'] - 1:.1%} padding)")
+        say(f"{args.label}: RESULT {_ways_line(ways)}")
     except Exception as exc:  # noqa: BLE001 - the phase's other figures stand
         part["embed_ways"] = {"error": f"{type(exc).__name__}: {exc}"}
     write_part(args.label, part)
@@ -772,13 +779,8 @@ def phase_summary(args) -> None:
             f"{p.get('gpu_used_delta_mib_worker_model')} MiB when it loaded the model, "
             f"nvidia-smi {p.get('worker_gpu_mib_nvidia_smi')} MiB); in-process peak alloc "
             f"{p.get('inprocess_peak_gpu_allocated_mib')} MiB; worker cold {p.get('worker_cold_start_s')} s")
-        w = p.get("embed_ways") or {}
-        if w.get("tokens"):
-            lines.append(f"{label}: forward passes by chunk, fp32: tokenized ahead {w.get('ahead_s')} s "
-                         f"({w['padded_ahead'] / w['tokens'] - 1:.1%} padding), tokenized first {w.get('first_s')} s "
-                         f"({w['padded_first'] / w['tokens'] - 1:.1%} padding)")
-        elif w:
-            lines.append(f"{label}: forward passes by chunk: {w}")
+        if w := p.get("embed_ways"):
+            lines.append(f"{label}: {_ways_line(w)}")
         for name in ("engine_fp32", "engine_bf16", "engine_fp32_fasttok"):
             e = p.get(name)
             if e:
