@@ -28,15 +28,23 @@ def _gate_failed() -> type:
     return GateFailed
 
 
+def _interrupted(exc: BaseException) -> None:
+    from evalq.cli.interrupt import Terminated, announced
+
+    cause = exc if isinstance(exc, KeyboardInterrupt) else exc.__cause__  # click's Abort wraps it
+    if not announced():
+        click.echo("interrupted", err=True)
+    sys.exit(cause.exit_code if isinstance(cause, Terminated) else 130)
+
+
 def main() -> None:
+    from evalq.cli.interrupt import install
+
+    install()  # Ctrl-C and SIGTERM stop any command, even where SIGINT was inherited ignored
     try:
         code = cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+    except (click.exceptions.Abort, KeyboardInterrupt) as exc:
+        _interrupted(exc)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from evalq.cli import interrupt
 from evalq.shared.core.config import JOBS_QUEUE
 from evalq.shared.core.errors import InfraError
 
@@ -124,6 +125,7 @@ class EmbeddedRedis:
                "--logfile", str(self.log), "--daemonize", "no"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=_die_with_parent)
+        interrupt.track(self.proc.pid)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -176,6 +178,7 @@ class LocalWorker:
             self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, preexec_fn=_die_with_parent,
                                          env={**os.environ, **self.env})
+        interrupt.track(self.proc.pid)
 
     def check(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -190,7 +193,10 @@ class LocalWorker:
 
 
 def _stop(proc: subprocess.Popen | None, sig: int, grace: float) -> None:
-    if proc is None or proc.poll() is not None:
+    if proc is None:
+        return
+    if proc.poll() is not None:
+        interrupt.untrack(proc.pid)
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
@@ -203,6 +209,7 @@ def _stop(proc: subprocess.Popen | None, sig: int, grace: float) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
+    interrupt.untrack(proc.pid)
 
 
 class EmbeddedCluster:
@@ -244,14 +251,20 @@ class EmbeddedCluster:
             w.check()
 
     def close(self) -> None:
-        for w in self.workers:
-            w.stop()
-        if _metrics_port(self.env, 0):  # the workers were killed: their metrics directories stay
-            from evalq.shared.cluster.telemetry import remove_dead_nodes
+        """Workers killed (no chunk is waited for), then the Redis stopped (the judge cache saved).
+        Whatever interrupts this (Ctrl-C while it runs) still leaves nothing running."""
+        try:
+            for w in self.workers:
+                w.stop()
+            if _metrics_port(self.env, 0):  # the workers were killed: their metrics directories stay
+                from evalq.shared.cluster.telemetry import remove_dead_nodes
 
-            remove_dead_nodes()
-        self.redis.stop()
-        self._tmp.cleanup()
+                remove_dead_nodes()
+            self.redis.stop()
+        finally:
+            for proc in [w.proc for w in self.workers] + [self.redis.proc]:
+                _stop(proc, signal.SIGKILL, grace=0)
+            self._tmp.cleanup()
 
     def __exit__(self, *exc) -> None:
         self.close()

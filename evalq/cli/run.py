@@ -42,13 +42,17 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
         bar = stack.enter_context(_progress(total, enabled=progress))
         job_id = submit.submit(r, broker_url, job, chunk_size, out=dest)
         outage = Outage(broker_url, stall_timeout or 300)  # Redis away: ride it out, as long as a stall
+        interrupted = False
         try:
             status = waiting.wait(r, broker_url, job_id, on_progress=bar, check=check,
                                  stall_timeout=stall_timeout, outage=outage)
             bar(total)
             return outage.call(finished, r, job_id, status)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM: nothing more is asked of Redis here
+            interrupted = True     # (its stop keeps only what outlives a job)
+            raise
         finally:
-            if not broker:
+            if not broker and not interrupted:
                 # the private Redis keeps only what outlives a job (judge cache, budgets)
                 submit.delete_job(r, job_id, [m.key for m in job.runs])
 

@@ -14,6 +14,7 @@ Endpoints (on every region's port)
 ``POST /openai/v1/chat/completions``                              Azure OpenAI "v1" API
 ``GET  /v1/models``                                               configured model names
 ``GET  /stats``  / ``POST /stats/reset[?limits=1]``                this region's counters
+``POST /hold[?after=N]`` / ``POST /release``                      hold chat calls / answer them
 ``POST /v1/files``, ``GET /v1/files[/{id}[/content]]``, ``DELETE /v1/files/{id}``   Files
 ``POST /v1/batches``, ``GET /v1/batches[/{id}]``, ``POST /v1/batches/{id}/cancel``   Batches
 (the Files and Batches paths also under ``/openai/...?api-version=...`` and ``/openai/v1/...``
@@ -89,7 +90,8 @@ requests only (batch work is under the ``"batch"`` key, below): ``requests``, ``
 ``malformed``, ``total``), ``unauthorized``, ``bad_request``, ``prompt_tokens`` and
 ``completion_tokens`` (of the replies sent), ``admitted_requests``/``admitted_tokens``
 (admission costs), ``window_requests``/``window_tokens`` (now in the window),
-``peak_window_requests``/``peak_window_tokens``, ``in_flight``/``peak_in_flight``.
+``peak_window_requests``/``peak_window_tokens``, ``in_flight``/``peak_in_flight``,
+``held`` (calls waiting at a shut gate: ``JudgeSim.hold``).
 Once nothing is in flight, ``requests`` is the sum of ok, rate_limited,
 errors.total, unauthorized and bad_request. ``POST /stats/reset`` zeroes them;
 ``?limits=1`` also empties the rate-limit window and forgets ``-once`` requests.

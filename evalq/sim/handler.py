@@ -192,6 +192,16 @@ class Handler(BaseHTTPRequestHandler):
             self.server.sim.reset_stats(self.server.state.region.name,
                                         clear_limits=flag in ("1", "true", "yes"))
             return self._send_json(200, self.server.sim.stats(self.server.state.region.name))
+        if path in ("/hold", "/release"):  # JudgeSim.hold / release for this region, over HTTP
+            name = self.server.state.region.name
+            if path == "/release":
+                self.server.sim.release(name)
+            else:
+                after = parse_qs(split.query).get("after", ["0"])[-1]
+                if not after.isdigit():
+                    return self._error(400, "after: expected a whole number >= 0", "invalid_request_error")
+                self.server.sim.hold(name, after=int(after))
+            return self._send_json(200, self.server.sim.stats(name))
         if is_batch_path(path):
             return self._batch_api(body)
         azure = _AZURE_PATH.match(path)
@@ -305,6 +315,13 @@ class Handler(BaseHTTPRequestHandler):
                        f"{headers['Retry-After']} seconds.")
             return self._error(429, msg, adm.kind, "rate_limit_exceeded", headers=headers)
         sim.record(state.region.name, cost, request.messages)
+        if state.stopped_at_gate():  # JudgeSim.hold: answered once released (dropped at stop)
+            try:
+                while not state.gate.wait(0.05):
+                    if sim._stopping.is_set():
+                        raise _Drop()
+            finally:
+                state.passed_gate()
 
         faults = sim.faults
         fault = None

@@ -105,6 +105,12 @@ class RegionState:
         self.in_flight = 0
         self.counts = dict.fromkeys(_COUNTERS, 0)
         self.answered: Counter[str] = Counter()  # request sha -> replies (JudgeSim(per_request=True))
+        # JudgeSim.hold: admitted calls wait, unanswered, while the gate is shut, all but the
+        # next ``let_through`` of them; ``held``: how many wait now
+        self.gate = threading.Event()
+        self.gate.set()
+        self.let_through = 0
+        self.held = 0
 
     def _prune(self, now: float) -> None:
         while self.entries and self.entries[0][0] <= now - self.window:
@@ -158,6 +164,31 @@ class RegionState:
             self.in_flight += 1
             self.counts["peak_in_flight"] = max(self.counts["peak_in_flight"], self.in_flight)
 
+    def hold(self, after: int) -> None:
+        with self.lock:
+            self.let_through = after
+            self.gate.clear()
+
+    def release(self) -> None:
+        with self.lock:
+            self.let_through = 0
+            self.gate.set()
+
+    def stopped_at_gate(self) -> bool:
+        """For an admitted call: whether it must wait at the shut gate (counted in ``held``)."""
+        with self.lock:
+            if self.gate.is_set():
+                return False
+            if self.let_through > 0:
+                self.let_through -= 1
+                return False
+            self.held += 1
+            return True
+
+    def passed_gate(self) -> None:
+        with self.lock:
+            self.held -= 1
+
     def leave(self) -> None:
         with self.lock:
             self.in_flight -= 1
@@ -180,6 +211,7 @@ class RegionState:
                 "peak_window_requests": c["peak_window_requests"],
                 "peak_window_tokens": c["peak_window_tokens"],
                 "in_flight": self.in_flight, "peak_in_flight": c["peak_in_flight"],
+                "held": self.held,
             }
 
     def reset(self, clear_limits: bool) -> None:

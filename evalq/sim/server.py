@@ -150,6 +150,21 @@ class JudgeSim:
             return one(region)
         return {name: one(name) for name in self._states}
 
+    def hold(self, region: str | None = None, *, after: int = 0) -> None:
+        """Shut the gate of one region (or all): chat calls admitted from now on, all but the next
+        ``after`` of them, wait unanswered (counted in ``stats()["held"]``) until ``release()``;
+        ``stop()`` drops them. A test holds a job open at a known point with it (the calls of the
+        chunks that are running are held, none of their items ends) instead of racing the job."""
+        if after < 0:
+            raise ValueError("after must be >= 0")
+        for name in ([region] if region is not None else list(self._states)):
+            self._states[name].hold(after)
+
+    def release(self, region: str | None = None) -> None:
+        """Open the gate again: the held calls are answered, later ones as usual."""
+        for name in ([region] if region is not None else list(self._states)):
+            self._states[name].release()
+
     def answered(self, region: str | None = None) -> dict[str, int]:
         """With ``per_request=True``: how many replies (200s) each distinct request got,
         by its sha256, in one region or all, synchronous calls and batch lines alike; a

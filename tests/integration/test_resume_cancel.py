@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 import uuid
 
@@ -41,13 +42,13 @@ def judge_worker(redis_url: str, logs, concurrency: int = 2):
     return proc
 
 
-def judge_job(sim, tmp_path, n: int) -> tuple[str, dict[str, int]]:
+def judge_job(sim, tmp_path, n: int, timeout: float = 5) -> tuple[str, dict[str, int]]:
     tag = uuid.uuid4().hex  # fresh texts: nothing answered from an earlier test's cache
     scores = {f"q{i}": 1 + i % 5 for i in range(n)}
     job = {"instances": [{"id": f"q{i}", "input": f"Question {i}?",
                           "actual-output": f"Answer {i} {tag} [[sim:score={scores[f'q{i}']}]]"} for i in range(n)],
            "judges": {"sim": {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV, "max_tokens": 100,
-                              "max_retries": 0, "timeout": 5,
+                              "max_retries": 0, "timeout": timeout,
                               "deployments": [{"region": "lab", "base_url": sim.base_url("lab"),
                                                "tpm": 10_000_000, "rpm": 100_000}]}},
            "judging": {"cache": False},
@@ -73,20 +74,29 @@ def wait_for(predicate, timeout: float = 60, what: str = "condition") -> None:
 def test_cancel_stops_judge_calls_beyond_those_in_flight(redis_url, sim, logs, tmp_path):
     r = redis.Redis.from_url(redis_url)
     n, concurrency = 120, 2
-    path, _ = judge_job(sim, tmp_path, n)
+    path, _ = judge_job(sim, tmp_path, n, timeout=600)  # a held call waits for the test, not the clock
     sim.reset_stats()
+    # 12 calls answered, then every later one held unanswered: the job cannot end (nor its running
+    # chunks) before the cancel, however slow the machine or the CLI's start
+    sim.hold("lab", after=12)
     worker = judge_worker(redis_url, logs, concurrency)
     try:
         job_id = submit(path, tmp_path / "out", redis_url)
-        wait_for(lambda: r.hlen(keys.results(job_id, "coherence@0")) >= 12, what="a few judged items")
+        # a few items judged (the 12 let through), and the running chunks' next calls held
+        wait_for(lambda: sim.stats("lab")["ok"] == 12 and sim.stats("lab")["held"] >= 1, 300,
+                 what="12 judged items, then held calls")
         proc = evalq("cancel", job_id, "--broker", redis_url)
         assert proc.returncode == 0 and "cancelled" in proc.stdout, proc.stderr
         at_cancel = sim.stats("lab")["requests"]
+        sim.release("lab")
         # the workers drain the job's remaining messages without running them
-        wait_for(lambda: r.llen("judge.lab") == 0, what="the queue to drain")
+        wait_for(lambda: r.llen("judge.lab") == 0, 300, what="the queue to drain")
         proc = evalq("wait", job_id, "--broker", redis_url)
         assert proc.returncode == 1 and "cancelled" in proc.stderr
-        time.sleep(1.0)
+        # the final callback does not wait for the chunks that were running: the worker's warm
+        # shutdown does, so after it nothing of the job calls any more
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(300)
         calls = sim.stats("lab")["requests"]
         # only the chunks running when it was cancelled may still call the judge
         assert calls - at_cancel <= concurrency * CHUNK
@@ -99,6 +109,7 @@ def test_cancel_stops_judge_calls_beyond_those_in_flight(redis_url, sim, logs, t
         assert len(log) == n
         assert sum("skipped" in line for line in log) >= n - recorded
     finally:
+        sim.release("lab")
         stop_worker(worker)
 
 
