@@ -92,10 +92,12 @@ demo: $(STAMP) bytecode
 # workers and ports, and a module's cluster fixtures stay in one process. Most of the suite waits
 # on workers, servers and timeouts, so 4 processes fit a 2-core machine (README: Development).
 TEST_WORKERS ?= 4
+# more pytest options, e.g. make test PYTEST_ARGS="--durations=30" (the longest tests)
+PYTEST_ARGS ?=
 test: $(DEV_STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP) bytecode
 	# the documentation site: a broken link or anchor, or a page outside the navigation, fails
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # The documentation site (docs/, mkdocs.yml) on http://127.0.0.1:8000, rebuilt as pages change
 docs: $(DEV_STAMP)

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
+from typing import Callable
 
 
 BATCH_WINDOW_SECONDS = 86400.0  # completion_window "24h"
@@ -95,8 +96,10 @@ class _Admission:
 
 
 class RegionState:
-    def __init__(self, region: Region, window: float, seed: int) -> None:
+    def __init__(self, region: Region, window: float, seed: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.region = region
+        self.clock = clock
         self.window = window
         self.lock = threading.Lock()
         self.rng = random.Random(f"{seed}:{region.name}")
@@ -120,7 +123,7 @@ class RegionState:
     def admit(self, cost: int) -> _Admission:
         rpm, tpm = self.region.rpm or None, self.region.tpm or None
         with self.lock:
-            now = time.monotonic()
+            now = self.clock()
             self._prune(now)
             if tpm is not None and cost > tpm:
                 return _Admission(False, "tokens", self.window, too_large=True)
@@ -195,7 +198,7 @@ class RegionState:
 
     def snapshot(self, port: int) -> dict:
         with self.lock:
-            self._prune(time.monotonic())
+            self._prune(self.clock())
             c = dict(self.counts)
             errors = {"error500": c.pop("error500"), "timeout": c.pop("timeout"),
                       "malformed": c.pop("malformed")}

@@ -19,8 +19,8 @@ DEFAULT_MAX_TOKENS = 256
 class JudgeSim:
     """Simulated LLM regions on loopback. ``start()`` (or ``with``) binds one port per
     region; ``stop()`` shuts everything down, waking any request still sleeping.
-    ``clock`` (seconds, default ``time.monotonic``) times the batches' lives; a test
-    may pass its own to move them on without waiting."""
+    ``clock`` (seconds, default ``time.monotonic``) times the rate-limit windows and the
+    batches' lives; a test may pass its own to move them on without waiting."""
 
     def __init__(self, regions: Sequence[Region] | None = None, *, latency: float = 0.0,
                  jitter: float = 0.0, fault_rates: Faults | None = None,
@@ -54,7 +54,8 @@ class JudgeSim:
         self.record_calls = record_calls
         self._calls: list[tuple[str, float, int, str]] = []
         self._calls_lock = threading.Lock()
-        self._states = {r.name: RegionState(r, self.window_seconds, seed) for r in regions}
+        self.clock = clock or time.monotonic
+        self._states = {r.name: RegionState(r, self.window_seconds, seed, self.clock) for r in regions}
         self._servers: dict[str, RegionServer] = {}
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -63,7 +64,7 @@ class JudgeSim:
         self._batches = {r.name: BatchEngine(r, self._states[r.name], seed=seed,
                                              default_max_tokens=default_max_tokens,
                                              per_request=per_request, first_time=self._first_time,
-                                             clock=clock or time.monotonic) for r in regions}
+                                             clock=self.clock) for r in regions}
 
     def __repr__(self) -> str:  # never shows the key
         return f"JudgeSim(regions={[r.name for r in self.regions]}, running={self.running})"
@@ -180,11 +181,11 @@ class JudgeSim:
             return
         text = "\n".join(str(m.get("content")) for m in messages if isinstance(m, dict))
         with self._calls_lock:
-            self._calls.append((region, time.monotonic(), cost, text))
+            self._calls.append((region, self.clock(), cost, text))
 
     def calls(self, region: str | None = None) -> list[tuple[float, int, str]]:
-        """With ``record_calls=True``: each admitted chat call (time.monotonic() when it was
-        admitted, tokens counted against the region's TPM, its messages' text), in order."""
+        """With ``record_calls=True``: each admitted chat call (the clock's time when it was admitted,
+        tokens counted against the region's TPM, its messages' text), in order."""
         with self._calls_lock:
             return [(t, cost, text) for name, t, cost, text in self._calls if region in (None, name)]
 

@@ -105,14 +105,13 @@ def test_a_job_cannot_move_a_catalogue_deployments_pace_for_others(private_redis
             time.sleep(0.1)
         # the victim names the operator's deployment (no price of its own) and runs at its rate
         victim = job_file(tmp_path / "victim.json", "v", 40, [{"use": "lab"}])
-        t0 = time.monotonic()
+        # at the attackers' pace (a call a minute) its 40 calls would take 40 minutes: it would stall
+        # (no item for 60 s) or outlast the command's timeout, however fast the machine
         proc = evalq("run", str(victim), "--out", str(tmp_path / "v-out"), "--broker", private_redis, "-q",
-                     "--stall-timeout", "60", env=env, timeout=120)
-        wall = time.monotonic() - t0
+                     "--stall-timeout", "60", env=env, timeout=240)
         assert proc.returncode == 0, proc.stderr
         log = read_log(tmp_path / "v-out")
         assert len(log) == 40 and all("result" in line for line in log), [x for x in log if "error" in x][:2]
-        assert wall < 45, wall
         coherence = read_results(tmp_path / "v-out")["coherence"]
         assert coherence["judge"]["calls"] == 40
         assert coherence["judge"]["cost"] > 0  # the catalogue's price is counted, though the job gave none

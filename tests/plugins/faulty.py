@@ -3,7 +3,9 @@
 They exercise the real plugin path; what they compute is deliberately trivial:
 - ``fail_on``: raises for instances whose actual-output contains "FAIL".
 - ``slow_len``: sleeps, then returns the answer's length (mid-job kills land
-  while tasks are running; ``started`` names a file that shows they are).
+  while tasks are running; ``started`` names a file that shows they are, and
+  ``gate`` one each item waits for before it sleeps: a test holds the job open
+  at a known point, however fast or slow the machine).
 - ``hang_on``: sleeps ``seconds`` on instances whose actual-output contains
   "HANG" (a metric that runs away on some items), else scores 1.
 - ``stubborn``: asks to be deferred ``defers`` times, then hits ``blips``
@@ -26,6 +28,8 @@ class SlowParams(Params):
     seconds: float = Field(default=0.05)
     started: str | None = Field(default=None, description="a file each item appends to as it starts: a test "
                                 "sees work under way")
+    gate: str | None = Field(default=None, description="a file each item waits for (after `started`): a test "
+                             "holds the job open until it creates it")
 
 
 class StubbornParams(Params):
@@ -59,6 +63,9 @@ def slow_len(instance: dict, params: SlowParams) -> int:
     if params.started:
         with open(params.started, "a") as f:
             f.write(f"{instance['id']}\n")
+    if params.gate:
+        while not Path(params.gate).exists():
+            time.sleep(0.01)
     time.sleep(params.seconds)
     return len(instance["actual-output"])
 

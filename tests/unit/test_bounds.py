@@ -26,6 +26,11 @@ JUDGES = {"j": {"provider": "openai", "model": "m", "api_key_env": "BOUNDS_TEST_
                 "deployments": [{"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": 1000, "rpm": 10}]}}
 
 
+# what "at once" may take on a loaded machine (the suite runs more processes than cores): the
+# failures these bounds catch take minutes (a quadratic ROUGE-L, 20,000 BLEU weights per item) or never end
+AT_ONCE = 30
+
+
 def problems(metric: dict, **job) -> list[str]:
     with pytest.raises(JobError) as caught:
         parse_job({"instances": [{**INSTANCE, "context": "c", "input": "q"}], "metrics": [metric], **job},
@@ -39,7 +44,7 @@ def test_bleu_weights_of_20000_entries_are_refused_at_validation():
     """The attack: 20,000 weights cost ~10 us each per item, on every item."""
     t0 = time.perf_counter()
     found = problems({"id": "bleu", "parameters": {"weights": [0.00005] * 20_000}})
-    assert time.perf_counter() - t0 < 5
+    assert time.perf_counter() - t0 < AT_ONCE
     assert len(found) == 1
     assert found[0].startswith("job.json: metrics[0] (bleu).parameters: weights: ")
     assert f"at most {bounds.MAX_BLEU_ORDER} items" in found[0]
@@ -99,7 +104,7 @@ def test_a_20k_token_text_is_an_error_at_once_for_rouge_l(rouge_type):
     t0 = time.perf_counter()
     with pytest.raises(MetricError) as caught:
         rouge(item, RougeParams(rouge_types=["rouge1", rouge_type]))
-    assert time.perf_counter() - t0 < 2
+    assert time.perf_counter() - t0 < AT_ONCE
     message = str(caught.value)
     assert "actual-output has 20000 tokens" in message and f"limit of {bounds.ROUGE_L_TOKENS_DEFAULT}" in message
     assert bounds.ROUGE_L_TOKENS_ENV in message
@@ -158,7 +163,7 @@ def test_an_item_past_its_time_budget_gets_an_error_and_the_others_are_scored(mo
     items = [{"id": "a", "actual-output": "x"}, {"id": "b", "actual-output": "hang"}, {"id": "c", "actual-output": "y"}]
     t0 = time.perf_counter()
     records = score_items(SPIN, BleuParams(), items)
-    assert time.perf_counter() - t0 < 5
+    assert time.perf_counter() - t0 < AT_ONCE
     assert [r.get("result") for r in records] == ["x", None, "y"]
     assert records[1]["error"] == ("ItemTimeout: the item took longer than 0.3 s, the time budget per item "
                                    "(EVALQ_ITEM_TIMEOUT raises it)")
@@ -245,7 +250,7 @@ def test_an_item_that_installs_its_own_alarm_handler_does_not_unwatch_the_next(m
     items = [{"id": "a", "actual-output": "x"}, {"id": "b", "actual-output": "hang"}]
     t0 = time.perf_counter()
     records = score_items(OWN_ALARM, BleuParams(), items)
-    assert time.perf_counter() - t0 < 5
+    assert time.perf_counter() - t0 < AT_ONCE
     assert records[0]["result"] == "x" and records[1]["error"].startswith("ItemTimeout")
 
 

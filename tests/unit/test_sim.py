@@ -44,6 +44,11 @@ def user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+# what "at once" may take on a loaded machine: the failures these bounds catch (a client or a stop
+# waiting out judge-sim's timeout fault of 30 s or more) take that long or for ever
+AT_ONCE = 15
+
+
 def oai(sim: JudgeSim, region: str, **kw) -> openai.OpenAI:
     kw.setdefault("api_key", "x")
     kw.setdefault("max_retries", 0)
@@ -78,7 +83,8 @@ def chat_raw(sim: JudgeSim, region: str, text: str, key: str | None = "x", **ext
 @pytest.fixture(scope="module")
 def sim():
     with JudgeSim([Region("lab", tpm=10_000_000, rpm=100_000)], models=["judge-a", "judge-b"],
-                  fault_rates=Faults(timeout_seconds=5.0)) as s:
+                  fault_rates=Faults(timeout_seconds=60.0)) as s:  # far past AT_ONCE: a client that
+        # waited the fault out is told from one that gave up (stop() wakes what still sleeps)
         yield s
 
 
@@ -288,35 +294,48 @@ def test_bad_requests_get_openai_style_errors(sim):
 
 # ---------------------------------------------------------------- rate limits
 
+class Clock:
+    """A clock the test moves by hand: the rate-limit windows slide when the test says, not when a
+    loaded machine gets round to the next request."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def test_rpm_limit_returns_429_with_retry_after_and_the_window_slides():
-    with JudgeSim([Region("r", tpm=0, rpm=2)], window_seconds=2.0) as sim:
+    clock = Clock()
+    with JudgeSim([Region("r", tpm=0, rpm=2)], window_seconds=2.0, clock=clock) as sim:
         c = oai(sim, "r")
 
         def ask():
             return c.chat.completions.create(model="m", messages=user("hi"))
 
         ask()
-        time.sleep(0.8)
+        clock.t += 0.5
         ask()
         with pytest.raises(openai.RateLimitError) as err:
             ask()
         headers = err.value.response.headers
-        wait = int(headers["retry-after-ms"]) / 1000
-        assert 0.9 <= wait <= 1.3  # until the first request leaves the 2 s window
-        assert headers["retry-after"] == str(math.ceil(wait))
+        assert headers["retry-after-ms"] == "1500"  # until the first request leaves the 2 s window
+        assert headers["retry-after"] == "2"
         assert err.value.body["code"] == "rate_limit_exceeded" and err.value.body["type"] == "requests"
-        time.sleep(wait + 0.05)
+        clock.t += 1.5
         ask()  # the first one slid out
         with pytest.raises(openai.RateLimitError) as err:
             ask()  # the second one is still inside: a sliding, not a fixed, window
-        assert int(err.value.response.headers["retry-after-ms"]) < 1000
+        assert err.value.response.headers["retry-after-ms"] == "500"
         stats = sim.stats("r")
         assert (stats["ok"], stats["rate_limited"], stats["requests"]) == (3, 2, 5)
         assert stats["peak_window_requests"] == 2
 
 
 def test_tpm_limit_counts_prompt_plus_max_tokens_at_admission():
-    with JudgeSim([Region("t", tpm=600, rpm=0), Region("d", tpm=300, rpm=0)], window_seconds=1.5) as sim:
+    clock = Clock()
+    with JudgeSim([Region("t", tpm=600, rpm=0), Region("d", tpm=300, rpm=0)], window_seconds=1.5,
+                  clock=clock) as sim:
         c = oai(sim, "t")
         p = prompt_tokens(user("hi"))
         assert p == 5
@@ -337,7 +356,8 @@ def test_tpm_limit_counts_prompt_plus_max_tokens_at_admission():
         with pytest.raises(openai.RateLimitError) as err:
             d.chat.completions.create(model="m", messages=user("hi"))
         assert sim.stats("d")["admitted_tokens"] == p + 256
-        time.sleep(int(err.value.response.headers["retry-after-ms"]) / 1000 + 0.05)
+        assert err.value.response.headers["retry-after-ms"] == "1500"
+        clock.t += 1.5
         d.chat.completions.create(model="m", messages=user("hi"))  # admitted again
         assert sim.stats("d")["ok"] == 2 and sim.stats("d")["rate_limited"] == 1
 
@@ -401,7 +421,7 @@ def test_fault_markers_produce_the_documented_faults(sim, client):
     start = time.monotonic()
     with pytest.raises(openai.APITimeoutError):
         oai(sim, "lab", timeout=0.3).chat.completions.create(model="m", messages=user("x [[sim:timeout]]"))
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < AT_ONCE
 
 
 def test_500_once_fails_only_the_first_time_a_request_is_seen(sim, client):
@@ -422,7 +442,7 @@ def test_latency_and_delay_marker():
         c = oai(sim, "l")
         start = time.monotonic()
         c.chat.completions.create(model="m", messages=user("hi"))
-        assert 0.15 <= time.monotonic() - start < 1.0
+        assert time.monotonic() - start >= 0.15
         start = time.monotonic()
         c.chat.completions.create(model="m", messages=user("hi [[sim:delay=0.2]]"))
         assert time.monotonic() - start >= 0.35
@@ -536,7 +556,7 @@ def test_stop_is_prompt_even_with_a_hanging_request():
     assert sim.stats("h")["in_flight"] == 1
     start = time.monotonic()
     sim.stop()
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < AT_ONCE
     t.join(5)
     assert not t.is_alive() and isinstance(errors[0], openai.APIConnectionError)
     assert _refuses(port)
