@@ -58,8 +58,11 @@ def test_a_local_causal_lm_scores_each_pair(tmp_path):
                  env={"EVALQ_PLUGINS": f"{PLUGINS},{RUNNER}"})
     assert proc.returncode == 0, proc.stderr
 
-    from evalq.workers.runners.hf import HFCausalLM
+    from evalq.workers.runners.hf import HFCausalLM, _COMPLETE, _gguf_cache
 
+    # the worker kept the de-quantized model (EVALQ_CACHE_DIR): the reference loads it from there,
+    # so what follows also holds the cached model's values to those the GGUF file gave the worker
+    assert (_gguf_cache(str(smollm2_dir()), GGUF) / _COMPLETE).exists()
     reference = HFCausalLM(str(smollm2_dir()), gguf_file=GGUF)
     log = read_log(out)
     variants = {line["instance_id"]: line["result"] for line in log if line.get("stage") == "variants"}
