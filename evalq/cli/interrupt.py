@@ -66,9 +66,27 @@ def _handler(signum: int, frame) -> None:  # noqa: ANN001
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
+_previous: dict[int, object] = {}
+
+
+def _as_before() -> None:
+    """In a child forked from this process (a pool of ``evalq validate``'s parallel reader): the
+    signals as they were before ``install``. A pool's workers are ended with SIGTERM, which must
+    end them quietly, not raise ``Terminated`` in the middle of their loop."""
+    for signum, handler in _previous.items():
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    _groups.clear()
+
+
 def install() -> None:
     """Take SIGINT and SIGTERM in this process, even where SIGINT was inherited ignored. Commands
-    that install their own (``evalq worker`` through Celery, ``evalq judge-sim``) replace these."""
+    that install their own (``evalq worker`` through Celery, ``evalq judge-sim``) replace these;
+    children forked from it (not exec'd: those start with the default) get the previous ones back."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(ValueError, OSError):  # not the main thread (an embedding program)
-            signal.signal(signum, _handler)
+            previous = signal.signal(signum, _handler)
+            _previous.setdefault(signum, previous)
+    if _previous and not getattr(install, "forks_restore", False):
+        os.register_at_fork(after_in_child=_as_before)
+        install.forks_restore = True
