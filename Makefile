@@ -49,7 +49,15 @@ RAGAS_STAMP := $(RAGAS_VENV)/.installed
 # (its pandas < 3 does not fit evalq's environment)
 AZURE_VENV := .venv-azure
 AZURE_STAMP := $(AZURE_VENV)/.installed
-references: $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP)
+# celery-node 0.5.9, the Node.js client tests/integration/test_node_client.py sends jobs with (the
+# jobs how-to's "any language"), in .node/ with what it needs; without npm the test says it skips
+NODE_DIR := .node
+NODE_STAMP := $(NODE_DIR)/.installed
+$(NODE_STAMP):
+	if command -v npm >/dev/null 2>&1; then \
+	    mkdir -p $(NODE_DIR) && npm install --silent --no-audit --no-fund --prefix $(NODE_DIR) celery-node@0.5.9 && touch $@; \
+	else echo "npm not found: the celery-node test will be skipped"; fi
+references: $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP) $(NODE_STAMP)
 # a reference venv that sees .venv's packages through a .pth file and installs only what it lacks
 define reference_venv
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
@@ -94,7 +102,7 @@ demo: $(STAMP) bytecode
 TEST_WORKERS ?= 4
 # more pytest options, e.g. make test PYTEST_ARGS="--durations=30" (the longest tests)
 PYTEST_ARGS ?=
-test: $(DEV_STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP) bytecode
+test: $(DEV_STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP) $(NODE_STAMP) bytecode
 	# the documentation site: a broken link or anchor, or a page outside the navigation, fails
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
@@ -118,4 +126,4 @@ bench: $(DEV_STAMP)
 	$(BIN)/python bench/bench_otlp.py
 
 clean:
-	rm -rf $(VENV) $(FMEVAL_VENV) $(RAGAS_VENV) $(AZURE_VENV) out
+	rm -rf $(VENV) $(FMEVAL_VENV) $(RAGAS_VENV) $(AZURE_VENV) $(NODE_DIR) out

@@ -155,10 +155,6 @@ def drop_unreadable_messages() -> None:
     channel._brpop_read = guarded
 
 
-# The only task a request queue (evalq.jobs, evalq.jobs.<tenant>) carries: a tenant may write
-# its own queue, so anything else there (a stage callback, a chunk, Celery's own canvas tasks)
-# would run with the cluster's rights on whatever job it named.
-REQUEST_TASK = "evalq.submit_job"
 _stamping = False
 
 
@@ -174,8 +170,12 @@ def stamp_consumed_queue() -> None:
     them before Celery or kombu's unacked bookkeeping reads the message: ``delivery_info`` says
     that queue (through the anonymous exchange, so a restore puts the message back exactly
     there), and the delivery tag is a fresh one (a sender's could name another message's entry
-    in ``unacked``). A message on a request queue that is not ``evalq.submit_job`` is dropped
-    with a warning, and so is one whose properties are not an object.
+    in ``unacked``). A message whose properties are not an object is dropped with a warning.
+
+    A message on a request queue (``evalq.jobs``, ``evalq.jobs.<tenant>``: a tenant may write its
+    own) is rebuilt from its task, id and kwargs alone, or refused and answered where it can be
+    (``evalq.orchestrator.intake``): nothing else it carries (a canvas, an eta, a stage callback or
+    chunk in its place) reaches Celery, so the jobs worker never runs or publishes what it asked.
     """
     global _stamping
     import logging
@@ -198,10 +198,18 @@ def stamp_consumed_queue() -> None:
         if not isinstance(props, dict) or (headers is not None and not isinstance(headers, dict)):
             log.warning("dropped a message on %s that is not a readable task (properties are not an object)", queue)
             return None
-        if queue and is_request_queue(queue) and (headers or {}).get("task") != REQUEST_TASK:
-            log.warning("dropped a message on request queue %s: task %.80r; a request queue carries only %s",
-                        queue, (headers or {}).get("task"), REQUEST_TASK)
-            return None
+        if queue and is_request_queue(queue):
+            from evalq.orchestrator import intake
+
+            try:
+                message = intake.rebuild(message, queue)
+            except intake.Refused as refused:
+                try:
+                    intake.refuse(app_redis(app), refused, queue)
+                except Exception as exc:  # noqa: BLE001 - Redis away: the refusal is logged and counted
+                    log.warning("could not answer a refused request on %s: %s", queue, exc)
+                return None
+            props = message["properties"]
         info = props.get("delivery_info")
         info = dict(info) if isinstance(info, dict) else {}
         info.update(exchange="", routing_key=queue)

@@ -16,6 +16,9 @@ Names and labels (``deployment`` is a deployment's region name, which also names
                                                   the calls, tokens and cost above), "failed" (sent again)
     evalq_budget_tokens_admitted_total{deployment}  tokens reserved at admission by the cluster budget
     evalq_budget_tpm{deployment}, evalq_budget_rpm{deployment}   the deployment's limits (gauges)
+    evalq_requests_refused_total{queue,reason}    messages on a request queue that were not requests
+                                                  (``evalq.orchestrator.intake``): reason "canvas",
+                                                  "not_a_request", "arguments" or "unreadable"
 
 The ``metric`` label is the metric id (``generate`` for the generation stage). A counter
 counts what this node's processes did since the node started; summed over the nodes it
@@ -135,6 +138,8 @@ class _Metrics:
                                    ("deployment", "outcome"))
         self.admitted = counter("evalq_budget_tokens_admitted", "Tokens reserved at admission",
                                 ("deployment",))
+        self.refused = counter("evalq_requests_refused", "Messages on a request queue that were not requests",
+                               ("queue", "reason"))
         # the most recent value any process set, also after that process exited
         self.tpm = Gauge("evalq_budget_tpm", "The deployment's tokens per minute", ("deployment",),
                          registry=None, multiprocess_mode="mostrecent")
@@ -165,6 +170,14 @@ def _metrics() -> _Metrics | None:
 
 
 # -- what the worker counts -------------------------------------------------------------------
+
+def request_refused(queue: str, reason: str) -> None:
+    """A message on request queue ``queue`` was refused before Celery saw it (``reason``: a word
+    of ``evalq.orchestrator.intake``'s; queues are the operator's tenants', so the series are few)."""
+    m = _metrics()
+    if m is not None:
+        m.refused.labels(queue, reason).inc()
+
 
 def items_recorded(metric: str, queue: str | None, records: Iterable[dict]) -> None:
     """A chunk's records, just written to Redis: each counts by its outcome, as the

@@ -145,6 +145,72 @@ def test_a_request_queue_runs_no_other_task(cluster, tmp_path):
     assert "evalq.finalize" in log and "Received task: evalq.finalize" not in log
 
 
+SEARCH_REQUEST = {"task": "evalq.submit_job", "args": [], "subtask_type": None, "immutable": False,
+                  "options": {"queue": "evalq.jobs.search"},
+                  "kwargs": {"job": JOB, "out": "/forged/search", "request_id": "nightly-1", "suite": "rag-nightly",
+                             "reply_to": "replies:search:nightly"}}
+
+
+def protocol1_request(kwargs: dict, **fields) -> str:
+    """A Celery protocol 1 message (celery-node's TASK_PROTOCOL 1): the task's fields in the body."""
+    tid = str(uuid.uuid4())
+    body = json.dumps({"task": "evalq.submit_job", "id": tid, "args": [], "kwargs": kwargs, **fields})
+    return json.dumps({"body": base64.b64encode(body.encode()).decode(), "content-encoding": "utf-8",
+                       "content-type": "application/json", "headers": {},
+                       "properties": {"correlationId": tid, "replyTo": "", "body_encoding": "base64",
+                                      "delivery_mode": 2, "delivery_tag": tid,
+                                      "delivery_info": {"exchange": "", "routing_key": "evalq.jobs.ads"}}})
+
+
+def test_a_request_runs_nothing_but_itself(cluster, tmp_path):
+    """Before: `ads` pushed onto its own queue a request whose embed carried a chain (or callbacks)
+    holding an evalq.submit_job signature for evalq.jobs.search; Celery's tracer published it after
+    the request returned, with the jobs worker's connection, and it was search's request in every
+    respect (its namespace, its suite, its request id bound first). Now a request message is data:
+    each canvas form, in both protocols and from Celery's own client, is refused before Celery
+    sees it and answered on ads's own list; search sees nothing."""
+    from celery import chain, signature
+
+    r, ads = cluster["r"], cluster["ads"]
+    since = time.time()
+    mine = {"job": JOB, "out": str(cluster["roots"] / "ads" / "c"), "suite": "ads-c"}
+    forms = {"chain": {"chain": [SEARCH_REQUEST]}, "callbacks": {"callbacks": [SEARCH_REQUEST]},
+             "errbacks": {"errbacks": [SEARCH_REQUEST]},
+             "chord": {"chord": {**SEARCH_REQUEST, "options": {"queue": "evalq.jobs.eng"}}}}
+    for form, embed in forms.items():
+        message = json.loads(raw_request({**mine, "reply_to": f"replies:ads:{form}"}, routing_key="evalq.jobs.ads"))
+        body = json.loads(base64.b64decode(message["body"]))
+        body[2].update(embed)
+        message["body"] = base64.b64encode(json.dumps(body).encode()).decode()
+        ads.lpush("evalq.jobs.ads", json.dumps(message))
+    for form in ("callbacks", "errbacks", "chord"):  # protocol 1's forms
+        value = SEARCH_REQUEST if form == "chord" else [SEARCH_REQUEST]
+        ads.lpush("evalq.jobs.ads", protocol1_request({**mine, "reply_to": f"replies:ads:p1-{form}"}, **{form: value}))
+    # Celery's own client, as a pipeline would write them: link= and a chain
+    app = client(cluster["url"], "ads", "ads-secret")
+    app.send_task("evalq.submit_job", queue="evalq.jobs.ads", kwargs={**mine, "reply_to": "replies:ads:link"},
+                  link=signature("evalq.submit_job", kwargs=SEARCH_REQUEST["kwargs"], queue="evalq.jobs.search"))
+    chain(signature("evalq.submit_job", kwargs={**mine, "reply_to": "replies:ads:chained"}, queue="evalq.jobs.ads",
+                    app=app),
+          signature("evalq.submit_job", kwargs=SEARCH_REQUEST["kwargs"], queue="evalq.jobs.search", app=app,
+                    immutable=True)).apply_async()
+    # a plain request after them: once it is answered, every one before it was taken
+    ads.lpush("evalq.jobs.ads", raw_request({**mine, "reply_to": "replies:ads:after"}, routing_key="evalq.jobs.ads"))
+    assert reply(r, "replies:ads:after")["status"] == "done"
+    for name in [*forms, "p1-callbacks", "p1-errbacks", "p1-chord", "link", "chained"]:
+        doc = reply(r, f"replies:ads:{name}")
+        assert doc["status"] == "invalid" and doc["job_id"] is None, (name, doc)
+        assert "a request is data: it runs nothing but itself" in doc["errors"][0], (name, doc)
+    # what search sees: no job, nothing on its queue or its lists; only ads's one request ran
+    ran = jobs_with(r, since)
+    assert len(ran) == 1 and spec_of(r, ran[0][0])["scheduling"]["tenant"] == "ads", ran
+    assert r.llen("evalq.jobs.search") == 0 and r.llen("replies:search:nightly") == 0
+    assert not r.exists(keys.request("search/nightly-1"))
+    assert not (tmp_path / "forged").exists()
+    log = cluster["worker"].log_path.read_text()
+    assert log.count("(canvas)") == 9, log[-3000:]
+
+
 def test_a_request_may_name_only_its_own_reply_lists(cluster):
     """Before: `ads` sent search's request_id with reply_to replies:search:b3, and search's
     pipeline popped the squatter's `done, exact_match 1.0` before its own reply came."""
@@ -205,6 +271,44 @@ def test_a_request_writes_and_reads_only_its_tenants_places(cluster):
                                              "reply_to": "replies:ads:mine", "suite": "ads-mine"}))
     assert reply(r, "replies:ads:mine")["status"] == "done"
     assert (roots / "ads" / "mine" / "results.json").exists()
+
+
+def test_a_link_in_a_tenants_own_folder_reads_nothing_outside_it(cluster, tmp_path):
+    """Before: an OTLP dataset that was ads's own folder (or a glob in it, or {t,u} alternatives)
+    holding x.jsonl -> ../search/traces/secret.jsonl was read and scored; aimed at an operator file
+    outside every root, the answer "y.jsonl line 2: not JSON" told its structure. Each file a
+    folder walk, glob or alternative finds is now resolved inside the tenant's roots first; one
+    outside is refused unread, and the answer names the link, nothing of what it leads to."""
+    r, ads, roots = cluster["r"], cluster["ads"], cluster["roots"]
+    (roots / "search" / "traces").mkdir()
+    (roots / "search" / "traces" / "secret.jsonl").write_text('{"resourceSpans": [{"secret": "search-only"}]}\n')
+    operator = tmp_path / "operator.conf"  # outside every root
+    operator.write_text("password = hunter2\nnot json at all\n")
+    folder = roots / "ads" / "traces"
+    (folder / "t").mkdir(parents=True)
+    (folder / "u").mkdir()
+    (folder / "t" / "x.jsonl").symlink_to(roots / "search" / "traces" / "secret.jsonl")
+    (folder / "u" / "y.jsonl").symlink_to(operator)
+    metrics = [{"id": "exact_match"}]
+    for n, uri in enumerate([str(folder), str(folder / "*" / "*.jsonl"), str(folder / "{t,u}"),
+                             str(folder / "u")]):
+        ads.lpush("evalq.jobs.ads", raw_request({
+            "job": {"dataset": {"uri": uri, "format": "otlp"}, "metrics": metrics},
+            "out": str(roots / "ads" / f"o{n}"), "reply_to": f"replies:ads:link{n}"}))
+    for n in range(4):
+        doc = reply(r, f"replies:ads:link{n}")
+        said = json.dumps(doc)
+        assert doc["status"] == "invalid" and "is a link to a place outside the directories" in said, (n, doc)
+        assert "search-only" not in said and "hunter2" not in said and "not JSON" not in said, (n, doc)
+        assert str(roots / "search") not in said and str(operator) not in said, (n, doc)
+    # the control: a file of its own that is not OTLP is read, and the answer says how it is wrong
+    (folder / "v").mkdir()
+    (folder / "v" / "z.jsonl").write_text("not json at all\n")
+    ads.lpush("evalq.jobs.ads", raw_request({"job": {"dataset": {"uri": str(folder / "v"), "format": "otlp"},
+                                                     "metrics": metrics},
+                                             "out": str(roots / "ads" / "ov"), "reply_to": "replies:ads:own"}))
+    doc = reply(r, "replies:ads:own")
+    assert doc["status"] == "invalid" and "z.jsonl line 1" in json.dumps(doc), doc
 
 
 def test_a_message_put_back_after_its_worker_died_goes_back_where_it_came_from(private_redis, tmp_path):
