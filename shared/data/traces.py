@@ -83,15 +83,35 @@ def expand_braces(uri: str) -> list[str]:
     return [out for alt in m.group(1).split(",") for out in expand_braces(uri[:m.start()] + alt + uri[m.end():])]
 
 
-def files(uri: str, endpoint_url: str | None = None) -> list[str]:
+class LinkedOutside(JobError):
+    """A file a folder walk or glob found leads outside the roots a request may read."""
+
+
+def _inside(uri: str, found: list[str], roots: list[Path] | None) -> list[str]:
+    """``found`` (local files), each of whose real paths (links followed) lies under ``roots``; a
+    request's folder may hold a link out of it, which is refused unread, naming the link only."""
+    from evalq.shared.policy.egress import outside_roots
+
+    if roots is not None:
+        for name in found:
+            if outside_roots(name, roots):
+                raise LinkedOutside(f"{uri}: {name} is a link to a place outside the directories this cluster "
+                                    "reads for the request; not read")
+    return found
+
+
+def files(uri: str, endpoint_url: str | None = None, roots: list[Path] | None = None) -> list[str]:
     """The export files ``uri`` names: itself, what lies under it, or what its glob matches; a
-    ``{a,b}`` in it names each alternative's files in turn."""
+    ``{a,b}`` in it names each alternative's files in turn. With ``roots`` (a queue request's), a
+    local file whose real path is outside them (a link in the request's own folder) is refused."""
     alternatives = expand_braces(uri)
     if len(alternatives) > 1:  # an alternative with nothing in it (today's partition, early) is passed by
         found: list[str] = []
         for alt in alternatives:
             try:
-                found += files(alt, endpoint_url)
+                found += files(alt, endpoint_url, roots)
+            except LinkedOutside:
+                raise
             except JobError:
                 continue
         if not found:
@@ -120,25 +140,26 @@ def files(uri: str, endpoint_url: str | None = None) -> list[str]:
         found = sorted(str(p) for p in base.glob(rel) if p.is_file())
         if not found:
             raise JobError(f"{uri}: no files match")
-        return found
+        return _inside(uri, found, roots)
     if path.is_dir():
         found = sorted(str(p) for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
         if not found:
             raise JobError(f"{uri}: the folder holds no files")
-        return found
+        return _inside(uri, found, roots)
     if not path.exists():
         raise JobError(f"{uri}: no such file or folder")
-    return [str(path)]
+    return _inside(uri, [str(path)], roots)
 
 
-def read_spans(uri: str, endpoint_url: str | None, counts: SpanCounts) -> Iterator[Span | SpanError]:
+def read_spans(uri: str, endpoint_url: str | None, counts: SpanCounts,
+               roots: list[Path] | None = None) -> Iterator[Span | SpanError]:
     """Every span of every export file, in file and line order; all the files together are held
     to ``EVALQ_MAX_DATASET_BYTES``, as one dataset file is (each file is also held to it as it is
     read, decompressed, by ``read_lines``)."""
     from evalq.shared.core.limits import Limits, size
 
     limit, total = Limits.from_env().dataset_bytes, 0
-    for name in files(uri, endpoint_url):
+    for name in files(uri, endpoint_url, roots):
         counts.files += 1
         for number, text in read_lines(name, endpoint_url):
             where = f"{name} line {number}"
@@ -199,11 +220,11 @@ def _span(payload: str) -> Span:
 
 
 def instances(uri: str, endpoint_url: str | None, selection: TraceSelection,
-              counts: SpanCounts) -> Iterator[dict | SpanError]:
+              counts: SpanCounts, roots: list[Path] | None = None) -> Iterator[dict | SpanError]:
     """The instances the traces make (see the module's docstring), or located problems."""
     spool = _Spool()
     try:
-        for item in read_spans(uri, endpoint_url, counts):
+        for item in read_spans(uri, endpoint_url, counts, roots):
             if isinstance(item, SpanError):
                 counts.unreadable += 1
                 yield item
@@ -336,11 +357,12 @@ def _runs(spans: list[Span], counts: SpanCounts) -> Iterator[dict | SpanError]:
 
 
 def load_traces(spec: DatasetSpec, checker: InstanceChecker, add_problem: Callable[[str, str], None],
-                 max_problems: int) -> LoadedDataset:
+                 max_problems: int, roots: list[Path] | None = None) -> LoadedDataset:
     """The job's instances from OTLP trace exports: checked, spooled and reported as any dataset's
-    records are (``evalq.shared.data.instances.load_dataset``)."""
+    records are (``evalq.shared.data.instances.load_dataset``). ``roots``: a queue request's, which
+    every file read must lie under, links followed."""
     spool, bad, counts, n_problems = SpooledInstances(), BadRecords(), SpanCounts(), 0
-    for item in instances(spec.uri, spec.endpoint_url, spec.traces, counts):  # instances, or located errors
+    for item in instances(spec.uri, spec.endpoint_url, spec.traces, counts, roots):  # instances, or located errors
         if isinstance(item, dict):
             where, problems = f"{spec.uri} span {item['id']} (trace {item['otel']['trace_id']})", checker.check(item)
         else:  # a line or span that cannot be read: its place, and what is wrong

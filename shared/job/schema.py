@@ -324,7 +324,7 @@ def _load_instances(raw: dict, job: Job, problems: Problems) -> None:
         if not allowed or problems.items:  # a typo elsewhere is not worth reading a big file for
             return
         if dataset.format == "otlp":  # an application's traces (evalq.shared.data.traces)
-            loaded = load_traces(dataset, checker, problems.add, MAX_PROBLEMS)
+            loaded = load_traces(dataset, checker, problems.add, MAX_PROBLEMS, problems.roots)
         else:
             loaded = load_dataset(dataset, checker, problems.add, MAX_PROBLEMS)
         job.dataset, job.instances, job.mapping, job.bad_records = dataset, loaded.instances, loaded.mapping, loaded.bad
