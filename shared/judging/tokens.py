@@ -60,3 +60,12 @@ def prompt_token_bound(request: dict) -> int:
     extra = {k: v for k, v in request.items() if k in ("response_format", "tools")}
     text = json.dumps([request.get("messages") or [], extra], ensure_ascii=False)
     return len(text.encode("utf-8", errors="surrogatepass")) + PER_REPLY
+
+
+def limiter_floor(bound: int) -> int:
+    """What a provider's rate limiter counts a chat request's prompt as, at least, from its
+    ``prompt_token_bound`` (its bytes): OpenAI's and Azure's limiters estimate it from its
+    characters, about four to a token, whatever their tokenizer makes of them (200,000 spaces are
+    some 1,600 tokens to cl100k_base, and 50,000 to the limiter). A budget's reservation is never
+    below it, so text built to fool the estimate cannot under-reserve."""
+    return (bound + 3) // 4

@@ -93,6 +93,71 @@ def test_estimator_bias_follows_server_counts(r):
     assert b.admission_tokens(100, 50) == 130 + 50
 
 
+def deployment(tpm: int = 40_000, rpm: int = 1_000):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(tpm=tpm, rpm=rpm, window_seconds=60, burst_seconds=60, own_limit=None)
+
+
+def tokens_held(r, key: str) -> int:
+    return sum(int(v) for v in r.hvals(key))
+
+
+def test_a_tenants_text_moves_only_its_own_estimate(r, monkeypatch):
+    """Before: one bias key per deployment for every tenant; ads's items of spaces (the tokenizer
+    counts 1.6k tokens, the server 50k) took it from 1.18 to 3.0, and every tenant reserved 3x."""
+    from evalq.workers.judge.budget import budget_of
+
+    monkeypatch.setenv("EVALQ_TENANTS", "search=1,ads=1;ads.max_share=0.1")
+    dep = uuid.uuid4().hex
+    ads, search = budget_of(r, dep, deployment(), 1.0, "ads"), budget_of(r, dep, deployment(), 1.0, "search")
+    for _ in range(30):
+        ads.observe(1_600, 50_000)  # text the tokenizer under-counts 30x
+    assert ads.bias() == 3.0
+    assert search.bias() == pytest.approx(1.1) and search.admission_tokens(100, 50) == 110 + 50
+    for _ in range(30):
+        search.observe(1_000, 100)  # and the reverse: text it over-counts
+    assert search.bias() == pytest.approx(0.33) and ads.bias() == 3.0
+    single = budget_of(r, uuid.uuid4().hex, deployment(), 1.0, None)  # a cluster without tenants: one key
+    assert single.bias_key is None and single.bias() == pytest.approx(1.1)
+
+
+def test_a_reservation_is_never_below_what_the_limiter_counts(r):
+    from evalq.shared.judging.tokens import estimate_request_tokens, limiter_floor, prompt_token_bound
+
+    request = {"messages": [{"role": "user", "content": "Rate this answer: " + " " * 200_000}]}
+    estimate, bound = estimate_request_tokens(request), prompt_token_bound(request)
+    assert estimate < 3_000 and limiter_floor(bound) > 50_000  # the tokenizer packs runs of spaces
+    b = Budget(r, uuid.uuid4().hex, tpm=1_000_000, rpm=100)
+    assert b.admission_tokens(estimate, 50, floor=limiter_floor(bound)) == limiter_floor(bound) + 50
+    assert b.admission_tokens(10_000, 50, floor=limiter_floor(bound)) == max(11_000, limiter_floor(bound)) + 50
+
+
+def test_what_the_server_counted_beyond_a_reservation_is_held_by_the_tenants_share(r, monkeypatch):
+    """A call whose reply says the server counted more than was reserved: the deployment's window
+    and the tenant's share both hold the rest (the tenant's next calls wait for it), and one
+    counted less than reserved gives nothing back (providers count max_tokens up front)."""
+    from evalq.shared.cluster import keys
+    from evalq.workers.judge.budget import budget_of
+
+    monkeypatch.setenv("EVALQ_TENANTS", "search=1,ads=1;ads.max_share=0.1")
+    dep = uuid.uuid4().hex
+    ads = budget_of(r, dep, deployment(), 1.0, "ads")
+    res = ads.reserve(1_000)
+    assert res.admitted
+    ads.settle(res, counted=3_500)
+    shared, share = keys.budget(dep, "tok"), keys.budget(f"{dep}:tenant-ads", "tok")
+    assert tokens_held(r, shared) == 3_500 and tokens_held(r, share) == 3_500
+    assert not ads.reserve(1_000).admitted  # 3,500 + 1,000 > its 4,000 share: it waits
+    search = budget_of(r, dep, deployment(), 1.0, "search")
+    assert search.reserve(1_000).admitted  # the deployment's other 36,000 are search's to use
+    res = budget_of(r, dep, deployment(), 1.0, "ads")
+    small = res.reserve(100)
+    assert small.admitted
+    res.settle(small, counted=40)
+    assert tokens_held(r, share) == 3_600
+
+
 def test_two_workers_share_one_budget_without_429s(redis_url, tmp_path):
     window, tpm = 4, 2400
     key_env = "TEST_BUDGET_API_KEY"

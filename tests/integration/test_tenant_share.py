@@ -108,3 +108,65 @@ def test_a_tenant_stays_within_its_share_with_huge_items(private_redis, tmp_path
     assert ads_calls[-1][0] - ads_calls[0][0] > WINDOW / 2  # it was held to its share, not sent at once
     # and search's job kept its pace: its 24 calls fit the deployment beside ads's share
     assert search_took < WINDOW, search_took
+
+
+def test_text_built_to_fool_the_estimate_keeps_a_tenant_within_its_share(private_redis, tmp_path):
+    """Issue 58, item 2: `ads` sends answers of thousands of spaces, which the tokenizer packs into
+    a few tokens and the server (and a provider's limiter) counts at four characters a token. Before,
+    its calls were reserved at the tokenizer's count and went at once, several times its share in
+    a window, and the shared estimate's bias moved every tenant's reservations. Now a reservation is
+    never below what the limiter counts, the server's count beyond it is held by ads's share, and
+    the estimate's correction is ads's own: search's stays where it was."""
+    from celery import Celery
+
+    roots = tmp_path / "roots"
+    spaces = " " * 4_000  # ~1,000 tokens to judge-sim, a few dozen to cl100k_base
+    with JudgeSim([Region("lab", tpm=TPM, rpm=10_000)], window_seconds=WINDOW, latency=0.02,
+                  record_calls=True) as sim:
+        catalogue = tmp_path / "catalogue.json"
+        catalogue.write_text(json.dumps({"deployments": {"lab": {
+            "region": "lab", "base_url": sim.base_url("lab"), "tpm": TPM, "rpm": 10_000,
+            "window_seconds": WINDOW, "burst_seconds": WINDOW}}}))
+        env = {"EVALQ_CATALOGUE": str(catalogue), KEY_ENV: "k", "EVALQ_ENDPOINTS": "*=http://127.0.0.1:*",
+               "EVALQ_TENANTS": TENANTS, "EVALQ_REQUEST_ROOTS": str(roots)}
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        workers = [start_worker(private_redis, "evalq.jobs,cpu", logs, concurrency=1, env=env, name="jobs"),
+                   start_worker(private_redis, "judge.lab", logs, concurrency=8, env=env, name="judge")]
+        try:
+            for w in ("jobs", "judge"):
+                wait_for_worker(private_redis, w)
+            r = redis.Redis.from_url(private_redis)
+            app = Celery(broker=private_redis)
+            app.conf.update(task_serializer="json", accept_content=["json"])
+            fooling = job("ads", [1] * 6)
+            for inst in fooling["instances"]:
+                inst["actual-output"] += spaces + inst["id"]
+            ads_reply = ask(app, r, "ads", fooling, roots / "ads" / "spaces", "spaces")
+            search_reply = ask(app, r, "search", job("srch", [80] * 24), roots / "search" / "nightly", "n")
+            got = {}
+            deadline = time.monotonic() + 240  # a failure detector: both end in well under a minute
+            while len(got) < 2:
+                popped = r.blpop([ads_reply, search_reply], timeout=2)
+                assert time.monotonic() < deadline, f"jobs not answered: {got}"
+                if popped:
+                    got[popped[0].decode()] = json.loads(popped[1])
+            assert got[ads_reply]["status"] == "done" and got[search_reply]["status"] == "done", got
+            calls = sim.calls("lab")
+            biases = {k.decode().rsplit(":bias", 1)[1]: r.hgetall(k) for k in r.scan_iter("evalq:budget:*:bias*")}
+        finally:
+            for w in workers:
+                stop_worker(w)
+    assert not any(line.get("error") for line in read_log(roots / "ads" / "spaces"))
+    assert not any(line.get("error") for line in read_log(roots / "search" / "nightly"))
+    ads_calls = [(t, cost) for t, cost, text in calls if spaces in text]
+    assert len(ads_calls) == 6 and all(cost > 1_000 for _, cost in ads_calls)
+    largest = max(cost for _, cost in ads_calls)
+    for start, _ in ads_calls:  # what the server counted of ads in any window: its share and one call
+        within = sum(cost for t, cost in ads_calls if start <= t < start + WINDOW)
+        assert within <= TPM * SHARE + largest, (within, ads_calls)
+    # ads's text taught ads's estimate (the server counts its answers 10x and more): search's learnt
+    # from search's calls only, which the tokenizer counts about as the server does
+    assert set(biases) == {":ads", ":search"}, biases  # one correction each, none shared
+    ratio = {name: float(b[b"server"]) / float(b[b"estimate"]) for name, b in biases.items()}
+    assert ratio[":ads"] > 3 and ratio[":search"] < 1.5, ratio

@@ -19,7 +19,9 @@ Keys (``D`` is ``evalq.shared.judging.judges.deployment_id``), built by ``evalq.
     evalq:budget:{D}:pause   STRING server time (float s) before which nothing is sent (429 Retry-After)
     evalq:budget:{D}:pace    STRING server time (float s) the admitted calls reach when spaced at the
                                     TPM/RPM rate (GCRA's theoretical arrival time)
-    evalq:budget:{D}:bias    HASH   server_tokens, estimated_tokens (estimator correction)
+    evalq:budget:{D}:bias    HASH   server_tokens, estimated_tokens (estimator correction), of a cluster
+                                    that lists no tenants; ``{D}:bias:<tenant>`` each tenant's own, so
+                                    that no tenant's text moves another's reservations
     evalq:budget:{D}:fail    STRING consecutive failures (expires); a deployment above the
                                     threshold is drained to the judge's other deployments
 """
@@ -118,23 +120,27 @@ local old = tonumber(ARGV[1])
 local tokens = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local bucket = tonumber(ARGV[4])
+local delta = tonumber(ARGV[5] or '0')
 local t = redis.call('TIME')
-local sec = math.floor((tonumber(t[1]) + tonumber(t[2]) / 1e6) / bucket)
-if sec <= old then
-  return 0
-end
-local function move(key, amount)
-  local have = tonumber(redis.call('HGET', key, old) or '0')
-  if have > amount then
-    redis.call('HINCRBY', key, old, -amount)
-  elseif have > 0 then
-    redis.call('HDEL', key, old)
+local sec = math.max(math.floor((tonumber(t[1]) + tonumber(t[2]) / 1e6) / bucket), old)
+local function move(key, amount, change)
+  if sec > old then
+    local have = tonumber(redis.call('HGET', key, old) or '0')
+    if have > amount then
+      redis.call('HINCRBY', key, old, -amount)
+    elseif have > 0 then
+      redis.call('HDEL', key, old)
+    end
+    redis.call('HINCRBY', key, sec, amount)
   end
-  redis.call('HINCRBY', key, sec, amount)
+  if change ~= 0 then  -- what the server counted beyond (or, for a limit holding a worst case, below) it
+    local now = tonumber(redis.call('HGET', key, sec) or '0')
+    if now + change > 0 then redis.call('HINCRBY', key, sec, change) else redis.call('HDEL', key, sec) end
+  end
   redis.call('EXPIRE', key, window * 2 + 2)
 end
-move(tok_key, tokens)
-move(req_key, 1)
+move(tok_key, tokens, delta)
+move(req_key, 1, 0)
 return 1
 """
 
@@ -198,18 +204,27 @@ class Budget:
             return Reservation(False, 0.0, impossible=True)
         return Reservation(bool(admitted == 1), float(wait), bucket=int(bucket), tokens=int(tokens))
 
-    def settle(self, reservation: Reservation) -> None:
-        """The call's reply is back: count it from now (see SETTLE_LUA)."""
+    def settle(self, reservation: Reservation, counted: int | None = None) -> None:
+        """The call's reply is back: count it from now (see SETTLE_LUA), and where the server
+        ``counted`` more tokens than were reserved (its prompt count and ``max_tokens``), count
+        those too: the provider's window holds them."""
+        extra = max(0, counted - reservation.tokens) if counted else 0
         self._settle(keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req")],
-                     args=[reservation.bucket, reservation.tokens, self.window, BUCKET])
+                     args=[reservation.bucket, reservation.tokens, self.window, BUCKET, extra])
 
     def pause(self, seconds: float) -> None:
         """Hold every worker off this deployment (a 429 with Retry-After)."""
         self._pause(keys=[keys.budget(self.dep_id, "pause")], args=[max(0.0, float(seconds))])
 
     # -- estimator bias ---------------------------------------------------------
+    # learnt from the calls of whoever's text it scales: one tenant's alone (``budget_of``)
+    bias_key: str | None = None
+
+    def _bias_key(self) -> str:
+        return self.bias_key or keys.budget(self.dep_id, "bias")
+
     def bias(self) -> float:
-        raw = self.r.hmget(keys.budget(self.dep_id, "bias"), ["server", "estimate"])
+        raw = self.r.hmget(self._bias_key(), ["server", "estimate"])
         server, estimate = (float(x) if x else 0.0 for x in raw)
         if server <= 0 or estimate <= 0:
             return BIAS_PRIOR
@@ -219,14 +234,16 @@ class Budget:
         """Fold one response's reported prompt tokens into the estimator's bias."""
         if estimated_prompt <= 0 or server_prompt <= 0:
             return
-        key = keys.budget(self.dep_id, "bias")
+        key = self._bias_key()
         raw = self.r.hmget(key, ["server", "estimate"])
         server, estimate = (float(x) if x else 0.0 for x in raw)
         self.r.hset(key, mapping={"server": server * BIAS_DECAY + server_prompt,
                                   "estimate": estimate * BIAS_DECAY + estimated_prompt})
 
-    def admission_tokens(self, estimated_prompt: int, max_tokens: int) -> int:
-        return int(math.ceil(round(estimated_prompt * self.bias(), 6))) + max_tokens
+    def admission_tokens(self, estimated_prompt: int, max_tokens: int, floor: int = 0) -> int:
+        """What a call reserves: its prompt estimate scaled by the bias, never below ``floor`` (what
+        the provider's limiter counts its characters as: ``limiter_floor``), and its ``max_tokens``."""
+        return max(int(math.ceil(round(estimated_prompt * self.bias(), 6))), floor) + max_tokens
 
     # -- health -------------------------------------------------------------------
     def failed(self) -> None:
@@ -300,10 +317,13 @@ class Within(Budget):
         for limit, reservation in zip(self.inner, held):
             limit.release(reservation)
 
-    def settle(self, reservation: Reservation) -> None:
-        super().settle(reservation)
+    def settle(self, reservation: Reservation, counted: int | None = None) -> None:
+        """The shared budget and every limit inside it count the call from now; what the server
+        counted beyond the reservation is held by the job's and its tenant's limits as by the
+        deployment's: the tenant whose text cost more waits for it, within its own share."""
+        super().settle(reservation, counted)
         for limit, mine in zip(self.inner, reservation.inner):
-            limit.settle(mine)
+            limit.settle(mine, counted)
 
 
 def budget_of(r: redis.Redis, dep_id: str, d, safety: float, tenant: str | None = None) -> Budget:
@@ -325,5 +345,9 @@ def budget_of(r: redis.Redis, dep_id: str, d, safety: float, tenant: str | None 
                            f"tenant {tenant!r}'s share of it ({share:g} of {d.tpm:,} tokens a minute: "
                            f"{int(tpm * safety):,}; EVALQ_TENANTS {tenant}.max_share)"))
     if not inner:
-        return Budget(r, dep_id, d.tpm, d.rpm, d.window_seconds, safety=safety, burst=d.burst_seconds)
-    return Within(r, dep_id, d.tpm, d.rpm, d.window_seconds, safety, d.burst_seconds, inner)
+        budget = Budget(r, dep_id, d.tpm, d.rpm, d.window_seconds, safety=safety, burst=d.burst_seconds)
+    else:
+        budget = Within(r, dep_id, d.tpm, d.rpm, d.window_seconds, safety, d.burst_seconds, inner)
+    if tenant is not None:  # its calls teach the estimator about its own text only
+        budget.bias_key = keys.budget(dep_id, f"bias:{tenant}")
+    return budget

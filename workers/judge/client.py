@@ -41,7 +41,7 @@ from evalq.shared.judging.judges import Deployment, JudgeConfig, JudgingOptions,
 from evalq.workers.judge.budget import Budget, Reservation, budget_of
 from evalq.workers.judge.cost import Caps, CostWait, Hold
 from evalq.workers.judge.dialects import Dialects, refused_as_invalid, shape
-from evalq.shared.judging.tokens import estimate_request_tokens, prompt_token_bound
+from evalq.shared.judging.tokens import estimate_request_tokens, limiter_floor, prompt_token_bound
 from evalq.workers.keeping import DOWN, WRITE_BEHIND, ItemKeeper, Op, execute
 
 log = logging.getLogger("evalq.judge")
@@ -311,13 +311,17 @@ class JudgeClient:
         deployment, budget, reservation, held = self._admit(estimate, bound)
         try:
             response = self._send(request, deployment, budget, reservation)
-        except BaseException:
+        except BaseException:  # the reply (or error) is back: the budget counts the call from now
+            _bookkeeping(budget.settle, reservation)
             _bookkeeping(self.caps.cost.release, held)
             raise
         self._last_failed = None
-        _bookkeeping(budget.succeeded)
         reply = reply_from_completion(response)
         usage = reply.usage
+        # ... as the server counted it, where that is more than was reserved
+        counted = usage["prompt_tokens"] + self.judge.max_tokens if usage.get("prompt_tokens") else None
+        _bookkeeping(budget.settle, reservation, counted)
+        _bookkeeping(budget.succeeded)
         if usage.get("prompt_tokens"):
             _bookkeeping(budget.observe, estimate, usage["prompt_tokens"])
         prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
@@ -331,13 +335,10 @@ class JudgeClient:
     def _send(self, request: dict, deployment: Deployment, budget: Budget, reservation: Reservation):
         """The HTTP call on an admitted deployment; a 429 pauses it for every worker."""
         try:
-            try:
-                response = self.dialects.create(
-                    sdk_client(self.judge, deployment), request, budget.dep_id, deployment.region,
-                    auto=getattr(self.judge, "output", None) == "auto",  # (a model under test has none)
-                    model=deployment.deployment if self.judge.provider == "azure" else None)
-            finally:  # the reply (or error) is back: the budget counts the call from now
-                _bookkeeping(budget.settle, reservation)
+            response = self.dialects.create(
+                sdk_client(self.judge, deployment), request, budget.dep_id, deployment.region,
+                auto=getattr(self.judge, "output", None) == "auto",  # (a model under test has none)
+                model=deployment.deployment if self.judge.provider == "azure" else None)
         except openai.RateLimitError as exc:
             wait = _retry_after(exc)
             budget.pause(wait)
@@ -364,7 +365,7 @@ class JudgeClient:
             best_wait, best, too_large = float("inf"), healthy[0], []
             for d in healthy:
                 budget = self.budgets[d.region]
-                tokens = budget.admission_tokens(estimate, self.judge.max_tokens)
+                tokens = budget.admission_tokens(estimate, self.judge.max_tokens, floor=limiter_floor(bound))
                 try:
                     held = self.caps.take(tokens, self.judge.price_of(d), bound, self.judge.max_tokens)
                 except CostWait as exc:  # a cap has room only once the calls in flight settle
