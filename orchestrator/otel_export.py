@@ -5,7 +5,9 @@ Where they go is the operator's: the standard ``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT
 settings, as the OpenTelemetry SDK reads them) on the workers, or one of the exporters the operator
 names in ``EVALQ_OTEL_EXPORTERS`` (``prod=https://otel.acme:4318/v1/logs;lab=...``). A job only
 chooses among them (``output.otel``: unset, the default exporter where one is configured; ``false``,
-none; a name, that one): it never gives an address.
+none; a name, that one): it never gives an address. An exporter named ``<tenant>:<name>`` takes
+that tenant's jobs' events only (``evalq.shared.core.config.exporter_problem``; checked when the
+request is taken, and again here, from the stored spec's tenant).
 
 A chunk's events (``evalq.shared.traces.events``) are sent by the SDK's OTLP/HTTP log exporter in
 batches of ``BATCH`` once its records are written, each parented to the span it judges, and the
@@ -28,7 +30,7 @@ from typing import Any
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.core.config import otel_exporters
+from evalq.shared.core.config import exporter_problem, otel_exporters
 from evalq.shared.traces.events import EVENT_NAME, Evaluation, evaluations
 
 log = logging.getLogger("evalq.otel")
@@ -49,12 +51,14 @@ def default_endpoint() -> str | None:
     return base.rstrip("/") + "/v1/logs" if base else None
 
 
-def endpoint_for(choice: Any) -> str | None:
-    """Where a job's events go: its ``output.otel`` among what the operator configured."""
+def endpoint_for(spec: dict) -> str | None:
+    """Where a job's events go: its ``output.otel`` among what the operator configured for its tenant."""
+    choice = spec.get("otel_export")  # the job's output.otel: None, False or an exporter's name
     if choice is False:
         return None
     if isinstance(choice, str):
-        return otel_exporters().get(choice)
+        tenant = (spec.get("scheduling") or {}).get("tenant")
+        return None if exporter_problem(choice, tenant) else otel_exporters().get(choice)
     return default_endpoint()
 
 
@@ -93,8 +97,8 @@ def export_items(r: redis.Redis, job_id: str, spec: dict, entry_key: str, entry:
                  items: list[tuple[int, dict, dict | None]], force: bool = False) -> int:
     """Send the events of ``items`` (position, record, the instance's ``otel``) not sent before;
     returns how many events were sent. Never raises for the exporter's sake: the items are kept."""
-    choice = spec.get("otel_export")  # the job's output.otel: None, False or an exporter's name
-    endpoint = endpoint_for(choice)
+    choice = spec.get("otel_export")
+    endpoint = endpoint_for(spec)
     if endpoint is None or not items or (not force and time.monotonic() < _DOWN.get(endpoint, 0.0)):
         return 0  # none, nothing, or a collector that just failed: the final callback sends these
     done = r.smismember(keys.exported(job_id, entry_key), [str(p) for p, _, _ in items])
@@ -135,7 +139,7 @@ def export_rest(r: redis.Redis, job_id: str, spec: dict) -> int:
     from evalq.shared.cluster.spec import METRICS_STAGE, stage_runs
     from evalq.shared.metrics.registry import REGISTRY
 
-    endpoint = endpoint_for(spec.get("otel_export"))
+    endpoint = endpoint_for(spec)
     if endpoint is None:
         return 0
     sent, failures = 0, 0

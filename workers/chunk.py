@@ -324,7 +324,7 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
     if not ctx.model_run and ctx.spec.get("otel_export") is not False:
         from evalq.orchestrator.otel_export import endpoint_for, export_items
 
-        if endpoint_for(ctx.spec.get("otel_export")) is None:  # the operator configured none
+        if endpoint_for(ctx.spec) is None:  # the operator configured none (for the job's tenant)
             return
         at = dict(zip(*taken))
         unread = [p for p, _ in items if p not in at]  # kept by an earlier run of the chunk: not read now

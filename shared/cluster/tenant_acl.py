@@ -8,9 +8,12 @@ import os
 import re
 
 # what kombu's publish needs (LPUSH inside MULTI, LLEN of the priority lists, SADD of the binding),
-# what a pipeline's wait on its replies needs, and the connection's own commands
-COMMANDS = ("+lpush", "+sadd", "+multi", "+exec", "+llen", "+blpop", "+lpop", "+ping", "+hello", "+auth",
-            "+select", "+client|setname", "+info")
+# what a pipeline's wait on its replies needs, and the connection's own commands. Nothing more: no
+# SELECT (the user stays on database 0, where the cluster's queues are: Redis's ACLs cannot limit
+# the databases a user may push in, only whether it may change), no INFO (key counts, clients,
+# memory: what every tenant does), no CLIENT (names, lists, kills). ioredis (celery-node) asks INFO
+# for its ready check and goes on without it, saying so; `enableReadyCheck: false` quiets it.
+COMMANDS = ("+lpush", "+sadd", "+multi", "+exec", "+llen", "+blpop", "+lpop", "+ping", "+hello", "+auth")
 
 
 def password_env(tenant: str) -> str:

@@ -87,13 +87,25 @@ class Settings:
 def otel_exporters() -> dict[str, str]:
     """The OTLP/HTTP logs endpoints the operator names (``EVALQ_OTEL_EXPORTERS``:
     ``prod=https://otel.acme:4318/v1/logs;lab=http://127.0.0.1:4318/v1/logs``): the only places, with
-    the standard ``OTEL_EXPORTER_OTLP_*`` default, that a job's scores may be exported to."""
+    the standard ``OTEL_EXPORTER_OTLP_*`` default, that a job's scores may be exported to. A name
+    ``<tenant>:<name>`` (``search:prod=...``) is that tenant's alone (``exporter_problem``)."""
     out = {}
     for part in (os.environ.get("EVALQ_OTEL_EXPORTERS") or "").split(";"):
         name, _, url = part.strip().partition("=")
         if name.strip() and url.strip():
             out[name.strip()] = url.strip()
     return out
+
+
+def exporter_problem(name: str, tenant: str | None) -> str | None:
+    """Why a job of ``tenant`` may not send its events to the operator's exporter ``name``, or None:
+    an exporter named ``<tenant>:<name>`` is that tenant's alone; one without a tenant is any job's
+    (on a cluster that lists no tenants, ``tenant`` None, every exporter is)."""
+    owner, sep, _ = name.partition(":")
+    if sep and tenant is not None and owner != tenant:
+        return (f"output.otel: exporter {name!r} is tenant {owner!r}'s; a job of {tenant!r} may name its own "
+                f"({tenant}:<name>) or the operator's shared ones (EVALQ_OTEL_EXPORTERS)")
+    return None
 
 
 def cache_dir():

@@ -93,6 +93,15 @@ def test_a_tenant_writes_only_its_own_queue_and_is_that_tenant(cluster):
         as_ads.lpop("replies:search:anything")
     with pytest.raises(redis.exceptions.NoPermissionError):
         as_ads.get(keys.spec(done["job_id"]))
+    # nor another database (where its own queue's name is anyone's), nor what every tenant does
+    # (INFO's key counts and clients), nor the connections' names
+    for command in (("SELECT", 5), ("INFO",), ("INFO", "keyspace"), ("CLIENT", "SETNAME", "search"),
+                    ("CLIENT", "LIST"), ("DBSIZE",), ("KEYS", "*")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            as_ads.execute_command(*command)
+    other_db = redis.Redis.from_url(cluster["url"].replace("redis://", "redis://ads:ads-secret@")[:-1] + "5")
+    with pytest.raises(redis.exceptions.RedisError, match="(?i)permission"):  # redis-py SELECTs it first
+        other_db.lpush("evalq.jobs.ads", "x")
 
 
 def test_the_shared_queue_is_the_default_tenants(cluster):

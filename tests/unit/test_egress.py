@@ -148,3 +148,22 @@ def test_a_tenant_reaches_only_its_part_of_each_root_and_prefix(tmp_path):
     # no tenants listed (a single team's cluster): every place the operator lists, as before
     anyone = Reach.of(None, env)
     assert anyone.write_problem(f"{tmp_path}/data/x") is None and anyone.write_problem("s3://eval-out/nightly/r") is None
+
+
+def test_a_tenants_exporter_takes_only_that_tenants_events(monkeypatch):
+    """Before: output.otel picked any of the operator's exporters by name, so with one exporter per
+    team a tenant could send its events to another team's collector."""
+    from evalq.orchestrator.otel_export import endpoint_for
+    from evalq.shared.core.config import exporter_problem
+
+    monkeypatch.setenv("EVALQ_OTEL_EXPORTERS", "search:prod=http://127.0.0.1:1/v1/logs;"
+                                               "ads:prod=http://127.0.0.1:2/v1/logs;lab=http://127.0.0.1:3/v1/logs")
+    assert exporter_problem("search:prod", "search") is None and exporter_problem("lab", "ads") is None
+    said = exporter_problem("search:prod", "ads")
+    assert said and "tenant 'search''s" in said and "ads:<name>" in said
+    assert exporter_problem("search:prod", None) is None  # a cluster without tenants: one team's
+    # at export time, from the stored spec's tenant (a spec is not trusted to have been checked)
+    spec = {"otel_export": "search:prod", "scheduling": {"tenant": "ads"}}
+    assert endpoint_for(spec) is None
+    assert endpoint_for({**spec, "scheduling": {"tenant": "search"}}) == "http://127.0.0.1:1/v1/logs"
+    assert endpoint_for({"otel_export": "lab", "scheduling": {"tenant": "ads"}}) == "http://127.0.0.1:3/v1/logs"
