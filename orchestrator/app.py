@@ -158,7 +158,7 @@ def drop_unreadable_messages() -> None:
 _stamping = False
 
 
-def stamp_consumed_queue() -> None:
+def stamp_consumed_queue(on_refused=None) -> None:
     """Make a worker establish, for every message it takes, the queue it really took it from.
 
     A kombu message on Redis is a JSON document its sender writes whole, ``delivery_info``
@@ -176,6 +176,7 @@ def stamp_consumed_queue() -> None:
     own) is rebuilt from its task, id and kwargs alone, or refused and answered where it can be
     (``evalq.orchestrator.intake``): nothing else it carries (a canvas, an eta, a stage callback or
     chunk in its place) reaches Celery, so the jobs worker never runs or publishes what it asked.
+    ``on_refused(r, refused, queue)`` answers a refused one (``evalq.orchestrator.service``).
     """
     global _stamping
     import logging
@@ -205,7 +206,10 @@ def stamp_consumed_queue() -> None:
                 message = intake.rebuild(message, queue)
             except intake.Refused as refused:
                 try:
-                    intake.refuse(app_redis(app), refused, queue)
+                    if on_refused is not None:
+                        on_refused(app_redis(app), refused, queue)
+                    else:
+                        log.warning("refused a message on request queue %s: %s", queue, refused.message)
                 except Exception as exc:  # noqa: BLE001 - Redis away: the refusal is logged and counted
                     log.warning("could not answer a refused request on %s: %s", queue, exc)
                 return None

@@ -14,7 +14,8 @@ its id and its kwargs alone (``rebuild``), in the transport, before Celery or ko
 - a message that is not a request is refused (``Refused``): another task, a body that is not JSON,
   positional arguments, kwargs that are not an object, or a canvas of any kind (a callback, errback,
   chain, chord or group member); it is answered ``invalid`` on its ``reply_to`` where that is one of
-  its tenant's lists, counted (``evalq_requests_refused_total{queue,reason}``) and logged, never run;
+  its tenant's lists, counted (``evalq_requests_refused_total{queue,reason}``) and logged, never run
+  (``evalq.orchestrator.service.answer_refused``);
 - whatever else a sender may set (eta, countdown, expires, retries, time limits, priority, shadow
   name, stamps, root and parent ids, the ``reply_to`` and ``correlation_id`` properties Celery's
   RPC results use) is ignored: the message Celery sees has headers of evalq's making.
@@ -26,12 +27,9 @@ import base64
 import binascii
 import hashlib
 import json
-import logging
 
 REQUEST_TASK = "evalq.submit_job"
 CANVAS = ("callbacks", "errbacks", "chain", "chord")
-
-log = logging.getLogger("evalq.jobs")
 
 
 class Refused(Exception):
@@ -116,23 +114,3 @@ def rebuild(message: dict, queue: str) -> dict:
                        "body_encoding": "base64", "delivery_info": props.get("delivery_info"),
                        "delivery_tag": props.get("delivery_tag")},
     }
-
-
-def refuse(r, refused: Refused, queue: str) -> None:
-    """A message that is not a request: logged, counted, and answered ``invalid`` on its
-    ``reply_to`` where that is a list its tenant may be answered on (nothing else is)."""
-    from evalq.orchestrator.finalize import reply_document
-    from evalq.orchestrator.service import reply_to_problem, request_id_problem, request_identity
-    from evalq.shared.cluster import telemetry
-    from evalq.shared.cluster.scheduling import Tenants
-    from evalq.shared.cluster.status import Status
-
-    log.warning("refused a message on request queue %s (%s): %s", queue, refused.reason, refused.message)
-    telemetry.request_refused(queue, refused.reason)
-    reply_to = refused.kwargs.get("reply_to")
-    tenant, bad_queue = request_identity(queue, Tenants.from_env())
-    if reply_to is None or bad_queue or reply_to_problem(reply_to, tenant):
-        return
-    request_id = refused.kwargs.get("request_id")
-    request_id = None if request_id_problem(request_id) else request_id
-    r.rpush(reply_to, json.dumps(reply_document(request_id, None, Status.INVALID, None, [refused.message], None)))

@@ -387,3 +387,22 @@ def _scheduling(fields, request: dict):
     except ValidationError as exc:
         raise JobError([f"request.{'.'.join(map(str, e['loc']))}: {e['msg']} (got {json.dumps(e.get('input'))[:80]})"
                         for e in exc.errors()]) from None
+
+
+def answer_refused(r: redis.Redis, refused, queue: str) -> None:
+    """A message on request queue ``queue`` that is not a request (``evalq.orchestrator.intake``'s
+    ``Refused``): logged, counted, and answered ``invalid`` on its ``reply_to`` where that is a list
+    its tenant may be answered on (nothing else is)."""
+    from evalq.orchestrator.finalize import reply_document
+    from evalq.shared.cluster import telemetry
+    from evalq.shared.cluster.scheduling import Tenants
+
+    log.warning("refused a message on request queue %s (%s): %s", queue, refused.reason, refused.message)
+    telemetry.request_refused(queue, refused.reason)
+    reply_to = refused.kwargs.get("reply_to")
+    tenant, bad_queue = request_identity(queue, Tenants.from_env())
+    if reply_to is None or bad_queue or reply_to_problem(reply_to, tenant):
+        return
+    request_id = refused.kwargs.get("request_id")
+    request_id = None if request_id_problem(request_id) else request_id
+    r.rpush(reply_to, json.dumps(reply_document(request_id, None, Status.INVALID, None, [refused.message], None)))

@@ -96,10 +96,11 @@ def cluster_worker(**_) -> None:
     says the queue it was really taken from (``stamp_consumed_queue``), not its sender's claim."""
     from evalq.shared.policy.egress import enforce_on_cluster
     from evalq.orchestrator.app import drop_unreadable_messages, stamp_consumed_queue
+    from evalq.orchestrator.service import answer_refused
 
     enforce_on_cluster()
     drop_unreadable_messages()
-    stamp_consumed_queue()
+    stamp_consumed_queue(on_refused=answer_refused)
 
 
 @worker_ready.connect
