@@ -14,15 +14,14 @@ import subprocess
 import uuid
 
 import pytest
-import redis
 
-from tests.conftest import ROOT, evalq, start_worker, stop_worker, wait_for_worker
+from tests.conftest import ROOT
+from tests.integration.test_tenant_attacks import cluster  # noqa: F401  (tenants, ACL users, a jobs worker)
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("node") is None or not (ROOT / ".node/node_modules/celery-node").is_dir(),
                                  reason="Node.js and celery-node are needed (make test installs celery-node with npm)")]
 
-TENANTS = "search=1,ads=1"
 JOB = {"instances": [{"id": "a", "actual-output": "Paris", "expected-output": ["Paris"]},
                      {"id": "b", "actual-output": "Lyon", "expected-output": ["Paris"]}],
        "metrics": [{"id": "exact_match"}]}
@@ -44,31 +43,15 @@ replies.blpop(kwargs.reply_to, 120).then((got) => {
 """
 
 
-@pytest.fixture
-def cluster(private_redis, tmp_path):
-    env = {"EVALQ_TENANTS": TENANTS, "EVALQ_TENANT_PASSWORD_ADS": "ads-secret",
-           "EVALQ_TENANT_PASSWORD_SEARCH": "search-secret"}
-    assert evalq("tenants", "acl", "--apply", "--broker", private_redis, env=env).returncode == 0
-    roots = tmp_path / "roots"
-    for tenant in ("ads", "search", "default"):
-        (roots / tenant).mkdir(parents=True)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    worker = start_worker(private_redis, "evalq.jobs,cpu", logs, concurrency=1, name="jobs",
-                          env={"EVALQ_TENANTS": TENANTS, "EVALQ_REQUEST_ROOTS": str(roots)})
+def run_pipeline(cluster, tmp_path, url: str, queue: str, protocol: str, tenant: str) -> dict:
+    """The pipeline run by Node.js against ``cluster`` (test_tenant_attacks': tenants with ACL users,
+    a jobs worker), its request answered ``done``; the reply document."""
     script = tmp_path / "pipeline.js"
     script.write_text(PIPELINE)
-    try:
-        wait_for_worker(private_redis, "jobs")
-        yield {"url": private_redis, "roots": roots, "script": script}
-    finally:
-        stop_worker(worker)
-
-
-def run_pipeline(cluster, url: str, queue: str, protocol: str, tenant: str) -> dict:
     out = cluster["roots"] / tenant / uuid.uuid4().hex
-    request = {"job": JOB, "out": str(out), "reply_to": f"replies:{tenant}:{uuid.uuid4().hex}"}
-    proc = subprocess.run(["node", str(cluster["script"]), url, queue, protocol, json.dumps(request)],
+    request = {"job": JOB, "out": str(out), "reply_to": f"replies:{tenant}:{uuid.uuid4().hex}",
+               "suite": f"{tenant}-node"}
+    proc = subprocess.run(["node", str(script), url, queue, protocol, json.dumps(request)],
                           env={**os.environ, "NODE_PATH": str(ROOT / ".node" / "node_modules")},
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
@@ -79,15 +62,15 @@ def run_pipeline(cluster, url: str, queue: str, protocol: str, tenant: str) -> d
 
 
 @pytest.mark.parametrize("protocol", ["default", "1", "2"])
-def test_a_nodejs_pipeline_is_answered_on_the_shared_queue(cluster, protocol):
-    doc = run_pipeline(cluster, cluster["url"], "evalq.jobs", protocol, "default")
+def test_a_nodejs_pipeline_is_answered_on_the_shared_queue(cluster, tmp_path, protocol):
+    doc = run_pipeline(cluster, tmp_path, cluster["url"], "evalq.jobs", protocol, "default")
     assert doc["results"][0]["metric"] == "exact_match" and doc["results"][0]["score"] == 0.5
 
 
 @pytest.mark.parametrize("protocol", ["default", "1"])
-def test_a_nodejs_pipeline_is_answered_as_its_tenant(cluster, protocol):
+def test_a_nodejs_pipeline_is_answered_as_its_tenant(cluster, tmp_path, protocol):
     """With the tenant's own Redis ACL user (`evalq tenants acl`): its queue, its reply lists."""
     url = cluster["url"].replace("redis://", "redis://ads:ads-secret@")
-    doc = run_pipeline(cluster, url, "evalq.jobs.ads", protocol, "ads")
-    spec = json.loads(redis.Redis.from_url(cluster["url"]).get(f"evalq:{{{doc['job_id']}}}:spec"))
+    doc = run_pipeline(cluster, tmp_path, url, "evalq.jobs.ads", protocol, "ads")
+    spec = json.loads(cluster["r"].get(f"evalq:{{{doc['job_id']}}}:spec"))
     assert spec["scheduling"]["tenant"] == "ads"

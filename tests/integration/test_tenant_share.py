@@ -12,6 +12,7 @@ than the share is an error on its item, and the tenant's calls in any window sta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -50,7 +51,10 @@ def ask(app, r: redis.Redis, tenant: str, body: dict, out, name: str) -> str:
     return f"replies:{tenant}:{name}"
 
 
-def test_a_tenant_stays_within_its_share_with_huge_items(private_redis, tmp_path):
+@contextlib.contextmanager
+def shared_deployment(url: str, tmp_path):
+    """judge-sim's region `lab` as the operator's catalogue deployment, a jobs worker and a judge
+    worker (8 threads) that know the tenants: (sim, redis, a pipeline's Celery app, the roots)."""
     from celery import Celery
 
     roots = tmp_path / "roots"
@@ -64,33 +68,37 @@ def test_a_tenant_stays_within_its_share_with_huge_items(private_redis, tmp_path
                "EVALQ_TENANTS": TENANTS, "EVALQ_REQUEST_ROOTS": str(roots)}
         logs = tmp_path / "logs"
         logs.mkdir()
-        workers = [start_worker(private_redis, "evalq.jobs,cpu", logs, concurrency=1, env=env, name="jobs"),
-                   start_worker(private_redis, "judge.lab", logs, concurrency=8, env=env, name="judge")]
+        workers = [start_worker(url, "evalq.jobs,cpu", logs, concurrency=1, env=env, name="jobs"),
+                   start_worker(url, "judge.lab", logs, concurrency=8, env=env, name="judge")]
         try:
             for w in ("jobs", "judge"):
-                wait_for_worker(private_redis, w)
-            r = redis.Redis.from_url(private_redis)
-            app = Celery(broker=private_redis)
+                wait_for_worker(url, w)
+            app = Celery(broker=url)
             app.conf.update(task_serializer="json", accept_content=["json"])
-            # 2 answers whose one call is ~4x ads's share of a window, and 4 that fit (~1,100 tokens
-            # each: more than one window's share)
-            ads_reply = ask(app, r, "ads", job("ads", [12_000, 12_000] + [500] * 4), roots / "ads" / "big", "big")
-            time.sleep(0.5)
-            started = time.monotonic()
-            search_reply = ask(app, r, "search", job("srch", [80] * 24), roots / "search" / "nightly", "n")
-            got = {}
-            deadline = time.monotonic() + 120
-            while len(got) < 2:
-                popped = r.blpop([ads_reply, search_reply], timeout=2)
-                assert time.monotonic() < deadline, f"jobs not answered: {got}"
-                if popped:
-                    got[popped[0].decode()] = (json.loads(popped[1]), time.monotonic() - started)
-            (ads_doc, _), (search_doc, search_took) = got[ads_reply], got[search_reply]
-            assert ads_doc["status"] == "done" and search_doc["status"] == "done", got
-            calls = sim.calls("lab")
+            yield sim, redis.Redis.from_url(url), app, roots
         finally:
             for w in workers:
                 stop_worker(w)
+
+
+def test_a_tenant_stays_within_its_share_with_huge_items(private_redis, tmp_path):
+    with shared_deployment(private_redis, tmp_path) as (sim, r, app, roots):
+        # 2 answers whose one call is ~4x ads's share of a window, and 4 that fit (~1,100 tokens
+        # each: more than one window's share)
+        ads_reply = ask(app, r, "ads", job("ads", [12_000, 12_000] + [500] * 4), roots / "ads" / "big", "big")
+        time.sleep(0.5)
+        started = time.monotonic()
+        search_reply = ask(app, r, "search", job("srch", [80] * 24), roots / "search" / "nightly", "n")
+        got = {}
+        deadline = time.monotonic() + 120
+        while len(got) < 2:
+            popped = r.blpop([ads_reply, search_reply], timeout=2)
+            assert time.monotonic() < deadline, f"jobs not answered: {got}"
+            if popped:
+                got[popped[0].decode()] = (json.loads(popped[1]), time.monotonic() - started)
+        (ads_doc, _), (search_doc, search_took) = got[ads_reply], got[search_reply]
+        assert ads_doc["status"] == "done" and search_doc["status"] == "done", got
+        calls = sim.calls("lab")
 
     ads_log = {line["instance_id"]: line for line in read_log(roots / "ads" / "big")}
     for big in ("ads0", "ads1"):  # larger than the share: an error on the item, never sent
@@ -117,46 +125,23 @@ def test_text_built_to_fool_the_estimate_keeps_a_tenant_within_its_share(private
     a window, and the shared estimate's bias moved every tenant's reservations. Now a reservation is
     never below what the limiter counts, the server's count beyond it is held by ads's share, and
     the estimate's correction is ads's own: search's stays where it was."""
-    from celery import Celery
-
-    roots = tmp_path / "roots"
     spaces = " " * 4_000  # ~1,000 tokens to judge-sim, a few dozen to cl100k_base
-    with JudgeSim([Region("lab", tpm=TPM, rpm=10_000)], window_seconds=WINDOW, latency=0.02,
-                  record_calls=True) as sim:
-        catalogue = tmp_path / "catalogue.json"
-        catalogue.write_text(json.dumps({"deployments": {"lab": {
-            "region": "lab", "base_url": sim.base_url("lab"), "tpm": TPM, "rpm": 10_000,
-            "window_seconds": WINDOW, "burst_seconds": WINDOW}}}))
-        env = {"EVALQ_CATALOGUE": str(catalogue), KEY_ENV: "k", "EVALQ_ENDPOINTS": "*=http://127.0.0.1:*",
-               "EVALQ_TENANTS": TENANTS, "EVALQ_REQUEST_ROOTS": str(roots)}
-        logs = tmp_path / "logs"
-        logs.mkdir()
-        workers = [start_worker(private_redis, "evalq.jobs,cpu", logs, concurrency=1, env=env, name="jobs"),
-                   start_worker(private_redis, "judge.lab", logs, concurrency=8, env=env, name="judge")]
-        try:
-            for w in ("jobs", "judge"):
-                wait_for_worker(private_redis, w)
-            r = redis.Redis.from_url(private_redis)
-            app = Celery(broker=private_redis)
-            app.conf.update(task_serializer="json", accept_content=["json"])
-            fooling = job("ads", [1] * 6)
-            for inst in fooling["instances"]:
-                inst["actual-output"] += spaces + inst["id"]
-            ads_reply = ask(app, r, "ads", fooling, roots / "ads" / "spaces", "spaces")
-            search_reply = ask(app, r, "search", job("srch", [80] * 24), roots / "search" / "nightly", "n")
-            got = {}
-            deadline = time.monotonic() + 240  # a failure detector: both end in well under a minute
-            while len(got) < 2:
-                popped = r.blpop([ads_reply, search_reply], timeout=2)
-                assert time.monotonic() < deadline, f"jobs not answered: {got}"
-                if popped:
-                    got[popped[0].decode()] = json.loads(popped[1])
-            assert got[ads_reply]["status"] == "done" and got[search_reply]["status"] == "done", got
-            calls = sim.calls("lab")
-            biases = {k.decode().rsplit(":bias", 1)[1]: r.hgetall(k) for k in r.scan_iter("evalq:budget:*:bias*")}
-        finally:
-            for w in workers:
-                stop_worker(w)
+    with shared_deployment(private_redis, tmp_path) as (sim, r, app, roots):
+        fooling = job("ads", [1] * 6)
+        for inst in fooling["instances"]:
+            inst["actual-output"] += spaces + inst["id"]
+        ads_reply = ask(app, r, "ads", fooling, roots / "ads" / "spaces", "spaces")
+        search_reply = ask(app, r, "search", job("srch", [80] * 24), roots / "search" / "nightly", "n")
+        got = {}
+        deadline = time.monotonic() + 240  # a failure detector: both end in well under a minute
+        while len(got) < 2:
+            popped = r.blpop([ads_reply, search_reply], timeout=2)
+            assert time.monotonic() < deadline, f"jobs not answered: {got}"
+            if popped:
+                got[popped[0].decode()] = json.loads(popped[1])
+        assert got[ads_reply]["status"] == "done" and got[search_reply]["status"] == "done", got
+        calls = sim.calls("lab")
+        biases = {k.decode().rsplit(":bias", 1)[1]: r.hgetall(k) for k in r.scan_iter("evalq:budget:*:bias*")}
     assert not any(line.get("error") for line in read_log(roots / "ads" / "spaces"))
     assert not any(line.get("error") for line in read_log(roots / "search" / "nightly"))
     ads_calls = [(t, cost) for t, cost, text in calls if spaces in text]
