@@ -73,6 +73,31 @@ def _scope(nodeid: str) -> str:
     return SHARED_REFERENCE.get(module, module)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cpu-per-module", metavar="FILE", default=None,
+                     help="append each module's CPU seconds (the test process and the children it waited "
+                          "for: workers, `evalq` commands) to FILE as JSON lines: what to share first")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = item.config.getoption("--cpu-per-module")
+    if not path:
+        yield
+        return
+    import resource
+
+    def used() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    before, wall = used(), time.monotonic()
+    yield
+    with open(path, "a") as f:
+        f.write(json.dumps({"module": item.nodeid.split("::", 1)[0], "test": item.nodeid,
+                            "cpu": round(used() - before, 3), "wall": round(time.monotonic() - wall, 3)}) + "\n")
+
+
 def pytest_collection_modifyitems(config, items):
     """The longest units first (a stable sort: the rest keep their order); every process sorts alike."""
     rank = {name: n for n, name in enumerate(LONGEST_FIRST)}

@@ -645,3 +645,44 @@ def test_per_request_counts_show_a_request_paid_twice():
     with JudgeSim() as plain:  # off by default: a long-running sim keeps no per-request state
         oai(plain, "local").chat.completions.create(model="judge-sim", messages=user("one"))
         assert plain.answered() == {}
+
+
+def test_held_calls_wait_unanswered_until_released():
+    """hold(after=N): the next N admitted calls are answered, later ones wait (counted in `held`)
+    until release(); over HTTP as in Python. A test holds a job open with it instead of racing it."""
+    import threading
+
+    with JudgeSim([Region("g")]) as sim:
+        base = sim.azure_endpoint("g")
+        status, _, stats = raw(base + "/hold?after=1", {})
+        assert status == 200 and stats["held"] == 0
+        assert chat_raw(sim, "g", "first")[0] == 200  # let through
+        answers: list[int] = []
+        waiting = [threading.Thread(target=lambda: answers.append(chat_raw(sim, "g", "later")[0])) for _ in range(2)]
+        for t in waiting:
+            t.start()
+        deadline = time.monotonic() + AT_ONCE
+        while sim.stats("g")["held"] < 2:
+            assert time.monotonic() < deadline, "the calls were not held"
+            time.sleep(0.01)
+        assert answers == [] and sim.stats("g")["ok"] == 1
+        assert raw(base + "/release", {})[0] == 200
+        for t in waiting:
+            t.join(AT_ONCE)
+        assert answers == [200, 200] and sim.stats("g")["held"] == 0 and sim.stats("g")["ok"] == 3
+        assert raw(base + "/hold?after=x", {})[0] == 400
+        sim.hold("g")  # held, then the sim stops: the call is dropped, not left hanging
+        dropped: list[Exception] = []
+
+        def at_stop() -> None:
+            try:
+                chat_raw(sim, "g", "at stop")
+            except Exception as exc:  # noqa: BLE001 - the connection is dropped
+                dropped.append(exc)
+
+        t = threading.Thread(target=at_stop)
+        t.start()
+        while sim.stats("g")["held"] < 1:
+            time.sleep(0.01)
+    t.join(AT_ONCE)
+    assert not t.is_alive() and dropped
