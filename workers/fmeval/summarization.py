@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from evalq.workers.nltk_import import import_nltk
+
+import_nltk()  # before NLTK's first import here (rouge-score's stemmer imports it too)
+
 from nltk.tokenize import word_tokenize
 from nltk.translate.meteor_score import single_meteor_score
 from rouge_score.rouge_scorer import RougeScorer

@@ -62,6 +62,9 @@ def wordnet():
     global _reader
     with _lock:
         if _reader is None:
+            from evalq.workers.nltk_import import import_nltk
+
+            import_nltk()
             import nltk.data
             from nltk.corpus.reader.wordnet import WordNetCorpusReader
 

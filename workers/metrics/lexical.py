@@ -15,6 +15,10 @@ import warnings
 from collections import Counter
 from functools import lru_cache
 
+from evalq.workers.nltk_import import import_nltk
+
+import_nltk()  # before NLTK's first import here (rouge-score's stemmer imports it too)
+
 from nltk.tokenize import wordpunct_tokenize
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from rouge_score.rouge_scorer import RougeScorer
