@@ -13,15 +13,6 @@ from evalq.cli.common import cli
 from evalq.shared.core.errors import InfraError, JobError
 
 
-def _register_judge_sim() -> None:
-    from evalq.sim import judge_sim_command
-
-    cli.add_command(judge_sim_command)
-
-
-_register_judge_sim()
-
-
 def _gate_failed() -> type:
     from evalq.cli.compare import GateFailed
 

@@ -16,7 +16,26 @@ broker_option = click.option(
          "an embedded Redis and local workers.")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Commands(click.Group):
+    """The command group, where a command whose module is heavy to import and rarely run
+    (judge-sim's server and simulator) loads only when it is called or listed: every other
+    command, the workers' `evalq worker` above all, starts without it."""
+
+    LAZY = {"judge-sim": "evalq.sim.cli:judge_sim_command"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.LAZY})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY and name not in self.commands:
+            import importlib
+
+            module, attr = self.LAZY[name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """evalq: distributed evaluation of LLM applications."""
     from evalq.shared.core import bounds

