@@ -74,13 +74,13 @@ def llama_server(tmp_path_factory):
 def test_the_judge_example_runs_against_llama_cpp_with_default_settings(llama_server, tmp_path):
     """examples/rag_qa.json's instances and judge, pointed at the real server (one deployment, its
     settings as they are: ``output`` left to its default), judged by coherence, groundedness and
-    violence on 5 items."""
+    violence on 3 items."""
     example = json.loads((ROOT / "examples" / "rag_qa.json").read_text())
     judge = example["judges"]["sim"]
     assert "output" not in judge  # the default is what is tested
     judge.update(model="smollm2", deployments=[{"region": "lab", "base_url": llama_server["url"],
                                                 "tpm": 1_000_000, "rpm": 10_000}], timeout=120)
-    job = {"instances": example["instances"][:5], "judges": {"local": judge}, "judging": {"cache": False},
+    job = {"instances": example["instances"][:3], "judges": {"local": judge}, "judging": {"cache": False},
            "metrics": [{"id": m, "parameters": {"judge": "local"}} for m in METRICS]}
     path = tmp_path / "rag_qa_llama.json"
     path.write_text(json.dumps(job))
