@@ -214,7 +214,7 @@ def test_a_gpu_worker_of_two_processes_loses_one_mid_job(redis_url, tmp_path):
 
     words = "you are a lovely stupid kind idiot friend person awful great".split()
     instances = [{"id": f"x{i}", "actual-output": " ".join(words[(i * k) % len(words)] for k in range(1, 8 + i % 9))}
-                 for i in range(3000)]
+                 for i in range(1500)]
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"instances": instances, "metrics": [{"id": "toxicity", "parameters": {"batch_size": 64}}]}))
     worker = start_worker(redis_url, "gpu", tmp_path, name="gp2", env={"EVALQ_GPU_PROCESSES": "2"})
@@ -222,12 +222,12 @@ def test_a_gpu_worker_of_two_processes_loses_one_mid_job(redis_url, tmp_path):
         wait_for_worker(redis_url, "gp2")
         parent = psutil.Process(worker.pid)
         wait_until(lambda: len(parent.children()) == 2, timeout=30, what="two pool processes")
-        both = tmp_path / "both.json"  # two chunks of 6,000 texts: seconds each, side by side
+        both = tmp_path / "both.json"  # two chunks of 3,000 texts: seconds each, side by side
         both.write_text(json.dumps({"instances": [{**inst, "id": f"{inst['id']}-{k}"} for k in range(4)
                                                   for inst in instances], "metrics": [{"id": "toxicity"}]}))
         small = tmp_path / "small.json"
         small.write_text(json.dumps({"instances": instances[:300], "metrics": [{"id": "toxicity"}]}))
-        for path, chunk in ((both, "6000"), (small, "1000")):
+        for path, chunk in ((both, "3000"), (small, "1000")):
             proc = evalq("run", str(path), "--out", str(tmp_path / path.stem), "--chunk-size", chunk, "-q",
                          "--broker", redis_url)
             assert proc.returncode == 0, proc.stderr
