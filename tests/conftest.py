@@ -48,18 +48,21 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # A module is a unit of work (its cluster fixtures live in one process). xdist hands them out
 # largest first by number of tests, so modules of few long tests (worker kills, model loads) came
 # last and ran alone at the end while the other processes had finished: 4 to 5 minutes of a 15-minute
-# suite on 2 cores. Here the longest modules go first (measured: `make test PYTEST_ARGS=--durations=0`,
-# their tests' seconds summed), and the modules that compare with one peer library run in one
+# suite on 2 cores. Here the longest modules go first (measured: `make test PYTEST_ARGS="--cpu-per-module
+# F"`, each module's wall seconds summed), and the modules that compare with one peer library run in one
 # process, which starts that library's reference process (tests/references) once instead of in each.
 LONGEST_FIRST = [
     "tests/faults/test_faults.py", "tests/unit/test_bertscore_engine.py", "tests/integration/test_datasets.py",
-    "fmeval reference", "tests/integration/test_worker_loss.py", "tests/integration/test_sweeper.py",
-    "tests/integration/test_fmeval_stereotyping.py", "tests/integration/test_defects.py",
-    "tests/integration/test_identity.py", "tests/integration/test_cli.py", "tests/integration/test_batch_mode.py",
-    "tests/integration/test_metrics.py", "tests/integration/test_otel_export.py",
-    "tests/integration/test_resume_cancel.py", "tests/integration/test_tenant_attacks.py",
-    "tests/integration/test_flower.py", "tests/faults/test_partition.py", "tests/integration/test_catalogue.py",
-    "tests/integration/test_history.py", "tests/faults/test_chaos.py", "ragas reference",
+    "tests/integration/test_sweeper.py", "tests/integration/test_defects.py", "tests/integration/test_worker_loss.py",
+    "tests/integration/test_batch_mode.py", "tests/integration/test_tenant_attacks.py", "fmeval reference",
+    "tests/integration/test_otel_export.py", "tests/integration/test_tenant_share.py",
+    "tests/integration/test_fmeval_stereotyping.py", "tests/faults/test_chaos.py", "tests/integration/test_metrics.py",
+    "tests/integration/test_node_client.py", "tests/integration/test_budget.py", "tests/integration/test_cli.py",
+    "tests/integration/test_judges.py", "tests/integration/test_catalogue.py", "tests/integration/test_flower.py",
+    "tests/integration/test_fmeval_variants.py", "tests/integration/test_resume_cancel.py",
+    "tests/integration/test_trust_boundary.py", "tests/integration/test_identity.py",
+    "tests/integration/test_llama_server.py", "tests/faults/test_partition.py", "tests/integration/test_history.py",
+    "tests/integration/test_redis_auth_tls.py", "tests/integration/test_security.py", "ragas reference",
 ]
 SHARED_REFERENCE = {
     "tests/fmeval/test_robustness.py": "fmeval reference", "tests/fmeval/test_classification.py": "fmeval reference",
