@@ -10,8 +10,25 @@ import click
 
 from evalq.shared.core.errors import InfraError
 
+# the schemes redis-py (and so evalq's every connection) reads; Celery's broker is the same Redis
+BROKER_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _broker_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A broker that is not a Redis URL (``http://...``, a host without a scheme) is one line and
+    exit 1, as every other unreachable broker, not redis-py's traceback at the first connection."""
+    if value is not None and not value.lower().startswith(BROKER_SCHEMES):
+        from evalq.shared.core.config import safe_url
+
+        from_env = ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
+        source = "EVALQ_BROKER_URL" if from_env else "--broker"
+        raise InfraError(f"{source} {safe_url(value)!r} is not a Redis URL: expected one starting with "
+                         f"{', '.join(BROKER_SCHEMES[:-1])} or {BROKER_SCHEMES[-1]}")
+    return value
+
+
 broker_option = click.option(
-    "--broker", envvar="EVALQ_BROKER_URL", default=None, metavar="URL",
+    "--broker", envvar="EVALQ_BROKER_URL", default=None, metavar="URL", callback=_broker_url,
     help="Redis URL of a running cluster (env EVALQ_BROKER_URL). Without it, `run` starts "
          "an embedded Redis and local workers.")
 

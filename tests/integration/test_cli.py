@@ -143,6 +143,23 @@ def test_the_command_imports_neither_redis_nor_celery_until_it_needs_them():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_a_broker_that_is_not_a_redis_url_is_one_line_and_exit_1(tmp_path, how):
+    """`--broker http://...` (or EVALQ_BROKER_URL set so) was redis-py's traceback (issue 60): now
+    one line naming where the URL came from, its password hidden, before anything is submitted."""
+    url = "http://someone:SECRET@localhost:1/"
+    for command in (["run", str(ROOT / "examples" / "translation.json"), "--out", str(tmp_path / "out")],
+                    ["status", "abc"], ["wait", "abc"], ["worker", "--queues", "cpu"]):
+        proc = evalq(*command, *(["--broker", url] if how == "option" else []),
+                     env={"EVALQ_BROKER_URL": url} if how == "environment" else None, timeout=60)
+        assert proc.returncode == 1, (command, proc.stderr)
+        assert "Traceback" not in proc.stderr and "SECRET" not in proc.stderr, proc.stderr
+        named = "--broker" if how == "option" else "EVALQ_BROKER_URL"
+        assert proc.stderr.strip() == (f"evalq: {named} 'http://***@localhost:1/' is not a Redis URL: expected "
+                                       "one starting with redis://, rediss:// or unix://"), proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_judge_sim_loads_only_when_it_is_run_or_listed():
     """Every worker starts through `evalq worker`: judge-sim's server is not imported by it, and
     still listed and run as a command of its own."""
