@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 import redis  # noqa: E402
 
-from evalq.cli.embedded import EmbeddedRedis  # noqa: E402
+from evalq.cli.embedded import EmbeddedRedis, LocalWorker  # noqa: E402
 
 WORDS = ("the river crosses a valley where farmers grow wheat barley and grapes under a dry summer sun while "
          "the town keeps its old stone bridge market square and a museum of local history").split()
@@ -44,13 +43,6 @@ def dataset(path: Path, n: int) -> int:
                                 "context": [context], "answer": f"the bridge {i % 7}",
                                 "ground_truth": f"the bridge {i % 5}"}) + "\n")
     return path.stat().st_size
-
-
-def worker(url: str, queues: str, workdir: Path, name: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "evalq.cli", "worker", "--broker", url, "--queues", queues,
-                             "--concurrency", "2", "--hostname", f"{name}@%h", "--loglevel", "WARNING"],
-                            cwd=ROOT, stdout=open(workdir / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, "EVALQ_BACKLOG_PORT": "0"})
 
 
 def largest_rss(proc: psutil.Process) -> int:
@@ -81,8 +73,11 @@ def one(n: int, workdir: Path) -> dict:
     server.start()
     r = redis.Redis.from_url(server.url)
     names = [f"jobs{uuid.uuid4().hex[:4]}", f"cpu{uuid.uuid4().hex[:4]}"]
-    jobs, cpu = worker(server.url, "evalq.jobs", workdir, names[0]), worker(server.url, "cpu", workdir, names[1])
+    jobs, cpu = (LocalWorker(server.url, [queue], workdir, 2, name=name, env={"EVALQ_BACKLOG_PORT": "0"})
+                 for queue, name in zip(("evalq.jobs", "cpu"), names))
     try:
+        jobs.start()
+        cpu.start()
         data = workdir / f"data{n}.jsonl"
         size = dataset(data, n)
         job = workdir / f"job{n}.json"
@@ -93,7 +88,7 @@ def one(n: int, workdir: Path) -> dict:
         peak, rss, done = [base], [0], threading.Event()
 
         def watch() -> None:
-            parent = psutil.Process(jobs.pid)
+            parent = psutil.Process(jobs.proc.pid)
             while not done.is_set():
                 peak[0] = max(peak[0], r.info("memory")["used_memory"])
                 rss[0] = max(rss[0], largest_rss(parent))
@@ -114,9 +109,8 @@ def one(n: int, workdir: Path) -> dict:
                 "redis_peak_mib": (peak[0] - base) / 2**20, "redis_after_mib": (after - base) / 2**20,
                 "redis_per_dataset_byte": (peak[0] - base) / size, "jobs_worker_rss_mib": rss[0] / 2**20}
     finally:
-        for p in (jobs, cpu):
-            os.killpg(p.pid, 9)
-            p.wait()
+        jobs.stop()
+        cpu.stop()
         server.stop()
 
 
