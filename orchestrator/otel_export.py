@@ -31,6 +31,7 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import exporter_problem, otel_exporters
+from evalq.shared.store import instances as stored_instances
 from evalq.shared.traces.events import EVENT_NAME, Evaluation, evaluations
 
 log = logging.getLogger("evalq.otel")
@@ -153,7 +154,7 @@ def export_rest(r: redis.Redis, job_id: str, spec: dict) -> int:
             part = left[lo:lo + 1000]
             records = [json.loads(raw) for raw in r.hmget(keys.results(job_id, key), [str(p) for p in part])]
             otel = [json.loads(raw).get("otel") if raw else None
-                    for raw in (_instances_at(r, job_id, part) if traces else [None] * len(part))]
+                    for raw in (stored_instances.lines_at(r, job_id, spec, part) if traces else [None] * len(part))]
             while failures < RETRIES:  # the last chance: a few tries, then the rest is logged as unsent
                 before = _DOWN.get(endpoint, 0.0)
                 sent += export_items(r, job_id, spec, key, entry, REGISTRY.get(entry["id"]).aggregation,
@@ -167,10 +168,3 @@ def export_rest(r: redis.Redis, job_id: str, spec: dict) -> int:
             log.warning("job %s %s: %d items' evaluation events were not sent (the collector did not take them)",
                         job_id, key, unsent)
     return sent
-
-
-def _instances_at(r: redis.Redis, job_id: str, positions: list[int]) -> list:
-    pipe = r.pipeline(transaction=False)
-    for p in positions:
-        pipe.lindex(keys.instances(job_id), p)
-    return pipe.execute()

@@ -24,6 +24,7 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.data.instances import with_shared
+from evalq.shared.store import instances as stored_instances
 from evalq.shared.job.schema import entry_head as head
 from evalq.shared.data.loglines import log_head
 from evalq.shared.model.runners import GENERATE
@@ -60,14 +61,12 @@ def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], 
     with dest.open_text("run.json") as f:
         f.write(json.dumps(run, indent=2, ensure_ascii=False) + "\n")
     with dest.open_text("report.html") as f:
-        f.write(report.html(_instances_at(r, job_id, report.worst_positions())))
+        f.write(report.html(_instances_at(r, spec, job_id, report.worst_positions())))
 
 
-def _instances_at(r: redis.Redis, job_id: str, positions: list[int]) -> dict[int, dict]:
-    pipe = r.pipeline(transaction=False)
-    for p in positions:
-        pipe.lindex(keys.instances(job_id), p)
-    found = {p: json.loads(raw) for p, raw in zip(positions, pipe.execute()) if raw is not None}
+def _instances_at(r: redis.Redis, spec: dict, job_id: str, positions: list[int]) -> dict[int, dict]:
+    found = {p: json.loads(raw) for p, raw in zip(positions, stored_instances.lines_at(r, job_id, spec, positions))
+             if raw is not None}
     return dict(zip(found, with_shared(r, job_id, list(found.values()))))
 
 
@@ -130,7 +129,7 @@ def _log_entries(r: redis.Redis, spec: dict, job_id: str,
             stop = min(start + LOG_BATCH, n)
             records = r.hmget(rkey, [str(p) for p in range(start, stop)])
             if None in records:  # rare: look the instances up once per batch
-                instances = [json.loads(raw) for raw in r.lrange(keys.instances(job_id), start, stop - 1)]
+                instances = [json.loads(raw) for raw in stored_instances.lines(r, job_id, spec, start, stop)]
             for i, raw in enumerate(records):
                 if raw is not None:
                     yield _with_head(raw.decode("utf-8"), head_json), start + i, key

@@ -29,11 +29,13 @@ from evalq.shared.data.storage import Destination
 from evalq.shared.cluster.spec import (GENERATE_STAGE, METRICS_STAGE, Chunk, has_model_stage, is_model_run,  # noqa: F401
                                is_variants, plan as plan_spec, variants_of)
 from evalq.shared.cluster.status import Status
+from evalq.shared.store.place import Place
 
 if TYPE_CHECKING:  # redis-py is imported where a client is used: `evalq run` reads the job,
     import redis  # picks its destination and starts its workers before it needs one
 
 PUSH_BATCH = 5000
+FROM_ENV = object()  # store_job's store: the operator's (EVALQ_STORE), or none
 
 
 def run_entry(m: MetricRun, chunk_size: int | None, items: int) -> dict:
@@ -209,25 +211,43 @@ def new_job_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None) -> str:
-    """Put the job's spec and instances in Redis; returns the job id.
+def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
+              store: Place | None | object = FROM_ENV) -> str:
+    """Put the job's instances in the job store (``evalq.shared.store``: the operator's
+    ``EVALQ_STORE``, or ``store``) and its spec in Redis; returns the job id. Without a store the
+    instances go to the job's Redis list.
 
     With a given ``job_id`` (a redelivered request) whatever an earlier attempt
     left half-stored is replaced first.
     """
     import redis
 
+    from evalq.shared.store import instances as staged
+    from evalq.shared.store.place import job_place, store_root
+
     job_id = job_id or new_job_id()
     ttl = spec["ttl"]
+    root = store_root() if store is FROM_ENV else store
+    shared: dict[str, str] = {}
+    if root is not None:
+        # the tenant's part of the store: the request queue's tenant, else the one the job names
+        tenant = spec.get("namespace") or (spec.get("scheduling") or {}).get("tenant")
+        place = job_place(root, job_id, tenant)
+        try:
+            spec["instances"] = staged.stage(place, json_lines(job.instances, shared))
+        except Exception:
+            place.delete()  # nothing half-staged is left behind
+            raise
     try:
         if r.exists(keys.instances(job_id)):
             r.delete(keys.instances(job_id), keys.shared_values(job_id))
         pipe = r.pipeline(transaction=False)
-        ikey, shared = keys.instances(job_id), {}
-        for batch in _batches(json_lines(job.instances, shared), PUSH_BATCH):
-            pipe.rpush(ikey, *batch)
-            pipe.execute()
-        pipe.expire(ikey, ttl)
+        if root is None:
+            ikey = keys.instances(job_id)
+            for batch in _batches(json_lines(job.instances, shared), PUSH_BATCH):
+                pipe.rpush(ikey, *batch)
+                pipe.execute()
+            pipe.expire(ikey, ttl)
         if shared:  # the values the instances refer to (evalq.shared.data.instances.SHARED_FIELDS)
             pipe.hset(keys.shared_values(job_id), mapping=shared)
             pipe.expire(keys.shared_values(job_id), ttl)
@@ -238,6 +258,7 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None) -
         pipe.execute()
     except redis.RedisError as exc:
         delete_job(r, job_id, [m.key for m in job.runs])
+        staged.drop(spec)
         raise InfraError(f"storing job {job_id} failed: {exc}") from None
     return job_id
 
@@ -269,14 +290,15 @@ def start(r: redis.Redis, broker_url: str, job_id: str, spec: dict) -> None:
 
 def submit(r: redis.Redis, broker_url: str, job: Job, chunk_size: int | None = None,
            out: Destination | str | None = None,
-           request_id: str | None = None, reply_to: str | None = None, job_id: str | None = None) -> str:
+           request_id: str | None = None, reply_to: str | None = None, job_id: str | None = None,
+           store: Place | None | object = FROM_ENV) -> str:
     """Store and start a job; returns its id at once."""
     from evalq.orchestrator.once import only_unscored
 
     job_id = job_id or new_job_id()
     only_unscored(r, job, job_id)  # a trace dataset: the spans no earlier run of the suite took
     spec = job_spec(job, chunk_size, out, request_id, reply_to)
-    job_id = store_job(r, job, spec, job_id)
+    job_id = store_job(r, job, spec, job_id, store)
     start(r, broker_url, job_id, spec)
     return job_id
 

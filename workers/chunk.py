@@ -21,6 +21,7 @@ from evalq.shared.cluster import keys, telemetry
 from evalq.shared.scores.aggregate import chunk_part
 from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
 from evalq.shared.data.instances import with_shared
+from evalq.shared.store import instances as stored_instances
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.metrics.registry import MetricSpec
 from evalq.workers import keeping, prefetch
@@ -349,7 +350,7 @@ def _instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:
     if not positions:
         return []
     lo, hi = positions[0], positions[-1]
-    raw = ctx.r.lrange(keys.instances(ctx.job_id), lo, hi)
+    raw = stored_instances.lines(ctx.r, ctx.job_id, ctx.spec, lo, hi + 1)
     picked = raw if len(raw) == len(positions) else [raw[p - lo] for p in positions]
     return with_shared(ctx.r, ctx.job_id, decode_many(picked))
 

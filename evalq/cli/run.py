@@ -28,9 +28,11 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
     dest = out if isinstance(out, Destination) else Destination(str(out))
     dest.check()  # an unwritable destination is found before any work is done
     with contextlib.ExitStack() as stack:
+        store = submit.FROM_ENV
         if broker:
             broker_url, check = broker, (lambda: None)
         else:
+            store = _embedded_store(stack)
             cluster = stack.enter_context(EmbeddedCluster(
                 job.queues, concurrency=concurrency, env=_embedded_env(job, dest),
                 gpu_processes=gpu_processes or embedded_gpu_processes(job, chunk_size)))
@@ -40,7 +42,7 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
             _warn_missing_workers(broker_url, job.queues)
         total = job.n_to_generate + sum(job.span(m) for m in job.metrics)
         bar = stack.enter_context(_progress(total, enabled=progress))
-        job_id = submit.submit(r, broker_url, job, chunk_size, out=dest)
+        job_id = submit.submit(r, broker_url, job, chunk_size, out=dest, store=store)
         outage = Outage(broker_url, stall_timeout or 300)  # Redis away: ride it out, as long as a stall
         interrupted = False
         try:
@@ -68,6 +70,23 @@ def embedded_gpu_processes(job: Job, chunk_size: int | None = None) -> int:
     chunks = sum(-(-job.span(m) // run_entry(m, chunk_size, job.span(m))["chunk_size"])
                  for m in job.runs if m.kind == "gpu")
     return max(1, min(local_gpu_processes(), chunks))
+
+
+def _embedded_store(stack: contextlib.ExitStack):
+    """Where an embedded run stages its instances: the operator's store where one is named
+    (``EVALQ_STORE``: its parts stay, as a cluster's), else a folder of its own, removed when
+    the run ends (after its workers stopped: the stack unwinds in reverse)."""
+    import shutil
+    import tempfile
+
+    from evalq.orchestrator import submit
+    from evalq.shared.store.place import Place, store_root
+
+    if store_root() is not None:
+        return submit.FROM_ENV
+    folder = tempfile.mkdtemp(prefix="evalq-store-")
+    stack.callback(shutil.rmtree, folder, ignore_errors=True)
+    return Place(folder)
 
 
 def _embedded_env(job: Job, dest: Destination) -> dict[str, str]:

@@ -46,9 +46,13 @@ def _c_encode():
 encode = _c_encode() or _ENCODER.encode
 
 
-def decode_many(raw: list[bytes]) -> list[Any]:
-    """``[json.loads(r) for r in raw]``, decoded as one array in one call."""
-    return json.loads(b"[" + b",".join(raw) + b"]") if raw else []
+def decode_many(raw: list) -> list[Any]:
+    """``[json.loads(r) for r in raw]``, decoded as one array in one call (``raw``: all bytes, or all str)."""
+    if not raw:
+        return []
+    if isinstance(raw[0], str):
+        return json.loads("[" + ",".join(raw) + "]")
+    return json.loads(b"[" + b",".join(raw) + b"]")
 
 
 def pack_floats(values: list) -> str:

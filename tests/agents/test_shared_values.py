@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import redis
 
 from evalq.orchestrator import submit
 from evalq.shared.cluster import keys
 from evalq.shared.data.instances import SHARED, SpooledInstances, json_lines, with_shared
 from evalq.shared.job.schema import load_job
+from evalq.shared.store import instances as stored_instances
+from evalq.shared.store.place import Place
 from tests.agents.test_agent_runs import chat_log
 from tests.agents.test_trajectory import CASES, TOOLS
 
@@ -29,16 +32,19 @@ def test_a_spool_keeps_one_copy_and_gives_the_instances_back_whole():
     assert sorted(shared.values()) == sorted(spool.shared.values())
 
 
-def test_a_stored_agent_dataset_holds_its_tools_once(redis_url, tmp_path):
+@pytest.mark.parametrize("staged", [False, True], ids=["redis", "job-store"])
+def test_a_stored_agent_dataset_holds_its_tools_once(redis_url, tmp_path, staged):
     data = tmp_path / "agent.jsonl"
     data.write_text("".join(json.dumps(chat_log(n, i)) + "\n" for n, i in CASES.items()))
     job_file = tmp_path / "job.json"
     job_file.write_text(json.dumps({"dataset": {"uri": str(data)}, "metrics": [{"id": "trajectory"}]}))
     job = load_job(job_file)
     r = redis.Redis.from_url(redis_url)
-    job_id = submit.store_job(r, job, submit.job_spec(job))
+    spec = submit.job_spec(job)
+    job_id = submit.store_job(r, job, spec, store=Place(str(tmp_path / "store")) if staged else None)
     try:
-        stored = [json.loads(raw) for raw in r.lrange(keys.instances(job_id), 0, -1)]
+        assert bool(r.exists(keys.instances(job_id))) is not staged
+        stored = [json.loads(raw) for raw in stored_instances.lines(r, job_id, spec, 0, len(CASES) + 5)]
         assert r.hlen(keys.shared_values(job_id)) == 1 and len(stored) == len(CASES)
         assert all('"parameters"' not in json.dumps(inst) for inst in stored)
         whole = with_shared(r, job_id, stored)

@@ -2,7 +2,8 @@
 2-process cpu worker, an 8-thread judge worker, each restarted by a supervisor
 when it dies) runs a job of bleu, rouge and coherence against a deterministic
 judge, undisturbed and then while workers (pool children included) are
-SIGKILLed at seeded points and Redis is SIGKILLed and restarted. RELIABILITY.md
+SIGKILLed at seeded points and Redis is SIGKILLed and restarted (its instances staged in the job
+store, the undisturbed run's kept in Redis: the outputs are the same). RELIABILITY.md
 states the bound on judge calls paid again that the drill checks."""
 
 from __future__ import annotations
@@ -154,9 +155,13 @@ def test_chaos_drill_pays_again_only_calls_in_flight_and_wait_rides_out_redis(tm
             clean_calls = sim.stats("chaos")["ok"]
             sim.reset_stats()
 
-            submitted = evalq("submit", str(job), "--out", str(tmp_path / "out"), "--broker", url, env=CLUSTER_ENV)
+            # the drill's job staged in the job store (Parquet parts), the clean run's kept in Redis
+            submitted = evalq("submit", str(job), "--out", str(tmp_path / "out"), "--broker", url,
+                              env={**CLUSTER_ENV, "EVALQ_STORE": str(tmp_path / "store"),
+                                   "EVALQ_STORE_PART_BYTES": "8000"})
             assert submitted.returncode == 0, submitted.stderr
             job_id = submitted.stdout.strip()
+            assert len(list((tmp_path / "store" / "default" / "jobs" / job_id).glob("instances/*.parquet"))) > 1
             waiting = subprocess.Popen([sys.executable, "-m", "evalq.cli", "wait", job_id, "--broker",
                                         url, "--stall-timeout", "120"], cwd=ROOT, env={**os.environ, **CLUSTER_ENV},
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

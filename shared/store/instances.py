@@ -1,0 +1,150 @@
+"""A job's instances staged in the job store as Parquet parts, read back by position.
+
+At submission the instances (validated, in their stored form: one JSON text each, shared fields
+as references, ``evalq.shared.data.instances.json_lines``) are cut into parts of about
+``PART_BYTES`` of JSON (at most ``PART_ROWS`` instances) and written as
+``instances/part-<n>.parquet`` in the job's folder (columns ``position`` int64 and ``instance``
+string, zstd, row groups of ``ROW_GROUP``). The job's spec says where (``spec["instances"]``:
+the folder, and the first position of each part), so a chunk task carries only its positions and
+a worker reads the parts that hold them. Redis keeps none of it.
+
+A worker keeps the last ``CACHED_PARTS`` parts it read (their ``instance`` column, as Arrow
+holds it): consecutive chunks of a job mostly fall in one part, so a part is fetched once per
+worker process, not once per chunk. Parts are never rewritten under the same name with other
+content (a redelivered submission stages the same instances again), so the cache is never stale.
+
+Without a store (no ``EVALQ_STORE``) the instances stay in the job's Redis list, as before:
+``lines`` and ``lines_at`` read either.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import threading
+from collections import OrderedDict
+from typing import Any, Iterable
+
+from evalq.shared.store.place import Place
+
+PART_BYTES = 8 << 20
+PART_BYTES_ENV = "EVALQ_STORE_PART_BYTES"
+PART_ROWS = 50_000
+ROW_GROUP = 2048
+CACHED_PARTS = 2
+FORMAT = "parquet"
+
+
+def part_name(index: int) -> str:
+    return f"instances/part-{index:05d}.parquet"
+
+
+def stage(place: Place, lines: Iterable[str], part_bytes: int | None = None, part_rows: int = PART_ROWS) -> dict:
+    """Write ``lines`` (one instance's JSON each, in job order) as parts under ``place``;
+    returns what the spec keeps of them (``spec["instances"]``). ``part_bytes``: about how much
+    JSON a part holds (``EVALQ_STORE_PART_BYTES``, 8 MiB by default)."""
+    if part_bytes is None:
+        from evalq.shared.core.config import env_number
+
+        part_bytes = max(1, int(env_number(PART_BYTES_ENV, PART_BYTES)))
+    starts: list[int] = []
+    batch: list[str] = []
+    size = n = 0
+    for line in lines:
+        batch.append(line)
+        size += len(line)
+        n += 1
+        if size >= part_bytes or len(batch) >= part_rows:
+            starts.append(n - len(batch))
+            place.put(part_name(len(starts) - 1), _encode(starts[-1], batch))
+            batch, size = [], 0
+    if batch:
+        starts.append(n - len(batch))
+        place.put(part_name(len(starts) - 1), _encode(starts[-1], batch))
+    return {"format": FORMAT, **place.as_json(), "n": n, "starts": starts}
+
+
+def _encode(start: int, batch: list[str]) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"position": pa.array(range(start, start + len(batch)), pa.int64()),
+                      "instance": pa.array(batch, pa.string())})
+    out = io.BytesIO()
+    pq.write_table(table, out, compression="zstd", row_group_size=ROW_GROUP)
+    return out.getvalue()
+
+
+_PARTS: "OrderedDict[tuple[str, int], Any]" = OrderedDict()  # (folder, part) -> its instance column
+_LOCK = threading.Lock()  # a worker's threads (its pool's, the read-ahead's) share the cache
+
+
+def _column(staged: dict, index: int):
+    key = (staged["uri"], index)
+    with _LOCK:
+        column = _PARTS.get(key)
+        if column is not None:
+            _PARTS.move_to_end(key)
+            return column
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = Place.from_json(staged).get(part_name(index))
+    column = pq.read_table(pa.BufferReader(data), columns=["instance"]).column("instance")
+    with _LOCK:
+        _PARTS[key] = column
+        while len(_PARTS) > CACHED_PARTS:
+            _PARTS.popitem(last=False)
+    return column
+
+
+def staged_lines(staged: dict, lo: int, hi: int) -> list[str]:
+    """The stored JSON of positions ``lo`` to ``hi - 1`` (fewer where the job has fewer)."""
+    starts, n = staged["starts"], staged["n"]
+    hi = min(hi, n)
+    out: list[str] = []
+    p = lo
+    while p < hi:
+        index = bisect.bisect_right(starts, p) - 1
+        end = starts[index + 1] if index + 1 < len(starts) else n
+        take = min(hi, end)
+        out.extend(_column(staged, index).slice(p - starts[index], take - p).to_pylist())
+        p = take
+    return out
+
+
+def lines(r: Any, job_id: str, spec: dict, lo: int, hi: int) -> list:
+    """The stored JSON (str or bytes) of the job's instances ``lo`` to ``hi - 1``: from its
+    parts where it was staged in the store, else from its Redis list."""
+    staged = spec.get("instances")
+    if staged:
+        return staged_lines(staged, lo, hi)
+    if hi <= lo:
+        return []
+    from evalq.shared.cluster import keys
+
+    return r.lrange(keys.instances(job_id), lo, hi - 1)
+
+
+def lines_at(r: Any, job_id: str, spec: dict, positions: list[int]) -> list:
+    """The stored JSON of the instances at ``positions`` (None where there is none), in that order."""
+    staged = spec.get("instances")
+    if staged:
+        found: dict[int, Any] = {}
+        for p in sorted(set(positions)):  # near positions share a part: each read once
+            if 0 <= p < staged["n"] and p not in found:
+                found[p] = staged_lines(staged, p, p + 1)[0]
+        return [found.get(p) for p in positions]
+    from evalq.shared.cluster import keys
+
+    pipe = r.pipeline(transaction=False)
+    for p in positions:
+        pipe.lindex(keys.instances(job_id), p)
+    return pipe.execute()
+
+
+def drop(spec: dict) -> None:
+    """Remove a job's staged instances (a submission that failed, an embedded run's end)."""
+    staged = spec.get("instances")
+    if staged:
+        Place.from_json(staged).delete()

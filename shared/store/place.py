@@ -1,0 +1,149 @@
+"""A job's folder in the operator's store: a local (or shared) filesystem path, or an ``s3://`` prefix.
+
+The store is the operator's (``EVALQ_STORE``, with ``EVALQ_STORE_ENDPOINT_URL`` for an
+S3-compatible endpoint such as MinIO), never a job's: a job cannot name it, so it is not
+subject to the egress lists that bound what a job may read and write. Each tenant has its part
+of it (``<store>/<tenant>``, or ``{tenant}`` in the value replaced, as the operator's other
+places: ``evalq.shared.policy.egress.tenant_place``), and each job a folder there:
+``<store>/<tenant>/jobs/<job id>/``. What is written there is written whole or not at all
+(a local file is renamed into place; an S3 object appears when its PUT ends).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from evalq.shared.core.errors import InfraError
+
+STORE_ENV = "EVALQ_STORE"
+STORE_ENDPOINT_ENV = "EVALQ_STORE_ENDPOINT_URL"
+
+
+@dataclass(frozen=True)
+class Place:
+    """A folder of the store: ``uri`` (a path or ``s3://bucket/prefix``), reached through ``endpoint_url``."""
+
+    uri: str
+    endpoint_url: str | None = None
+
+    def child(self, name: str) -> "Place":
+        return Place(f"{self.uri.rstrip('/')}/{name}", self.endpoint_url)
+
+    def path_of(self, name: str) -> str:
+        return f"{self.uri.rstrip('/')}/{name}"
+
+    @property
+    def is_s3(self) -> bool:
+        return self.uri.startswith("s3://")
+
+    def put(self, name: str, data: bytes) -> None:
+        """Write ``data`` as ``name`` under this folder, whole (a redelivered write of the same
+        name replaces it). InfraError naming the place when the store refuses."""
+        target = self.path_of(name)
+        if self.is_s3:
+            bucket, key = _split(target)
+            with _s3_errors(target):
+                self._s3().put_object(Bucket=bucket, Key=key, Body=data)
+            return
+        path = Path(target)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise InfraError(f"{target}: cannot write to the job store: {exc.strerror or exc}") from None
+
+    def get(self, name: str) -> bytes:
+        target = self.path_of(name)
+        if self.is_s3:
+            bucket, key = _split(target)
+            with _s3_errors(target):
+                return self._s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+        try:
+            return Path(target).read_bytes()
+        except OSError as exc:
+            raise InfraError(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
+
+    def delete(self) -> None:
+        """Remove everything under this folder (nothing there is no error)."""
+        if self.is_s3:
+            bucket, prefix = _split(self.uri.rstrip("/") + "/")
+            client = self._s3()
+            with _s3_errors(self.uri):
+                for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                    objects = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                    if objects:
+                        client.delete_objects(Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
+            return
+        shutil.rmtree(self.uri, ignore_errors=True)
+
+    def _s3(self):
+        return _client(self.endpoint_url)
+
+    def as_json(self) -> dict:
+        return {"uri": self.uri, **({"endpoint_url": self.endpoint_url} if self.endpoint_url else {})}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Place":
+        return cls(data["uri"], data.get("endpoint_url"))
+
+
+def store_root(environ=os.environ) -> Place | None:
+    """The operator's store (``EVALQ_STORE``), or None: then a job's instances stay in Redis."""
+    uri = (environ.get(STORE_ENV) or "").strip()
+    if not uri:
+        return None
+    if not uri.startswith("s3://"):
+        uri = str(Path(uri).expanduser().resolve())
+    return Place(uri, (environ.get(STORE_ENDPOINT_ENV) or "").strip() or None)
+
+
+def job_place(root: Place, job_id: str, tenant: str | None) -> Place:
+    """Job ``job_id``'s folder: inside its tenant's part of the store."""
+    from evalq.shared.policy.egress import tenant_place
+
+    return Place(tenant_place(root.uri, tenant), root.endpoint_url).child(f"jobs/{job_id}")
+
+
+_CLIENTS: dict = {}
+
+
+def _client(endpoint_url: str | None):
+    """One client per endpoint and process (boto3's clients are thread-safe; making one costs ~50 ms)."""
+    client = _CLIENTS.get(endpoint_url)
+    if client is None:
+        import boto3
+        from botocore.config import Config
+
+        config = Config(connect_timeout=10, read_timeout=60, retries={"max_attempts": 5, "mode": "standard"})
+        client = _CLIENTS[endpoint_url] = boto3.session.Session().client("s3", endpoint_url=endpoint_url,
+                                                                         config=config)
+    return client
+
+
+def _split(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    return bucket, key
+
+
+def _s3_errors(uri: str):
+    """The store's failures are the cluster's (InfraError), not a job's: the job named nothing."""
+    import contextlib
+
+    from evalq.shared.core.errors import JobError
+    from evalq.shared.data.storage import s3_errors
+
+    @contextlib.contextmanager
+    def errors():
+        try:
+            with s3_errors(uri):
+                yield
+        except JobError as exc:
+            raise InfraError(f"the job store: {exc}") from None
+
+    return errors()

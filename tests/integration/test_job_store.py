@@ -1,0 +1,158 @@
+"""The job store on a real cluster (a private Redis, a jobs and a cpu worker): instances staged
+as Parquet parts in a local folder and in S3 (moto in server mode, on loopback), read by the
+workers from there, with the same outputs as the same job kept in Redis; and a store that
+refuses leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from evalq.shared.cluster import keys
+from tests.conftest import evalq, read_log, running_worker, write_job
+from tests.integration.test_datasets import AWS, start_moto
+
+pytestmark = pytest.mark.integration
+
+N = 240
+
+
+@pytest.fixture
+def cluster(private_redis, tmp_path):
+    """A private cluster whose workers have the test's AWS keys (for moto)."""
+    workers = []
+    try:
+        for queues, prefix in (("evalq.jobs", "jobs"), ("cpu", "cpu")):
+            workers.append(running_worker(private_redis, queues, tmp_path, prefix, env=AWS))
+            next(workers[-1])
+        yield private_redis
+    finally:
+        for worker in workers:
+            worker.close()  # stopped
+
+
+def qa_job(tmp_path):
+    instances = [{"id": f"q{i}", "actual-output": f"answer {i % 7} to {'x' * (i % 50)}",
+                  "expected-output": [f"answer {i % 5} to {'x' * (i % 50)}"], "meta": {"category": f"c{i % 3}"}}
+                 for i in range(N)]
+    return write_job(tmp_path / "job.json", instances,
+                     [{"id": "exact_match"}, {"id": "f1_score"}, {"id": "bleu"}])
+
+
+def run(job, out, url, env=None):
+    done = evalq("run", str(job), "--out", str(out), "--broker", url, "-q", "--chunk-size", "50", env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads((out / "run.json").read_text())["job_id"]
+
+
+def same_outputs(a, b):
+    def lines(out):
+        return sorted(json.dumps({k: v for k, v in line.items() if k != "elapsed"}, sort_keys=True)
+                      for line in read_log(out))
+
+    def results(out):
+        return [{k: v for k, v in m.items() if k not in ("timing", "elapsed")}
+                for m in json.loads((out / "results.json").read_text())]
+
+    assert lines(a) == lines(b)
+    assert results(a) == results(b)
+
+
+def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster, tmp_path):
+    job = qa_job(tmp_path)
+    kept = run(job, tmp_path / "kept", cluster)
+    store = tmp_path / "store"
+    staged = run(job, tmp_path / "staged", cluster, env={"EVALQ_STORE": str(store), "EVALQ_STORE_PART_BYTES": "2000"})
+    same_outputs(tmp_path / "kept", tmp_path / "staged")
+    r = redis.Redis.from_url(cluster)
+    assert r.exists(keys.instances(kept)) and not r.exists(keys.instances(staged))
+    spec = json.loads(r.get(keys.spec(staged)))
+    parts = sorted((store / "default" / "jobs" / staged / "instances").glob("part-*.parquet"))
+    assert len(parts) == len(spec["instances"]["starts"]) > 3
+    table = pa.concat_tables([pq.read_table(p) for p in parts])
+    assert table.column("position").to_pylist() == list(range(N))
+    ids = [json.loads(text)["id"] for text in table.column("instance").to_pylist()]
+    assert ids == [f"q{i}" for i in range(N)]
+
+
+def test_instances_staged_in_s3_score_as_those_kept_in_redis(cluster, tmp_path):
+    import boto3
+
+    moto, url = start_moto()
+    try:
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                              aws_access_key_id=AWS["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=AWS["AWS_SECRET_ACCESS_KEY"])
+        client.create_bucket(Bucket="night")
+        job = qa_job(tmp_path)
+        run(job, tmp_path / "kept", cluster)
+        env = {**AWS, "EVALQ_STORE": "s3://night/evalq", "EVALQ_STORE_ENDPOINT_URL": url,
+               "EVALQ_STORE_PART_BYTES": "3000"}
+        staged = run(job, tmp_path / "staged", cluster, env=env)
+        same_outputs(tmp_path / "kept", tmp_path / "staged")
+        listed = client.list_objects_v2(Bucket="night", Prefix=f"evalq/default/jobs/{staged}/instances/")
+        names = sorted(o["Key"] for o in listed["Contents"])
+        assert len(names) > 3 and names[0].endswith("part-00000.parquet")
+        assert not redis.Redis.from_url(cluster).exists(keys.instances(staged))
+    finally:
+        moto.terminate()
+        moto.wait(10)
+
+
+def test_a_store_that_refuses_fails_the_submission_with_one_line_and_leaves_nothing(cluster, tmp_path):
+    (tmp_path / "file").write_text("a file where the store's folder would be")
+    job = qa_job(tmp_path)
+    r = redis.Redis.from_url(cluster)
+    before = r.zcard(keys.JOBS)
+    done = evalq("submit", str(job), "--out", str(tmp_path / "out"), "--broker", cluster,
+                 env={"EVALQ_STORE": str(tmp_path / "file" / "store")})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot write to the job store" in done.stderr and str(tmp_path / "file" / "store") in done.stderr
+    assert r.zcard(keys.JOBS) == before  # nothing stored, nothing enqueued
+    assert not [k for k in r.scan_iter("evalq:{*}:spec")]
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_night_larger_than_the_brokers_memory_runs_beside_another_tenants_job(cluster, tmp_path):
+    """60,000 instances of ~4 kB (240 MB of JSON Lines) on a Redis of 256 MB (noeviction, as Celery
+    advises): kept in Redis, it cannot be stored; staged in the job store it runs, and a small job
+    of another tenant submitted beside it runs too."""
+    n = 60_000
+    r = redis.Redis.from_url(cluster)
+    r.config_set("maxmemory", "256mb")
+    r.config_set("maxmemory-policy", "noeviction")
+    words = "the river crosses a valley where farmers grow wheat barley and grapes under a dry sun".split()
+    data = tmp_path / "night.jsonl"
+    with open(data, "w") as f:
+        for i in range(n):
+            context = " ".join(words[(i + k) % len(words)] for k in range(700))[:4000]
+            f.write(json.dumps({"id": f"n{i}", "question": f"item {i}?", "context": [context],
+                                "answer": f"the bridge {i % 7}", "ground_truth": f"the bridge {i % 5}"}) + "\n")
+    night = tmp_path / "night.json"
+    night.write_text(json.dumps({"dataset": {"uri": str(data)}, "metrics": [{"id": "exact_match"}]}))
+    kept = evalq("submit", str(night), "--out", str(tmp_path / "kept"), "--broker", cluster)
+    assert kept.returncode == 1 and "storing job" in kept.stderr and "OOM" in kept.stderr, kept.stderr
+    assert r.info("memory")["used_memory"] < 64 * 2**20  # what it had stored is gone again
+    small = qa_job(tmp_path)
+    env = {"EVALQ_STORE": str(tmp_path / "store")}
+    big = evalq("submit", str(night), "--out", str(tmp_path / "night"), "--broker", cluster, "--tenant", "ads",
+                env=env)
+    assert big.returncode == 0, big.stderr
+    other = evalq("submit", str(small), "--out", str(tmp_path / "small"), "--broker", cluster,
+                  "--tenant", "search", env=env)
+    assert other.returncode == 0, other.stderr
+    for job_id in (other.stdout.strip(), big.stdout.strip()):
+        done = evalq("wait", job_id, "--broker", cluster, timeout=400)
+        assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "night" / "results.json").read_text())
+    assert results[0]["n"] == n and results[0]["score"] == pytest.approx(
+        sum((i % 7) == (i % 5) for i in range(n)) / n)
+    assert len(read_log(tmp_path / "small")) == 3 * N
+    assert list((tmp_path / "store" / "ads" / "jobs").iterdir()) and \
+        list((tmp_path / "store" / "search" / "jobs").iterdir())  # each tenant's in its part of the store
+    assert r.info("memory")["used_memory"] < 64 * 2**20
