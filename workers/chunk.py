@@ -22,6 +22,7 @@ from evalq.shared.scores.aggregate import chunk_part
 from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
 from evalq.shared.data.instances import with_shared
 from evalq.shared.store import instances as stored_instances
+from evalq.shared.store.place import StoreUnavailable
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.metrics.registry import MetricSpec
 from evalq.workers import keeping, prefetch
@@ -34,7 +35,8 @@ from evalq.workers.context import ChunkContext
 log = logging.getLogger("evalq.worker")
 
 # Raised by a judge client's Redis calls mid-item: not the item's fault.
-REDIS_BLIPS = (redis.ConnectionError, redis.TimeoutError)
+# what a chunk task rides out (retried with backoff): Redis away, and the job store away
+REDIS_BLIPS = (redis.ConnectionError, redis.TimeoutError, StoreUnavailable)
 
 # An instance the generation stage could not answer carries, under this key,
 # the outcome its metrics record instead of a score.

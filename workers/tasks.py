@@ -60,7 +60,8 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         return {"metric": metric_key, "start": start, "n": 0, "parked": len(exc.digests)}
     except chunk.REDIS_BLIPS as exc:
         if blips >= MAX_BLIPS:
-            log.error("job %s %s[%d:%d] failed after %d Redis errors", job_id, metric_key, start, stop, blips)
+            log.error("job %s %s[%d:%d] failed after %d Redis (or job store) errors", job_id, metric_key, start,
+                      stop, blips)
             chunk_finished(self.app, r, job_id, metric_key, start, queue)
             raise
         raise self.retry(exc=exc, args=(job_id, metric_key, start, stop),

@@ -2,4 +2,6 @@
 
 ``place``: a job's folder in the store (a local or shared filesystem, or an ``s3://`` prefix);
 ``instances``: a job's instances staged there at submission, read back by position.
+
+May import: core, policy, data, cluster. (``tests/unit/test_layers.py`` holds it to this list.)
 """

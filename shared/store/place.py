@@ -18,6 +18,11 @@ from pathlib import Path
 
 from evalq.shared.core.errors import InfraError
 
+class StoreUnavailable(InfraError):
+    """The store did not take a write or give a read (a full disk, an S3 endpoint away): a chunk
+    task rides it out as it rides out a Redis error (retried with backoff), a submission fails."""
+
+
 STORE_ENV = "EVALQ_STORE"
 STORE_ENDPOINT_ENV = "EVALQ_STORE_ENDPOINT_URL"
 
@@ -56,7 +61,7 @@ class Place:
             os.replace(tmp, path)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            raise InfraError(f"{target}: cannot write to the job store: {exc.strerror or exc}") from None
+            raise StoreUnavailable(f"{target}: cannot write to the job store: {exc.strerror or exc}") from None
 
     def get(self, name: str) -> bytes:
         target = self.path_of(name)
@@ -67,7 +72,7 @@ class Place:
         try:
             return Path(target).read_bytes()
         except OSError as exc:
-            raise InfraError(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
+            raise StoreUnavailable(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
 
     def delete(self) -> None:
         """Remove everything under this folder (nothing there is no error)."""
@@ -132,7 +137,7 @@ def _split(uri: str) -> tuple[str, str]:
 
 
 def _s3_errors(uri: str):
-    """The store's failures are the cluster's (InfraError), not a job's: the job named nothing."""
+    """The store's failures are the cluster's (StoreUnavailable), not a job's: the job named nothing."""
     import contextlib
 
     from evalq.shared.core.errors import JobError
@@ -143,7 +148,7 @@ def _s3_errors(uri: str):
         try:
             with s3_errors(uri):
                 yield
-        except JobError as exc:
-            raise InfraError(f"the job store: {exc}") from None
+        except (JobError, InfraError) as exc:
+            raise StoreUnavailable(f"the job store: {exc}") from None
 
     return errors()

@@ -156,3 +156,39 @@ def test_a_night_larger_than_the_brokers_memory_runs_beside_another_tenants_job(
     assert list((tmp_path / "store" / "ads" / "jobs").iterdir()) and \
         list((tmp_path / "store" / "search" / "jobs").iterdir())  # each tenant's in its part of the store
     assert r.info("memory")["used_memory"] < 64 * 2**20
+
+
+def test_chunks_ride_out_a_store_that_is_away_for_a_moment(private_redis, tmp_path):
+    """The store's folder gone while the cpu worker starts on the job: its chunks are retried with
+    backoff, as on a Redis error, and score every item once the folder is back."""
+    import time
+
+    from tests.conftest import stop_worker, start_worker, wait_for_worker
+
+    jobs = running_worker(private_redis, "evalq.jobs", tmp_path, "jobs")
+    next(jobs)
+    try:
+        job = qa_job(tmp_path)
+        store = tmp_path / "store"
+        submitted = evalq("submit", str(job), "--out", str(tmp_path / "out"), "--broker", private_redis,
+                          "--chunk-size", "60", env={"EVALQ_STORE": str(store)})
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip()
+        (store / "default").rename(tmp_path / "away")
+        cpu = start_worker(private_redis, "cpu", tmp_path, name="cpuaway")
+        try:
+            wait_for_worker(private_redis, "cpuaway")
+            log = cpu.log_path
+            deadline = time.monotonic() + 60
+            while b"cannot read from the job store" not in log.read_bytes():
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+            (tmp_path / "away").rename(store / "default")
+            done = evalq("wait", job_id, "--broker", private_redis, timeout=120)
+            assert done.returncode == 0, done.stderr
+        finally:
+            stop_worker(cpu)
+    finally:
+        jobs.close()
+    lines = read_log(tmp_path / "out")
+    assert len(lines) == 3 * N and not [line for line in lines if "error" in line]
