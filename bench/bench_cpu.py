@@ -103,7 +103,7 @@ def report_pass(out: Path) -> float:
     """Seconds `evalq report` takes to rebuild report.html from the run's outputs (every
     log line parsed once): what the final callback no longer pays, since the workers keep
     each chunk's view of the report."""
-    from evalq.orchestrator.report import report_from_outputs
+    from evalq.results.report import report_from_outputs
 
     t0 = time.perf_counter()
     report_from_outputs(str(out))

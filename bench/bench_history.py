@@ -42,9 +42,9 @@ def main() -> None:
                     source="bench-history.json")
     import redis
 
-    from evalq.orchestrator.history import open_store
-    from evalq.orchestrator.outputs import run_info, write_outputs
-    from evalq.orchestrator.recording import entries_of, run_row
+    from evalq.results.history import open_store
+    from evalq.results.outputs import run_info, write_outputs
+    from evalq.results.recording import entries_of, run_row
     from evalq.shared.cluster import keys
     from evalq.shared.cluster.spec import stored_spec
     from evalq.shared.data.storage import Destination

@@ -47,7 +47,7 @@ def job(n: int, sim: JudgeSim, log_parameters: bool) -> dict:
 def main() -> None:
     import redis
 
-    from evalq.orchestrator.outputs import run_info, write_outputs
+    from evalq.results.outputs import run_info, write_outputs
     from evalq.shared.cluster import keys
     from evalq.shared.cluster.spec import stored_spec
     from evalq.shared.data.storage import Destination

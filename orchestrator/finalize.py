@@ -13,7 +13,7 @@ import logging
 
 import redis
 
-from evalq.orchestrator.recording import record_job
+from evalq.results.recording import record_job
 from evalq.shared.cluster import keys
 from evalq.shared.scores.aggregate import AGGREGATORS, AGREEMENT_KINDS, Agreement, aggregator_for, merge_parts
 from evalq.shared.core.config import Settings
@@ -174,8 +174,8 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
                                                        span(spec, entry), endpoint_priced(spec, key, entry)))
                for key, entry in stage_runs(spec, METRICS_STAGE)]
     r.set(keys.summary(job_id), json.dumps(summary))
-    if status != Status.CANCELLED:  # scores no chunk could export (evalq.orchestrator.otel_export)
-        from evalq.orchestrator.otel_export import export_rest
+    if status != Status.CANCELLED:  # scores no chunk could export (evalq.results.otel_export)
+        from evalq.results.otel_export import export_rest
 
         export_rest(r, job_id, spec)
     errors: list[str] = []
@@ -232,7 +232,7 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
     from evalq.shared.policy.egress import destination_problem, fallback_dir
     from evalq.shared.core.errors import EvalqError
     from evalq.shared.data.storage import Destination
-    from evalq.orchestrator.outputs import run_info, write_outputs
+    from evalq.results.outputs import run_info, write_outputs
 
     stage = r.get(keys.stage_summary(job_id, GENERATE))
     run = run_info(spec, job_id, json.loads(stage) if stage else None, status, summary)

@@ -234,7 +234,7 @@ class JobsCollector:
 
 def _history_store() -> Any:
     """The store (opened once: its engine pools connections), or False when history is off."""
-    from evalq.orchestrator.history import history_url, open_store
+    from evalq.results.history import history_url, open_store
 
     return open_store() if history_url() is not None else False
 

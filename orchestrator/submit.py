@@ -153,13 +153,13 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
             "judges": {name: job.judges[name].model_dump(mode="json") for name in sorted(used)},
             "judging": job.judging.model_dump(mode="json"), "categories": job.categories,
             "scheduling": job.scheduling.model_dump(mode="json"),
-            # the history store's series, and how its regressions are judged (evalq.orchestrator.history)
+            # the history store's series, and how its regressions are judged (evalq.results.history)
             "suite": job.suite, "regression": job.regression.model_dump(mode="json"),
             "submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ttl": ttl}
     if job.output is not None and not job.output.log_parameters:
         spec["log_parameters"] = False  # log.jsonl lines name their entry by position only
     if job.output is not None and job.output.otel is not None:
-        spec["otel_export"] = job.output.otel  # false, or the operator's exporter by name (evalq.orchestrator.otel_export)
+        spec["otel_export"] = job.output.otel  # false, or the operator's exporter by name (evalq.results.otel_export)
     if out is not None:
         dest = out if isinstance(out, Destination) else Destination(out)
         # a local folder as an absolute path: the callback may run in another directory

@@ -170,7 +170,7 @@ def _lacking(needs: tuple[str, ...], inst: dict) -> NotApplicable | None:
 
 
 def _record(spec: MetricSpec, inst: dict, outcome: Any, human: str | None) -> dict:
-    # instance_id first: the orchestrator splices log lines after it (orchestrator.outputs)
+    # instance_id first: the final callback splices log lines after it (evalq.results.outputs)
     record: dict[str, Any] = {"instance_id": inst["id"]}
     if isinstance(inst.get("category"), str):
         record["category"] = inst["category"]
@@ -305,7 +305,7 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
                   taken: tuple[list[int], list[dict]] = ([], [])) -> None:
     """Write what the chunk made of an entry: its new records, its aggregate part, and what
     report.html and the history store read of it; then send its scores out as OpenTelemetry
-    evaluation events where the job's are exported (``evalq.orchestrator.otel_export``; ``taken``:
+    evaluation events where the job's are exported (``evalq.results.otel_export``; ``taken``:
     the positions and instances the chunk read, whose spans the events are parented to)."""
     spec = ctx.metric
     items = _chunk_records(ctx, start, stop, dict(new))
@@ -313,8 +313,8 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
     part = chunk_part(spec.aggregation, dumped, [rec for _, rec in items])
     view = values = None
     if not ctx.model_run:  # what report.html and the history store need of the chunk, so the
-        from evalq.orchestrator.recording import chunk_values  # final callback parses no record
-        from evalq.orchestrator.report import chunk_view
+        from evalq.results.recording import chunk_values  # final callback parses no record
+        from evalq.results.report import chunk_view
         from evalq.shared.scores.results import read
 
         readings = [read(spec.aggregation, dumped, record) for _, record in items]  # each record read once
@@ -325,7 +325,7 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
     # chunk was never written there), so each item counts once, as results.json counts it
     telemetry.items_recorded(spec.id, queue, new.values())
     if not ctx.model_run and ctx.spec.get("otel_export") is not False:
-        from evalq.orchestrator.otel_export import endpoint_for, export_items
+        from evalq.results.otel_export import endpoint_for, export_items
 
         if endpoint_for(ctx.spec) is None:  # the operator configured none (for the job's tenant)
             return

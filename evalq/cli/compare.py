@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-from evalq.orchestrator.regressions import worse_direction
+from evalq.results.regressions import worse_direction
 from evalq.shared.scores import stats
 from evalq.shared.scores.results import entry_keys, read
 from evalq.shared.core.errors import EvalqError, JobError

@@ -1,5 +1,5 @@
 """``evalq history``: the runs of a suite over time, read from the history store
-(``evalq.orchestrator.history``): as text, as JSON for machines, or as a page."""
+(``evalq.results.history``): as text, as JSON for machines, or as a page."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from evalq.shared.core.display import printable
               help="The history store (env EVALQ_HISTORY_URL) [default: $EVALQ_CACHE_DIR/history.sqlite].")
 def history(suite: str | None, last: int | None, as_json: bool, html_file: Path | None, url: str | None) -> None:
     """Runs of SUITE with their values, regressions and cost; without SUITE, every suite and its last run."""
-    from evalq.orchestrator.history import HistoryOff, open_store
+    from evalq.results.history import HistoryOff, open_store
     from evalq.shared.core.errors import JobError
 
     try:
@@ -46,7 +46,7 @@ def history(suite: str | None, last: int | None, as_json: bool, html_file: Path 
         raise JobError(f"suite {suite!r}: no run recorded{did_you_mean(suite, known)}")
     doc = {"suite": suite, "runs": runs}
     if html_file is not None:
-        from evalq.cli.history_page import render
+        from evalq.results.history_page import render
 
         html_file.parent.mkdir(parents=True, exist_ok=True)
         html_file.write_text(render(doc), encoding="utf-8")

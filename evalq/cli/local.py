@@ -215,7 +215,7 @@ def plan_command(job_file: Path, window: str, cpu_items_per_s: float, gpu_pairs_
 def report(out: str, html: str | None) -> None:
     """Write the HTML report of a run from its outputs (a directory or s3:// prefix)."""
     from evalq.shared.data.storage import Destination
-    from evalq.orchestrator.report import report_from_outputs
+    from evalq.results.report import report_from_outputs
 
     page = report_from_outputs(out)
     dest = Destination(out)
@@ -250,7 +250,7 @@ def compare(base: str, new: str, gates: tuple[str, ...], as_json: bool, html: st
     report = comparing.compare(base_run, new_run)
     report["gates"] = outcome
     if html:
-        from evalq.orchestrator.report import compare_html
+        from evalq.results.report import compare_html
 
         Path(html).write_text(compare_html(report), encoding="utf-8")
     if as_json:

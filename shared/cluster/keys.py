@@ -99,7 +99,7 @@ def views(job_id: str, metric_key: str) -> str:
 
 
 def values(job_id: str, metric_key: str) -> str:
-    """Per chunk, its items' values by field (``evalq.orchestrator.recording.chunk_values``)."""
+    """Per chunk, its items' values by field (``evalq.results.recording.chunk_values``)."""
     return f"{job_prefix(job_id)}:values:{metric_key}"
 
 
@@ -114,7 +114,7 @@ def scored_spans(suite: str, day: str) -> str:
 
 
 def exported(job_id: str, metric_key: str) -> str:
-    """The positions whose evaluation events the collector took (``evalq.orchestrator.otel_export``)."""
+    """The positions whose evaluation events the collector took (``evalq.results.otel_export``)."""
     return f"{job_prefix(job_id)}:otel:{metric_key}"
 
 

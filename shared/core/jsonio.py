@@ -58,7 +58,7 @@ def decode_many(raw: list) -> list[Any]:
 def pack_floats(values: list) -> str:
     """A column of numbers as a chunk stores it for the report and the history store: its
     little-endian float64s (None as NaN) in base64, as the history store keeps a series' values
-    (``evalq.orchestrator.history.pack``). Their JSON costs a ``repr`` a number (a toxicity chunk's
+    (``evalq.results.history.pack``). Their JSON costs a ``repr`` a number (a toxicity chunk's
     seven labels: 16 of its 50 ms of writing); this costs a twelfth of that and half the text, and
     ``unpack_floats`` gives the same floats back."""
     import numpy as np

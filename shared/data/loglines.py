@@ -1,5 +1,5 @@
 """How a ``log.jsonl`` line names its metric entry: written by the final callback
-(``evalq.orchestrator.outputs``), read by ``evalq report``, ``evalq compare`` and history.
+(``evalq.results.outputs``), read by ``evalq report``, ``evalq compare`` and history.
 
 As in HarpIA's log, a line carries ``metric``, ``name`` (when the job gave one) and
 the entry's ``parameters`` as run (defaults filled in), and beside them ``entry``, the

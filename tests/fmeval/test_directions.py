@@ -4,7 +4,7 @@ dissimilarity, a delta and a toxicity up; a stereotyping share neither way (0.5 
 from __future__ import annotations
 
 import evalq.shared.job.catalogue  # noqa: F401
-from evalq.orchestrator import regressions
+from evalq.results import regressions
 from evalq.shared.job.nightly import Regression
 
 

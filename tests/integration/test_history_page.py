@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from evalq.cli.history_page import render
+from evalq.results.history_page import render
 from tests.integration.test_report import browser, render as load
 from tests.unit.test_history_page import three_runs
 

@@ -198,7 +198,7 @@ def test_history_values_kept_by_the_workers_equal_those_read_from_the_records(re
     worker kept (it parses no item record); they equal what reading every record gives."""
     import redis
 
-    from evalq.orchestrator.recording import item_fields
+    from evalq.results.recording import item_fields
     from evalq.shared.metrics.registry import REGISTRY
     from evalq.shared.cluster.spec import entry_chunks, stored_spec
 

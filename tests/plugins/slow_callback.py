@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from evalq.orchestrator import outputs
+from evalq.results import outputs
 
 _write = outputs.write_outputs
 

@@ -12,8 +12,8 @@ import random
 import redis
 
 import evalq.shared.job.catalogue  # noqa: F401  (registers the metrics)
-from evalq.orchestrator.recording import chunk_values, item_fields
-from evalq.orchestrator.report import ReportBuilder, chunk_view
+from evalq.results.recording import chunk_values, item_fields
+from evalq.results.report import ReportBuilder, chunk_view
 from evalq.shared.cluster import keys
 from evalq.shared.core.jsonio import encode, unpack_floats
 from evalq.shared.metrics.registry import REGISTRY

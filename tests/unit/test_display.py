@@ -9,8 +9,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from evalq.orchestrator import alerts
-from evalq.orchestrator.history import open_store
+from evalq.results import alerts
+from evalq.results.history import open_store
 from evalq.shared.core.display import chat_text, printable
 from evalq.shared.job.nightly import Regression
 

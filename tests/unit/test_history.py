@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 from scipy import stats as scipy_stats
 
-from evalq.orchestrator import alerts, regressions
-from evalq.orchestrator.history import open_store
+from evalq.results import alerts, regressions
+from evalq.results.history import open_store
 from evalq.shared.scores import stats
 from evalq.shared.job.nightly import Regression, suite_of
 
@@ -175,7 +175,7 @@ def test_an_older_store_is_upgraded_and_its_runs_compared_unpaired(tmp_path):
     from alembic import command
     from alembic.config import Config
 
-    import evalq.orchestrator.migrations as migrations
+    import evalq.results.migrations as migrations
 
     url = f"sqlite:///{tmp_path / 'old.sqlite'}"
     engine = sa.create_engine(url)
@@ -206,15 +206,15 @@ def test_the_head_evalq_knows_is_alembics_and_a_store_there_opens_without_alembi
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    import evalq.orchestrator.migrations as migrations
-    from evalq.orchestrator.history import HEAD
+    import evalq.results.migrations as migrations
+    from evalq.results.history import HEAD
 
     config = Config()
     config.set_main_option("script_location", str(Path(migrations.__file__).parent))
     assert HEAD == ScriptDirectory.from_config(config).get_current_head()
     url = f"sqlite:///{tmp_path / 'h.sqlite'}"
     open_store(url)  # made and migrated to the head here
-    code = ("import sys; from evalq.orchestrator.history import open_store; "
+    code = ("import sys; from evalq.results.history import open_store; "
             f"open_store({url!r}).runs_of('nightly'); print('alembic' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -258,7 +258,7 @@ def test_stored_values_round_trip_and_older_stores_read():
     in well under a second); values that older evalq stored as zlib'd JSON {id: value} read too."""
     import zlib
 
-    from evalq.orchestrator.history import pack, unpack
+    from evalq.results.history import pack, unpack
 
     ids, values = [f"i{k}" for k in range(1000)] + ["é \\n\"x"], [k / 7 for k in range(1000)] + [0.1]
     assert unpack(pack((ids, values))) == (ids, values)
@@ -271,7 +271,7 @@ def test_an_entrys_fields_share_their_ids_when_packed_and_unpacked():
     """The fields of an entry mostly list the same instances: packed with the ids of the field
     before, and unpacked with the ids already decoded, they store and read back what each field
     alone does; a field whose instances differ gets its own."""
-    from evalq.orchestrator.history import pack, unpack
+    from evalq.results.history import pack, unpack
 
     ids = [f"i{k}" for k in range(500)]
     fields = [(ids, [k / 3 for k in range(500)]), (list(ids), [k / 5 for k in range(500)]),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from evalq.cli.history_page import MAX_SERIES, render
+from evalq.results.history_page import MAX_SERIES, render
 
 SCRIPT = "<script>alert(1)</script>"
 

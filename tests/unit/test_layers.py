@@ -3,7 +3,8 @@ the wheel test): each room imports only the rooms below it, no module imports it
 through others (imports inside functions count), no module reaches for another's private
 names, and no module grows past what a reader takes in at once.
 
-    cli -> orchestrator -> shared        workers -> orchestrator -> shared        sim -> shared
+    cli -> orchestrator -> results -> shared        workers -> orchestrator -> results -> shared
+    sim -> shared
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 # import name -> folder in the repository (pyproject's package-dir)
 PACKAGES = {"evalq.orchestrator": ROOT / "orchestrator", "evalq.workers": ROOT / "workers",
             "evalq.shared": ROOT / "shared", "evalq": ROOT / "evalq"}
-ROOMS = ("cli", "orchestrator", "workers", "shared", "sim")
+ROOMS = ("cli", "orchestrator", "workers", "results", "shared", "sim")
 # what each room may import (besides itself)
 ALLOWED = {
     "shared": set(),
-    "orchestrator": {"shared"},
-    "workers": {"orchestrator", "shared"},
-    "cli": {"orchestrator", "shared", "sim"},
+    "results": {"shared"},  # what a job's scores become (issue 59): outputs, report, history, exports
+    "orchestrator": {"results", "shared"},
+    "workers": {"orchestrator", "results", "shared"},
+    "cli": {"orchestrator", "results", "shared", "sim"},
     "sim": {"shared"},
     "root": {"cli", "shared"},  # evalq/__init__.py, evalq/__main__.py
 }

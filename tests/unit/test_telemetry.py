@@ -101,7 +101,7 @@ def old_suites_shown(monkeypatch):
 
 
 class Store:
-    """The history store's reading side (``evalq.orchestrator.history.HistoryStore``), from rows."""
+    """The history store's reading side (``evalq.results.history.HistoryStore``), from rows."""
 
     def __init__(self, runs=None, error: Exception | None = None):
         self.runs, self.error = runs or [], error  # oldest first

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable
 from evalq.shared.core.jsonio import pack_floats, unpack_floats
 from evalq.shared.scores.results import read
 from evalq.shared.data.loglines import entry_index, entry_slot
-from evalq.orchestrator.markup import esc
-from evalq.orchestrator.report_agents import CSS as AGENT_CSS, trajectory_html, turns_html
+from evalq.results.markup import esc
+from evalq.results.report_agents import CSS as AGENT_CSS, trajectory_html, turns_html
 
 RESERVOIR = 20_000
 WORST = 10

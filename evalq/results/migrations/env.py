@@ -1,5 +1,5 @@
 """Alembic's environment for the history store: always given an open connection by
-``evalq.orchestrator.history`` (never run from the alembic command line with an ini file)."""
+``evalq.results.history`` (never run from the alembic command line with an ini file)."""
 
 from alembic import context
 

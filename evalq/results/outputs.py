@@ -37,7 +37,7 @@ LOG_BATCH = 2000
 
 def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], run: dict,
                   dest: Destination) -> None:
-    from evalq.orchestrator.report import ReportBuilder
+    from evalq.results.report import ReportBuilder
 
     cancelled = run.get("status") == Status.CANCELLED
     report = ReportBuilder(summary, run)

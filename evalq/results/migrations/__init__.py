@@ -1,2 +1,2 @@
-"""Alembic migrations of the history store (``evalq.orchestrator.history``): a newer evalq
+"""Alembic migrations of the history store (``evalq.results.history``): a newer evalq
 upgrades an older store when it opens it. Run programmatically; there is no alembic.ini."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from evalq.orchestrator.markup import esc
+from evalq.results.markup import esc
 from evalq.shared.agents.trajectory import Call, read, side_by_side
 
 CSS = (".traj td{vertical-align:top}.traj .same{color:#1b7f3b}.traj .extra,.traj .missing{color:#b3261e}"

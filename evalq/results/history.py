@@ -1,6 +1,6 @@
 """The history store: every job that ended, kept in a SQL database, grouped into series by suite.
 
-The final callback records each ended job once (``evalq.orchestrator.recording``); ``evalq
+The final callback records each ended job once (``evalq.results.recording``); ``evalq
 history`` and the jobs role's Prometheus gauges read it. SQLAlchemy Core over:
 
 - SQLite by default: ``$EVALQ_CACHE_DIR/history.sqlite`` (``~/.cache/evalq/history.sqlite``),
@@ -183,7 +183,7 @@ def _migration_lock(engine: sa.Engine, conn: sa.Connection):
         yield
 
 
-# The newest migration's revision (orchestrator/migrations/versions): a store already there needs no
+# The newest migration's revision (evalq/results/migrations/versions): a store already there needs no
 # migration, and is opened without importing alembic (0.12 s of a cold process's first record,
 # with mako and pygments). tests/unit/test_history.py holds it equal to alembic's own head.
 HEAD = "0002"
@@ -290,7 +290,7 @@ class HistoryStore:
         """Store a run once (by job id): its entries, their values and, for a run that ended
         done, the regressions against the suite's baseline. A second call (a redelivered
         callback) stores nothing and returns what the first stored."""
-        from evalq.orchestrator.regressions import detect
+        from evalq.results.regressions import detect
 
         try:
             with self.engine.begin() as conn:

@@ -1,5 +1,5 @@
 """The final callback's last step: record the ended job in the history store, judge its
-regressions against the suite's past, and send the alert (``evalq.orchestrator.alerts``).
+regressions against the suite's past, and send the alert (``evalq.results.alerts``).
 
 A run's series come from what the callback already has: results.json's content for each
 entry's value and interval, and the per-instance values that pair runs by instance id,
@@ -35,7 +35,7 @@ def record_job(r: redis.Redis, job_id: str, spec: dict, status: str, summary: li
                error: str | None = None) -> list[dict] | None:
     """Record the ended job (once, whatever runs twice); returns its regressions, or None
     when history is off or the store could not be written."""
-    from evalq.orchestrator.history import history_url, open_store, safe
+    from evalq.results.history import history_url, open_store, safe
 
     url = history_url()
     if url is None or not spec:
@@ -50,17 +50,17 @@ def record_job(r: redis.Redis, job_id: str, spec: dict, status: str, summary: li
                   str(exc).splitlines()[0] if str(exc) else "")
         return None
     if recorded.alert == "pending":
-        from evalq.orchestrator.alerts import notify
+        from evalq.results.alerts import notify
 
         notify(store, run["suite"], job_id, recorded.regressions)
     return recorded.regressions
 
 
 def run_row(r: redis.Redis, job_id: str, spec: dict, status: str, summary: list[dict], error: str | None) -> dict:
-    from evalq.orchestrator.history import utc
+    from evalq.results.history import utc
     from datetime import datetime, timezone
 
-    from evalq.orchestrator.outputs import job_cost
+    from evalq.results.outputs import job_cost
 
     judge_blocks = [m["judge"] for m in summary if isinstance(m.get("judge"), dict)]
     stage = r.get(keys.stage_summary(job_id, GENERATE))
@@ -171,7 +171,7 @@ def one_series(slot: int, entry: dict, name: str, field: str, kind: str, result:
                keep_items: bool = True) -> dict:
     """A series' row: the value and interval results.json reports (else the items' mean and
     interval), n, the items' standard deviation, and the items (columns) themselves when kept."""
-    from evalq.orchestrator.regressions import worse_direction
+    from evalq.results.regressions import worse_direction
 
     values = list(columns(items)[1])
     n = len(values)

@@ -16,8 +16,8 @@ import json
 import math
 from typing import Any
 
-from evalq.orchestrator.markup import esc
-from evalq.orchestrator.report import page_head
+from evalq.results.markup import esc
+from evalq.results.report import page_head
 
 MAX_SERIES = 200
 WIDTH, HEIGHT = 470, 168
