@@ -259,6 +259,9 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
     except redis.RedisError as exc:
         delete_job(r, job_id, [m.key for m in job.runs])
         staged.drop(spec)
+        if "maxmemory" in str(exc) and root is None:
+            raise InfraError(f"storing job {job_id} failed: Redis is full (its maxmemory) with the job's instances; "
+                             f"a job store (EVALQ_STORE) keeps them out of Redis") from None
         raise InfraError(f"storing job {job_id} failed: {exc}") from None
     return job_id
 

@@ -11,6 +11,7 @@ places: ``evalq.shared.policy.egress.tenant_place``), and each job a folder ther
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -60,7 +61,8 @@ class Place:
             tmp.write_bytes(data)
             os.replace(tmp, path)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             raise StoreUnavailable(f"{target}: cannot write to the job store: {exc.strerror or exc}") from None
 
     def get(self, name: str) -> bytes:
@@ -109,10 +111,10 @@ def store_root(environ=os.environ) -> Place | None:
 
 
 def job_place(root: Place, job_id: str, tenant: str | None) -> Place:
-    """Job ``job_id``'s folder: inside its tenant's part of the store."""
+    """Job ``job_id``'s folder: inside its tenant's part of the store (``default`` for a job of none)."""
     from evalq.shared.policy.egress import tenant_place
 
-    return Place(tenant_place(root.uri, tenant), root.endpoint_url).child(f"jobs/{job_id}")
+    return Place(tenant_place(root.uri, tenant or "default"), root.endpoint_url).child(f"jobs/{job_id}")
 
 
 _CLIENTS: dict = {}
