@@ -321,7 +321,7 @@ def _cost(r: redis.Redis, job_id: str, desc: list, cache: dict[str, float]) -> f
     if key not in cache:
         spec = stored_spec(r, job_id)
         entry = entry_of(spec, metric_key)
-        done = r.hlen(keys.results(job_id, metric_key))
+        done = int(r.get(keys.recorded_total(job_id, metric_key)) or 0)
         if entry.get("regions"):  # judge or endpoint model: tokens
             prompt, completion, calls = r.hmget(keys.accounting(job_id, metric_key),
                                                 "prompt_tokens", "completion_tokens", "calls")
@@ -334,7 +334,7 @@ def _cost(r: redis.Redis, job_id: str, desc: list, cache: dict[str, float]) -> f
         else:  # cpu, gpu, a local model: seconds (one timing per chunk: a few hundred at most),
             unit = 0.0  # of the entry and of those its chunks score with it
             for scored in (metric_key, *companions(entry)):
-                done = r.hlen(keys.results(job_id, scored))
+                done = int(r.get(keys.recorded_total(job_id, scored)) or 0)
                 seconds = sum(float(t) for t in r.hvals(keys.timings(job_id, scored)))
                 unit += seconds / done if done and seconds > 0 else 1.0
         cache[key] = max(unit, 1e-6)

@@ -23,6 +23,7 @@ from evalq.shared.model.runners import GENERATE, GENERATE_SPEC, parse_model_conf
 from evalq.shared.metrics.registry import REGISTRY, MetricSpec
 from evalq.shared.cluster.spec import METRICS_STAGE, is_model_run, run_keys, span, stage_runs, stored_spec, variants_key
 from evalq.shared.cluster.status import Status, status_of
+from evalq.shared.store import records as stored_records
 
 log = logging.getLogger("evalq.worker")
 
@@ -56,7 +57,7 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
             agreement = Agreement(metric.aggregation, params) if agreement is not None else None
     if overall is None:
         overall, by_category, seen = aggregator_for(metric.aggregation, params), {}, 0
-        for _, raw in r.hscan_iter(keys.results(job_id, key), count=5000):
+        for _, raw in stored_records.scan(r, stored_spec(r, job_id), job_id, key):
             record = json.loads(raw)
             overall.add(record)
             if agreement is not None:

@@ -60,12 +60,12 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
     runs = all_runs(spec)
     pipe = r.pipeline(transaction=False)
     for key, _ in runs:
-        pipe.hlen(keys.results(job_id, key))
+        pipe.get(keys.recorded_total(job_id, key))
         pipe.hgetall(keys.accounting(job_id, key))
     replies = pipe.execute()
     entries, done_total, items_total, queues = [], 0, 0, set()
     for n, (key, entry) in enumerate(runs):
-        done, acct = replies[2 * n], replies[2 * n + 1]
+        done, acct = int(replies[2 * n] or 0), replies[2 * n + 1]
         total = run_items(spec, key, entry)
         row = {"entry": key, "metric": entry["id"], "done": done, "total": total}
         if entry.get("name"):

@@ -30,6 +30,7 @@ from evalq.shared.cluster.spec import (GENERATE_STAGE, METRICS_STAGE, Chunk, has
                                is_variants, plan as plan_spec, variants_of)
 from evalq.shared.cluster.status import Status
 from evalq.shared.store.place import Place
+from evalq.shared.store.records import PARTS
 
 if TYPE_CHECKING:  # redis-py is imported where a client is used: `evalq run` reads the job,
     import redis  # picks its destination and starts its workers before it needs one
@@ -235,6 +236,7 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
         place = job_place(root, job_id, tenant)
         try:
             spec["instances"] = staged.stage(place, json_lines(job.instances, shared))
+            spec["records"] = PARTS  # and the item records as parts beside them (evalq.shared.store.records)
         except Exception:
             place.delete()  # nothing half-staged is left behind
             raise

@@ -66,8 +66,8 @@ class Timing:
 def items_done(r: redis.Redis, job_id: str, metric_keys: list[str]) -> dict[str, int]:
     pipe = r.pipeline(transaction=False)
     for m in metric_keys:
-        pipe.hlen(keys.results(job_id, m))
-    return dict(zip(metric_keys, pipe.execute()))
+        pipe.get(keys.recorded_total(job_id, m))
+    return {m: int(n or 0) for m, n in zip(metric_keys, pipe.execute())}
 
 
 def server_time(r: redis.Redis) -> float:

@@ -21,7 +21,7 @@ from evalq.shared.cluster import keys, telemetry
 from evalq.shared.scores.aggregate import chunk_part
 from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
 from evalq.shared.data.instances import with_shared
-from evalq.shared.store import instances as stored_instances
+from evalq.shared.store import instances as stored_instances, records as stored_records
 from evalq.shared.store.place import StoreUnavailable
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.metrics.registry import MetricSpec
@@ -224,7 +224,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     if spec.calls_endpoint:
         # A re-scheduled or redelivered chunk pays for no item already recorded
         # or kept, nor again for a call of an item that was answered.
-        recorded, kept = keeping.earlier(r, job_id, metric_key, positions)
+        recorded, kept = keeping.earlier(r, ctx.spec, job_id, metric_key, positions)
         positions = [p for p in positions if p not in recorded and "record" not in kept.get(p, {})]
     if metric_key == GENERATE:  # only instances without an output are generated
         instances = _instances(ctx, positions)
@@ -320,8 +320,8 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
         readings = [read(spec.aggregation, dumped, record) for _, record in items]  # each record read once
         view = chunk_view(items, readings, ctx.span, start)
         values = chunk_values(items, readings)
-    _write(ctx, start, new, elapsed, part, view, values, kept=kept)
-    # every record in ``new`` went to res:{M} just now (one kept by a deferred run of the
+    _write(ctx, start, new, elapsed, part, view, values, kept=kept, whole=items)
+    # every record in ``new`` was recorded just now (one kept by a deferred run of the
     # chunk was never written there), so each item counts once, as results.json counts it
     telemetry.items_recorded(spec.id, queue, new.values())
     if not ctx.model_run and ctx.spec.get("otel_export") is not False:
@@ -362,7 +362,7 @@ def _with_generated(ctx: ChunkContext, positions: list[int], instances: list[dic
     wanted = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
     if not wanted:
         return
-    raw = ctx.r.hmget(keys.results(ctx.job_id, GENERATE), [str(p) for p, _ in wanted])
+    raw = stored_records.get_many(ctx.r, ctx.spec, ctx.job_id, GENERATE, [p for p, _ in wanted], complete=True)
     for (_, inst), rec in zip(wanted, raw):
         record = json.loads(rec) if rec is not None else {"error": "no output was recorded"}
         if "result" in record:
@@ -378,7 +378,7 @@ def _with_variants(ctx: ChunkContext, positions: list[int], instances: list[dict
     entry's variants run; one without them is recorded with the reason instead."""
     if not positions:
         return
-    raw = ctx.r.hmget(keys.results(ctx.job_id, variants_key(ctx.key)), [str(p) for p in positions])
+    raw = stored_records.get_many(ctx.r, ctx.spec, ctx.job_id, variants_key(ctx.key), positions, complete=True)
     for inst, rec in zip(instances, raw):
         record = json.loads(rec) if rec is not None else {"error": "nothing was recorded"}
         if "result" in record:
@@ -390,25 +390,25 @@ def _with_variants(ctx: ChunkContext, positions: list[int], instances: list[dict
 
 def _chunk_records(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]) -> list[tuple[int, dict]]:
     """(position, record) of every record of the chunk: those just made, and those
-    an earlier (deferred or redelivered) run of it left in Redis. Positions with
+    an earlier (deferred or redelivered) run of it recorded. Positions with
     nothing to record (the generation stage's, for instances that had an output)
     are left out."""
     earlier = [p for p in range(start, stop) if p not in new]
     if earlier:
-        for p, raw in zip(earlier, ctx.r.hmget(keys.results(ctx.job_id, ctx.key), [str(p) for p in earlier])):
+        for p, raw in zip(earlier, stored_records.get_many(ctx.r, ctx.spec, ctx.job_id, ctx.key, earlier)):
             if raw is not None:
                 new[p] = json.loads(raw)
     return [(p, new[p]) for p in sorted(new)]
 
 
 def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: float, part: dict | None = None,
-           view: dict | None = None, values: dict | None = None, kept: range = range(0)) -> None:
+           view: dict | None = None, values: dict | None = None, kept: range = range(0),
+           whole: list[tuple[int, dict]] | None = None) -> None:
+    """``records``: those this run made; ``whole``: every record of the chunk, once it has ended
+    (``evalq.shared.store.records`` writes them to ``res:{M}`` or as the chunk's part)."""
     job_id, metric_key = ctx.job_id, ctx.key
     pipe = ctx.r.pipeline(transaction=True)
-    if records:
-        # HSET by instance position: a redelivered chunk overwrites, it never adds.
-        pipe.hset(keys.results(job_id, metric_key),
-                  mapping={str(p): encode(rec) for p, rec in records.items()})
+    stored_records.write(pipe, ctx.spec, job_id, metric_key, start, records, whole)
     if kept:  # the chunk's records are written: what was kept of its items goes
         pipe.hdel(keys.kept(job_id, metric_key), *(str(p) for p in kept))
     if part is not None:  # likewise by chunk

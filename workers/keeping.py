@@ -152,15 +152,21 @@ class WriteBehind:
 WRITE_BEHIND = WriteBehind()
 
 
-def earlier(r: redis.Redis, job_id: str, metric_key: str, positions: list[int]) -> tuple[set[int], dict[int, dict]]:
-    """What earlier runs of a chunk left: the positions recorded in ``res:{M}``,
-    and what is kept of the others (in Redis, or held by this process), in one
-    round trip."""
+def earlier(r: redis.Redis, spec: dict, job_id: str, metric_key: str,
+            positions: list[int]) -> tuple[set[int], dict[int, dict]]:
+    """What earlier runs of a chunk left: the positions recorded (``res:{M}``, or the chunk's
+    part in the job store), and what is kept of the others (in Redis, or held by this process)."""
+    from evalq.shared.store import records
+
     fields = [str(p) for p in positions]
-    pipe = r.pipeline(transaction=False)
-    pipe.hmget(keys.results(job_id, metric_key), fields)
-    pipe.hmget(keys.kept(job_id, metric_key), fields)
-    recorded_raw, kept_raw = pipe.execute()
+    if records.in_parts(spec):
+        recorded_raw = records.get_many(r, spec, job_id, metric_key, positions)
+        kept_raw = r.hmget(keys.kept(job_id, metric_key), fields)
+    else:  # in one round trip
+        pipe = r.pipeline(transaction=False)
+        pipe.hmget(keys.results(job_id, metric_key), fields)
+        pipe.hmget(keys.kept(job_id, metric_key), fields)
+        recorded_raw, kept_raw = pipe.execute()
     held = WRITE_BEHIND.held(keys.kept(job_id, metric_key), fields)
     recorded = {p for p, raw in zip(positions, recorded_raw) if raw is not None}
     kept = {}

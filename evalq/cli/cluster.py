@@ -1,4 +1,4 @@
-"""Commands on a cluster's jobs: submit, wait, status, cancel, resume, and Flower."""
+"""Commands on a cluster's jobs: submit, wait, status, cancel, resume, results, and Flower."""
 
 from __future__ import annotations
 
@@ -133,6 +133,40 @@ def status(job_id: str | None, broker: str | None, as_json: bool, limit: int, st
 
         # names and errors a job gave, one line each on the terminal, no control characters
         click.echo("\n".join(printable(line, 100_000) for line in jobs.render(info, one=bool(job_id)).splitlines()))
+
+
+@cli.command()
+@click.argument("job_id")
+@broker_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def results(job_id: str, broker: str | None, as_json: bool) -> None:
+    """Where a job's results are: its outputs, and its instance and record parts in the job store
+    (Parquet, for DuckDB, Spark or Athena)."""
+    from evalq.shared.cluster.spec import stored_spec
+    from evalq.shared.store.records import locations
+
+    broker = need_broker(broker)
+    try:
+        spec = stored_spec(waiting.connect(broker), job_id)
+    except LookupError:
+        raise JobError(f"job {job_id}: not known to this broker (never submitted, or its keys expired)") from None
+    where = {"job_id": job_id, "out": spec.get("out"), **locations(spec)}
+    if as_json:
+        click.echo(json.dumps(where, indent=2))
+        return
+    click.echo(f"job {job_id}")
+    click.echo(f"  outputs:   {where['out'] or '(none: the job names no out)'}")
+    if where["store"] is None:
+        click.echo("  parts:     none: the job was submitted without a job store (EVALQ_STORE); its instances and "
+                   "item records are in Redis until its keys expire")
+        return
+    click.echo(f"  store:     {where['store']}")
+    click.echo(f"  instances: {where['instances']}")
+    for glob in where["records"].values():
+        click.echo(f"  records:   {glob}")
+    first = next(iter(where["records"].values()), None)
+    if first is not None:
+        click.echo(f"\n  duckdb -c \"SELECT outcome, count(*) FROM '{first}' GROUP BY outcome\"")
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

@@ -20,6 +20,7 @@ retries); the final callback sends what is left (``export_rest``), and logs what
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import exporter_problem, otel_exporters
-from evalq.shared.store import instances as stored_instances
+from evalq.shared.store import instances as stored_instances, records as stored_records
 from evalq.shared.traces.events import EVENT_NAME, Evaluation, evaluations
 
 log = logging.getLogger("evalq.otel")
@@ -148,11 +149,14 @@ def export_rest(r: redis.Redis, job_id: str, spec: dict) -> int:
     for key, entry in stage_runs(spec, METRICS_STAGE):
         if entry["id"] not in REGISTRY:
             continue
-        marked = r.smembers(keys.exported(job_id, key))
-        left = sorted(int(p) for p in r.hkeys(keys.results(job_id, key)) if p not in marked)
-        for lo in range(0, len(left), 1000):
-            part = left[lo:lo + 1000]
-            records = [json.loads(raw) for raw in r.hmget(keys.results(job_id, key), [str(p) for p in part])]
+        marked = {int(p) for p in r.smembers(keys.exported(job_id, key))}
+        left = (item for item in stored_records.scan(r, spec, job_id, key) if item[0] not in marked)
+        while True:
+            batch = list(itertools.islice(left, 1000))  # a thousand records at a time, whatever N is
+            if not batch:
+                break
+            part = [p for p, _ in batch]
+            records = [json.loads(raw) for _, raw in batch]
             otel = [json.loads(raw).get("otel") if raw else None
                     for raw in (stored_instances.lines_at(r, job_id, spec, part) if traces else [None] * len(part))]
             while failures < RETRIES:  # the last chance: a few tries, then the rest is logged as unsent
@@ -163,7 +167,7 @@ def export_rest(r: redis.Redis, job_id: str, spec: dict) -> int:
                     break
                 failures += 1
                 time.sleep(min(2.0 ** failures, 8.0))
-        unsent = r.hlen(keys.results(job_id, key)) - r.scard(keys.exported(job_id, key))
+        unsent = stored_records.count(r, job_id, key) - r.scard(keys.exported(job_id, key))
         if unsent > 0:
             log.warning("job %s %s: %d items' evaluation events were not sent (the collector did not take them)",
                         job_id, key, unsent)

@@ -24,7 +24,7 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.data.instances import with_shared
-from evalq.shared.store import instances as stored_instances
+from evalq.shared.store import instances as stored_instances, records as stored_records
 from evalq.shared.job.schema import entry_head as head
 from evalq.shared.data.loglines import log_head
 from evalq.shared.model.runners import GENERATE
@@ -124,15 +124,14 @@ def _log_entries(r: redis.Redis, spec: dict, job_id: str,
             # generated outputs' lines name no parameters: run.json's generation holds the model's
             head_obj = log_head(entry, slots.get(key), key != GENERATE and spec.get("log_parameters", True))
         head_json = json.dumps(head_obj, ensure_ascii=False)[1:-1]
-        rkey = keys.results(job_id, key)
         for start in range(0, n, LOG_BATCH):
             stop = min(start + LOG_BATCH, n)
-            records = r.hmget(rkey, [str(p) for p in range(start, stop)])
+            records = stored_records.get_many(r, spec, job_id, key, list(range(start, stop)))
             if None in records:  # rare: look the instances up once per batch
                 instances = [json.loads(raw) for raw in stored_instances.lines(r, job_id, spec, start, stop)]
             for i, raw in enumerate(records):
                 if raw is not None:
-                    yield _with_head(raw.decode("utf-8"), head_json), start + i, key
+                    yield _with_head(raw if isinstance(raw, str) else raw.decode("utf-8"), head_json), start + i, key
                 elif key != GENERATE or "actual-output" not in instances[i]:
                     # (a record with its own output had nothing generated)
                     variant = {"variant": instances[i]["variant"]} if "variant" in instances[i] else {}

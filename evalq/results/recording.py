@@ -27,6 +27,7 @@ from evalq.shared.metrics.registry import REGISTRY
 from evalq.shared.scores.results import entry_keys, read
 from evalq.shared.cluster.spec import METRICS_STAGE, entry_chunks, stage_runs
 from evalq.shared.scores.stats import Items, columns, score_interval
+from evalq.shared.store import records as stored_records
 
 log = logging.getLogger("evalq.history")
 
@@ -100,7 +101,7 @@ def entries_of(r: redis.Redis, job_id: str, spec: dict, summary: list[dict]) -> 
             "tokens": (judge.get("prompt_tokens", 0) + judge.get("completion_tokens", 0)) if judge else None})
         kind = REGISTRY.get(entry["id"]).aggregation if entry["id"] in REGISTRY else "mean"
         for field, items in item_fields(r, job_id, key, kind, entry["parameters"],
-                                        entry_chunks(spec, entry)).items():
+                                        entry_chunks(spec, entry), spec).items():
             series.append(one_series(slot, entry, name, field, kind, result, items,
                                      keep_items=len(items[0]) <= limit))
     return entry_rows, series
@@ -132,7 +133,7 @@ def chunk_values(items: list[tuple[int, dict]], readings: list) -> dict:
 
 
 def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
-                chunks: int | None = None) -> dict[str, Items]:
+                chunks: int | None = None, spec: dict | None = None) -> dict[str, Items]:
     """Per field, the entry's scored items as columns (instance ids, values): from the values its
     ``chunks`` chunks kept (``chunk_values``) when every one of them did, else from its item
     records (a jailbreak's injected variants left out either way). The items come in position
@@ -154,7 +155,7 @@ def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
                         into_values.append(value)
         return fields
     found: dict[str, list[tuple[int, str, float]]] = {}
-    for position, raw in r.hscan_iter(keys.results(job_id, key), count=5000):
+    for position, raw in stored_records.scan(r, spec or {}, job_id, key):
         record = json.loads(raw)
         if record.get("variant") is not None:
             continue

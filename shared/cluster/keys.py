@@ -6,7 +6,11 @@ several of them):
 
     evalq:{J}:spec           STRING  job spec as run (metrics, resolved parameters, counts)
     evalq:{J}:instances      LIST    one JSON instance per element, in job order
-    evalq:{J}:res:{M}        HASH    instance index -> JSON item record, for metric key M
+    evalq:{J}:res:{M}        HASH    instance index -> JSON item record, for metric key M (a job without a
+                                     job store; with one, records are Parquet parts there:
+                                     ``evalq.shared.store.records``)
+    evalq:{J}:recorded:{M}   HASH    chunk start -> how many item records the chunk wrote
+    evalq:{J}:nrec:{M}       STRING  the sum of ``recorded:{M}``: the run's items recorded so far
     evalq:{J}:time:{M}       HASH    chunk start -> seconds spent scoring that chunk
     evalq:{J}:part:{M}       HASH    chunk start -> JSON aggregate of the chunk's items (mergeable kinds)
     evalq:{J}:view:{M}       HASH    chunk start -> JSON of what report.html needs of the chunk (worst items, sample)
@@ -84,6 +88,16 @@ def shared_values(job_id: str) -> str:
 
 def results(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:res:{metric_key}"
+
+
+def recorded(job_id: str, metric_key: str) -> str:
+    """Hash: chunk start -> how many item records the chunk wrote (``evalq.shared.store.records``)."""
+    return f"{job_prefix(job_id)}:recorded:{metric_key}"
+
+
+def recorded_total(job_id: str, metric_key: str) -> str:
+    """String: the sum of ``recorded``'s counts (the run's items recorded so far)."""
+    return f"{job_prefix(job_id)}:nrec:{metric_key}"
 
 
 def kept(job_id: str, metric_key: str) -> str:
@@ -274,5 +288,6 @@ def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
             batch(job_id, "line"), batch(job_id, "touched"), batch(job_id, "sync"), batch(job_id, "open")]
     for m in metric_keys:
         keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m),
-                 values(job_id, m), accounting(job_id, m), exported(job_id, m)]
+                 values(job_id, m), accounting(job_id, m), exported(job_id, m), recorded(job_id, m),
+                 recorded_total(job_id, m)]
     return keys

@@ -65,14 +65,24 @@ class Place:
                 tmp.unlink(missing_ok=True)
             raise StoreUnavailable(f"{target}: cannot write to the job store: {exc.strerror or exc}") from None
 
-    def get(self, name: str) -> bytes:
+    def get(self, name: str, missing_ok: bool = False) -> bytes | None:
+        """``name``'s bytes; with ``missing_ok``, None where nothing was written under it."""
         target = self.path_of(name)
         if self.is_s3:
             bucket, key = _split(target)
             with _s3_errors(target):
-                return self._s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+                try:
+                    return self._s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+                except self._s3().exceptions.NoSuchKey:
+                    if missing_ok:
+                        return None
+                    raise
         try:
             return Path(target).read_bytes()
+        except FileNotFoundError as exc:
+            if missing_ok:
+                return None
+            raise StoreUnavailable(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
         except OSError as exc:
             raise StoreUnavailable(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
 

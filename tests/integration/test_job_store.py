@@ -38,7 +38,7 @@ def cluster(private_redis, tmp_path):
 
 def qa_job(tmp_path):
     instances = [{"id": f"q{i}", "actual-output": f"answer {i % 7} to {'x' * (i % 50)}",
-                  "expected-output": [f"answer {i % 5} to {'x' * (i % 50)}"], "meta": {"category": f"c{i % 3}"}}
+                  "expected-output": [f"answer {i % 5} to {'x' * (i % 50)}"], "category": f"c{i % 3}"}
                  for i in range(N)]
     return write_job(tmp_path / "job.json", instances,
                      [{"id": "exact_match"}, {"id": "f1_score"}, {"id": "bleu"}])
@@ -78,6 +78,32 @@ def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster,
     assert table.column("position").to_pylist() == list(range(N))
     ids = [json.loads(text)["id"] for text in table.column("instance").to_pylist()]
     assert ids == [f"q{i}" for i in range(N)]
+    # the item records too: a part per chunk, no res:{M} in Redis, and what pyarrow reads of the
+    # parts adds up to results.json
+    assert not [k for k in r.scan_iter(f"evalq:{{{staged}}}:res:*")] and r.exists(keys.results(kept, "exact_match@0"))
+    records = pa.concat_tables([pq.read_table(p) for p in
+                                sorted((store / "default" / "jobs" / staged / "records" / "exact_match@0").iterdir())])
+    assert sorted(records.column("position").to_pylist()) == list(range(N))
+    assert records.column("instance_id").to_pylist() == [f"q{p}" for p in records.column("position").to_pylist()]
+    scores = [json.loads(text)["result"] for text in records.column("record").to_pylist()]
+    results = {m["metric"]: m for m in json.loads((tmp_path / "staged" / "results.json").read_text())}
+    assert sum(scores) / N == pytest.approx(results["exact_match"]["score"]) and results["exact_match"]["n"] == N
+    by_category = {c: [json.loads(t)["result"] for t, cat in zip(records.column("record").to_pylist(),
+                                                                records.column("category").to_pylist()) if cat == c]
+                   for c in ("c0", "c1", "c2")}
+    assert {c: sum(v) / len(v) for c, v in by_category.items()} == pytest.approx(
+        {c: row["score"] for c, row in results["exact_match"]["categories"].items()})
+    # evalq results says where they are
+    shown = evalq("results", staged, "--broker", cluster, "--json")
+    assert shown.returncode == 0, shown.stderr
+    where = json.loads(shown.stdout)
+    folder = str((store / "default" / "jobs" / staged).resolve())
+    assert where["store"] == folder and where["out"] == str(tmp_path / "staged")
+    assert where["records"]["exact_match@0"] == f"{folder}/records/exact_match@0/chunk-*.parquet"
+    listed = evalq("results", kept, "--broker", cluster)
+    assert listed.returncode == 0 and "without a job store (EVALQ_STORE)" in listed.stdout, listed.stderr
+    unknown = evalq("results", "0123456789abcdef", "--broker", cluster)
+    assert unknown.returncode == 2 and "not known to this broker" in unknown.stderr
 
 
 def test_instances_staged_in_s3_score_as_those_kept_in_redis(cluster, tmp_path):

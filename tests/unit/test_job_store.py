@@ -4,6 +4,7 @@ position, on a local folder; pyarrow reading the parts directly is the reference
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -80,3 +81,51 @@ def test_a_worker_reads_a_part_once_for_consecutive_chunks(tmp_path, monkeypatch
     for lo in range(0, 400, 50):  # eight chunks of one part
         assert staged.lines(None, "j", {"instances": spec}, lo, lo + 50) == lines[lo:lo + 50]
     assert reads == ["instances/part-00000.parquet"]
+
+
+def records_spec(tmp_path, chunk_size=4, parts=True) -> dict:
+    spec = {"metrics": {"m@0": {"id": "exact_match", "chunk_size": chunk_size}}, "n_instances": 10}
+    if parts:
+        spec["instances"] = staged.stage(Place(str(tmp_path / "job")), iter(lines_of(10)))
+        spec["records"] = "parts"
+    return spec
+
+
+def write_chunk(r, spec, job, start, records):
+    from evalq.shared.store import records as stored
+
+    pipe = r.pipeline(transaction=True)
+    whole = sorted(records.items())
+    stored.write(pipe, spec, job, "m@0", start, records, whole)
+    pipe.execute()
+
+
+@pytest.mark.parametrize("parts", [True, False], ids=["parts", "redis"])
+def test_records_are_counted_once_however_often_a_chunk_is_written(redis_url, tmp_path, parts):
+    import redis
+
+    from evalq.shared.cluster import keys
+    from evalq.shared.store import records as stored
+
+    r = redis.Redis.from_url(redis_url)
+    job = f"rec{uuid.uuid4().hex[:8]}"
+    spec = records_spec(tmp_path, parts=parts)
+    made = {p: {"instance_id": f"i{p}", "result": p % 2, **({"category": "c"} if p % 3 else {})} for p in range(10)}
+    try:
+        write_chunk(r, spec, job, 4, {p: made[p] for p in range(4, 8)})
+        write_chunk(r, spec, job, 0, {p: made[p] for p in range(0, 4)})
+        write_chunk(r, spec, job, 4, {p: made[p] for p in range(4, 8)})  # redelivered: the same again
+        write_chunk(r, spec, job, 8, {8: made[8]})  # position 9 had nothing to record
+        assert stored.count(r, job, "m@0") == 9
+        got = stored.get_many(r, spec, job, "m@0", [9, 0, 5, 8, 3])
+        assert [json.loads(g) if g is not None else None for g in got] == [None, made[0], made[5], made[8], made[3]]
+        scanned = sorted((p, json.loads(raw)) for p, raw in stored.scan(r, spec, job, "m@0"))
+        assert scanned == [(p, made[p]) for p in range(9)]
+        assert bool(r.exists(keys.results(job, "m@0"))) is not parts
+        if parts:
+            table = pq.read_table(tmp_path / "job" / "records" / "m@0" / "chunk-000000004.parquet")
+            assert table.column_names == ["position", "instance_id", "category", "outcome", "record"]
+            assert table.column("position").to_pylist() == [4, 5, 6, 7]
+            assert table.column("category").to_pylist() == ["c", "c", None, "c"]
+    finally:
+        r.delete(*keys.all_job_keys(job, ["m@0"]))
