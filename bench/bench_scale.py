@@ -76,7 +76,10 @@ def one(n: int, workdir: Path, path: str) -> dict:
     server.start()
     r = redis.Redis.from_url(server.url)
     names = [f"jobs{uuid.uuid4().hex[:4]}", f"cpu{uuid.uuid4().hex[:4]}"]
-    jobs, cpu = (LocalWorker(server.url, [queue], workdir, 2, name=name, env={"EVALQ_BACKLOG_PORT": "0"})
+    # a history store of the run's own (EVALQ_CACHE_DIR): no earlier run of the same job to pair with,
+    # whose items the final callback would load, so each path's RSS is its own
+    worker_env = {"EVALQ_BACKLOG_PORT": "0", "EVALQ_CACHE_DIR": str(workdir / f"cache{n}{path}")}
+    jobs, cpu = (LocalWorker(server.url, [queue], workdir, 2, name=name, env=worker_env)
                  for queue, name in zip(("evalq.jobs", "cpu"), names))
     try:
         jobs.start()

@@ -124,8 +124,10 @@ def _log_entries(r: redis.Redis, spec: dict, job_id: str,
             # generated outputs' lines name no parameters: run.json's generation holds the model's
             head_obj = log_head(entry, slots.get(key), key != GENERATE and spec.get("log_parameters", True))
         head_json = json.dumps(head_obj, ensure_ascii=False)[1:-1]
-        for start in range(0, n, LOG_BATCH):
-            stop = min(start + LOG_BATCH, n)
+        # a chunk's part at a time where the records are parts (each read once), else LOG_BATCH of them
+        step = entry["chunk_size"] if stored_records.in_parts(spec) else LOG_BATCH
+        for start in range(0, n, step):
+            stop = min(start + step, n)
             records = stored_records.get_many(r, spec, job_id, key, list(range(start, stop)))
             if None in records:  # rare: look the instances up once per batch
                 instances = [json.loads(raw) for raw in stored_instances.lines(r, job_id, spec, start, stop)]

@@ -98,6 +98,33 @@ def _column(staged: dict, index: int):
     return column
 
 
+def _rows(staged: dict, index: int, positions: list[int]) -> dict[int, str]:
+    """A few scattered positions of one part (the report's worst items, a trace's spans): from the
+    worker's cached part where it has it, else only the row groups that hold them, left uncached
+    (a final callback reading one item here and there must not decode and keep whole parts)."""
+    start = staged["starts"][index]
+    with _LOCK:
+        column = _PARTS.get((staged["uri"], index))
+    if column is not None:
+        return {p: column[p - start].as_py() for p in positions}
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = Place.from_json(staged).get(part_name(index))
+    part = pq.ParquetFile(pa.BufferReader(data))
+    bounds, first = [], 0
+    for g in range(part.metadata.num_row_groups):
+        bounds.append(first)
+        first += part.metadata.row_group(g).num_rows
+    found = {}
+    for g in sorted({bisect.bisect_right(bounds, p - start) - 1 for p in positions}):
+        rows = part.read_row_group(g, columns=["instance"]).column("instance")
+        for p in positions:
+            if 0 <= p - start - bounds[g] < len(rows):
+                found[p] = rows[p - start - bounds[g]].as_py()
+    return found
+
+
 def staged_lines(staged: dict, lo: int, hi: int) -> list[str]:
     """The stored JSON of positions ``lo`` to ``hi - 1`` (fewer where the job has fewer)."""
     starts, n = staged["starts"], staged["n"]
@@ -130,10 +157,13 @@ def lines_at(r: Any, job_id: str, spec: dict, positions: list[int]) -> list:
     """The stored JSON of the instances at ``positions`` (None where there is none), in that order."""
     staged = spec.get("instances")
     if staged:
+        by_part: dict[int, list[int]] = {}
+        for p in set(positions):
+            if 0 <= p < staged["n"]:
+                by_part.setdefault(bisect.bisect_right(staged["starts"], p) - 1, []).append(p)
         found: dict[int, Any] = {}
-        for p in sorted(set(positions)):  # near positions share a part: each read once
-            if 0 <= p < staged["n"] and p not in found:
-                found[p] = staged_lines(staged, p, p + 1)[0]
+        for index, wanted in by_part.items():
+            found.update(_rows(staged, index, wanted))
         return [found.get(p) for p in positions]
     from evalq.shared.cluster import keys
 
