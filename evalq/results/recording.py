@@ -140,7 +140,12 @@ def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
     order, whatever order the chunks finished in and Redis keeps them in: a suite's runs over the
     same instances then list them alike, and the regression check pairs them without a lookup."""
     fields: dict[str, Items] = {}
-    kept = r.hgetall(keys.values(job_id, key)) if chunks is not None else {}
+    if chunks is None:
+        kept = {}
+    elif stored_records.in_parts(spec or {}):  # in the metadata of the chunks' parts
+        kept = {start: raw for start, raw in stored_records.chunk_values(spec, r, job_id, key) if raw is not None}
+    else:
+        kept = r.hgetall(keys.values(job_id, key))
     if chunks is not None and len(kept) == chunks:
         for _, raw in sorted(kept.items(), key=lambda start_raw: int(start_raw[0])):  # by the chunk's start
             chunk = json.loads(raw)

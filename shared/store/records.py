@@ -46,14 +46,16 @@ def part_name(key: str, start: int) -> str:
 
 
 def write(pipe: Any, spec: dict, job_id: str, key: str, start: int, new: dict[int, dict],
-          whole: list[tuple[int, dict]] | None) -> None:
+          whole: list[tuple[int, dict]] | None, values: dict | None = None) -> None:
     """Queue on ``pipe`` (the chunk's MULTI transaction) what the chunk recorded: ``new`` (the
     records made by this run) into ``res:{M}``, or ``whole`` (every record of the chunk, earlier
-    runs' included) as its part, written to the store now; and the chunk's count. ``whole`` None:
-    the chunk has not ended (a deferred run), nothing is counted."""
+    runs' included) as its part, written to the store now, with ``values`` (what the history
+    store needs of the chunk, ``evalq.results.recording.chunk_values``) in the part's metadata;
+    and the chunk's count. ``whole`` None: the chunk has not ended (a deferred run), nothing is
+    counted."""
     if in_parts(spec):
         if whole:
-            Place.from_json(spec["instances"]).put(part_name(key, start), _encode(whole))
+            Place.from_json(spec["instances"]).put(part_name(key, start), _encode(whole, values))
     elif new:
         # HSET by instance position: a redelivered chunk overwrites, it never adds.
         pipe.hset(keys.results(job_id, key), mapping={str(p): encode(rec) for p, rec in new.items()})
@@ -128,7 +130,22 @@ def _outcome(record: dict) -> str:
     return "scored"
 
 
-def _encode(records: Iterable[tuple[int, dict]]) -> bytes:
+VALUES_KEY = b"evalq.values"  # the part's metadata key of the chunk's history values (JSON)
+
+
+def chunk_values(spec: dict, r: Any, job_id: str, key: str) -> Iterator[tuple[int, bytes | None]]:
+    """(chunk start, the history values its part carries, or None) of every chunk recorded so far."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    place = Place.from_json(spec["instances"])
+    for start in sorted(int(s) for s in r.hkeys(keys.recorded(job_id, key))):
+        data = place.get(part_name(key, start), missing_ok=True)
+        meta = pq.read_schema(pa.BufferReader(data)).metadata if data is not None else None
+        yield start, (meta or {}).get(VALUES_KEY)
+
+
+def _encode(records: Iterable[tuple[int, dict]], values: dict | None = None) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -141,6 +158,8 @@ def _encode(records: Iterable[tuple[int, dict]]) -> bytes:
         "outcome": pa.array([_outcome(rec) for _, rec in rows], pa.string()),
         "record": pa.array([encode(rec) for _, rec in rows], pa.string()),
     })
+    if values is not None:
+        table = table.replace_schema_metadata({VALUES_KEY: encode(values).encode("utf-8")})
     out = io.BytesIO()
     pq.write_table(table, out, compression="zstd")
     return out.getvalue()

@@ -81,6 +81,7 @@ def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster,
     # the item records too: a part per chunk, no res:{M} in Redis, and what pyarrow reads of the
     # parts adds up to results.json
     assert not [k for k in r.scan_iter(f"evalq:{{{staged}}}:res:*")] and r.exists(keys.results(kept, "exact_match@0"))
+    assert not r.exists(keys.values(staged, "exact_match@0")) and r.exists(keys.values(kept, "exact_match@0"))
     records = pa.concat_tables([pq.read_table(p) for p in
                                 sorted((store / "default" / "jobs" / staged / "records" / "exact_match@0").iterdir())])
     assert sorted(records.column("position").to_pylist()) == list(range(N))

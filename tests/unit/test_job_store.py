@@ -129,3 +129,36 @@ def test_records_are_counted_once_however_often_a_chunk_is_written(redis_url, tm
             assert table.column("category").to_pylist() == ["c", "c", None, "c"]
     finally:
         r.delete(*keys.all_job_keys(job, ["m@0"]))
+
+
+def test_the_history_values_of_a_chunk_ride_in_its_part_not_in_redis(redis_url, tmp_path):
+    import redis
+
+    from evalq.results.recording import item_fields
+    from evalq.shared.cluster import keys
+    from evalq.shared.core.jsonio import pack_floats
+    from evalq.shared.store import records as stored
+
+    r = redis.Redis.from_url(redis_url)
+    job = f"val{uuid.uuid4().hex[:8]}"
+    spec = records_spec(tmp_path)
+    try:
+        for start in (8, 0, 4):  # in any order: the items come back in position order
+            stop = min(start + 4, 10)
+            pipe = r.pipeline(transaction=True)
+            whole = [(p, {"instance_id": f"i{p}", "result": p / 10}) for p in range(start, stop)]
+            values = {"ids": [f"i{p}" for p in range(start, stop)], "fields": {},
+                      "fields_f64": {"mean": pack_floats([p / 10 for p in range(start, stop)])}}
+            stored.write(pipe, spec, job, "m@0", start, dict(whole), whole, values)
+            pipe.execute()
+        ids, got = item_fields(r, job, "m@0", "mean", {}, chunks=3, spec=spec)["mean"]
+        assert ids == [f"i{p}" for p in range(10)] and got == [p / 10 for p in range(10)]
+        assert not r.exists(keys.values(job, "m@0"))
+        # a chunk whose part lacks them (an older evalq's): the items are read from the records instead
+        pipe = r.pipeline(transaction=True)
+        stored.write(pipe, spec, job, "m@0", 4, {}, [(p, {"instance_id": f"i{p}", "result": p / 10}) for p in range(4, 8)])
+        pipe.execute()
+        ids, got = item_fields(r, job, "m@0", "mean", {}, chunks=3, spec=spec)["mean"]
+        assert ids == [f"i{p}" for p in range(10)] and got == [p / 10 for p in range(10)]
+    finally:
+        r.delete(*keys.all_job_keys(job, ["m@0"]))
