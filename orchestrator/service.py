@@ -335,6 +335,11 @@ def tenant_policy(job, identity: str | None, tenants=None) -> None:
             raise JobError(f"request: tenant {tenant!r} has a cost limit (EVALQ_TENANTS), and the operator's "
                            f"catalogue gives no price for {', '.join(map(repr, unpriced))}: its calls could not be "
                            "counted against it (the operator prices them; a job's own price never counts)")
+    staged = tenants.policy(tenants.job_staged, tenant)
+    if staged is not None:
+        problem = staged_problem(job, tenant, staged)
+        if problem:
+            raise JobError(problem)
     caps = {}
     for field, limit in (("cost_cap", tenants.policy(tenants.job_cost, tenant)),
                          ("token_cap", tenants.policy(tenants.job_tokens, tenant))):
@@ -343,6 +348,21 @@ def tenant_policy(job, identity: str | None, tenants=None) -> None:
             caps[field] = limit
     if caps:
         job.judging = job.judging.model_copy(update=caps)
+
+
+def staged_problem(job, tenant: str, limit: int) -> str | None:
+    """Why the job's instances are more than ``tenant`` may store for one job (``job_staged``:
+    in the job store, or in the broker's Redis without one), or None. Found before anything is
+    stored: its instances as they would be stored, counted from the validated spool."""
+    from evalq.shared.core.limits import size
+    from evalq.shared.store.instances import staged_bytes
+
+    n = staged_bytes(job.instances)
+    if n <= limit:
+        return None
+    where = f"dataset {job.dataset.uri}" if job.dataset is not None else "request.job.instances"
+    return (f"{where}: {len(job.instances)} instances are {size(n)} stored; tenant {tenant!r} may store at most "
+            f"{size(limit)} for one job ({tenant}.job_staged in EVALQ_TENANTS): split the dataset or ask the operator")
 
 
 def _endpoints(job) -> list:

@@ -233,7 +233,7 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
     if root is not None:
         # the tenant's part of the store: the request queue's tenant, else the one the job names
         tenant = spec.get("namespace") or (spec.get("scheduling") or {}).get("tenant")
-        place = job_place(root, job_id, tenant)
+        place = job_place(root, job_id, tenant, spec.get("suite"))
         try:
             spec["instances"] = staged.stage(place, json_lines(job.instances, shared))
             spec["records"] = PARTS  # and the item records as parts beside them (evalq.shared.store.records)

@@ -13,7 +13,8 @@ generate) queue's tokens per minute, in one setting::
 
 Entries are separated by ``,`` or ``;``: ``<tenant>=<weight>`` (a number > 0) and
 ``<tenant>.max_share=<fraction>`` (0 < fraction <= 1). A tenant not listed has weight 1
-and no cap. ``evalq.orchestrator.dispatch`` applies them.
+and no cap. ``evalq.orchestrator.dispatch`` applies them. The spend and size limits (``LIMITS``)
+are applied where a request is taken (``evalq.orchestrator.service.tenant_policy``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from evalq.shared.core.strict import Strict
 
 PRIORITIES = ("high", "normal", "low")  # strict precedence, first first
 TENANTS_ENV = "EVALQ_TENANTS"
-LIMITS = ("job_cost", "job_tokens", "daily_cost", "daily_tokens")  # a tenant's spend limits
+LIMITS = ("job_cost", "job_tokens", "daily_cost", "daily_tokens", "job_staged")  # a tenant's spend and size limits
 _TENANT = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")  # never "." or "..": it names a folder of each root
 
 
@@ -65,6 +66,7 @@ class Tenants:
     job_tokens: dict[str, int] = field(default_factory=dict)   # most judge tokens a job of the tenant may reserve
     daily_cost: dict[str, float] = field(default_factory=dict)  # most the tenant's jobs may spend a UTC day
     daily_tokens: dict[str, int] = field(default_factory=dict)  # most tokens its jobs may reserve a UTC day
+    job_staged: dict[str, int] = field(default_factory=dict)  # most bytes of instances a job of the tenant may store
 
     def weight(self, tenant: str) -> float:
         return self.weights.get(tenant, 1.0)
@@ -73,7 +75,8 @@ class Tenants:
     def names(self) -> list[str]:
         """The tenants the operator lists: each has a request queue of its own (evalq.jobs.<tenant>)."""
         return sorted(set(self.weights) | set(self.max_share) | set(self.max_priority) | set(self.suites)
-                      | set(self.job_cost) | set(self.job_tokens) | set(self.daily_cost) | set(self.daily_tokens))
+                      | set(self.job_cost) | set(self.job_tokens) | set(self.daily_cost) | set(self.daily_tokens)
+                      | set(self.job_staged))
 
     def policy(self, table: dict, tenant: str):
         """A tenant's entry in ``table``, else the default tenant's, else None."""
@@ -127,7 +130,8 @@ class Tenants:
             if not eq or not _TENANT.match(tenant) or (dot and key != "max_share") or not math.isfinite(number):
                 raise JobError(f"{source}: {entry!r}: expected <tenant>=<weight>, <tenant>.max_share=<fraction>, "
                                "<tenant>.max_priority=high|normal|low, <tenant>.suites=<pattern>|..., "
-                               "<tenant>.job_cost|daily_cost=<money> or <tenant>.job_tokens|daily_tokens=<tokens>")
+                               "<tenant>.job_cost|daily_cost=<money>, <tenant>.job_tokens|daily_tokens=<tokens> "
+                               "or <tenant>.job_staged=<bytes>")
             if dot:
                 if not 0 < number <= 1:
                     raise JobError(f"{source}: {entry!r}: max_share must be more than 0 and at most 1")
@@ -137,7 +141,7 @@ class Tenants:
                     raise JobError(f"{source}: {entry!r}: a weight must be more than 0")
                 weights[tenant] = number
         return cls(weights, caps, priorities, suites, limits["job_cost"], limits["job_tokens"], limits["daily_cost"],
-                   limits["daily_tokens"])
+                   limits["daily_tokens"], limits["job_staged"])
 
     @classmethod
     def from_env(cls) -> "Tenants":

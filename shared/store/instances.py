@@ -35,6 +35,16 @@ CACHED_PARTS = 2
 FORMAT = "parquet"
 
 
+def staged_bytes(instances: Iterable[dict]) -> int:
+    """The bytes the instances take stored (JSON lines, shared fields as references): a spool's
+    size, or the inline instances' lines counted."""
+    from evalq.shared.data.instances import SpooledInstances, json_lines
+
+    if isinstance(instances, SpooledInstances):
+        return instances.size()
+    return sum(len(line.encode("utf-8")) + 1 for line in json_lines(instances, {}))
+
+
 def part_name(index: int) -> str:
     return f"instances/part-{index:05d}.parquet"
 

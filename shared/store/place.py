@@ -5,7 +5,7 @@ S3-compatible endpoint such as MinIO), never a job's: a job cannot name it, so i
 subject to the egress lists that bound what a job may read and write. Each tenant has its part
 of it (``<store>/<tenant>``, or ``{tenant}`` in the value replaced, as the operator's other
 places: ``evalq.shared.policy.egress.tenant_place``), and each job a folder there:
-``<store>/<tenant>/jobs/<job id>/``. What is written there is written whole or not at all
+``<store>/<tenant>/suite=<suite>/job=<job id>/``. What is written there is written whole or not at all
 (a local file is renamed into place; an S3 object appears when its PUT ends).
 """
 
@@ -120,11 +120,17 @@ def store_root(environ=os.environ) -> Place | None:
     return Place(uri, (environ.get(STORE_ENDPOINT_ENV) or "").strip() or None)
 
 
-def job_place(root: Place, job_id: str, tenant: str | None) -> Place:
-    """Job ``job_id``'s folder: inside its tenant's part of the store (``default`` for a job of none)."""
+def job_place(root: Place, job_id: str, tenant: str | None, suite: str | None = None) -> Place:
+    """Job ``job_id``'s folder: inside its tenant's part of the store (``default`` for a job of
+    none), partitioned as Hive names it, ``suite=<suite>/job=<job id>`` (a suite's ``/`` and other
+    characters a path keeps apart are %-escaped, as Hive partitioning decodes them), so DuckDB,
+    Spark, Athena or pyarrow read a month of a suite's nights as one dataset with those columns."""
+    from urllib.parse import quote
+
     from evalq.shared.policy.egress import tenant_place
 
-    return Place(tenant_place(root.uri, tenant or "default"), root.endpoint_url).child(f"jobs/{job_id}")
+    return Place(tenant_place(root.uri, tenant or "default"), root.endpoint_url).child(
+        f"suite={quote(suite or 'default', safe='')}/job={job_id}")
 
 
 _CLIENTS: dict = {}

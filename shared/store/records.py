@@ -1,7 +1,7 @@
 """A run's item records: one immutable Parquet part per chunk in the job store, or a Redis hash.
 
 A job staged in the store (``spec["records"] == "parts"``) keeps its item records there too: a
-chunk writes every record it holds as ``records/<run key>/chunk-<start>.parquet`` in the job's
+chunk writes every record it holds as ``records/entry=<run key>/chunk-<start>.parquet`` in the job's
 folder, whole, before its Redis transaction; a redelivered chunk writes the same name again, so
 nothing is counted twice. Redis keeps only how many records each chunk wrote
 (``keys.recorded``, chunk start -> count) and their sum (``keys.recorded_total``), set in the
@@ -42,7 +42,9 @@ def in_parts(spec: dict) -> bool:
 
 
 def part_name(key: str, start: int) -> str:
-    return f"records/{key}/chunk-{start:09d}.parquet"
+    from urllib.parse import quote
+
+    return f"records/entry={quote(key, safe='')}/chunk-{start:09d}.parquet"
 
 
 def write(pipe: Any, spec: dict, job_id: str, key: str, start: int, new: dict[int, dict],
@@ -181,4 +183,4 @@ def locations(spec: dict) -> dict:
         return {"store": None}
     folder = spec["instances"]["uri"].rstrip("/")
     return {"store": folder, "instances": f"{folder}/instances/part-*.parquet",
-            "records": {key: f"{folder}/records/{key}/chunk-*.parquet" for key, _ in runs(spec)}}
+            "records": {key: f"{folder}/{part_name(key, 0).rsplit('/', 1)[0]}/chunk-*.parquet" for key, _ in runs(spec)}}

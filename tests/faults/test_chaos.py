@@ -161,7 +161,7 @@ def test_chaos_drill_pays_again_only_calls_in_flight_and_wait_rides_out_redis(tm
                                    "EVALQ_STORE_PART_BYTES": "8000"})
             assert submitted.returncode == 0, submitted.stderr
             job_id = submitted.stdout.strip()
-            assert len(list((tmp_path / "store" / "default" / "jobs" / job_id).glob("instances/*.parquet"))) > 1
+            assert len(list((tmp_path / "store" / "default").glob(f"suite=*/job={job_id}/instances/*.parquet"))) > 1
             waiting = subprocess.Popen([sys.executable, "-m", "evalq.cli", "wait", job_id, "--broker",
                                         url, "--stall-timeout", "120"], cwd=ROOT, env={**os.environ, **CLUSTER_ENV},
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

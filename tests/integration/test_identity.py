@@ -19,7 +19,8 @@ from tests.conftest import evalq, start_worker, stop_worker, wait_for_worker
 
 pytestmark = pytest.mark.integration
 
-TENANTS = "search=2,ads=1;ads.max_priority=normal;ads.suites=ads-*;ads.job_cost=2.5;ads.job_tokens=50000"
+TENANTS = ("search=2,ads=1;ads.max_priority=normal;ads.suites=ads-*;ads.job_cost=2.5;ads.job_tokens=50000;"
+           "ads.job_staged=4000")
 JOB = {"instances": [{"id": f"i{k}", "actual-output": "a", "expected-output": ["a"]} for k in range(4)],
        "metrics": [{"id": "exact_match"}]}
 
@@ -147,3 +148,21 @@ def test_a_tenant_writes_only_its_suites_and_spends_at_most_its_per_job_limits(c
     free = ask(cluster, search, "evalq.jobs.search", "search", suite="rag-nightly")
     assert free["status"] == "done"
     assert json.loads(cluster["r"].get(keys.spec(free["job_id"])))["judging"]["cost_cap"] is None
+
+
+def test_a_tenant_stores_at_most_its_per_job_size(cluster):
+    """Issue 59: no tenant fills the broker (or the job store) with one job. A job whose instances
+    are more than the tenant's job_staged is answered invalid, saying how big it is and the limit,
+    before anything of it is stored; a tenant without that limit stores it."""
+    big = {**JOB, "instances": [{"id": f"i{k}", "actual-output": "a" * 40, "expected-output": ["a"]}
+                                for k in range(80)]}
+    ads = client(cluster["url"], "ads", "ads-secret")
+    over = ask(cluster, ads, "evalq.jobs.ads", "ads", suite="ads-big", job=big)
+    assert over["status"] == "invalid", over
+    said = over["errors"][0]
+    assert said.startswith("request.job.instances: 80 instances are ") and "tenant 'ads' may store at most " \
+        in said and "ads.job_staged in EVALQ_TENANTS" in said, said
+    assert not cluster["r"].exists(keys.instances(over["job_id"])) and not cluster["r"].exists(keys.spec(over["job_id"]))
+    assert ask(cluster, ads, "evalq.jobs.ads", "ads", suite="ads-small")["status"] == "done"
+    search = client(cluster["url"], "search", "search-secret")
+    assert ask(cluster, search, "evalq.jobs.search", "search", job=big)["status"] == "done"

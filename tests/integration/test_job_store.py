@@ -44,6 +44,12 @@ def qa_job(tmp_path):
                      [{"id": "exact_match"}, {"id": "f1_score"}, {"id": "bleu"}])
 
 
+def folder_of(store, tenant: str, job_id: str):
+    """A job's folder in the store: <store>/<tenant>/suite=<suite>/job=<job id>."""
+    (found,) = (store / tenant).glob(f"suite=*/job={job_id}")
+    return found
+
+
 def run(job, out, url, env=None):
     done = evalq("run", str(job), "--out", str(out), "--broker", url, "-q", "--chunk-size", "50", env=env)
     assert done.returncode == 0, done.stderr
@@ -72,7 +78,8 @@ def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster,
     r = redis.Redis.from_url(cluster)
     assert r.exists(keys.instances(kept)) and not r.exists(keys.instances(staged))
     spec = json.loads(r.get(keys.spec(staged)))
-    parts = sorted((store / "default" / "jobs" / staged / "instances").glob("part-*.parquet"))
+    assert folder_of(store, "default", staged).parent.name == "suite=job"  # the job file's name
+    parts = sorted((folder_of(store, "default", staged) / "instances").glob("part-*.parquet"))
     assert len(parts) == len(spec["instances"]["starts"]) > 3
     table = pa.concat_tables([pq.read_table(p) for p in parts])
     assert table.column("position").to_pylist() == list(range(N))
@@ -83,7 +90,7 @@ def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster,
     assert not [k for k in r.scan_iter(f"evalq:{{{staged}}}:res:*")] and r.exists(keys.results(kept, "exact_match@0"))
     assert not r.exists(keys.values(staged, "exact_match@0")) and r.exists(keys.values(kept, "exact_match@0"))
     records = pa.concat_tables([pq.read_table(p) for p in
-                                sorted((store / "default" / "jobs" / staged / "records" / "exact_match@0").iterdir())])
+                                sorted((folder_of(store, "default", staged) / "records" / "entry=exact_match%400").iterdir())])
     assert sorted(records.column("position").to_pylist()) == list(range(N))
     assert records.column("instance_id").to_pylist() == [f"q{p}" for p in records.column("position").to_pylist()]
     scores = [json.loads(text)["result"] for text in records.column("record").to_pylist()]
@@ -94,13 +101,22 @@ def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster,
                    for c in ("c0", "c1", "c2")}
     assert {c: sum(v) / len(v) for c, v in by_category.items()} == pytest.approx(
         {c: row["score"] for c, row in results["exact_match"]["categories"].items()})
+    # the store read as one dataset, as a month of nights would be: Hive partitions suite, job, entry
+    import pyarrow.dataset as ds
+
+    files = [str(f) for f in (store / "default").glob("suite=*/job=*/records/*/*.parquet")]
+    night = ds.dataset(files, format="parquet", partitioning="hive", partition_base_dir=str(store / "default")).to_table()
+    assert set(zip(night.column("suite").to_pylist(), night.column("job").to_pylist(),
+                   night.column("entry").to_pylist())) == {("job", staged, "exact_match@0"), ("job", staged, "f1_score@1"),
+                                                           ("job", staged, "bleu@2")}
+    assert night.num_rows == 3 * N
     # evalq results says where they are
     shown = evalq("results", staged, "--broker", cluster, "--json")
     assert shown.returncode == 0, shown.stderr
     where = json.loads(shown.stdout)
-    folder = str((store / "default" / "jobs" / staged).resolve())
+    folder = str(folder_of(store, "default", staged).resolve())
     assert where["store"] == folder and where["out"] == str(tmp_path / "staged")
-    assert where["records"]["exact_match@0"] == f"{folder}/records/exact_match@0/chunk-*.parquet"
+    assert where["records"]["exact_match@0"] == f"{folder}/records/entry=exact_match%400/chunk-*.parquet"
     listed = evalq("results", kept, "--broker", cluster)
     assert listed.returncode == 0 and "without a job store (EVALQ_STORE)" in listed.stdout, listed.stderr
     unknown = evalq("results", "0123456789abcdef", "--broker", cluster)
@@ -122,7 +138,7 @@ def test_instances_staged_in_s3_score_as_those_kept_in_redis(cluster, tmp_path):
                "EVALQ_STORE_PART_BYTES": "3000"}
         staged = run(job, tmp_path / "staged", cluster, env=env)
         same_outputs(tmp_path / "kept", tmp_path / "staged")
-        listed = client.list_objects_v2(Bucket="night", Prefix=f"evalq/default/jobs/{staged}/instances/")
+        listed = client.list_objects_v2(Bucket="night", Prefix=f"evalq/default/suite=job/job={staged}/instances/")
         names = sorted(o["Key"] for o in listed["Contents"])
         assert len(names) > 3 and names[0].endswith("part-00000.parquet")
         assert not redis.Redis.from_url(cluster).exists(keys.instances(staged))
@@ -181,8 +197,8 @@ def test_a_night_larger_than_the_brokers_memory_runs_beside_another_tenants_job(
     assert results[0]["n"] == n and results[0]["score"] == pytest.approx(
         sum((i % 7) == (i % 5) for i in range(n)) / n)
     assert len(read_log(tmp_path / "small")) == 3 * N
-    assert list((tmp_path / "store" / "ads" / "jobs").iterdir()) and \
-        list((tmp_path / "store" / "search" / "jobs").iterdir())  # each tenant's in its part of the store
+    assert folder_of(tmp_path / "store", "ads", big.stdout.strip()) and \
+        folder_of(tmp_path / "store", "search", other.stdout.strip())  # each tenant's in its part of the store
     assert r.info("memory")["used_memory"] < 64 * 2**20
 
 

@@ -65,10 +65,10 @@ def test_the_store_is_the_operators_and_each_tenant_has_its_part(tmp_path):
     assert store_root({}) is None
     root = store_root({"EVALQ_STORE": str(tmp_path / "s"), "EVALQ_STORE_ENDPOINT_URL": ""})
     assert root == Place(str((tmp_path / "s").resolve()))
-    assert job_place(root, "abc", None).uri == f"{root.uri}/default/jobs/abc"
-    assert job_place(root, "abc", "team-a").uri == f"{root.uri}/team-a/jobs/abc"
+    assert job_place(root, "abc", None).uri == f"{root.uri}/default/suite=default/job=abc"
+    assert job_place(root, "abc", "team-a", "rag/nightly:eu").uri == f"{root.uri}/team-a/suite=rag%2Fnightly%3Aeu/job=abc"
     s3 = store_root({"EVALQ_STORE": "s3://bucket/evalq/{tenant}/store", "EVALQ_STORE_ENDPOINT_URL": "http://x:9"})
-    assert job_place(s3, "abc", "t1") == Place("s3://bucket/evalq/t1/store/jobs/abc", "http://x:9")
+    assert job_place(s3, "abc", "t1", "n") == Place("s3://bucket/evalq/t1/store/suite=n/job=abc", "http://x:9")
 
 
 def test_a_worker_reads_a_part_once_for_consecutive_chunks(tmp_path, monkeypatch):
@@ -123,7 +123,7 @@ def test_records_are_counted_once_however_often_a_chunk_is_written(redis_url, tm
         assert scanned == [(p, made[p]) for p in range(9)]
         assert bool(r.exists(keys.results(job, "m@0"))) is not parts
         if parts:
-            table = pq.read_table(tmp_path / "job" / "records" / "m@0" / "chunk-000000004.parquet")
+            table = pq.read_table(tmp_path / "job" / "records" / "entry=m%400" / "chunk-000000004.parquet")
             assert table.column_names == ["position", "instance_id", "category", "outcome", "record"]
             assert table.column("position").to_pylist() == [4, 5, 6, 7]
             assert table.column("category").to_pylist() == ["c", "c", None, "c"]
@@ -162,3 +162,21 @@ def test_the_history_values_of_a_chunk_ride_in_its_part_not_in_redis(redis_url, 
         assert ids == [f"i{p}" for p in range(10)] and got == [p / 10 for p in range(10)]
     finally:
         r.delete(*keys.all_job_keys(job, ["m@0"]))
+
+
+def test_a_tenants_per_job_size_is_the_operators_setting():
+    from evalq.shared.cluster.scheduling import Tenants
+    from evalq.shared.core.errors import JobError
+    from evalq.shared.data.instances import SpooledInstances
+    from evalq.shared.store.instances import staged_bytes
+
+    tenants = Tenants.parse("ads=1;ads.job_staged=2048;default.job_staged=1e6")
+    assert tenants.policy(tenants.job_staged, "ads") == 2048 and tenants.policy(tenants.job_staged, "x") == 10**6
+    assert "ads" in tenants.names
+    with pytest.raises(JobError, match="job_staged must be a number > 0"):
+        Tenants.parse("ads.job_staged=-1")
+    spool, inline = SpooledInstances(), [{"id": str(i), "input": "é" * i} for i in range(20)]
+    for inst in inline:
+        spool.append(inst)
+    # what a stored instance takes: its JSON line's bytes, as the spool holds it and as it is staged
+    assert staged_bytes(inline) == staged_bytes(spool) == sum(len(line.encode()) + 1 for line in spool.json_lines())
