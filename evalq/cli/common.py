@@ -54,6 +54,7 @@ class Commands(click.Group):
 
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="evalq", prog_name="evalq", message="%(prog)s %(version)s")
 def cli() -> None:
     """evalq: distributed evaluation of LLM applications."""
     from evalq.shared.core import bounds

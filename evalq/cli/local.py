@@ -79,14 +79,16 @@ def validate(job_file: Path, offline: bool) -> None:
 
 
 @cli.command()
+@click.argument("names", nargs=-1, metavar="[METRIC ...]")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def metrics(as_json: bool) -> None:
-    """List metric ids, their parameters (types, defaults) and queue."""
+def metrics(names: tuple[str, ...], as_json: bool) -> None:
+    """List metric ids, their parameters (types, defaults) and queue: all, or those named (an id,
+    or a part of ids: `evalq metrics rouge`)."""
     import evalq.shared.job.catalogue  # noqa: F401
     from evalq.shared.metrics.registry import REGISTRY
 
     rows = []
-    for spec in REGISTRY.all():
+    for spec in _named(REGISTRY.all(), names):
         params = []
         for name, field in spec.params.model_fields.items():
             entry = {"name": name, "type": _type_name(field.annotation),
@@ -113,6 +115,29 @@ def metrics(as_json: bool) -> None:
             click.echo(f"    - {p['name']}: {p['type']}{longest} {value}  {p['description']}")
         if not row["parameters"]:
             click.echo("    (no parameters)")
+
+
+def _named(specs: list, names: tuple[str, ...]) -> list:
+    """The metrics ``names`` pick: each an id, else every id it is part of; one that picks none
+    is exit 2, with the ids it is closest to."""
+    import difflib
+
+    from evalq.shared.core.errors import JobError
+
+    if not names:
+        return specs
+    ids = [spec.id for spec in specs]
+    picked, problems = set(), []
+    for name in names:
+        found = {name} if name in ids else {i for i in ids if name.lower() in i.lower()}
+        if not found:
+            close = difflib.get_close_matches(name, ids, n=3, cutoff=0.5)
+            problems.append(f"no metric {name!r}" + (f"; did you mean {', '.join(close)}?" if close else
+                                                    "; `evalq metrics` lists them all"))
+        picked |= found
+    if problems:
+        raise JobError(problems)
+    return [spec for spec in specs if spec.id in picked]
 
 
 def _type_name(annotation) -> str:

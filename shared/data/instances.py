@@ -409,16 +409,18 @@ def record_place(spec: DatasetSpec, number: int, short: bool = False) -> str:
 
 
 def parsed(text: str, limits: Limits) -> Any:
-    """A JSON Lines line as a record, a RecordError saying what is wrong with it, or None for a
-    blank line (skipped)."""
+    """A JSON Lines line as a record, a RecordError saying what is wrong with it, or None (blank)."""
     if isinstance(text, LineError):
         return RecordError(str(text))
     if not text.strip():
         return None
     try:
         return loads(text, limits.json_depth)
-    except json.JSONDecodeError as exc:
-        return RecordError(f"invalid JSON at column {exc.colno}: {exc.msg}")
+    except json.JSONDecodeError as exc:  # a record cut short fails at its end, not at "line 2, column 1"
+        end = len(text.rstrip("\r\n"))
+        cut = f"the record ends before its JSON does ({exc.msg}; a closing }} or ] missing?)"
+        return RecordError(f"invalid JSON at column {end + 1}: {cut}" if exc.pos >= end else
+                           f"invalid JSON at column {exc.colno}: {exc.msg}")
     except OverLimit as exc:
         return RecordError(str(exc))
 

@@ -121,6 +121,25 @@ def test_metrics_lists_parameters():
     assert "auto_reweigh" in human and "use_stemmer" in human
 
 
+def test_metrics_takes_names_and_the_command_says_its_version():
+    """Issue 60: `evalq metrics bleu` was an error and `evalq --version` too."""
+    from importlib.metadata import version
+
+    one = evalq("metrics", "bleu", "--json")
+    assert one.returncode == 0, one.stderr
+    assert [row["id"] for row in json.loads(one.stdout)] == ["bleu"]
+    rouges = evalq("metrics", "rouge")
+    assert rouges.returncode == 0 and "rouge" in rouges.stdout.split()[0] and "bleu  [queue" not in rouges.stdout
+    listed = {row["id"] for row in json.loads(evalq("metrics", "--json").stdout)}
+    assert {row["id"] for row in json.loads(evalq("metrics", "rouge", "--json").stdout)} == \
+        {i for i in listed if "rouge" in i}
+    wrong = evalq("metrics", "blue", "bleu")
+    assert wrong.returncode == 2 and "no metric 'blue'; did you mean bleu" in wrong.stderr, wrong.stderr
+    assert "Traceback" not in wrong.stderr
+    shown = evalq("--version")
+    assert shown.returncode == 0 and shown.stdout.strip() == f"evalq {version('evalq')}", shown
+
+
 def test_help_is_fast_and_lists_commands():
     proc = evalq("--help")
     assert proc.returncode == 0

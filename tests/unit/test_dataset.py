@@ -143,7 +143,8 @@ def test_invalid_json_line_and_skip_mode(tmp_path):
                                                '{"question": "q",', {"question": "q2", "answer": "b"},
                                                {"question": "q3", "answer": "c", "ground_truth": "c"}])
     text = problems(job_with({"uri": str(path)}))
-    assert f"{path} line 2: invalid JSON at column" in text
+    # the record is cut short: the error is at its end (column 18), not "column 1" of the line after it
+    assert f"{path} line 2: invalid JSON at column 18: the record ends before its JSON does" in text
     assert f"{path} line 3: target_output_location 'ground_truth' not found" in text
     job = parse_job(job_with({"uri": str(path), "on_bad_record": "skip"}))
     assert [i["id"] for i in job.instances] == ["1", "4"]
