@@ -176,6 +176,8 @@ def _record(spec: MetricSpec, inst: dict, outcome: Any, human: str | None) -> di
         record["category"] = inst["category"]
     if inst.get("variant") is not None:
         record["variant"] = inst["variant"]
+    if isinstance(inst.get("otel"), dict):  # a trace's instance: its ids join the line back to its span
+        record["otel"] = inst["otel"]
     if isinstance(outcome, Skipped):
         record["skipped"] = str(outcome)
     elif isinstance(outcome, NotApplicable):

@@ -66,11 +66,20 @@ def wait(job_id: str, broker: str | None, stall_timeout: float | None) -> None:
     from evalq.cli.outage import Outage
     from evalq.cli.run import finished
 
+    from evalq.cli.progress import progress
+    from evalq.shared.cluster.spec import run_items, runs, stored_spec
+
     broker = need_broker(broker)
     outage = Outage(broker, stall_timeout or 300)
     r = waiting.connect(broker, outage)
-    status = waiting.wait(r, broker, job_id, on_progress=lambda n: None, check=lambda: None,
-                             stall_timeout=stall_timeout, outage=outage)
+    try:
+        spec = outage.call(stored_spec, r, job_id)
+        total = sum(run_items(spec, key, entry) for key, entry in runs(spec))
+    except LookupError:  # not known (yet): wait says so
+        total = 0
+    with progress(total, label=f"job {job_id}") as shown:
+        status = waiting.wait(r, broker, job_id, on_progress=shown, check=lambda: None,
+                              stall_timeout=stall_timeout, outage=outage)
     outage.call(finished, r, job_id, status)
     click.echo(f"job {job_id}: {status}", err=True)
 

@@ -89,16 +89,29 @@ def _field_names(run: Run, key: str) -> list[str]:
 
 
 def summary(run: Run, key: str, field: str) -> dict:
-    """A field's value over a run's items, with its 95% interval (Wilson for rates)."""
+    """A field's value over a run's items, with the 95% interval results.json gives the same mean
+    (``stats.score_interval``: Wilson where every value is 0 or 1, else the normal interval within
+    the metric's range, a rating's scale for a rating), so a gate line and results.json agree."""
     xs = [f[field] for f in run.values[key].values() if field in f]
     if not xs:
         return {"value": None, "ci95": None, "n": 0}
     value = sum(xs) / len(xs)
-    if field == "defect_rate":
-        ci = stats.wilson(int(round(sum(xs))), len(xs))
-    else:
-        ci = stats.bootstrap_mean(xs)
+    binary = all(x in (0.0, 1.0) for x in xs)
+    ci = stats.score_interval(len(xs), sum(xs), sum(x * x for x in xs), binary, _bounds(run, key))
     return {"value": value, "ci95": ci, "n": len(xs)}
+
+
+def _bounds(run: Run, key: str) -> tuple[float, float] | None:
+    from evalq.shared.metrics.registry import REGISTRY
+
+    head = run.results[run.keys.index(key)]
+    if head.get("metric") not in REGISTRY:
+        return None
+    spec = REGISTRY.get(head["metric"])
+    if spec.aggregation == "rating":
+        params = head.get("parameters") or {}
+        return params.get("scale_min", 1), params.get("scale_max", 5)
+    return spec.bounds
 
 
 def compare(base: Run, new: Run) -> dict:

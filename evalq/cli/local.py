@@ -9,15 +9,15 @@ from pathlib import Path
 
 import click
 
-from evalq.cli.common import broker_option, cli, scheduling_options, describe, destination_for, scheduled
+from evalq.cli.common import broker_option, cli, run_broker_option, scheduling_options, describe, destination_for, scheduled
 from evalq.shared.core.errors import InfraError, JobError
 
 @cli.command()
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", default=None, metavar="DIR|s3://BUCKET/PREFIX/",
-              help="Where results.json, log.jsonl and run.json go [default: the job's output.uri, "
-                   "else out/<job name>].")
-@broker_option
+              help="Where results.json, log.jsonl, run.json and report.html go [default: the job's "
+                   "output.uri, else out/<job name>].")
+@run_broker_option
 @click.option("--chunk-size", type=click.IntRange(min=1), default=None, envvar="EVALQ_CHUNK_SIZE",
               help="Items per task [default: per metric; cpu: 250 to 1,000 by the entry's items].")
 @click.option("--concurrency", type=click.IntRange(min=1), default=None,
@@ -33,7 +33,7 @@ from evalq.shared.core.errors import InfraError, JobError
 def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | None,
         concurrency: int | None, gpu_processes: int | None, stall_timeout: float, quiet: bool, suite: str | None,
         priority: str | None, tenant: str | None, weight: float | None) -> None:
-    """Validate JOB_FILE, run it, write results.json, log.jsonl and run.json."""
+    """Validate JOB_FILE, run it, write results.json, log.jsonl, run.json and report.html."""
     from evalq.cli.run import run_job
     from evalq.cli.common import read_job
 

@@ -8,6 +8,7 @@ import sys
 
 from evalq.cli import wait as waiting
 from evalq.cli.outage import Outage
+from evalq.cli.progress import progress as shown_progress
 from evalq.shared.core.errors import InfraError
 from evalq.shared.job.schema import Job
 from evalq.shared.data.storage import Destination
@@ -41,7 +42,7 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
         if broker:
             _warn_missing_workers(broker_url, job.queues)
         total = job.n_to_generate + sum(job.span(m) for m in job.metrics)
-        bar = stack.enter_context(_progress(total, enabled=progress))
+        bar = stack.enter_context(shown_progress(total, enabled=progress))
         job_id = submit.submit(r, broker_url, job, chunk_size, out=dest, store=store)
         outage = Outage(broker_url, stall_timeout or 300)  # Redis away: ride it out, as long as a stall
         interrupted = False
@@ -124,23 +125,6 @@ def finished(r, job_id: str, status: str) -> list[dict]:
     if status == Status.CANCELLED:
         raise InfraError(f"job {job_id} was cancelled; partial outputs were written")
     return json.loads(r.get(keys.summary(job_id)))
-
-
-@contextlib.contextmanager
-def _progress(total: int, enabled: bool):
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, unit="item", desc="evalq", file=sys.stderr,
-               disable=not enabled or None, dynamic_ncols=True, smoothing=0.1)
-
-    def update(done: int) -> None:
-        if done > bar.n:
-            bar.update(done - bar.n)
-
-    try:
-        yield update
-    finally:
-        bar.close()
 
 
 def _warn_missing_workers(broker_url: str, queues: list[str]) -> None:

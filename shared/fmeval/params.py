@@ -181,4 +181,11 @@ class ToxicityParams(Params):
     def _path_for_toxigen(self):
         if self.model_type == "toxigen" and self.model_path is None:
             raise ValueError("model_type toxigen needs model_path (a local directory; nothing is downloaded)")
+        if self.model_type == "jigsaw_lstm":
+            import importlib.util
+
+            if importlib.util.find_spec("toxic_classifier") is None:  # found, not imported (it imports TensorFlow)
+                raise ValueError("model_type jigsaw_lstm: the default toxicity classifier is not installed here: "
+                                 "pip install --no-deps toxic-comment-classifier==0.3.0 (or model_type toxigen "
+                                 "with a local model_path)")
         return self

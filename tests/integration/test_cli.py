@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -138,6 +139,50 @@ def test_metrics_takes_names_and_the_command_says_its_version():
     assert "Traceback" not in wrong.stderr
     shown = evalq("--version")
     assert shown.returncode == 0 and shown.stdout.strip() == f"evalq {version('evalq')}", shown
+
+
+def test_help_says_what_each_command_needs_and_writes(tmp_path):
+    """Issue 60: submit, status and wait said `run` starts an embedded Redis; run said it writes
+    three files and writes four; the README listed three make commands and said "Both"."""
+    for command in ("submit", "status", "wait", "cancel", "resume", "results"):
+        shown = evalq(command, "--help")
+        assert shown.returncode == 0 and "embedded" not in shown.stdout, (command, shown.stdout)
+    run = " ".join(evalq("run", "--help").stdout.split())
+    assert "Without it, `run` starts an embedded Redis" in run
+    assert "results.json, log.jsonl, run.json and report.html" in run
+    job = write_job(tmp_path / "j.json", [INSTANCE], [{"id": "exact_match"}])
+    done = evalq("run", str(job), "--out", str(tmp_path / "o"), "-q")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["log.jsonl", "report.html", "results.json", "run.json"]
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        head = page.read_text().split("```")[1]
+        commands = [line.split()[1] for line in head.splitlines() if line.startswith("make ")]
+        assert len(commands) == 3 and "All three need only" in page.read_text() and "Both need" not in page.read_text()
+
+
+def test_the_first_jobs_scores_are_ones_a_newcomer_recognises(tmp_path):
+    """Issue 60: the first-job example scored the perfect answer "Paris" at 1.5e-154 (BLEU with
+    bigrams on one word). The page's job, run as the page says, against NLTK's BLEU directly."""
+    from nltk.translate.bleu_score import sentence_bleu
+
+    page = (ROOT / "docs" / "getting-started" / "first-job.md").read_text()
+    job = json.loads(page.split("```json", 1)[1].split("```", 1)[0])
+    path = tmp_path / "first.json"
+    path.write_text(json.dumps(job))
+    done = evalq("run", str(path), "--out", str(tmp_path / "first"), "-q")
+    assert done.returncode == 0, done.stderr
+    results = read_results(tmp_path / "first")
+    weights = tuple(job["metrics"][1]["parameters"]["weights"])
+    nltk = [sentence_bleu([r.split() for r in inst["expected-output"]], inst["actual-output"].split(), weights=weights)
+            for inst in job["instances"]]
+    assert results["bleu"]["score"] == pytest.approx(sum(nltk) / len(nltk)) == pytest.approx(2 / 3)
+    assert results["exact_match"]["score"] == pytest.approx(2 / 3)
+    assert "both scores are 0.667" in page
+    # one interval everywhere: a gate's line gives results.json's interval for the same mean
+    gated = evalq("compare", str(tmp_path / "first"), str(tmp_path / "first"), "--gate", "bleu.mean >= 0.5")
+    assert gated.returncode == 0, gated.stderr
+    lo, hi = results["bleu"]["ci95"]
+    assert f"gate bleu.mean >= 0.5: 0.6667 [{lo:.4f}, {hi:.4f}]  PASS" in gated.stdout, gated.stdout
 
 
 def test_help_is_fast_and_lists_commands():
@@ -297,3 +342,41 @@ def test_a_bad_numeric_setting_is_named_with_exit_2(tmp_path, variable, value, e
     assert f"error: {variable}: expected {expected}, got {value!r}" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_without_a_terminal_progress_is_a_line_at_intervals(tmp_path):
+    """Issue 60: progress showed only on a terminal: a CronJob's or CI's log showed nothing for
+    minutes. Without one, `run` prints items done, rate and time left every EVALQ_PROGRESS_EVERY s."""
+    from evalq.cli.progress import Lines
+
+    now = [0.0]
+    out = io.StringIO()
+    lines = Lines(1000, 30.0, out=out, clock=lambda: now[0])
+    lines(10)
+    now[0] = 31.0
+    lines(250)
+    now[0] = 45.0
+    lines(300)  # within the interval: nothing
+    assert out.getvalue() == "evalq: 250/1,000 items (25%), 8.1 items/s, 31s elapsed, 1m33s left\n"
+    job = write_job(tmp_path / "slow.json", [{**INSTANCE, "id": str(i)} for i in range(6)],
+                    [{"id": "slow_len", "parameters": {"seconds": 0.4}}])
+    done = evalq("run", str(job), "--out", str(tmp_path / "o"), "--chunk-size", "1",
+                 env={"EVALQ_PROGRESS_EVERY": "0.5"})
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("evalq: ") and " items" in line]
+    assert said and said[-1].startswith("evalq: 6/6 items (100%)"), done.stderr
+
+
+def test_a_metric_whose_model_is_not_installed_is_a_validation_error(tmp_path):
+    """Issue 60: `evalq validate examples/monitoring.json` said valid where the default toxicity
+    classifier was not installed, and `evalq run` then failed every item. Hidden here (as if never
+    installed: its import finder finds nothing), the job is invalid with the line that installs it."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['toxic_classifier'] = None\n")
+    env = {"PYTHONPATH": f"{hide}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    said = evalq("validate", str(ROOT / "examples" / "monitoring.json"), env=env)
+    assert said.returncode == 2 and "Traceback" not in said.stderr, said.stderr
+    assert "the default toxicity classifier is not installed here: pip install --no-deps " \
+           "toxic-comment-classifier==0.3.0" in said.stderr, said.stderr
+    assert evalq("validate", str(ROOT / "examples" / "monitoring.json")).returncode == 0

@@ -99,3 +99,43 @@ def test_openinferences_spans_of_a_question_sent_with_an_image(server, tmp_path)
     spans = [s for n, line in enumerate(lines, 1) for s in spans_of(json.loads(line), f"app.jsonl line {n}")]
     sent = [m for s in spans for m in genai.messages(s)[0] if m["role"] == "user"]
     assert sent == [{"role": "user", "content": [{"type": "text", "text": q}, photo]} for q in QUESTIONS]
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["with-the-processor", "without"])
+def test_an_openai_v2_application_groups_its_turns_into_one_conversation(server, tmp_path, monkeypatch, grouped):
+    """Issue 60: a gen_ai.conversation.id on a parent span left three turns as three instances. The
+    docs' span processor (examples/otel_conversation_id.py) puts the id on each call's span."""
+    import runpy
+
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+
+    from tests.conftest import ROOT
+
+    recipe = runpy.run_path(str(ROOT / "examples" / "otel_conversation_id.py"))
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "span_only")
+    (tmp_path / "traces").mkdir()
+    tp = provider(tmp_path / "traces" / "app.jsonl", "shop-chat")
+    if grouped:
+        tp.add_span_processor(recipe["ConversationId"]())
+    instrumentor = OpenAIInstrumentor()
+    instrumentor.instrument(tracer_provider=tp)
+    try:
+        client = openai.OpenAI(base_url=server.base_url("app"), api_key=KEY, max_retries=0)
+        history = [{"role": "system", "content": "You help shoppers."}]
+        with recipe["in_conversation"]("chat-42"):
+            for q in QUESTIONS:  # each turn sent with the conversation so far, as chat apps do
+                history.append({"role": "user", "content": q})
+                reply = client.chat.completions.create(model="judge-sim", max_tokens=60, messages=history)
+                history.append({"role": "assistant", "content": reply.choices[0].message.content})
+    finally:
+        instrumentor.uninstrument()
+        tp.shutdown()
+    job = load(tmp_path / "traces")
+    if not grouped:
+        assert len(job.instances) == len(QUESTIONS)  # what the issue saw: three instances
+        return
+    [conversation] = job.instances
+    assert conversation["otel"]["conversation_id"] == "chat-42"
+    assert [m["content"] for m in conversation["messages"] if m["role"] != "system"] == \
+        [m["content"] for m in history[1:]]

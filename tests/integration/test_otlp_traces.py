@@ -268,6 +268,12 @@ def test_a_night_of_traces_scored_on_a_cluster(exported, redis_url, cpu_worker, 
     lines = read_log(tmp_path / "out")
     log = {line["instance_id"]: line["result"] for line in lines if line["metric"] == "slow_len"}
     assert log == {s: len(a) for s, a in answers.items() if s in kept} and 0 < len(log) < 14
+    # each line carries its span's ids (issue 60: lines carried only the span id, as instance_id)
+    traces = {span: trace for (trace, span), _, _ in made["chat"] + made["older"] + made["oi"]}
+    for line in lines:
+        assert line["otel"]["span_id"] == line["instance_id"] and "start_ns" in line["otel"], line
+        if line["instance_id"] in traces:
+            assert line["otel"]["trace_id"] == traces[line["instance_id"]] and line["otel"]["service"], line
     unscored = [line for line in lines if line["metric"] == "exact_match"]
     assert len(unscored) == len(log)
     assert all(line["not_applicable"] == "the span has no 'expected-output'" for line in unscored)
