@@ -174,11 +174,11 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     summary = [with_variants(r, job_id, key, summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]),
                                                        span(spec, entry), endpoint_priced(spec, key, entry)))
                for key, entry in stage_runs(spec, METRICS_STAGE)]
-    r.set(keys.summary(job_id), json.dumps(summary))
     if status != Status.CANCELLED:  # scores no chunk could export (evalq.results.otel_export)
-        from evalq.results.otel_export import export_rest
+        from evalq.results.otel_export import export_rest, with_exports
 
-        export_rest(r, job_id, spec)
+        with_exports(summary, stage_runs(spec, METRICS_STAGE), export_rest(r, job_id, spec))
+    r.set(keys.summary(job_id), json.dumps(summary))
     errors: list[str] = []
     if spec.get("out"):
         errors = _write(r, spec, job_id, summary, status)

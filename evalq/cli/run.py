@@ -124,7 +124,14 @@ def finished(r, job_id: str, status: str) -> list[dict]:
         raise InfraError(f"job {job_id} failed: {error}")
     if status == Status.CANCELLED:
         raise InfraError(f"job {job_id} was cancelled; partial outputs were written")
-    return json.loads(r.get(keys.summary(job_id)))
+    summary = json.loads(r.get(keys.summary(job_id)))
+    from evalq.results.otel_export import exports_total
+
+    for sink, got in (exports_total(summary) or {}).items():  # never lost in silence
+        if got["unsent"]:
+            print(f"evalq: {got['unsent']} items' scores were not sent to {sink} {got['endpoint']}"
+                  f"{': ' + got['answer'] if got.get('answer') else ''} (run.json: exports)", file=sys.stderr)
+    return summary
 
 
 def _warn_missing_workers(broker_url: str, queues: list[str]) -> None:

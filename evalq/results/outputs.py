@@ -96,6 +96,11 @@ def run_info(spec: dict, job_id: str, generation: dict | None, status: str = Sta
     if generation is not None:
         info["generation"] = generation
     info["cost"] = job_cost(summary or [], generation)
+    from evalq.results.otel_export import exports_total
+
+    exports = exports_total(summary or [])
+    if exports:
+        info["exports"] = exports  # what each sink took of the scores, never lost in silence
     return info
 
 

@@ -127,6 +127,12 @@ def scored_spans(suite: str, day: str) -> str:
     return f"{PREFIX}:spans:{{{suite}}}:{day}"
 
 
+def sink(job_id: str, name: str) -> str:
+    """Hash: what sink ``name`` (``otlp``) refused of a job's scores: ``refused`` (events), ``answer``
+    (the backend's last word), ``cannot`` (set when it can take none: a 404 or 405 at its path)."""
+    return f"{job_prefix(job_id)}:sink:{name}"
+
+
 def exported(job_id: str, metric_key: str) -> str:
     """The positions whose evaluation events the collector took (``evalq.results.otel_export``)."""
     return f"{job_prefix(job_id)}:otel:{metric_key}"
@@ -285,7 +291,8 @@ def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
             job_tokens(job_id), job_cost(job_id), cost_held(job_cost(job_id)), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
             replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
             chunks_done(job_id, "generate"), chunks_done(job_id, "metrics"), parked(job_id),
-            batch(job_id, "line"), batch(job_id, "touched"), batch(job_id, "sync"), batch(job_id, "open")]
+            batch(job_id, "line"), batch(job_id, "touched"), batch(job_id, "sync"), batch(job_id, "open"),
+            sink(job_id, "otlp")]
     for m in metric_keys:
         keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m),
                  values(job_id, m), accounting(job_id, m), exported(job_id, m), recorded(job_id, m),

@@ -140,6 +140,8 @@ class _Metrics:
                                 ("deployment",))
         self.refused = counter("evalq_requests_refused", "Messages on a request queue that were not requests",
                                ("queue", "reason"))
+        self.exported = counter("evalq_scores_exported", "Evaluation events a sink took or refused",
+                                ("sink", "outcome"))
         # the most recent value any process set, also after that process exited
         self.tpm = Gauge("evalq_budget_tpm", "The deployment's tokens per minute", ("deployment",),
                          registry=None, multiprocess_mode="mostrecent")
@@ -177,6 +179,13 @@ def request_refused(queue: str, reason: str) -> None:
     m = _metrics()
     if m is not None:
         m.refused.labels(queue, reason).inc()
+
+
+def scores_exported(sink: str, outcome: str, events: int) -> None:
+    """``events`` evaluation events a sink (``otlp``) took (``sent``) or did not (``refused``)."""
+    m = _metrics()
+    if m is not None and events:
+        m.exported.labels(sink, outcome).inc(events)
 
 
 def items_recorded(metric: str, queue: str | None, records: Iterable[dict]) -> None:

@@ -38,11 +38,19 @@ class Receiver:
         self.events: list[dict] = []
         self.requests = 0
         self.refuse = 0  # requests to answer 400 (not retried by the exporter): a collector that says no
+        self.answer: int | None = None  # a status for every request: a place that takes no OTLP logs
+        self.asked = 0  # requests, whatever their answer
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.asked += 1
+                if receiver.answer is not None:
+                    self.send_response(receiver.answer)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if receiver.refuse > 0:
                     receiver.refuse -= 1
                     self.send_response(400)
@@ -190,3 +198,28 @@ def test_what_the_collector_refused_goes_at_the_end(exported, cluster, receivers
     run_job(job, tmp_path / "out", broker=url, chunk_size=3, progress=False, stall_timeout=120)
     ids = [e["attributes"]["evalq.event.id"] for e in receivers[0].events]
     assert receivers[0].refuse == 0 and len(ids) == len(set(ids)) == len(job.instances)
+    # what was refused on the way is counted; in the end every item's events were taken
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["exports"]["otlp"]["sent"] == len(job.instances) and run["exports"]["otlp"]["unsent"] == 0
+
+
+def test_a_place_that_takes_no_otlp_logs_is_found_at_once_and_said(exported, cluster, receivers, tmp_path, capsys):
+    """Issue 60: Phoenix answered evalq's POST /v1/logs 405, ten times; `evalq run` printed only
+    "wrote ...", took 19 s instead of 6, and run.json said nothing. A 405 (or 404) is found on the
+    first request and not asked again; run.json, results.json and a line on stderr say what was
+    not sent and what the place answered."""
+    folder, _ = exported
+    url, _ = cluster
+    receivers[0].answer = 405
+    job = _job(folder, [{"id": "slow_len", "parameters": {"seconds": 0}}], unit="span")
+    run_job(job, tmp_path / "out", broker=url, chunk_size=3, progress=False, stall_timeout=120)
+    n = len(job.instances)
+    # one request (two at most: each of the two workers' first may leave before the other's answer)
+    assert 1 <= receivers[0].asked <= 2 and not receivers[0].events
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    otlp = run["exports"]["otlp"]
+    assert (otlp["sent"], otlp["unsent"]) == (0, n) and "405" in otlp["answer"], otlp
+    [result] = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert result["exports"]["otlp"]["unsent"] == n and "405" in result["exports"]["otlp"]["answer"]
+    said = capsys.readouterr().err
+    assert f"evalq: {n} items' scores were not sent to otlp {receivers[0].url}: " in said and "405" in said, said

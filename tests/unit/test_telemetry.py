@@ -66,6 +66,7 @@ def test_a_nodes_processes_add_up_in_one_scrape():
                 telemetry.items_recorded("exact_match", "cpu", [{"result": 1}] * (n + 1) + [{"skipped": "cap"}])
                 telemetry.judge_counted("lab", {"calls": 1, "cost_nano": 1_500_000_000, "completion_tokens": 7})
                 telemetry.deployment_limits([("lab", 1000 * (n + 1), 10)])
+                telemetry.scores_exported("otlp", "refused", n + 1)
                 telemetry.process_exit(os.getpid())
                 os._exit(0)
             os.waitpid(pid, 0)
@@ -92,6 +93,7 @@ def test_a_nodes_processes_add_up_in_one_scrape():
     assert samples[("evalq_judge_cache_hits_total", (("deployment", "cache"),))] == 2
     assert samples[("evalq_judge_cache_hits_total", (("deployment", "reuse"),))] == 1
     assert samples[("evalq_budget_tpm", (("deployment", "lab"),))] == 3000  # the last one set
+    assert samples[("evalq_scores_exported_total", (("outcome", "refused"), ("sink", "otlp")))] == 1 + 2 + 3
 
 
 @pytest.fixture(autouse=True)
