@@ -45,7 +45,7 @@ def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | N
     summary = run_job(job, dest, broker=broker, chunk_size=chunk_size, concurrency=concurrency,
                       stall_timeout=stall_timeout, progress=not quiet, gpu_processes=gpu_processes)
     errors = sum(m["n_errors"] for m in summary)
-    click.echo(f"wrote {dest.path('results.json')}, log.jsonl and run.json"
+    click.echo(f"wrote {dest.path('results.json')}, log.jsonl, run.json and report.html"
                + (f" ({errors} item(s) failed; see 'error' in the log)" if errors else ""), err=True)
 
 

@@ -43,7 +43,8 @@ def _ci(ci: Any) -> str:
 
 # --- charts (inline SVG) -----------------------------------------------------------
 
-def bar_chart(labels: list[str], values: list[float], title: str, width: int = 520, height: int = 180) -> str:
+def bar_chart(labels: list[str], values: list[float], title: str, width: int = 520, height: int = 180,
+              unit: str = "") -> str:
     if not values:
         return ""
     top = max(values) or 1
@@ -56,7 +57,7 @@ def bar_chart(labels: list[str], values: list[float], title: str, width: int = 5
         bars.append(f'<rect x="{x + slot * 0.1:.1f}" y="{height - 30 - h:.1f}" width="{slot * 0.8:.1f}" '
                     f'height="{max(h, 0.5):.1f}" class=bar><title>{esc(label)}: {_num(v)}</title></rect>'
                     f'<text x="{x + slot / 2:.1f}" y="{height - 14}" text-anchor=middle class=tick>{esc(label)}</text>'
-                    f'<text x="{x + slot / 2:.1f}" y="{height - 34 - h:.1f}" text-anchor=middle class=val>{_num(v, 2)}</text>')
+                    f'<text x="{x + slot / 2:.1f}" y="{height - 34 - h:.1f}" text-anchor=middle class=val>{_num(v, 2)}{unit}</text>')
     return (f'<svg class=chart role=img aria-label="{esc(title)}" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}"><line x1=28 y1="{height - 30}" x2="{width - 8}" y2="{height - 30}" '
             f'class=axis></line>{"".join(bars)}</svg>')
@@ -65,6 +66,9 @@ def bar_chart(labels: list[str], values: list[float], title: str, width: int = 5
 def histogram(values: list[float], title: str) -> str:
     if not values:
         return ""
+    if all(v in (0.0, 1.0) for v in values):  # a 0/1 metric: how many of each, not twenty bins
+        ones = sum(1 for v in values if v == 1.0)
+        return bar_chart(["0", "1"], [len(values) - ones, ones], f"{title}: items per value", width=240)
     lo, hi = min(values), max(values)
     if hi <= lo:
         hi = lo + 1e-9
@@ -213,7 +217,12 @@ class ReportBuilder:
             return f"any-harm defect rate {_num(score['any']['defect_rate'])}{_ci(score['any'].get('ci95'))}"
         if isinstance(score, dict) and "mean" in score:
             ci = score.get("ci95") if isinstance(score.get("ci95"), list) else m.get("ci95")
-            return f"mean {_num(score['mean'])}{_ci(ci)}"
+            passing = ""  # a rated metric with a threshold: the share of items at or above it
+            if isinstance(score.get("pass_rate"), (int, float)):
+                at = (m.get("parameters") or {}).get("threshold")
+                passing = (f"; pass rate {_num(score['pass_rate'])}{_ci(score.get('pass_rate_ci95'))}"
+                           + (f" (score &ge; {esc(at)})" if at is not None else ""))
+            return f"mean {_num(score['mean'])}{_ci(ci)}{passing}"
         if isinstance(score, (int, float)):
             return f"{_num(score)}{_ci(m.get('ci95'))}"
         if isinstance(score, dict):
@@ -250,8 +259,8 @@ class ReportBuilder:
         timed = sorted(((m.get("elapsed_time", 0), self._label(m)) for m in self.summary), reverse=True)[:5]
         if not timed:
             return ""
-        return "<h2>Slowest metrics</h2>" + bar_chart([label for _, label in timed], [t for t, _ in timed],
-                                                      "compute seconds per metric")
+        return "<h2>Slowest metrics (compute seconds)</h2>" + bar_chart(
+            [label for _, label in timed], [t for t, _ in timed], "compute seconds per metric", unit=" s")
 
     def _section(self, i: int, m: dict, instances: dict[int, dict]) -> str:
         score = m.get("score")
@@ -273,9 +282,16 @@ class ReportBuilder:
             harms = [h for h in score if h != "any"]
             out.append(bar_chart(harms + ["any"], [score[h]["defect_rate"] for h in harms + ["any"]],
                                  f"{self._label(m)}: defect rate per harm"))
-        else:
-            for name, values in self.samples[i].items():
-                out.append(f"<p class=sub>{esc(name)}</p>" + histogram(values, f"{self._label(m)} {name}"))
+        else:  # a metric of many fields (rouge's nine): side by side, each small
+            fields = list(self.samples[i].items())
+            small = len(fields) > 2
+            out.append("<div class=grid>" if small else "")
+            for name, values in fields:
+                chart = histogram(values, f"{self._label(m)} {name}")
+                if small:  # drawn narrower: the viewBox keeps its drawing whole
+                    chart = chart.replace(' width="520"', ' width="300"', 1)
+                out.append(f"<div><p class=sub>{esc(name)}</p>{chart}</div>")
+            out.append("</div>" if small else "")
         if isinstance(score, dict) and isinstance(score.get("jailbreak"), dict):
             jb = score["jailbreak"]
             out.append(f"<p>with the jailbreak: defect rate {_num(jb['defect_rate'])} (delta {jb['delta']:+.4f}, "
@@ -293,7 +309,10 @@ class ReportBuilder:
             for badness, _, iid, position, result, error in worst:
                 inst = instances.get(position, {}) if position is not None else {}
                 what = error if error else (result.get("reason") if isinstance(result, dict) else None)
-                out.append(f"<details><summary><code>{esc(iid)}</code> {esc(error or _short(result))}</summary>")
+                otel = inst.get("otel") if isinstance(inst.get("otel"), dict) else {}
+                where = (f" <span class=sub>{esc(otel.get('service', ''))} trace <code>{esc(otel.get('trace_id', ''))}"
+                         f"</code></span>") if otel.get("trace_id") else ""
+                out.append(f"<details><summary><code>{esc(iid)}</code>{where} {esc(error or _short(result))}</summary>")
                 for label, key in (("input", "input"), ("output", "actual-output"), ("references", "expected-output")):
                     if key in inst:
                         out.append(f"<p><b>{label}</b></p><pre>{esc(inst[key])}</pre>")
@@ -306,8 +325,18 @@ class ReportBuilder:
 
 
 def _short(result: Any) -> str:
-    text = json.dumps(result, ensure_ascii=False)
-    return text if len(text) <= 120 else text[:117] + "..."
+    """An item's result in a line a person reads: its score (or its numbers) and the judge's reason
+    as text, not the record's JSON."""
+    if isinstance(result, dict):
+        numbers = [f"{k} {_num(v, 3)}" for k, v in result.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "raw_score"]
+        flags = [f"{k} {str(v).lower()}" for k, v in result.items() if isinstance(v, bool)]
+        reason = result.get("reason") if isinstance(result.get("reason"), str) else ""
+        text = ", ".join(numbers + flags) + (f": {reason}" if reason else "")
+    else:
+        text = _num(result, 3) if isinstance(result, (int, float)) and not isinstance(result, bool) else \
+            json.dumps(result, ensure_ascii=False)
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 _HEAD = """<!doctype html><html lang=en><head><meta charset=utf-8><title>evalq report</title><style>
@@ -318,7 +347,7 @@ th{background:#f3f5fa}.ci{color:#667}.headline{font-size:16px}.params,.sub{color
 .chart{display:block;margin:6px 0}.bar{fill:#4a78c2}.axis{stroke:#889}.tick,.val{font-size:10px;fill:#445}
 details{margin:4px 0;border:1px solid #e3e6ee;padding:4px 8px;border-radius:4px}
 pre{white-space:pre-wrap;background:#f7f8fb;padding:6px;margin:2px 0}code{font-size:12px}
-.pass{color:#1b7f3b}.fail{color:#b3261e}
+.pass{color:#1b7f3b}.fail{color:#b3261e}.grid{display:flex;flex-wrap:wrap;gap:0 16px}
 """ + AGENT_CSS + """
 </style></head><body>"""
 

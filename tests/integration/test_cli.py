@@ -154,6 +154,7 @@ def test_help_says_what_each_command_needs_and_writes(tmp_path):
     done = evalq("run", str(job), "--out", str(tmp_path / "o"), "-q")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["log.jsonl", "report.html", "results.json", "run.json"]
+    assert f"wrote {tmp_path / 'o' / 'results.json'}, log.jsonl, run.json and report.html" in done.stderr
     for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
         head = page.read_text().split("```")[1]
         commands = [line.split()[1] for line in head.splitlines() if line.startswith("make ")]

@@ -134,3 +134,38 @@ def test_the_report_from_the_workers_views_equals_the_one_rebuilt_from_the_log(t
     assert texts.sub("", made) == (tmp_path / "again.html").read_text()
     assert made.count("<svg") >= 5 and "Worst items" in made
     assert "ValueError" in made  # fail_on's errors rank worst
+
+
+def test_the_page_people_look_at_reads_at_a_glance(tmp_path):
+    """Issue 60's report: a rated metric's pass rate (results.json had it, the page did not); worst
+    items as text (score and the judge's reason, not a JSON object under a bare id); the slowest
+    metrics with their unit; a 0/1 metric as two bars, not twenty bins; rouge's fields side by side."""
+    tag = uuid.uuid4().hex
+    with JudgeSim([Region("lab")], api_key=KEY) as sim:
+        job = {"instances": [{"id": f"g{i}", "input": f"Question {i}?",
+                              "actual-output": f"answer {i % 3} {tag} [[sim:score={1 + i % 5}]]",
+                              "expected-output": [f"answer {i % 2} {tag}"]} for i in range(12)],
+               "judges": {"sim": {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV,
+                                  "deployments": [{"region": "lab", "base_url": sim.base_url("lab"),
+                                                   "tpm": 10_000_000, "rpm": 100_000}]}},
+               "metrics": [{"id": "coherence", "parameters": {"judge": "sim", "threshold": 4}},
+                           {"id": "exact_match"}, {"id": "rouge"}]}
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps(job))
+        proc = evalq("run", str(path), "--out", str(tmp_path / "out"), "-q", env={KEY_ENV: KEY})
+        assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "out" / "report.html").read_text()
+    results = {m["metric"]: m for m in json.loads((tmp_path / "out" / "results.json").read_text())}
+    rate = results["coherence"]["score"]["pass_rate"]
+    assert f"pass rate {rate:.4f}" in text and "(score &ge; 4)" in text
+    # the worst coherence item (score 1) reads as its score and the judge's words
+    worst = re.search(r"<summary><code>g0</code> ([^<]*)</summary>", text)
+    assert worst and worst.group(1).startswith("score 1") and "{" not in worst.group(1), text[:3000]
+    assert "<h2>Slowest metrics (compute seconds)</h2>" in text and re.search(r"class=val>[\d.]+ s</text>", text)
+    em = text.split("<h2>exact_match</h2>", 1)[1].split("</section>", 1)[0]
+    assert len(re.findall(r"<rect ", em)) == 2 and "items per value" in em  # two bars: 0 and 1
+    rouge = text.split("<h2>rouge</h2>", 1)[1].split("</section>", 1)[0]
+    assert "<div class=grid>" in rouge and rouge.count("<svg class=chart") == 9
+    if shutil.which("chromium") or shutil.which("chromium-browser"):  # and drawn by a real browser (CI has one)
+        dom, log = render(tmp_path / "out" / "report.html", tmp_path)
+        assert_drawn(dom, log, min_charts=1 + 1 + 1 + 9)  # slowest, coherence's scores, exact_match, rouge's nine
