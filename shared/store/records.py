@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import threading
+import zlib
 from collections import OrderedDict
 from typing import Any, Iterable, Iterator
 
@@ -132,7 +133,7 @@ def _outcome(record: dict) -> str:
     return "scored"
 
 
-VALUES_KEY = b"evalq.values"  # the part's metadata key of the chunk's history values (JSON)
+VALUES_KEY = b"evalq.values"  # the part's metadata key of the chunk's history values (JSON, zlib'd)
 
 
 def chunk_values(spec: dict, r: Any, job_id: str, key: str) -> Iterator[tuple[int, bytes | None]]:
@@ -144,7 +145,8 @@ def chunk_values(spec: dict, r: Any, job_id: str, key: str) -> Iterator[tuple[in
     for start in sorted(int(s) for s in r.hkeys(keys.recorded(job_id, key))):
         data = place.get(part_name(key, start), missing_ok=True)
         meta = pq.read_schema(pa.BufferReader(data)).metadata if data is not None else None
-        yield start, (meta or {}).get(VALUES_KEY)
+        packed = (meta or {}).get(VALUES_KEY)
+        yield start, zlib.decompress(packed) if packed is not None else None
 
 
 def _encode(records: Iterable[tuple[int, dict]], values: dict | None = None) -> bytes:
@@ -160,8 +162,8 @@ def _encode(records: Iterable[tuple[int, dict]], values: dict | None = None) -> 
         "outcome": pa.array([_outcome(rec) for _, rec in rows], pa.string()),
         "record": pa.array([encode(rec) for _, rec in rows], pa.string()),
     })
-    if values is not None:
-        table = table.replace_schema_metadata({VALUES_KEY: encode(values).encode("utf-8")})
+    if values is not None:  # Parquet keeps metadata uncompressed: the ids and values are zlib'd
+        table = table.replace_schema_metadata({VALUES_KEY: zlib.compress(encode(values).encode("utf-8"), 6)})
     out = io.BytesIO()
     pq.write_table(table, out, compression="zstd")
     return out.getvalue()
