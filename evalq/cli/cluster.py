@@ -1,4 +1,4 @@
-"""Commands on a cluster's jobs: submit, wait, status, cancel, resume, results, and Flower."""
+"""Commands on a cluster's jobs: submit, wait, status, cancel, resume, results, gc, and Flower."""
 
 from __future__ import annotations
 
@@ -176,6 +176,43 @@ def results(job_id: str, broker: str | None, as_json: bool) -> None:
     first = next(iter(where["records"].values()), None)
     if first is not None:
         click.echo(f"\n  duckdb -c \"SELECT outcome, count(*) FROM '{first}' GROUP BY outcome\"")
+
+
+@cli.command()
+@broker_option
+@click.option("--older-than", "days", type=click.FloatRange(min=0), default=None,
+              help="Days since a job's last part was written [default: EVALQ_RESULT_TTL].")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+def gc(broker: str | None, days: float | None, dry_run: bool) -> None:
+    """Remove the job store's folders of jobs that ended (or whose keys expired) and are older than
+    --older-than; a running job's parts are never removed. The store is EVALQ_STORE."""
+    import time
+
+    from evalq.shared.cluster import keys
+    from evalq.shared.cluster.status import FINAL
+    from evalq.shared.core.config import Settings
+    from evalq.shared.core.limits import size
+    from evalq.shared.store.place import job_folders, store_root
+
+    root = store_root()
+    if root is None:
+        raise JobError("evalq gc: no job store is named (EVALQ_STORE)")
+    broker = need_broker(broker)
+    r = waiting.connect(broker)
+    cutoff = time.time() - (days * 86400 if days is not None else Settings.from_env().result_ttl)
+    removed = kept = freed = 0
+    for place, job_id, newest, nbytes in job_folders(root):
+        status = (r.get(keys.status(job_id)) or b"").decode()
+        if newest > cutoff or (status and status not in FINAL):
+            kept += 1
+            continue
+        click.echo(f"{'would remove' if dry_run else 'removed'} {place.uri} ({size(nbytes)}; job "
+                   f"{status or 'expired from Redis'})")
+        if not dry_run:
+            place.delete()
+        removed, freed = removed + 1, freed + nbytes
+    click.echo(f"evalq gc: {'would remove' if dry_run else 'removed'} {removed} job folder(s), {size(freed)}; "
+               f"kept {kept} (running, or newer than the cutoff)", err=True)
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

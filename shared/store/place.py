@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from evalq.shared.core.errors import InfraError
 
@@ -133,6 +135,32 @@ def job_place(root: Place, job_id: str, tenant: str | None, suite: str | None = 
         f"suite={quote(suite or 'default', safe='')}/job={job_id}")
 
 
+def job_folders(root: Place) -> Iterator[tuple[Place, str, float, int]]:
+    """Every job folder in the store (``<root>/<tenant>/suite=<suite>/job=<job id>/``): (its place,
+    the job id, when its newest file was written (seconds since the epoch), its bytes)."""
+    if root.is_s3:
+        bucket, prefix = _split(root.uri.rstrip("/") + "/")
+        client, seen = _client(root.endpoint_url), {}
+        with _s3_errors(root.uri):
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    found = _JOB.match(obj["Key"][len(prefix):])
+                    if found:
+                        folder = f"s3://{bucket}/{prefix}{found.group(1)}"
+                        newest, size = seen.get(folder, (0.0, 0))
+                        seen[folder] = (max(newest, obj["LastModified"].timestamp()), size + obj["Size"])
+        for folder, (newest, size) in sorted(seen.items()):
+            yield Place(folder, root.endpoint_url), _JOB.match(folder[len(f"s3://{bucket}/{prefix}"):] + "/").group(2), \
+                newest, size
+        return
+    base = Path(root.uri)
+    for folder in sorted(base.glob("*/suite=*/job=*")):
+        files = [f for f in folder.rglob("*") if f.is_file()]
+        yield (Place(str(folder)), folder.name[len("job="):], max((f.stat().st_mtime for f in files), default=0.0),
+               sum(f.stat().st_size for f in files))
+
+
+_JOB = re.compile(r"^([^/]+/suite=[^/]+/job=([^/]+))/")
 _CLIENTS: dict = {}
 
 

@@ -236,3 +236,56 @@ def test_chunks_ride_out_a_store_that_is_away_for_a_moment(private_redis, tmp_pa
         jobs.close()
     lines = read_log(tmp_path / "out")
     assert len(lines) == 3 * N and not [line for line in lines if "error" in line]
+
+
+def test_gc_removes_ended_jobs_parts_past_the_cutoff_and_never_a_running_ones(private_redis, tmp_path):
+    """Retention is the store's: `evalq gc` removes the folders of jobs that ended (or whose keys
+    expired) and whose parts are older than --older-than, and keeps a running job's and newer ones."""
+    import time
+
+    r = redis.Redis.from_url(private_redis)
+    store = tmp_path / "store"
+    old = time.time() - 3 * 86400
+    for tenant, job_id, status, when in (("ads", "ended0000000001", "done", old), ("ads", "running000000001", "running", old),
+                                          ("search", "expired00000001", None, old), ("ads", "recent000000001", "done", None)):
+        folder = store / tenant / "suite=nightly" / f"job={job_id}" / "instances"
+        folder.mkdir(parents=True)
+        part = folder / "part-00000.parquet"
+        part.write_bytes(b"x" * 1024)
+        if when is not None:
+            os.utime(part, (when, when))
+        if status is not None:
+            r.set(keys.status(job_id), status)
+    env = {"EVALQ_STORE": str(store)}
+    dry = evalq("gc", "--older-than", "1", "--dry-run", "--broker", private_redis, env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "would remove 2 job folder(s)" in dry.stderr and len(list(store.glob("*/*/job=*"))) == 4
+    done = evalq("gc", "--older-than", "1", "--broker", private_redis, env=env)
+    assert done.returncode == 0 and "removed 2 job folder(s), 2 KiB; kept 2" in done.stderr, done.stderr
+    assert sorted(p.name for p in store.glob("*/*/job=*")) == ["job=recent000000001", "job=running000000001"]
+    assert "job expired from Redis" in done.stdout and "job done" in done.stdout
+    none = evalq("gc", "--broker", private_redis)
+    assert none.returncode == 2 and "no job store is named (EVALQ_STORE)" in none.stderr
+
+
+def test_gc_on_an_s3_store(private_redis, tmp_path):
+    import boto3
+
+    moto, url = start_moto()
+    try:
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                              aws_access_key_id=AWS["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=AWS["AWS_SECRET_ACCESS_KEY"])
+        client.create_bucket(Bucket="night")
+        for job_id in ("ended0000000002", "running000000002"):
+            for name in ("instances/part-00000.parquet", "records/entry=bleu%400/chunk-000000000.parquet"):
+                client.put_object(Bucket="night", Key=f"evalq/ads/suite=n/job={job_id}/{name}", Body=b"y" * 10)
+        redis.Redis.from_url(private_redis).set(keys.status("running000000002"), "running")
+        env = {**AWS, "EVALQ_STORE": "s3://night/evalq", "EVALQ_STORE_ENDPOINT_URL": url}
+        done = evalq("gc", "--older-than", "0", "--broker", private_redis, env=env)
+        assert done.returncode == 0 and "removed 1 job folder(s)" in done.stderr, done.stderr
+        left = sorted(o["Key"] for o in client.list_objects_v2(Bucket="night")["Contents"])
+        assert left and all("job=running000000002/" in k for k in left) and len(left) == 2
+    finally:
+        moto.terminate()
+        moto.wait(10)
