@@ -241,6 +241,10 @@ def test_a_gpu_worker_of_two_processes_loses_one_mid_job(redis_url, tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert "libtorch" not in Path(f"/proc/{worker.pid}/maps").read_text()
         assert any("libtorch" in Path(f"/proc/{c.pid}/maps").read_text() for c in parent.children())  # one that scored
+        # the pool starts the killed child's replacement on its own time: on a loaded machine the job can
+        # end first, so its start (logged below) is waited for before the worker is stopped
+        wait_until(lambda: worker.log_path.read_text().count("one of 2, each with its own model") >= 3, timeout=60,
+                   what="the replacement pool process")
     finally:
         stop_worker(worker, signal.SIGKILL)
     log = read_log(tmp_path / "out")
