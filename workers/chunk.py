@@ -254,8 +254,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
             keeper.flush()  # the counters of an item cut short
     elapsed = time.perf_counter() - t0
     new = {p: k["record"] for p, k in kept.items() if "record" in k} | dict(zip(positions, records))
-    _record_chunk(ctx, start, stop, new, elapsed, queue, kept=range(start, stop) if spec.calls_endpoint else range(0),
-                  taken=(positions, instances))
+    _record_chunk(ctx, start, stop, new, elapsed, queue, kept=range(start, stop) if spec.calls_endpoint else range(0))
     # A small, deterministic summary: a redelivered run returns the very same one.
     return {"metric": metric_key, "start": start, "n": stop - start}
 
@@ -278,8 +277,7 @@ def _run_together(leader: ChunkContext, others: list[ChunkContext], start: int, 
             t0 = time.perf_counter()
             try:
                 records = score_items(ctx.metric, ctx.params, instances, ctx.prepared, None, ctx.human)
-                _record_chunk(ctx, start, stop, dict(zip(positions, records)), time.perf_counter() - t0, queue,
-                              taken=(positions, instances))
+                _record_chunk(ctx, start, stop, dict(zip(positions, records)), time.perf_counter() - t0, queue)
             except (Deferred, *REDIS_BLIPS):
                 raise  # the whole chunk goes again: what was recorded is recorded again, the same
             except Exception as exc:
@@ -303,12 +301,11 @@ def _read_ahead(ctx: ChunkContext, start: int, stop: int, queue: str | None, pos
 
 
 def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict], elapsed: float,
-                  queue: str | None, kept: range = range(0),
-                  taken: tuple[list[int], list[dict]] = ([], [])) -> None:
+                  queue: str | None, kept: range = range(0)) -> None:
     """Write what the chunk made of an entry: its new records, its aggregate part, and what
     report.html and the history store read of it; then send its scores out as OpenTelemetry
-    evaluation events where the job's are exported (``evalq.results.otel_export``; ``taken``:
-    the positions and instances the chunk read, whose spans the events are parented to)."""
+    evaluation events where the job's are exported (``evalq.results.otel_export``; a trace
+    instance's record carries its ``otel`` ids, the span its events are parented to)."""
     spec = ctx.metric
     items = _chunk_records(ctx, start, stop, dict(new))
     dumped = ctx.params.model_dump(mode="json")
@@ -331,12 +328,7 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
 
         if endpoint_for(ctx.spec) is None:  # the operator configured none (for the job's tenant)
             return
-        at = dict(zip(*taken))
-        unread = [p for p, _ in items if p not in at]  # kept by an earlier run of the chunk: not read now
-        if unread and (ctx.spec.get("dataset") or {}).get("format") == "otlp":
-            at.update(zip(unread, _instances(ctx, unread)))  # their spans, to parent their events to
-        export_items(ctx.r, ctx.job_id, ctx.spec, ctx.key, ctx.entry, spec.aggregation,
-                     [(p, rec, (at.get(p) or {}).get("otel")) for p, rec in items])
+        export_items(ctx.r, ctx.job_id, ctx.spec, ctx.key, ctx.entry, spec.aggregation, items)
 
 
 def _entry_instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:

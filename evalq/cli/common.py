@@ -28,14 +28,15 @@ def _broker_url(ctx: click.Context, param: click.Parameter, value: str | None) -
     return value
 
 
-broker_option = click.option(
-    "--broker", envvar="EVALQ_BROKER_URL", default=None, metavar="URL", callback=_broker_url,
-    help="Redis URL of the cluster (env EVALQ_BROKER_URL).")
+def _broker_option(help_text: str):
+    return click.option("--broker", envvar="EVALQ_BROKER_URL", default=None, metavar="URL", callback=_broker_url,
+                        help=help_text)
+
+
+broker_option = _broker_option("Redis URL of the cluster (env EVALQ_BROKER_URL).")
 # `run`'s: the one command that needs no cluster
-run_broker_option = click.option(
-    "--broker", envvar="EVALQ_BROKER_URL", default=None, metavar="URL", callback=_broker_url,
-    help="Redis URL of a running cluster (env EVALQ_BROKER_URL). Without it, `run` starts "
-         "an embedded Redis and local workers.")
+run_broker_option = _broker_option("Redis URL of a running cluster (env EVALQ_BROKER_URL). Without it, `run` "
+                                   "starts an embedded Redis and local workers.")
 
 
 class Commands(click.Group):

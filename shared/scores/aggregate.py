@@ -14,7 +14,8 @@ from typing import Any, Iterable
 
 from evalq.shared.scores.agreement import Agreement
 from evalq.shared.judging.judges import SEVERITY_BANDS, severity_label
-from evalq.shared.scores.results import ERROR, NOT_APPLICABLE, SCORED, SKIPPED, Number, flag, outcome, severities
+from evalq.shared.scores.results import (ERROR, NOT_APPLICABLE, SCORED, SKIPPED, Number, flag, outcome, rating_scale,
+                                         severities)
 
 
 def _counted(agg, record: dict[str, Any]) -> bool:
@@ -199,7 +200,7 @@ class RatingAggregator(MeanAggregator):
 
     def __init__(self, params: dict | None = None) -> None:
         super().__init__(params)
-        lo, hi = self.params.get("scale_min", 1), self.params.get("scale_max", 5)
+        lo, hi = rating_scale(self.params)
         self.counts = {k: 0 for k in range(lo, hi + 1)}
         self.conversations = {"n": 0, "passed": 0, "last": 0.0, "lowest": 0.0, "failed_turns": 0}
 
@@ -238,7 +239,7 @@ class RatingAggregator(MeanAggregator):
             return None
         from evalq.shared.scores.stats import score_interval, wilson
 
-        scale = (self.params.get("scale_min", 1), self.params.get("scale_max", 5))
+        scale = rating_scale(self.params)
         threshold = self.params.get("threshold")
         convo = self.conversations
         rated = sum(self.counts.values())

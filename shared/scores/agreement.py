@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from evalq.shared.scores.results import human_defect, is_defect
+from evalq.shared.scores.results import human_defect, is_defect, rating_scale
 
 
 class Agreement:
@@ -60,8 +60,7 @@ class Agreement:
             return {"n": n, "precision": tp / (tp + fp) if tp + fp else None,
                     "recall": tp / (tp + fn) if tp + fn else None,
                     "exact": sum(c for j, h, c in pairs if j == h) / n}
-        lo = self.params.get("scale_min", 1)
-        hi = self.params.get("scale_max", 5)
+        lo, hi = rating_scale(self.params)
         return {"n": n, "exact": sum(c for j, h, c in pairs if j == h) / n,
                 "within_1": sum(c for j, h, c in pairs if abs(j - h) <= 1) / n,
                 "kappa_quadratic": _kappa_quadratic(pairs, n, lo, hi), "spearman": _spearman(pairs, n)}

@@ -87,6 +87,12 @@ CHANGE_FIELDS = ("word_error_rate", "bertscore_dissimilarity")
 ERROR, SKIPPED, NOT_APPLICABLE, SCORED = "error", "skipped", "not_applicable", "scored"
 
 
+def rating_scale(params: dict | None) -> tuple[int, int]:
+    """A rated entry's scale: its ``scale_min`` and ``scale_max`` (1 to 5 by default)."""
+    params = params or {}
+    return params.get("scale_min", 1), params.get("scale_max", 5)
+
+
 def outcome(record: dict) -> str:
     """How an item record counts: an error (``n_errors``), else a skip (``n_skipped``), else not
     applicable (``n_not_applicable``), else scored (``n``). The aggregates and the workers'

@@ -81,11 +81,9 @@ class Place:
                     raise
         try:
             return Path(target).read_bytes()
-        except FileNotFoundError as exc:
-            if missing_ok:
-                return None
-            raise StoreUnavailable(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
         except OSError as exc:
+            if missing_ok and isinstance(exc, FileNotFoundError):
+                return None
             raise StoreUnavailable(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
 
     def delete(self) -> None:
@@ -140,18 +138,17 @@ def job_folders(root: Place) -> Iterator[tuple[Place, str, float, int]]:
     the job id, when its newest file was written (seconds since the epoch), its bytes)."""
     if root.is_s3:
         bucket, prefix = _split(root.uri.rstrip("/") + "/")
-        client, seen = _client(root.endpoint_url), {}
+        client, seen = _client(root.endpoint_url), {}  # folder -> (job id, newest, bytes)
         with _s3_errors(root.uri):
             for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
                 for obj in page.get("Contents", []):
                     found = _JOB.match(obj["Key"][len(prefix):])
                     if found:
                         folder = f"s3://{bucket}/{prefix}{found.group(1)}"
-                        newest, size = seen.get(folder, (0.0, 0))
-                        seen[folder] = (max(newest, obj["LastModified"].timestamp()), size + obj["Size"])
-        for folder, (newest, size) in sorted(seen.items()):
-            yield Place(folder, root.endpoint_url), _JOB.match(folder[len(f"s3://{bucket}/{prefix}"):] + "/").group(2), \
-                newest, size
+                        _, newest, size = seen.get(folder, (None, 0.0, 0))
+                        seen[folder] = (found.group(2), max(newest, obj["LastModified"].timestamp()), size + obj["Size"])
+        for folder, (job_id, newest, size) in sorted(seen.items()):
+            yield Place(folder, root.endpoint_url), job_id, newest, size
         return
     base = Path(root.uri)
     for folder in sorted(base.glob("*/suite=*/job=*")):
@@ -182,19 +179,14 @@ def _split(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _s3_errors(uri: str):
+@contextlib.contextmanager
+def _s3_errors(uri: str) -> Iterator[None]:
     """The store's failures are the cluster's (StoreUnavailable), not a job's: the job named nothing."""
-    import contextlib
-
     from evalq.shared.core.errors import JobError
     from evalq.shared.data.storage import s3_errors
 
-    @contextlib.contextmanager
-    def errors():
-        try:
-            with s3_errors(uri):
-                yield
-        except (JobError, InfraError) as exc:
-            raise StoreUnavailable(f"the job store: {exc}") from None
-
-    return errors()
+    try:
+        with s3_errors(uri):
+            yield
+    except (JobError, InfraError) as exc:
+        raise StoreUnavailable(f"the job store: {exc}") from None

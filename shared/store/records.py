@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator
 from evalq.shared.cluster import keys
 from evalq.shared.cluster.spec import entry_of
 from evalq.shared.core.jsonio import encode
+from evalq.shared.scores.results import outcome
 from evalq.shared.store.place import Place
 
 PARTS = "parts"  # spec["records"] of a job whose records are parts
@@ -68,11 +69,6 @@ def write(pipe: Any, spec: dict, job_id: str, key: str, start: int, new: dict[in
 
 def count(r: Any, job_id: str, key: str) -> int:
     return int(r.get(keys.recorded_total(job_id, key)) or 0)
-
-
-def counted(raw: Any) -> int:
-    """A count read in a pipeline (``pipe.get(keys.recorded_total(...))``)."""
-    return int(raw or 0)
 
 
 def get_many(r: Any, spec: dict, job_id: str, key: str, positions: list[int],
@@ -126,13 +122,6 @@ def read_part(spec: dict, key: str, start: int, cached: bool = False) -> dict[in
     return records
 
 
-def _outcome(record: dict) -> str:
-    for field in ("error", "skipped", "not_applicable"):
-        if field in record:
-            return field
-    return "scored"
-
-
 VALUES_KEY = b"evalq.values"  # the part's metadata key of the chunk's history values (JSON, zlib'd)
 
 
@@ -159,7 +148,7 @@ def _encode(records: Iterable[tuple[int, dict]], values: dict | None = None) -> 
         "instance_id": pa.array([str(rec.get("instance_id")) for _, rec in rows], pa.string()),
         "category": pa.array([rec.get("category") if isinstance(rec.get("category"), str) else None
                               for _, rec in rows], pa.string()),
-        "outcome": pa.array([_outcome(rec) for _, rec in rows], pa.string()),
+        "outcome": pa.array([outcome(rec) for _, rec in rows], pa.string()),  # as results.json counts it
         "record": pa.array([encode(rec) for _, rec in rows], pa.string()),
     })
     if values is not None:  # Parquet keeps metadata uncompressed: the ids and values are zlib'd

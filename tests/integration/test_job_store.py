@@ -36,6 +36,23 @@ def cluster(private_redis, tmp_path):
             worker.close()  # stopped
 
 
+@pytest.fixture
+def night_bucket():
+    """A real S3 API on loopback (moto in server mode) with a bucket "night": (endpoint, client)."""
+    import boto3
+
+    moto, url = start_moto()
+    try:
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                              aws_access_key_id=AWS["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=AWS["AWS_SECRET_ACCESS_KEY"])
+        client.create_bucket(Bucket="night")
+        yield url, client
+    finally:
+        moto.terminate()
+        moto.wait(10)
+
+
 def qa_job(tmp_path):
     instances = [{"id": f"q{i}", "actual-output": f"answer {i % 7} to {'x' * (i % 50)}",
                   "expected-output": [f"answer {i % 5} to {'x' * (i % 50)}"], "category": f"c{i % 3}"}
@@ -123,28 +140,18 @@ def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster,
     assert unknown.returncode == 2 and "not known to this broker" in unknown.stderr
 
 
-def test_instances_staged_in_s3_score_as_those_kept_in_redis(cluster, tmp_path):
-    import boto3
-
-    moto, url = start_moto()
-    try:
-        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
-                              aws_access_key_id=AWS["AWS_ACCESS_KEY_ID"],
-                              aws_secret_access_key=AWS["AWS_SECRET_ACCESS_KEY"])
-        client.create_bucket(Bucket="night")
-        job = qa_job(tmp_path)
-        run(job, tmp_path / "kept", cluster)
-        env = {**AWS, "EVALQ_STORE": "s3://night/evalq", "EVALQ_STORE_ENDPOINT_URL": url,
-               "EVALQ_STORE_PART_BYTES": "3000"}
-        staged = run(job, tmp_path / "staged", cluster, env=env)
-        same_outputs(tmp_path / "kept", tmp_path / "staged")
-        listed = client.list_objects_v2(Bucket="night", Prefix=f"evalq/default/suite=job/job={staged}/instances/")
-        names = sorted(o["Key"] for o in listed["Contents"])
-        assert len(names) > 3 and names[0].endswith("part-00000.parquet")
-        assert not redis.Redis.from_url(cluster).exists(keys.instances(staged))
-    finally:
-        moto.terminate()
-        moto.wait(10)
+def test_instances_staged_in_s3_score_as_those_kept_in_redis(cluster, tmp_path, night_bucket):
+    url, client = night_bucket
+    job = qa_job(tmp_path)
+    run(job, tmp_path / "kept", cluster)
+    env = {**AWS, "EVALQ_STORE": "s3://night/evalq", "EVALQ_STORE_ENDPOINT_URL": url,
+           "EVALQ_STORE_PART_BYTES": "3000"}
+    staged = run(job, tmp_path / "staged", cluster, env=env)
+    same_outputs(tmp_path / "kept", tmp_path / "staged")
+    listed = client.list_objects_v2(Bucket="night", Prefix=f"evalq/default/suite=job/job={staged}/instances/")
+    names = sorted(o["Key"] for o in listed["Contents"])
+    assert len(names) > 3 and names[0].endswith("part-00000.parquet")
+    assert not redis.Redis.from_url(cluster).exists(keys.instances(staged))
 
 
 def test_a_store_that_refuses_fails_the_submission_with_one_line_and_leaves_nothing(cluster, tmp_path):
@@ -268,24 +275,14 @@ def test_gc_removes_ended_jobs_parts_past_the_cutoff_and_never_a_running_ones(pr
     assert none.returncode == 2 and "no job store is named (EVALQ_STORE)" in none.stderr
 
 
-def test_gc_on_an_s3_store(private_redis, tmp_path):
-    import boto3
-
-    moto, url = start_moto()
-    try:
-        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
-                              aws_access_key_id=AWS["AWS_ACCESS_KEY_ID"],
-                              aws_secret_access_key=AWS["AWS_SECRET_ACCESS_KEY"])
-        client.create_bucket(Bucket="night")
-        for job_id in ("ended0000000002", "running000000002"):
-            for name in ("instances/part-00000.parquet", "records/entry=bleu%400/chunk-000000000.parquet"):
-                client.put_object(Bucket="night", Key=f"evalq/ads/suite=n/job={job_id}/{name}", Body=b"y" * 10)
-        redis.Redis.from_url(private_redis).set(keys.status("running000000002"), "running")
-        env = {**AWS, "EVALQ_STORE": "s3://night/evalq", "EVALQ_STORE_ENDPOINT_URL": url}
-        done = evalq("gc", "--older-than", "0", "--broker", private_redis, env=env)
-        assert done.returncode == 0 and "removed 1 job folder(s)" in done.stderr, done.stderr
-        left = sorted(o["Key"] for o in client.list_objects_v2(Bucket="night")["Contents"])
-        assert left and all("job=running000000002/" in k for k in left) and len(left) == 2
-    finally:
-        moto.terminate()
-        moto.wait(10)
+def test_gc_on_an_s3_store(private_redis, tmp_path, night_bucket):
+    url, client = night_bucket
+    for job_id in ("ended0000000002", "running000000002"):
+        for name in ("instances/part-00000.parquet", "records/entry=bleu%400/chunk-000000000.parquet"):
+            client.put_object(Bucket="night", Key=f"evalq/ads/suite=n/job={job_id}/{name}", Body=b"y" * 10)
+    redis.Redis.from_url(private_redis).set(keys.status("running000000002"), "running")
+    env = {**AWS, "EVALQ_STORE": "s3://night/evalq", "EVALQ_STORE_ENDPOINT_URL": url}
+    done = evalq("gc", "--older-than", "0", "--broker", private_redis, env=env)
+    assert done.returncode == 0 and "removed 1 job folder(s)" in done.stderr, done.stderr
+    left = sorted(o["Key"] for o in client.list_objects_v2(Bucket="night")["Contents"])
+    assert left and all("job=running000000002/" in k for k in left) and len(left) == 2

@@ -45,7 +45,7 @@ SHARED_ALLOWED = {
     "model": {"core", "judging", "metrics", "cluster", "data"},
     "fmeval": {"core", "policy", "judging", "scores", "metrics", "model"},
     "job": {"core", "policy", "judging", "scores", "metrics", "cluster", "agents", "data", "model", "fmeval"},
-    "store": {"core", "policy", "data", "cluster"},  # the job store: a job's bulk as parts, outside Redis
+    "store": {"core", "policy", "scores", "data", "cluster"},  # the job store: a job's bulk as parts, outside Redis
 }
 
 

@@ -12,14 +12,13 @@ queue, batched, one classifier per worker process.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import pickle
 import threading
 from collections import OrderedDict, defaultdict
 from pathlib import Path
 
-from evalq.shared.fmeval.params import ToxicityParams
+from evalq.shared.fmeval.params import JIGSAW_MISSING, ToxicityParams, jigsaw_folder
 from evalq.workers import cores
 
 JIGSAW = ("toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate")
@@ -31,11 +30,10 @@ _lock = threading.Lock()
 
 
 def classifier_dir() -> Path:
-    spec = importlib.util.find_spec("toxic_classifier")  # found, not imported (it imports TensorFlow)
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the default toxicity classifier is not installed: "
-                           "pip install --no-deps toxic-comment-classifier==0.3.0")
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
+    folder = jigsaw_folder()
+    if folder is None:
+        raise RuntimeError(JIGSAW_MISSING)
+    return folder
 
 
 class _Tokenizer:
