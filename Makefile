@@ -57,7 +57,22 @@ $(NODE_STAMP):
 	if command -v npm >/dev/null 2>&1; then \
 	    mkdir -p $(NODE_DIR) && npm install --silent --no-audit --no-fund --prefix $(NODE_DIR) celery-node@0.5.9 && touch $@; \
 	else echo "npm not found: the celery-node test will be skipped"; fi
-references: $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP) $(NODE_STAMP)
+# The backends evalq's score sinks write into, each served for real by tests/integration/test_score_sinks.py
+# (`phoenix serve`, `mlflow server` on SQLite) and read back with its own client: in venvs of their own,
+# standalone (their pandas, SQLAlchemy and OpenTelemetry pins are theirs; about 2 min together)
+PHOENIX_VENV := .venv-phoenix
+PHOENIX_STAMP := $(PHOENIX_VENV)/.installed
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_STAMP := $(MLFLOW_VENV)/.installed
+$(PHOENIX_STAMP):
+	test -x $(PHOENIX_VENV)/bin/python || $(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/pip install --quiet arize-phoenix==20.26.1
+	touch $@
+$(MLFLOW_STAMP):
+	test -x $(MLFLOW_VENV)/bin/python || $(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install --quiet mlflow==3.17.2
+	touch $@
+references: $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP) $(NODE_STAMP) $(PHOENIX_STAMP) $(MLFLOW_STAMP)
 # a reference venv that sees .venv's packages through a .pth file and installs only what it lacks
 define reference_venv
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
@@ -102,7 +117,7 @@ demo: $(STAMP) bytecode
 TEST_WORKERS ?= 4
 # more pytest options, e.g. make test PYTEST_ARGS="--durations=30" (the longest tests)
 PYTEST_ARGS ?=
-test: $(DEV_STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP) $(NODE_STAMP) bytecode
+test: $(DEV_STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP) $(NODE_STAMP) $(PHOENIX_STAMP) $(MLFLOW_STAMP) bytecode
 	# the documentation site: a broken link or anchor, or a page outside the navigation, fails
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)

@@ -174,8 +174,8 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     summary = [with_variants(r, job_id, key, summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]),
                                                        span(spec, entry), endpoint_priced(spec, key, entry)))
                for key, entry in stage_runs(spec, METRICS_STAGE)]
-    if status != Status.CANCELLED:  # scores no chunk could export (evalq.results.otel_export)
-        from evalq.results.otel_export import export_rest, with_exports
+    if status != Status.CANCELLED:  # scores no chunk could send to the job's sinks (evalq.results.sinks)
+        from evalq.results.sinks import export_rest, with_exports
 
         with_exports(summary, stage_runs(spec, METRICS_STAGE), export_rest(r, job_id, spec))
     r.set(keys.summary(job_id), json.dumps(summary))
@@ -222,7 +222,7 @@ def _expire(pipe, job_id: str, spec: dict) -> None:
     """An ended job's keys stay ``EVALQ_RESULT_TTL`` seconds (for ``evalq status``,
     a duplicate request, ``evalq report``'s inputs), then Redis forgets them."""
     ttl = spec.get("ttl") or Settings.from_env().result_ttl
-    for key in keys.all_job_keys(job_id, run_keys(spec)):
+    for key in keys.all_job_keys(job_id, run_keys(spec), spec.get("sinks") or []):
         pipe.expire(key, ttl)
 
 

@@ -328,6 +328,12 @@ def tenant_policy(job, identity: str | None, tenants=None) -> None:
         problem = exporter_problem(job.output.otel, tenant if tenants.names else None)
         if problem:
             raise JobError(problem)
+    for name in job.output.sinks if job.output is not None else ():
+        from evalq.shared.core.config import exporter_problem
+
+        problem = exporter_problem(name, tenant if tenants.names else None, "output.sinks", "EVALQ_SINKS")
+        if problem:
+            raise JobError(problem)
     if tenants.policy(tenants.job_cost, tenant) is not None or tenants.policy(tenants.daily_cost, tenant) is not None:
         unpriced = sorted({d.use for e in _endpoints(job) for d in e.deployments
                            if d.use is not None and d.price is None})

@@ -160,7 +160,9 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
     if job.output is not None and not job.output.log_parameters:
         spec["log_parameters"] = False  # log.jsonl lines name their entry by position only
     if job.output is not None and job.output.otel is not None:
-        spec["otel_export"] = job.output.otel  # false, or the operator's exporter by name (evalq.results.otel_export)
+        spec["otel_export"] = job.output.otel  # false, or the operator's exporter by name (evalq.results.sinks)
+    if job.output is not None and job.output.sinks:
+        spec["sinks"] = list(job.output.sinks)  # the operator's score sinks by name (evalq.results.sinks)
     if out is not None:
         dest = out if isinstance(out, Destination) else Destination(out)
         # a local folder as an absolute path: the callback may run in another directory

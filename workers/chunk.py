@@ -303,9 +303,9 @@ def _read_ahead(ctx: ChunkContext, start: int, stop: int, queue: str | None, pos
 def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict], elapsed: float,
                   queue: str | None, kept: range = range(0)) -> None:
     """Write what the chunk made of an entry: its new records, its aggregate part, and what
-    report.html and the history store read of it; then send its scores out as OpenTelemetry
-    evaluation events where the job's are exported (``evalq.results.otel_export``; a trace
-    instance's record carries its ``otel`` ids, the span its events are parented to)."""
+    report.html and the history store read of it; then send its scores to the job's sinks
+    (``evalq.results.sinks``: OpenTelemetry evaluation events, Phoenix span annotations, MLflow
+    assessments; a trace instance's record carries its ``otel`` ids, the span they attach to)."""
     spec = ctx.metric
     items = _chunk_records(ctx, start, stop, dict(new))
     dumped = ctx.params.model_dump(mode="json")
@@ -323,12 +323,10 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
     # every record in ``new`` was recorded just now (one kept by a deferred run of the
     # chunk was never written there), so each item counts once, as results.json counts it
     telemetry.items_recorded(spec.id, queue, new.values())
-    if not ctx.model_run and ctx.spec.get("otel_export") is not False:
-        from evalq.results.otel_export import endpoint_for, export_items
+    if not ctx.model_run:  # to the job's sinks: OTLP, Phoenix, MLflow, where the operator configured them
+        from evalq.results.sinks import export_chunk
 
-        if endpoint_for(ctx.spec) is None:  # the operator configured none (for the job's tenant)
-            return
-        export_items(ctx.r, ctx.job_id, ctx.spec, ctx.key, ctx.entry, spec.aggregation, items)
+        export_chunk(ctx.r, ctx.job_id, ctx.spec, ctx.key, ctx.entry, spec.aggregation, items)
 
 
 def _entry_instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:

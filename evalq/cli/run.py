@@ -125,7 +125,7 @@ def finished(r, job_id: str, status: str) -> list[dict]:
     if status == Status.CANCELLED:
         raise InfraError(f"job {job_id} was cancelled; partial outputs were written")
     summary = json.loads(r.get(keys.summary(job_id)))
-    from evalq.results.otel_export import exports_total
+    from evalq.results.sinks import exports_total
 
     for sink, got in (exports_total(summary) or {}).items():  # never lost in silence
         if got["unsent"]:

@@ -96,7 +96,7 @@ def run_info(spec: dict, job_id: str, generation: dict | None, status: str = Sta
     if generation is not None:
         info["generation"] = generation
     info["cost"] = job_cost(summary or [], generation)
-    from evalq.results.otel_export import exports_total
+    from evalq.results.sinks import exports_total
 
     exports = exports_total(summary or [])
     if exports:

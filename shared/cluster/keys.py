@@ -128,14 +128,29 @@ def scored_spans(suite: str, day: str) -> str:
 
 
 def sink(job_id: str, name: str) -> str:
-    """Hash: what sink ``name`` (``otlp``) refused of a job's scores: ``refused`` (events), ``answer``
-    (the backend's last word), ``cannot`` (set when it can take none: a 404 or 405 at its path)."""
+    """Hash: what sink ``name`` (``otlp``, or a sink of the operator's ``EVALQ_SINKS``) refused of a
+    job's scores: ``refused`` (evaluations), ``answer`` (its last word), ``cannot`` (it takes none)."""
     return f"{job_prefix(job_id)}:sink:{name}"
 
 
-def exported(job_id: str, metric_key: str) -> str:
-    """The positions whose evaluation events the collector took (``evalq.results.otel_export``)."""
-    return f"{job_prefix(job_id)}:otel:{metric_key}"
+def exported(job_id: str, metric_key: str, name: str = "otlp") -> str:
+    """The positions sink ``name`` took (or had nothing to take of: ``sink_none``) of an entry
+    (``evalq.results.sinks``)."""
+    if name == "otlp":
+        return f"{job_prefix(job_id)}:otel:{metric_key}"
+    return f"{job_prefix(job_id)}:sink:{name}:sent:{metric_key}"
+
+
+def sink_none(job_id: str, metric_key: str, name: str) -> str:
+    """The positions among ``exported``'s that gave sink ``name`` nothing to send (an error, an
+    item without the span or trace the sink attaches scores to)."""
+    return f"{job_prefix(job_id)}:sink:{name}:none:{metric_key}"
+
+
+def sink_pending(job_id: str, metric_key: str, name: str) -> str:
+    """The positions a sink that keeps every write (MLflow's assessments) was sent, marked before the
+    request: one of these not yet in ``exported`` may have been taken, so it is looked up first."""
+    return f"{job_prefix(job_id)}:sink:{name}:pending:{metric_key}"
 
 
 def summary(job_id: str) -> str:
@@ -285,8 +300,9 @@ def backlog(queue: str) -> str:
     return f"{PREFIX}:backlog:{queue}"
 
 
-def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
-    """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage."""
+def all_job_keys(job_id: str, metric_keys: list[str], sinks: list[str] = ()) -> list[str]:
+    """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage,
+    ``sinks`` names the job's sinks besides ``otlp`` (the spec's ``sinks``)."""
     keys = [spec(job_id), instances(job_id), shared_values(job_id), summary(job_id), status(job_id), ended(job_id),
             job_tokens(job_id), job_cost(job_id), cost_held(job_cost(job_id)), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
             replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
@@ -295,6 +311,8 @@ def all_job_keys(job_id: str, metric_keys: list[str]) -> list[str]:
             sink(job_id, "otlp")]
     for m in metric_keys:
         keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m),
-                 values(job_id, m), accounting(job_id, m), exported(job_id, m), recorded(job_id, m),
+                 values(job_id, m), accounting(job_id, m), recorded(job_id, m),
                  recorded_total(job_id, m)]
+        keys += [key(job_id, m, name) for name in ("otlp", *sinks) for key in (exported, sink_none, sink_pending)]
+    keys += [sink(job_id, name) for name in sinks]
     return keys

@@ -182,7 +182,8 @@ def request_refused(queue: str, reason: str) -> None:
 
 
 def scores_exported(sink: str, outcome: str, events: int) -> None:
-    """``events`` evaluation events a sink (``otlp``) took (``sent``) or did not (``refused``)."""
+    """``events`` evaluations a sink (``otlp``, or a name of ``EVALQ_SINKS``) took (``sent``) or did not
+    (``refused``)."""
     m = _metrics()
     if m is not None and events:
         m.exported.labels(sink, outcome).inc(events)

@@ -97,15 +97,60 @@ def otel_exporters() -> dict[str, str]:
     return out
 
 
-def exporter_problem(name: str, tenant: str | None) -> str | None:
-    """Why a job of ``tenant`` may not send its events to the operator's exporter ``name``, or None:
-    an exporter named ``<tenant>:<name>`` is that tenant's alone; one without a tenant is any job's
-    (on a cluster that lists no tenants, ``tenant`` None, every exporter is)."""
+def exporter_problem(name: str, tenant: str | None, field: str = "output.otel",
+                     listing: str = "EVALQ_OTEL_EXPORTERS") -> str | None:
+    """Why a job of ``tenant`` may not send its scores to the operator's exporter or sink ``name``,
+    or None: one named ``<tenant>:<name>`` is that tenant's alone; one without a tenant is any job's
+    (on a cluster that lists no tenants, ``tenant`` None, every one is)."""
     owner, sep, _ = name.partition(":")
     if sep and tenant is not None and owner != tenant:
-        return (f"output.otel: exporter {name!r} is tenant {owner!r}'s; a job of {tenant!r} may name its own "
-                f"({tenant}:<name>) or the operator's shared ones (EVALQ_OTEL_EXPORTERS)")
+        return (f"{field}: {name!r} is tenant {owner!r}'s; a job of {tenant!r} may name its own "
+                f"({tenant}:<name>) or the operator's shared ones ({listing})")
     return None
+
+
+# What each kind of score sink needs of an item: Phoenix annotates a span, MLflow a trace (the
+# production span or trace the item judged, which only a trace dataset's instances carry).
+SINK_KINDS = {"phoenix": "span", "mlflow": "trace"}
+
+
+def score_sinks() -> dict[str, tuple[str, str]]:
+    """The backends the operator lets jobs write scores into besides OTLP (``EVALQ_SINKS``:
+    ``phx=phoenix+http://phoenix:6006;ml=mlflow+https://mlflow.acme``): name -> (kind, base URL).
+    A name ``<tenant>:<name>`` is that tenant's alone, as an exporter's is. Credentials never appear
+    here: ``EVALQ_SINK_<NAME>_HEADERS`` (``sink_headers``)."""
+    out = {}
+    for part in (os.environ.get("EVALQ_SINKS") or "").split(";"):
+        name, _, target = part.strip().partition("=")
+        kind, plus, url = target.strip().partition("+")
+        if name.strip() and plus and url.strip():
+            out[name.strip()] = (kind.strip().lower(), url.strip().rstrip("/"))
+    return out
+
+
+def sink_problem(name: str) -> str | None:
+    """Why ``name`` in ``EVALQ_SINKS`` cannot be used (an unknown kind), or None."""
+    kind, _ = score_sinks()[name]
+    if kind not in SINK_KINDS:
+        return f"EVALQ_SINKS: sink {name!r} is of kind {kind!r}; the kinds are {', '.join(sorted(SINK_KINDS))}"
+    return None
+
+
+def sink_headers(name: str) -> dict[str, str]:
+    """The headers the operator gives sink ``name`` (its credentials: ``authorization=Bearer ...``),
+    from ``EVALQ_SINK_<NAME>_HEADERS`` (the name upper-cased, other than letters and digits as
+    ``_``), in ``OTEL_EXPORTER_OTLP_HEADERS``' form: ``key=value`` pairs, comma-separated,
+    values URL-encoded."""
+    import re
+    from urllib.parse import unquote
+
+    raw = os.environ.get(f"EVALQ_SINK_{re.sub(r'[^A-Za-z0-9]', '_', name).upper()}_HEADERS") or ""
+    out = {}
+    for pair in raw.split(","):
+        key, eq, value = pair.partition("=")
+        if eq and key.strip():
+            out[key.strip().lower()] = unquote(value.strip())
+    return out
 
 
 def cache_dir():

@@ -209,6 +209,27 @@ class OutputSpec(Strict):
             raise ValueError(f"no exporter named {value!r} (the operator's: {', '.join(sorted(named))})")
         return value
 
+    sinks: list[str] = Field(
+        default_factory=list, max_length=8,
+        description="the operator's score sinks (EVALQ_SINKS: Phoenix span annotations, MLflow assessments) "
+        "this job's scores are also written into, by name; each item's scores once, on the span or trace "
+        "it judged")
+
+    @field_validator("sinks")
+    @classmethod
+    def _operators_sinks(cls, value):
+        from evalq.shared.core.config import score_sinks, sink_problem
+
+        named = score_sinks()
+        for name in value if named else ():  # a client that knows none: the cluster's jobs worker checks
+            if name not in named:
+                raise ValueError(f"no sink named {name!r} (the operator's EVALQ_SINKS: "
+                                 f"{', '.join(sorted(named)) or 'none'})")
+            problem = sink_problem(name)
+            if problem:
+                raise ValueError(problem)
+        return list(dict.fromkeys(value))
+
 
 class RecordError(ValueError):
     """A record that cannot become an instance; the message names the field."""

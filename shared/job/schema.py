@@ -159,12 +159,30 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None, 
               output=output, scheduling=scheduling, suite=suite, regression=regression,
               unset_keys=problems.unset_keys)
     _load_instances(raw, job, problems)
+    _check_sinks(job, problems)
     if "jailbreak" in raw and not problems.items:
         _add_jailbreak(raw["jailbreak"], job, problems)
     problems.raise_if_any()
     if not metrics:
         raise JobError(f"{source}: metrics: no metric is enabled; nothing to run")
     return job
+
+
+def _check_sinks(job: Job, problems: Problems) -> None:
+    """A sink that attaches scores to the span or trace an item judged (Phoenix, MLflow) needs
+    instances that carry one: a trace dataset's (``format: otlp``)."""
+    from evalq.shared.core.config import SINK_KINDS, score_sinks
+
+    if job.output is None or not job.output.sinks or problems.items:
+        return
+    named = score_sinks()
+    if any(isinstance(i.get("otel"), dict) for i in job.instances):
+        return
+    for name in (n for n in job.output.sinks if n in named):
+        kind = named[name][0]
+        problems.add("output.sinks", f"sink {name!r} ({kind}) writes each score on the {SINK_KINDS[kind]} its "
+                     "item judged, and this job's instances carry none: a trace dataset's do "
+                     "(dataset.format \"otlp\")")
 
 
 def check_variants(metrics: list[MetricRun], model: Any, problems: Problems) -> None:

@@ -153,7 +153,7 @@ def test_a_tenant_reaches_only_its_part_of_each_root_and_prefix(tmp_path):
 def test_a_tenants_exporter_takes_only_that_tenants_events(monkeypatch):
     """Before: output.otel picked any of the operator's exporters by name, so with one exporter per
     team a tenant could send its events to another team's collector."""
-    from evalq.results.otel_export import endpoint_for
+    from evalq.results.sinks.otlp import endpoint_for
     from evalq.shared.core.config import exporter_problem
 
     monkeypatch.setenv("EVALQ_OTEL_EXPORTERS", "search:prod=http://127.0.0.1:1/v1/logs;"

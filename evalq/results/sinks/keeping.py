@@ -1,0 +1,219 @@
+"""The keeping every sink shares: each item's scores written once, and nothing lost in silence.
+
+A chunk's items go to each of the job's sinks once its records are written (``export_items``). The
+positions a sink took are marked in Redis (``keys.exported``) only after it accepted them, so a chunk
+run again (a worker died, the message came back) sends only what was not marked; an item with nothing
+for the sink (an error, no span or trace to attach to) is marked too, and counted apart
+(``keys.sink_none``). A sink whose writes are not replaced by a second one (MLflow's assessments:
+``Sink.idempotent`` False) has the positions marked before the request too (``keys.sink_pending``):
+a position pending but not marked may have been taken by a process that died before marking it, so
+the backend is asked what it already has before it is sent again.
+
+A request that fails is counted (``refused``, with the backend's answer) and its items left
+unmarked, and that process sends nothing to that sink for ``PAUSE`` seconds (a backend that is down
+would otherwise cost every chunk a timeout); the final callback sends what is left (``export_rest``)
+and counts what even it could not as ``unsent``. A backend that says it can take none at all (a 404
+or 405 at its path, a refused schema, a refused credential: ``Refused.cannot``) is found on the first
+request and never asked again for the job.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from evalq.shared.cluster import keys, telemetry
+from evalq.shared.store import records as stored_records
+from evalq.shared.traces.events import Evaluation, evaluations
+
+log = logging.getLogger("evalq.sinks")
+BATCH = 512  # evaluations per request, where the backend takes many at once
+# After a failed request a process leaves that sink alone this long: a sink's retries and timeouts
+# would otherwise be added to every chunk while it is down.
+PAUSE = 60.0
+_DOWN: dict[str, float] = {}
+RETRIES = 3  # failed requests the final callback rides out before it gives the rest up
+REST_BATCH = 1000  # records the final callback reads at a time, whatever N is
+
+
+class Refused(Exception):
+    """A request the sink did not take. ``cannot``: it takes no scores at all (found on the first
+    request, never asked again); ``taken``: positions it took before it stopped."""
+
+    def __init__(self, answer: str, cannot: bool = False, taken: set[int] | None = None):
+        super().__init__(answer)
+        self.answer, self.cannot, self.taken = answer, cannot, taken or set()
+
+
+@dataclass
+class Sink:
+    """Where a job's scores go. ``name`` is what run.json and results.json count it under (``otlp``,
+    or the operator's name in ``EVALQ_SINKS``); ``endpoint`` is shown (no credentials in it)."""
+
+    name: str
+    kind: str
+    endpoint: str
+    idempotent: bool = True  # a second write of the same evaluation replaces the first
+    needs: str | None = None  # what an evaluation must carry to be sent: "span", "trace", or nothing
+    batch: int = BATCH
+    extra: dict = field(default_factory=dict)
+
+    def takes(self, ev: Evaluation) -> bool:
+        if self.needs == "span":
+            return bool(ev.span_id and ev.trace_id)
+        if self.needs == "trace":
+            return bool(ev.trace_id)
+        return True
+
+    def send(self, job_id: str, entry_key: str, entry: dict, events: list[tuple[int, Evaluation]]) -> dict[int, str]:
+        """Write ``events`` (position, evaluation); returns the positions the backend refused one by
+        one (a span it does not have: they stay unsent, and are tried again at the end), with its
+        answer. Raises ``Refused`` when it took none (or stopped part way: ``taken``)."""
+        raise NotImplementedError
+
+    def already(self, job_id: str, events: list[tuple[int, Evaluation]]) -> set[str]:
+        """The event ids among ``events`` the backend already holds (asked only of a sink whose
+        writes are not idempotent, for positions a dead process may have sent)."""
+        return set()
+
+
+def _ttl(spec: dict) -> int:
+    return spec.get("ttl") or 7 * 24 * 3600
+
+
+def _refused(r: redis.Redis, job_id: str, spec: dict, sink: Sink, entry_key: str, n: int, answer: str,
+             cannot: bool) -> None:
+    pipe = r.pipeline(transaction=False)
+    pipe.hincrby(keys.sink(job_id, sink.name), "refused", n)
+    pipe.hincrby(keys.sink(job_id, sink.name), f"refused:{entry_key}", n)
+    pipe.hset(keys.sink(job_id, sink.name), mapping={"answer": answer[:500], **({"cannot": 1} if cannot else {})})
+    pipe.expire(keys.sink(job_id, sink.name), _ttl(spec))
+    pipe.execute()
+    telemetry.scores_exported(sink.name, "refused", n)
+
+
+def _mark(r: redis.Redis, job_id: str, spec: dict, sink: Sink, entry_key: str, took: list[int],
+          nothing: list[int]) -> None:
+    pipe = r.pipeline(transaction=False)
+    for key, positions in ((keys.exported(job_id, entry_key, sink.name), took + nothing),
+                           (keys.sink_none(job_id, entry_key, sink.name), nothing)):
+        if positions:
+            pipe.sadd(key, *(str(p) for p in positions))
+            pipe.expire(key, _ttl(spec))
+    pipe.execute()
+
+
+def cannot(r: redis.Redis, job_id: str, sink: Sink) -> bool:
+    return bool(r.hexists(keys.sink(job_id, sink.name), "cannot"))
+
+
+def export_items(r: redis.Redis, sink: Sink, job_id: str, spec: dict, entry_key: str, entry: dict, kind: str,
+                 items: list[tuple[int, dict]], force: bool = False) -> int:
+    """Send the evaluations of ``items`` (position, record) the sink has not taken; returns how many
+    it took. Never raises for the sink's sake: the items are kept, and the final callback tries
+    again."""
+    if not items or (not force and time.monotonic() < _DOWN.get(sink.name, 0.0)) or cannot(r, job_id, sink):
+        return 0  # nothing, a sink that just failed (the final callback sends these), or one that takes none
+    done = r.smismember(keys.exported(job_id, entry_key, sink.name), [str(p) for p, _ in items])
+    todo = [(p, rec) for (p, rec), marked in zip(items, done) if not marked]
+    name = entry.get("name") or entry["id"]
+    sent = 0
+    for lo in range(0, len(todo), sink.batch):
+        part = todo[lo:lo + sink.batch]
+        events = [(p, ev) for p, rec in part
+                  for ev in evaluations(job_id, entry_key, name, kind, entry.get("parameters"), p, rec, rec.get("otel"))
+                  if sink.takes(ev)]
+        having = {p for p, _ in events}
+        nothing = [p for p, _ in part if p not in having]
+        refused: dict[int, str] = {}
+        if events:
+            try:
+                if not sink.idempotent:
+                    events = _unsent(r, sink, job_id, spec, entry_key, events)
+                refused = sink.send(job_id, entry_key, entry, events) if events else {}
+            except Exception as exc:  # the sink's own failure: what it did not take stays unmarked
+                no = exc if isinstance(exc, Refused) else Refused(f"{type(exc).__name__}: {exc}")
+                taken = sorted(no.taken)
+                _mark(r, job_id, spec, sink, entry_key, taken, [])
+                n_left = sum(1 for p, _ in events if p not in no.taken)
+                log.warning("job %s %s: %s did not take %d evaluations (%s); %s", job_id, entry_key, sink.name,
+                            n_left, no.answer, "it takes none: not asked again for the job" if no.cannot
+                            else f"this process sends it none for {PAUSE:.0f} s")
+                _DOWN[sink.name] = time.monotonic() + PAUSE
+                _refused(r, job_id, spec, sink, entry_key, n_left, no.answer, no.cannot)
+                return sent + sum(1 for p, _ in events if p in no.taken)
+        took = sorted(having - set(refused))
+        _mark(r, job_id, spec, sink, entry_key, took, nothing)
+        n_took = sum(1 for p, _ in events if p not in refused)
+        sent += n_took
+        telemetry.scores_exported(sink.name, "sent", n_took)
+        if refused:
+            answer = next(iter(refused.values()))
+            log.warning("job %s %s: %s refused %d items (%s); tried again at the job's end", job_id, entry_key,
+                        sink.name, len(refused), answer)
+            _refused(r, job_id, spec, sink, entry_key, sum(1 for p, _ in events if p in refused), answer, False)
+    return sent
+
+
+def _unsent(r: redis.Redis, sink: Sink, job_id: str, spec: dict, entry_key: str,
+            events: list[tuple[int, Evaluation]]) -> list[tuple[int, Evaluation]]:
+    """For a sink that keeps every write: mark the positions pending before they are sent, and
+    leave out what a process that died after sending (before marking) already wrote."""
+    pending = keys.sink_pending(job_id, entry_key, sink.name)
+    positions = sorted({p for p, _ in events})
+    maybe = {p for p, was in zip(positions, r.smismember(pending, [str(p) for p in positions])) if was}
+    if maybe:
+        have = sink.already(job_id, [(p, ev) for p, ev in events if p in maybe])
+        events = [(p, ev) for p, ev in events if ev.event_id not in have]
+    pipe = r.pipeline(transaction=False)
+    pipe.sadd(pending, *(str(p) for p in positions))
+    pipe.expire(pending, _ttl(spec))
+    pipe.execute()
+    return events
+
+
+def export_rest(r: redis.Redis, sink: Sink, job_id: str, spec: dict) -> dict:
+    """At the job's end (the final callback): send what no chunk could, entry by entry, a thousand
+    records at a time, unless the sink said it takes none. Returns what it got, for run.json and
+    results.json: per entry the items it took (``sent``), those with nothing for it (``skipped``)
+    and those it did not take (``unsent``), the evaluations it refused on the way (``refused``, each
+    request's that failed: an item refused and then taken counts in both); its last answer."""
+    from evalq.shared.cluster.spec import METRICS_STAGE, stage_runs
+    from evalq.shared.metrics.registry import REGISTRY
+
+    failures, entries = 0, {}
+    for key, entry in stage_runs(spec, METRICS_STAGE):
+        if entry["id"] not in REGISTRY:
+            continue
+        marked = {int(p) for p in r.smembers(keys.exported(job_id, key, sink.name))}
+        left = (item for item in stored_records.scan(r, spec, job_id, key) if item[0] not in marked)
+        while not cannot(r, job_id, sink):
+            batch = list(itertools.islice(left, REST_BATCH))
+            if not batch:
+                break
+            items = [(p, json.loads(raw)) for p, raw in batch]
+            while failures < RETRIES:  # the last chance: a few tries, then the rest is counted as unsent
+                before = _DOWN.get(sink.name, 0.0)
+                export_items(r, sink, job_id, spec, key, entry, REGISTRY.get(entry["id"]).aggregation, items,
+                             force=True)
+                if _DOWN.get(sink.name, 0.0) == before or cannot(r, job_id, sink):
+                    break
+                failures += 1
+                time.sleep(min(2.0 ** failures, 8.0))
+        handled = r.scard(keys.exported(job_id, key, sink.name))
+        skipped = r.scard(keys.sink_none(job_id, key, sink.name))
+        unsent = max(0, stored_records.count(r, job_id, key) - handled)
+        refused = int(r.hget(keys.sink(job_id, sink.name), f"refused:{key}") or 0)
+        entries[key] = {"sent": handled - skipped, "unsent": unsent, **({"skipped": skipped} if skipped else {}),
+                        **({"refused": refused} if refused else {})}
+        if unsent:
+            log.warning("job %s %s: %d items' scores were not sent to %s", job_id, key, unsent, sink.name)
+    said = r.hgetall(keys.sink(job_id, sink.name))
+    return {"kind": sink.kind, "endpoint": sink.endpoint, "entries": entries,
+            "refused_events": int(said.get(b"refused", 0)),
+            "answer": said[b"answer"].decode() if b"answer" in said else None}
