@@ -400,10 +400,11 @@ def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: flo
     (``evalq.shared.store.records`` writes them to ``res:{M}`` or as the chunk's part)."""
     job_id, metric_key = ctx.job_id, ctx.key
     pipe = ctx.r.pipeline(transaction=True)
-    # with a job store the history's values ride in the chunk's part, not in Redis
-    stored_records.write(pipe, ctx.spec, job_id, metric_key, start, records, whole, values)
+    # with a job store the history's values and the report's view ride in the chunk's part, not in
+    # Redis: what Redis keeps of a job does not grow with its items
+    stored_records.write(pipe, ctx.spec, job_id, metric_key, start, records, whole, values, view)
     if stored_records.in_parts(ctx.spec) and whole is not None:
-        values = None
+        values = view = None
     if kept:  # the chunk's records are written: what was kept of its items goes
         pipe.hdel(keys.kept(job_id, metric_key), *(str(p) for p in kept))
     if part is not None:  # likewise by chunk

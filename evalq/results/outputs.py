@@ -45,10 +45,7 @@ def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], 
     # those; the others (a chunk given up, a cancelled job) from their log lines.
     streamed = set()
     for slot, (key, entry) in enumerate(spec["metrics"].items()):
-        raw = r.hgetall(keys.views(job_id, key))
-        if len(raw) == entry_chunks(spec, entry):
-            report.add_views(slot, (json.loads(raw[k]) for k in sorted(raw, key=int)))
-        else:
+        if not report.add_views(slot, _views(r, spec, job_id, key), expect=entry_chunks(spec, entry)):
             streamed.add(key)
     with dest.open_text("results.json") as f:
         f.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
@@ -62,6 +59,18 @@ def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], 
         f.write(json.dumps(run, indent=2, ensure_ascii=False) + "\n")
     with dest.open_text("report.html") as f:
         f.write(report.html(_instances_at(r, spec, job_id, report.worst_positions())))
+
+
+def _views(r: redis.Redis, spec: dict, job_id: str, key: str) -> Iterator[dict | None]:
+    """Each chunk's report view (None for a chunk that left none): from its part's metadata, a part at
+    a time, where records are parts; else from Redis."""
+    if stored_records.in_parts(spec):
+        for _, raw in stored_records.chunk_meta(spec, r, job_id, key, stored_records.VIEW_KEY):
+            yield json.loads(raw) if raw is not None else None
+        return
+    raw = r.hgetall(keys.views(job_id, key))
+    for k in sorted(raw, key=int):
+        yield json.loads(raw[k])
 
 
 def _instances_at(r: redis.Redis, spec: dict, job_id: str, positions: list[int]) -> dict[int, dict]:

@@ -5,16 +5,23 @@ A run's series come from what the callback already has: results.json's content f
 entry's value and interval, and the per-instance values that pair runs by instance id,
 which the worker that scored each chunk kept beside its records (``chunk_values``), so
 the callback parses no item record (it reads the records only for an entry some chunk of
-which left no values: a chunk given up, a cancelled job). At most ``EVALQ_HISTORY_MAX_ITEMS``
-items per entry are stored, default 1,000,000; a bigger entry is compared unpaired.
+which left no values: a chunk given up, a cancelled job). The values are read a chunk at a time:
+each series' n, mean and standard deviation are over every item, and its per-instance values,
+for pairing, are those of about ``EVALQ_HISTORY_MAX_ITEMS`` instances (default 100,000): all of
+an entry that small, else a sample chosen by a hash of the instance id (``in_sample``), the
+same instances in every run of any size, so that a bigger night is still paired with its
+baseline and the callback's memory does not grow with N.
 Recording never fails the job: an unreachable database is logged, and the outputs stand.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import redis
 
@@ -85,11 +92,12 @@ def run_row(r: redis.Redis, job_id: str, spec: dict, status: str, summary: list[
 
 def entries_of(r: redis.Redis, job_id: str, spec: dict, summary: list[dict]) -> tuple[list[dict], list[dict]]:
     """(entry rows, series) of a run: per entry its head and spend; per (entry, field) its
-    value, interval, n, the items' standard deviation and per-instance values."""
+    value, interval, n, the items' standard deviation and per-instance values (a sample of a
+    big entry's: ``sample_rate``)."""
     if not summary:
         return [], []
     names = entry_keys(summary)
-    limit = int(env_number("EVALQ_HISTORY_MAX_ITEMS", 1_000_000))
+    rate = sample_rate(spec)
     entry_rows, series = [], []
     for slot, ((key, entry), result, name) in enumerate(zip(stage_runs(spec, METRICS_STAGE), summary, names)):
         judge = result.get("judge") or {}
@@ -100,11 +108,55 @@ def entries_of(r: redis.Redis, job_id: str, spec: dict, summary: list[dict]) -> 
             "calls": judge.get("calls"), "cost": judge.get("cost"),
             "tokens": (judge.get("prompt_tokens", 0) + judge.get("completion_tokens", 0)) if judge else None})
         kind = REGISTRY.get(entry["id"]).aggregation if entry["id"] in REGISTRY else "mean"
-        for field, items in item_fields(r, job_id, key, kind, entry["parameters"],
-                                        entry_chunks(spec, entry), spec).items():
-            series.append(one_series(slot, entry, name, field, kind, result, items,
-                                     keep_items=len(items[0]) <= limit))
+        for field, (items, moments) in entry_series(r, job_id, key, kind, entry["parameters"],
+                                                    entry_chunks(spec, entry), spec, rate).items():
+            series.append(one_series(slot, entry, name, field, kind, result, items, moments=moments))
     return entry_rows, series
+
+
+def sample_rate(spec: dict) -> float:
+    """The share of a run's instances whose values the history keeps for pairing: all of them up
+    to ``EVALQ_HISTORY_MAX_ITEMS`` instances, about that many of a bigger run."""
+    limit = int(env_number("EVALQ_HISTORY_MAX_ITEMS", 100_000))
+    n = int(spec.get("n_instances") or 0)
+    return 1.0 if n <= limit else max(limit, 1) / n
+
+
+def in_sample(rate: float) -> Callable[[str], bool] | None:
+    """Whether an instance is in a run's sample at ``rate``: a hash of its id under the rate, so
+    that every run keeps the same instances (a run at a lower rate keeps a subset of another's),
+    and two runs of a suite pair over the smaller sample. None: every instance."""
+    if rate >= 1.0:
+        return None
+    bound = int(rate * 2 ** 64)
+    return lambda iid: int.from_bytes(hashlib.blake2b(iid.encode("utf-8"), digest_size=8).digest(), "big") < bound
+
+
+@dataclass
+class Moments:
+    """n, the sums of the values and of their squares, Welford's running mean and M2 (a standard
+    deviation without cancellation), and whether every value is 0 or 1: a series over every item,
+    whichever of them are kept."""
+
+    n: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+    mean: float = 0.0
+    m2: float = 0.0
+    binary: bool = True
+
+    def add(self, value: float) -> None:
+        self.n += 1
+        self.total += value
+        self.total_sq += value * value
+        delta = value - self.mean
+        self.mean += delta / self.n
+        self.m2 += delta * (value - self.mean)
+        self.binary = self.binary and value in (0.0, 1.0)
+
+    @property
+    def sd(self) -> float | None:
+        return math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else None
 
 
 def chunk_values(items: list[tuple[int, dict]], readings: list) -> dict:
@@ -133,63 +185,94 @@ def chunk_values(items: list[tuple[int, dict]], readings: list) -> dict:
 
 
 def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
-                chunks: int | None = None, spec: dict | None = None) -> dict[str, Items]:
-    """Per field, the entry's scored items as columns (instance ids, values): from the values its
-    ``chunks`` chunks kept (``chunk_values``) when every one of them did, else from its item
+                chunks: int | None = None, spec: dict | None = None, rate: float = 1.0) -> dict[str, Items]:
+    """Per field, the entry's scored items as columns (instance ids, values): ``entry_series``'
+    kept items."""
+    return {field: items for field, (items, _) in entry_series(r, job_id, key, kind, params, chunks, spec,
+                                                               rate).items()}
+
+
+def entry_series(r: redis.Redis, job_id: str, key: str, kind: str, params: dict, chunks: int | None = None,
+                 spec: dict | None = None, rate: float = 1.0) -> dict[str, tuple[Items, Moments]]:
+    """Per field, the entry's scored items in ``rate``'s sample (``in_sample``) as columns (instance
+    ids, values), with the moments of every scored item: from the values its ``chunks`` chunks kept
+    (``chunk_values``), read a chunk at a time, when every one of them did, else from its item
     records (a jailbreak's injected variants left out either way). The items come in position
     order, whatever order the chunks finished in and Redis keeps them in: a suite's runs over the
     same instances then list them alike, and the regression check pairs them without a lookup."""
-    fields: dict[str, Items] = {}
-    if chunks is None:
-        kept = {}
-    elif stored_records.in_parts(spec or {}):  # in the metadata of the chunks' parts
-        kept = {start: raw for start, raw in stored_records.chunk_values(spec, r, job_id, key) if raw is not None}
-    else:
-        kept = r.hgetall(keys.values(job_id, key))
-    if chunks is not None and len(kept) == chunks:
-        for _, raw in sorted(kept.items(), key=lambda start_raw: int(start_raw[0])):  # by the chunk's start
+    keep = in_sample(rate)
+    if chunks is not None:
+        fields: dict[str, tuple[list, list, Moments]] = {}
+        seen = 0
+        for _, raw in _chunks_values(r, job_id, key, spec):
+            if raw is None:
+                break  # a chunk that kept none: the records are read instead
+            seen += 1
             chunk = json.loads(raw)
             ids, packed = chunk["ids"], chunk.get("fields_f64")  # an older evalq's chunk: "fields", lists
+            mask = [keep(iid) for iid in ids] if keep is not None else None
             columns = ({f: unpack_floats(t, none=True) for f, t in packed.items()} if packed is not None
                        else chunk["fields"])
             for field, column in columns.items():
-                into_ids, into_values = fields.setdefault(field, ([], []))
-                for iid, value in zip(ids, column):
+                into_ids, into_values, moments = fields.setdefault(field, ([], [], Moments()))
+                for k, (iid, value) in enumerate(zip(ids, column)):
                     if value is not None:
-                        into_ids.append(iid)
-                        into_values.append(value)
-        return fields
-    found: dict[str, list[tuple[int, str, float]]] = {}
+                        moments.add(value)
+                        if mask is None or mask[k]:
+                            into_ids.append(iid)
+                            into_values.append(value)
+        if seen == chunks:
+            return {field: ((ids, values), moments) for field, (ids, values, moments) in fields.items()}
+    found: dict[str, tuple[list[tuple[int, str, float]], Moments]] = {}
     for position, raw in stored_records.scan(r, spec or {}, job_id, key):
         record = json.loads(raw)
         if record.get("variant") is not None:
             continue
+        iid = str(record.get("instance_id"))
+        kept = keep is None or keep(iid)
         for field, value in read(kind, params, record).values.items():
             if math.isfinite(value):
-                found.setdefault(field, []).append((int(position), str(record.get("instance_id")), value))
-    for field, items in found.items():
+                items, moments = found.setdefault(field, ([], Moments()))
+                moments.add(value)
+                if kept:
+                    items.append((int(position), iid, value))
+    out = {}
+    for field, (items, moments) in found.items():
         items.sort(key=lambda item: item[0])
-        fields[field] = ([iid for _, iid, _ in items], [value for _, _, value in items])
-    return fields
+        out[field] = (([iid for _, iid, _ in items], [value for _, _, value in items]), moments)
+    return out
+
+
+def _chunks_values(r: redis.Redis, job_id: str, key: str, spec: dict | None):
+    """(start, values) of each recorded chunk, in start order, one at a time from the parts' metadata;
+    from Redis where records are kept there."""
+    if stored_records.in_parts(spec or {}):
+        yield from stored_records.chunk_values(spec, r, job_id, key)
+        return
+    kept = r.hgetall(keys.values(job_id, key))
+    yield from sorted(((int(start), raw) for start, raw in kept.items()), key=lambda item: item[0])
 
 
 def one_series(slot: int, entry: dict, name: str, field: str, kind: str, result: dict, items: Items,
-               keep_items: bool = True) -> dict:
+               moments: Moments | None = None) -> dict:
     """A series' row: the value and interval results.json reports (else the items' mean and
-    interval), n, the items' standard deviation, and the items (columns) themselves when kept."""
+    interval), n, the items' standard deviation (``moments``: over every item, where ``items`` are a
+    sample; else over ``items``), and the items (columns) themselves."""
     from evalq.results.regressions import worse_direction
 
-    values = list(columns(items)[1])
-    n = len(values)
-    mean = sum(values) / n if n else None
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+    if moments is None:
+        moments = Moments()
+        for v in columns(items)[1]:
+            moments.add(v)
+    n = moments.n
     value, ci = reported(result, kind, field)
-    if value is None and mean is not None:
-        value = mean
+    if value is None and n:
+        value = moments.total / n
         bounds = REGISTRY.get(entry["id"]).bounds if entry["id"] in REGISTRY else None
-        ci = score_interval(n, sum(values), sum(v * v for v in values), all(v in (0.0, 1.0) for v in values), bounds)
+        ci = score_interval(n, moments.total, moments.total_sq, moments.binary, bounds)
     return {"slot": slot, "metric": entry["id"], "name": name, "field": field, "value": value,
-            "ci95": ci, "n": n, "sd": sd, "worse": worse_direction(field, entry["id"]), "items": items if keep_items else None}
+            "ci95": ci, "n": n, "sd": moments.sd, "worse": worse_direction(field, entry["id"]),
+            "items": items}
 
 
 def reported(result: dict, kind: str, field: str) -> tuple[float | None, list | None]:

@@ -169,9 +169,15 @@ class ReportBuilder:
                                   line.get("instance_id"), position, line.get("result"), line.get("error")),
                   self.worst)
 
-    def add_views(self, i: int, views: Iterable[dict]) -> None:
-        """Summary entry ``i`` from its chunks' views (see ``chunk_view``), in any order."""
+    def add_views(self, i: int, views: Iterable[dict | None], expect: int | None = None) -> bool:
+        """Summary entry ``i`` from its chunks' views (see ``chunk_view``), in any order. With
+        ``expect`` (the entry's chunks): False, and nothing of the entry kept, when a chunk left no view
+        (None) or fewer came: the entry is then reported from its log lines (``add``)."""
+        n = 0
         for view in views:
+            if view is None:
+                break
+            n += 1
             for item in view["worst"]:
                 _push(self.heaps[i], tuple(item), self.worst)
             for name, count in view["seen"].items():
@@ -180,9 +186,13 @@ class ReportBuilder:
             sample = {n: unpack_floats(t) for n, t in packed.items()} if packed is not None else view["sample"]
             for name, values in sample.items():
                 self.samples[i].setdefault(name, []).extend(values)
+        if expect is not None and n != expect:
+            self.heaps[i], self.seen[i], self.samples[i] = [], {}, {}
+            return False
         for name, values in self.samples[i].items():
             if len(values) > RESERVOIR:
                 self.samples[i][name] = self.rng.sample(values, RESERVOIR)
+        return True
 
     def worst_positions(self) -> list[int]:
         return sorted({item[3] for heap in self.heaps for item in heap if item[3] is not None})

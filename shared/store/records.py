@@ -50,16 +50,17 @@ def part_name(key: str, start: int) -> str:
 
 
 def write(pipe: Any, spec: dict, job_id: str, key: str, start: int, new: dict[int, dict],
-          whole: list[tuple[int, dict]] | None, values: dict | None = None) -> None:
+          whole: list[tuple[int, dict]] | None, values: dict | None = None, view: dict | None = None) -> None:
     """Queue on ``pipe`` (the chunk's MULTI transaction) what the chunk recorded: ``new`` (the
     records made by this run) into ``res:{M}``, or ``whole`` (every record of the chunk, earlier
     runs' included) as its part, written to the store now, with ``values`` (what the history
-    store needs of the chunk, ``evalq.results.recording.chunk_values``) in the part's metadata;
-    and the chunk's count. ``whole`` None: the chunk has not ended (a deferred run), nothing is
-    counted."""
+    store needs of the chunk, ``evalq.results.recording.chunk_values``) and ``view`` (what the
+    report needs of it, ``evalq.results.report.chunk_view``) in the part's metadata; and the
+    chunk's count. ``whole`` None: the chunk has not ended (a deferred run), nothing is counted."""
     if in_parts(spec):
         if whole:
-            Place.from_json(spec["instances"]).put(part_name(key, start), _encode(whole, values))
+            meta = {VALUES_KEY: values, VIEW_KEY: view}
+            Place.from_json(spec["instances"]).put(part_name(key, start), _encode(whole, meta))
     elif new:
         # HSET by instance position: a redelivered chunk overwrites, it never adds.
         pipe.hset(keys.results(job_id, key), mapping={str(p): encode(rec) for p, rec in new.items()})
@@ -123,10 +124,17 @@ def read_part(spec: dict, key: str, start: int, cached: bool = False) -> dict[in
 
 
 VALUES_KEY = b"evalq.values"  # the part's metadata key of the chunk's history values (JSON, zlib'd)
+VIEW_KEY = b"evalq.view"  # and of its report view (JSON, zlib'd)
 
 
 def chunk_values(spec: dict, r: Any, job_id: str, key: str) -> Iterator[tuple[int, bytes | None]]:
     """(chunk start, the history values its part carries, or None) of every chunk recorded so far."""
+    return chunk_meta(spec, r, job_id, key, VALUES_KEY)
+
+
+def chunk_meta(spec: dict, r: Any, job_id: str, key: str, name: bytes) -> Iterator[tuple[int, bytes | None]]:
+    """(chunk start, what its part carries under ``name`` (``VALUES_KEY``, ``VIEW_KEY``), or None) of
+    every chunk recorded so far, in start order, a part at a time."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -134,11 +142,11 @@ def chunk_values(spec: dict, r: Any, job_id: str, key: str) -> Iterator[tuple[in
     for start in sorted(int(s) for s in r.hkeys(keys.recorded(job_id, key))):
         data = place.get(part_name(key, start), missing_ok=True)
         meta = pq.read_schema(pa.BufferReader(data)).metadata if data is not None else None
-        packed = (meta or {}).get(VALUES_KEY)
+        packed = (meta or {}).get(name)
         yield start, zlib.decompress(packed) if packed is not None else None
 
 
-def _encode(records: Iterable[tuple[int, dict]], values: dict | None = None) -> bytes:
+def _encode(records: Iterable[tuple[int, dict]], meta: dict[bytes, dict | None] | None = None) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -151,8 +159,10 @@ def _encode(records: Iterable[tuple[int, dict]], values: dict | None = None) -> 
         "outcome": pa.array([outcome(rec) for _, rec in rows], pa.string()),  # as results.json counts it
         "record": pa.array([encode(rec) for _, rec in rows], pa.string()),
     })
-    if values is not None:  # Parquet keeps metadata uncompressed: the ids and values are zlib'd
-        table = table.replace_schema_metadata({VALUES_KEY: zlib.compress(encode(values).encode("utf-8"), 6)})
+    kept = {name: value for name, value in (meta or {}).items() if value is not None}
+    if kept:  # Parquet keeps metadata uncompressed: what rides there is zlib'd
+        table = table.replace_schema_metadata({name: zlib.compress(encode(value).encode("utf-8"), 6)
+                                               for name, value in kept.items()})
     out = io.BytesIO()
     pq.write_table(table, out, compression="zstd")
     return out.getvalue()

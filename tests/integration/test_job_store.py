@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -106,6 +107,14 @@ def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster,
     # parts adds up to results.json
     assert not [k for k in r.scan_iter(f"evalq:{{{staged}}}:res:*")] and r.exists(keys.results(kept, "exact_match@0"))
     assert not r.exists(keys.values(staged, "exact_match@0")) and r.exists(keys.values(kept, "exact_match@0"))
+    # what the report needs of each chunk rides in its part too: Redis keeps nothing per item, and the
+    # report's worst items are those made from Redis
+    assert not r.exists(keys.views(staged, "f1_score@1")) and r.exists(keys.views(kept, "f1_score@1"))
+
+    def worst_items(out):
+        return re.findall(r"<details><summary>.*?</summary>", (out / "report.html").read_text())
+
+    assert worst_items(tmp_path / "staged") == worst_items(tmp_path / "kept") and len(worst_items(tmp_path / "kept")) > 5
     records = pa.concat_tables([pq.read_table(p) for p in
                                 sorted((folder_of(store, "default", staged) / "records" / "entry=exact_match%400").iterdir())])
     assert sorted(records.column("position").to_pylist()) == list(range(N))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 import redis
 
 import evalq.shared.job.catalogue  # noqa: F401  (registers the metrics)
@@ -95,3 +96,43 @@ def test_report_samples_read_back_packed_and_plain_mixed():
     for label in LABELS:
         want = [reading.sample[label] for _, readings, _ in parts for reading in readings if label in reading.sample]
         assert sorted(builder.samples[0][label]) == sorted(want)
+
+
+def test_a_big_runs_history_keeps_a_sample_by_instance_id_and_moments_of_every_item(redis_url):
+    """Issue 59: the final callback's memory must not grow with N. Past EVALQ_HISTORY_MAX_ITEMS the
+    history keeps the values of a sample of instances chosen by a hash of their id: the same
+    instances in every run (a smaller rate's sample inside a bigger one's), while n, mean and
+    standard deviation are over every item, as numpy computes them."""
+    import numpy as np
+
+    from evalq.results.recording import Moments, entry_series, in_sample, sample_rate
+
+    r = redis.Redis.from_url(redis_url)
+    parts, n, kind = chunks(n=3000, size=100)
+    job = "columns-test-sample"
+    r.delete(keys.values(job, "tox@0"))
+    for items, readings, start in parts:
+        r.hset(keys.values(job, "tox@0"), str(start), encode(chunk_values(items, readings)))
+    every = entry_series(r, job, "tox@0", kind, {}, chunks=len(parts))
+    half = entry_series(r, job, "tox@0", kind, {}, chunks=len(parts), rate=0.5)
+    tenth = entry_series(r, job, "tox@0", kind, {}, chunks=len(parts), rate=0.1)
+    for label in LABELS:
+        (all_ids, all_values), moments = every[label]
+        values = np.asarray(all_values)
+        for (ids, _), m in (half[label], tenth[label]):
+            assert (m.n, m.binary) == (len(values), False)
+            assert m.total / m.n == pytest.approx(values.mean()) and m.sd == pytest.approx(values.std(ddof=1))
+        (half_ids, half_values), _ = half[label]
+        (tenth_ids, _), _ = tenth[label]
+        assert set(tenth_ids) <= set(half_ids) <= set(all_ids)  # the same instances, nested
+        assert 0.4 < len(half_ids) / len(all_ids) < 0.6 and 0.06 < len(tenth_ids) / len(all_ids) < 0.14
+        by_id = dict(zip(all_ids, all_values))
+        assert [by_id[i] for i in half_ids] == half_values  # each kept value is the item's, in order
+    assert in_sample(1.0) is None and in_sample(0.3)("t7") == in_sample(0.3)("t7")
+    assert sample_rate({"n_instances": 50}) == 1.0
+    assert sample_rate({"n_instances": 400_000}) == pytest.approx(0.25)  # 100,000 by default
+    one = Moments()
+    for v in (1.0, 0.0, 1.0):
+        one.add(v)
+    assert one.binary and one.sd == pytest.approx(np.std([1.0, 0.0, 1.0], ddof=1))
+    r.delete(keys.values(job, "tox@0"))

@@ -316,3 +316,33 @@ def test_a_suite_is_its_tenants_another_tenants_runs_are_no_baseline(store_url):
         store.record({**run_row(f"x{day}", day), "tenant": "ads"}, [entry()], [series(WORSE)], SETTINGS)
     [found] = store.record(run_row("j11", 11), [entry()], [series(WORSE)], SETTINGS).regressions
     assert found["baseline_runs"] == 2 and found["baseline"] == pytest.approx(0.8)  # search's own nights only
+
+
+def test_big_runs_pair_over_the_same_sample_of_instances(store_url):
+    """Issue 59: past EVALQ_HISTORY_MAX_ITEMS a run keeps the values of a sample of its instances
+    chosen by a hash of their id; the nights' samples are the same instances, so a big night is
+    still paired with its baseline, over the sample, with n, value and sd of every item."""
+    from evalq.results.recording import Moments, in_sample, one_series
+
+    big_good = {f"i{k}": float(k % 5 != 0) for k in range(4000)}
+    big_worse = {f"i{k}": float(k % 5 in (1, 2)) for k in range(4000)}
+    keep = in_sample(0.1)
+
+    def sampled(items: dict[str, float], slot: int = 0) -> dict:
+        moments = Moments()
+        for v in items.values():
+            moments.add(v)
+        kept = {i: v for i, v in items.items() if keep(i)}
+        return one_series(slot, {"id": "exact_match"}, "exact_match", "mean", "mean", {},
+                          (list(kept), list(kept.values())), moments=moments)
+
+    store = open_store(store_url)
+    store.record(run_row("b1", 1), [entry()], [sampled(big_good)], SETTINGS)
+    night = sampled(big_worse)
+    assert night["n"] == 4000 and night["value"] == pytest.approx(0.4)  # every item's, not the sample's
+    assert 300 < len(night["items"][0]) < 500
+    [found] = store.record(run_row("b2", 2), [entry()], [night], SETTINGS).regressions
+    assert found["paired"] and found["n"] == len(night["items"][0])  # the pairs: the sample, the same instances
+    kept = [i for i in big_good if keep(i)]
+    expected = stats.paired([big_good[i] for i in kept], [big_worse[i] for i in kept])
+    assert found["delta"] == pytest.approx(expected["diff"], abs=1e-9)
