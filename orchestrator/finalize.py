@@ -81,6 +81,16 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
         if seen:  # what one item cost: paid calls and tokens
             judge["calls_per_item"] = round(judge["calls"] / seen, 3)
             judge["tokens_per_item"] = round((judge["prompt_tokens"] + judge["completion_tokens"]) / seen, 1)
+        name = (entry.get("parameters") or {}).get("judge")
+        judges = (stored_spec(r, job_id).get("judges") or {}) if isinstance(name, str) and key != GENERATE else {}
+        if name in judges:  # who judged, as the history compares runs by it
+            from evalq.shared.judging.judges import judge_identity
+
+            try:
+                judge["identity"] = judge_identity(judges[name], r.hgetall(keys.judge_seen(job_id, key)),
+                                                   entry.get("parameters"))
+            except ValueError as exc:  # a spec an older evalq stored: the entry is recorded without one
+                log.warning("job %s %s: no judge identity: %s", job_id, key, exc)
         out["judge"] = judge
     if seen < total:
         out["n_missing"] = total - seen

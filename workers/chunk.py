@@ -72,6 +72,10 @@ def endpoint_client(ctx: ChunkContext, deployment: str | None, keeper: keeping.I
         return python_runner(config)
     client = JudgeClient(ctx.r, ctx.job_id, ctx.key, ctx.endpoint_name, config, options, preferred=deployment,
                          memo=ctx.memo, keeper=keeper, tenant=ctx.tenant)
+    if not ctx.model_run:  # what the entry asks its judge, as a digest: part of its judge identity
+        from evalq.workers.judge.identity import note_prompt
+
+        note_prompt(ctx.r, ctx.job_id, ctx.key, ctx.metric, ctx.params, config, ctx.ttl)
     client.batch = batch_lines(ctx, config, options, client.deployments)
     if ctx.model_run:
         from evalq.workers.generate import EndpointRunner

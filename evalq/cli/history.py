@@ -92,6 +92,13 @@ def _print_runs(doc: dict) -> None:
             label = printable(name if field == "mean" else f"{name}.{field}", 30)
             click.echo(f"  {label:<30} " + " ".join(f"{_num(values.get(run['job_id'])):>8}" for run in runs))
     for run in runs:
+        changed = {m["name"]: m["judge_changed"] for m in run["metrics"] if m.get("judge_changed")}
+        for name, change in changed.items():
+            from evalq.results.history_page import judge_name
+
+            click.echo(f"JUDGE CHANGED {run['finished_at']} job {run['job_id']}: {printable(name)} "
+                       f"{printable(judge_name(change['before']))} -> {printable(judge_name(change['after']))}; "
+                       "not compared with the runs before")
         for f in run["regressions"]:
             label = printable(f["name"] if f["field"] == "mean" else f"{f['name']}.{f['field']}")
             click.echo(f"REGRESSION {run['finished_at']} job {run['job_id']}: {label} {f['value']:.4f} vs baseline "

@@ -1,4 +1,4 @@
-"""Regression alerts: one HTTP POST per run that regressed, to the operator's
+"""Regression alerts: one HTTP POST per run that regressed (or whose judge changed), to the operator's
 ``EVALQ_ALERT_WEBHOOK`` (never a URL from a job: a job file or request is untrusted).
 
 The body is JSON ``{"suite", "job_id", "regressions", "text"}``; ``text`` has one
@@ -42,9 +42,24 @@ def text_line(suite: str, job_id: str, found: dict) -> str:
             f"vs last {found['baseline_runs']} run(s)) in job {job_id}")
 
 
-def payload(suite: str, job_id: str, regressions: list[dict]) -> dict:
-    return {"suite": suite, "job_id": job_id, "regressions": regressions,
-            "text": "\n".join(text_line(suite, job_id, f) for f in regressions)}
+def judge_line(suite: str, job_id: str, change: dict) -> str:
+    """A judge that changed since the suite's last run, in one line: a marked break, not a regression."""
+    def who(identity: dict) -> str:
+        versions = identity.get("versions") or []
+        model = identity.get("model") or identity.get("id", "?")
+        shown = f"{model} ({', '.join(versions)})" if versions and versions != [model] else model
+        prompt = str(identity.get("prompt") or "")
+        return f"{shown}, prompt {prompt.rpartition(':')[2][:8]}" if prompt else shown
+
+    return (f"{chat_text(suite)}: {chat_text(change['name'])} judge changed: {chat_text(who(change['before']))} -> "
+            f"{chat_text(who(change['after']))} in job {job_id}; not compared with the runs before")
+
+
+def payload(suite: str, job_id: str, regressions: list[dict], judge_changes: list[dict] | None = None) -> dict:
+    lines = [text_line(suite, job_id, f) for f in regressions]
+    lines += [judge_line(suite, job_id, c) for c in judge_changes or []]
+    return {"suite": suite, "job_id": job_id, "regressions": regressions, "judge_changes": judge_changes or [],
+            "text": "\n".join(lines)}
 
 
 def where(url: str) -> str:
@@ -53,7 +68,7 @@ def where(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname or '?'}" + (f":{parts.port}" if parts.port else "")
 
 
-def notify(store, suite: str, job_id: str, regressions: list[dict]) -> bool:
+def notify(store, suite: str, job_id: str, regressions: list[dict], judge_changes: list[dict] | None = None) -> bool:
     """Send the run's alert if it is this caller's to send; True when it was delivered."""
     url = os.environ.get(WEBHOOK_ENV, "").strip()
     if not url:
@@ -66,7 +81,7 @@ def notify(store, suite: str, job_id: str, regressions: list[dict]) -> bool:
         return False
     if not store.claim_alert(job_id):
         return False  # sent (or being sent) by whoever recorded it first
-    body = json.dumps(payload(suite, job_id, regressions), ensure_ascii=False).encode()
+    body = json.dumps(payload(suite, job_id, regressions, judge_changes), ensure_ascii=False).encode()
     try:
         post(url, body)
     except Exception as exc:  # noqa: BLE001  (nothing a webhook does may fail the job)

@@ -14,7 +14,8 @@ schema, under a lock, so a newer evalq opens an older store):
 
     runs          one row per job (unique job_id): suite, request, tenant, status, times,
                   dataset, model, where the outputs are, calls, tokens, cost, alert state
-    entries       per (run, entry slot): metric id, name, parameters, n, errors, judge spend
+    entries       per (run, entry slot): metric id, name, parameters, n, errors, judge spend, and
+                  for a judge's entry who judged it (its identity, id, and the identity it changed from)
     entry_values  per (run, slot, field): the value results.json reports, its ci95, n, the
                   items' standard deviation and which way is worse
     item_values   per (run, slot, field): the per-instance values (pairing by id), compressed
@@ -26,9 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import threading
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -38,7 +37,7 @@ import sqlalchemy as sa
 
 from evalq.shared.core.errors import EvalqError, InfraError
 from evalq.shared.job.nightly import Regression
-from evalq.shared.scores.stats import Items, columns
+from evalq.results.item_columns import pack, unpack  # noqa: F401  (the stored form of per-instance values)
 
 metadata = sa.MetaData()
 runs = sa.Table(
@@ -68,6 +67,9 @@ entries = sa.Table(
     sa.Column("parameters", sa.Text, nullable=False),
     sa.Column("n", sa.Integer), sa.Column("n_errors", sa.Integer), sa.Column("n_skipped", sa.Integer),
     sa.Column("calls", sa.BigInteger), sa.Column("tokens", sa.BigInteger), sa.Column("cost", sa.Float),
+    # who judged the entry (a judge's: JSON of evalq.shared.judging.judges.judge_identity), its id, and the
+    # identity it changed from since the suite's last run
+    sa.Column("judge", sa.Text), sa.Column("judge_id", sa.String(32)), sa.Column("judge_before", sa.Text),
 )
 entry_values = sa.Table(
     "entry_values", metadata, *_run_key(),
@@ -186,7 +188,7 @@ def _migration_lock(engine: sa.Engine, conn: sa.Connection):
 # The newest migration's revision (evalq/results/migrations/versions): a store already there needs no
 # migration, and is opened without importing alembic (0.12 s of a cold process's first record,
 # with mako and pygments). tests/unit/test_history.py holds it equal to alembic's own head.
-HEAD = "0002"
+HEAD = "0003"
 
 
 def _at_head(engine: sa.Engine) -> bool:
@@ -230,55 +232,16 @@ def iso(value: datetime | None) -> str | None:
     return value.replace(tzinfo=timezone.utc).isoformat(timespec="seconds") if value else None
 
 
-_COLUMNS = b"EVQI2"  # item_values' columnar form: zlib(<u32 n><n bytes: JSON list of ids><float64s>)
-
-
-def pack(items: Items, heads: list | None = None) -> bytes:
-    """A series' per-instance values as stored: the ids (JSON) and the values (little-endian
-    float64), compressed; a million values pack in well under a second. ``heads``: the last
-    (ids, JSON) packed, kept there so that the fields of an entry, which mostly list the same
-    instances, encode their ids once."""
-    import numpy as np
-
-    ids, values = columns(items)
-    if heads and heads[0][0] == ids:
-        head = heads[0][1]
-    else:
-        head = json.dumps(list(ids), separators=(",", ":"), ensure_ascii=False).encode()
-        if heads is not None:
-            heads[:] = [(ids, head)]
-    body = struct.pack("<I", len(head)) + head + np.asarray(values, dtype="<f8").tobytes()
-    return _COLUMNS + zlib.compress(body, 1)
-
-
-def unpack(data: bytes, heads: dict | None = None) -> tuple[list[str], list[float]]:
-    """Stored values as columns (ids, values); values stored by older evalq (zlib'd JSON
-    ``{id: value}``, which never starts with the columnar mark) are read too. ``heads``: ids
-    already decoded, by their JSON, filled here, so that the fields of a run decode theirs once
-    (the lists are shared: read them, do not change them)."""
-    import numpy as np
-
-    if data.startswith(_COLUMNS):
-        raw = zlib.decompress(data[len(_COLUMNS):])
-        (n,) = struct.unpack_from("<I", raw)
-        head = raw[4:4 + n]
-        ids = heads.get(head) if heads is not None else None
-        if ids is None:
-            ids = json.loads(head)
-            if heads is not None:
-                heads[head] = ids
-        return ids, np.frombuffer(raw[4 + n:], dtype="<f8").tolist()
-    return columns(json.loads(zlib.decompress(data)))
-
-
 @dataclass
 class Recorded:
-    """What recording a job gave: its regressions, whether this call stored it, and its alert state."""
+    """What recording a job gave: its regressions, whether this call stored it, its alert state, and
+    the entries whose judge changed since the suite's last run (never regressions: a marked break)."""
 
     job_id: str
     regressions: list[dict]
     new: bool
     alert: str | None
+    judge_changes: list = ()
 
 
 class HistoryStore:
@@ -297,8 +260,12 @@ class HistoryStore:
                 if conn.execute(sa.select(runs.c.id).where(runs.c.job_id == run["job_id"])).first():
                     return self._recorded(conn, run["job_id"])
                 run_id = conn.execute(runs.insert().values(**run, alert="none")).inserted_primary_key[0]
+                changes = self._judge_changes(conn, run, run_id, entry_rows)
                 if entry_rows:
-                    conn.execute(entries.insert(), [{**e, "run_id": run_id} for e in entry_rows])
+                    conn.execute(entries.insert(), [
+                        {"judge": None, "judge_id": None, **e, "run_id": run_id,
+                         "judge_before": json.dumps(changes[e["slot"]]["before"]) if e["slot"] in changes else None}
+                        for e in entry_rows])
                 if series:
                     conn.execute(entry_values.insert(), [
                         {"run_id": run_id, **{k: s[k] for k in ("slot", "field", "value", "n", "sd", "worse")},
@@ -310,13 +277,18 @@ class HistoryStore:
                     if packed:
                         conn.execute(item_values.insert(), packed)
                 found: list[dict] = []
+                judged = {e["slot"]: e.get("judge_id") for e in entry_rows}
                 if run["status"] == "done" and series:
-                    found = detect(series, self._baseline(conn, run, run_id, series, settings.baseline), settings)
+                    found = detect(series, self._baseline(conn, run, run_id, series, settings.baseline, judged),
+                                   settings)
                     if found:
                         conn.execute(regressions.insert(), [{"run_id": run_id, "slot": f["slot"],
                                                              **{k: f[k] for k in REGRESSION_FIELDS}} for f in found])
-                        conn.execute(runs.update().where(runs.c.id == run_id).values(alert="pending"))
-                return Recorded(run["job_id"], [_public(f) for f in found], True, "pending" if found else "none")
+                said = list(changes.values())
+                if found or said:
+                    conn.execute(runs.update().where(runs.c.id == run_id).values(alert="pending"))
+                return Recorded(run["job_id"], [_public(f) for f in found], True,
+                                "pending" if found or said else "none", said)
         except sa.exc.IntegrityError:  # another process recorded it between our read and write
             with self.engine.connect() as conn:
                 return self._recorded(conn, run["job_id"])
@@ -325,13 +297,43 @@ class HistoryStore:
         row = conn.execute(sa.select(runs.c.id, runs.c.alert).where(runs.c.job_id == job_id)).one()
         found = conn.execute(sa.select(regressions).where(regressions.c.run_id == row.id)
                              .order_by(regressions.c.slot, regressions.c.field)).mappings().all()
-        return Recorded(job_id, [_public(dict(f)) for f in found], False, row.alert)
+        changed = conn.execute(sa.select(entries).where(entries.c.run_id == row.id, entries.c.judge_before.is_not(None))
+                               .order_by(entries.c.slot)).mappings().all()
+        return Recorded(job_id, [_public(dict(f)) for f in found], False, row.alert,
+                        [_change(dict(e)) for e in changed])
+
+    def _judge_changes(self, conn: sa.Connection, run: dict, run_id: int, entry_rows: list[dict]) -> dict[int, dict]:
+        """Per slot of ``entry_rows`` whose judge is not the one the same entry (metric and name) had in
+        the suite's last earlier run of the tenant that had it: what it was and what it is."""
+        judged = [e for e in entry_rows if e.get("judge_id")]
+        if not judged:
+            return {}
+        tenant = runs.c.tenant.is_(None) if run.get("tenant") is None else \
+            sa.or_(runs.c.tenant == run["tenant"], runs.c.tenant.is_(None))
+        rows = conn.execute(
+            sa.select(entries.c.metric, entries.c.name, entries.c.judge, entries.c.judge_id)
+            .join(runs, runs.c.id == entries.c.run_id)
+            .where(runs.c.suite == run["suite"], tenant, runs.c.id != run_id,
+                   runs.c.finished_at <= run["finished_at"], entries.c.judge_id.is_not(None))
+            .order_by(runs.c.finished_at.desc(), runs.c.id.desc())).all()
+        last: dict[tuple[str, str], tuple[str, str]] = {}
+        for row in rows:
+            last.setdefault((row.metric, row.name), (row.judge_id, row.judge))
+        out = {}
+        for e in judged:
+            before = last.get((e["metric"], e["name"]))
+            if before is not None and before[0] != e["judge_id"]:
+                out[e["slot"]] = {"metric": e["metric"], "name": e["name"],
+                                  "before": json.loads(before[1]) if before[1] else {"id": before[0]},
+                                  "after": json.loads(e["judge"]) if e.get("judge") else {"id": e["judge_id"]}}
+        return out
 
     def _baseline(self, conn: sa.Connection, run: dict, run_id: int, series: list[dict],
-                  how_many: int) -> dict[tuple[str, str, str], list[dict]]:
+                  how_many: int, judged: dict[int, str | None] | None = None) -> dict[tuple[str, str, str], list[dict]]:
         """Per (metric, name, field) of ``series``: what each of the suite's last ``how_many``
         runs of the same tenant that ended done before this one has of it (value, n, sd, and its
-        items if kept)."""
+        items if kept), where the entry was judged by the same judge (``judged``: this run's judge
+        id per slot; a run an older store kept without one counts for any)."""
         # a suite is its tenant's: another tenant's runs of the same name are never its baseline
         # (runs an older store kept without a tenant count for any)
         tenant = runs.c.tenant.is_(None) if run.get("tenant") is None else \
@@ -342,10 +344,11 @@ class HistoryStore:
             .order_by(runs.c.finished_at.desc(), runs.c.id.desc()).limit(how_many)).scalars().all()
         if not earlier:
             return {}
-        wanted = {(s["metric"], s["name"], s["field"]) for s in series}
+        wanted = {(s["metric"], s["name"], s["field"]): (judged or {}).get(s["slot"]) for s in series}
         rows = conn.execute(
             sa.select(entries.c.run_id, entries.c.slot, entries.c.metric, entries.c.name, entry_values.c.field,
-                      entry_values.c.value, entry_values.c.n, entry_values.c.sd, item_values.c.data)
+                      entry_values.c.value, entry_values.c.n, entry_values.c.sd, item_values.c.data,
+                      entries.c.judge_id)
             .join(entry_values, sa.and_(entry_values.c.run_id == entries.c.run_id,
                                         entry_values.c.slot == entries.c.slot))
             .outerjoin(item_values, sa.and_(item_values.c.run_id == entry_values.c.run_id,
@@ -356,7 +359,9 @@ class HistoryStore:
         heads: dict = {}  # a run's fields mostly list the same instances: their ids decoded once
         for row in rows:
             key = (row.metric, row.name, row.field)
-            if key in wanted and row.value is not None:
+            if key not in wanted or (wanted[key] and row.judge_id and row.judge_id != wanted[key]):
+                continue  # not this run's, or judged by another judge: a break, never a baseline
+            if row.value is not None:
                 found.setdefault(key, []).append({"run_id": row.run_id, "value": row.value, "n": row.n,
                                                   "sd": row.sd, "items": unpack(row.data, heads) if row.data else None})
         return found
@@ -418,7 +423,9 @@ class HistoryStore:
                 "metric": head["metric"], "name": head["name"], "field": v["field"],
                 "parameters": json.loads(head["parameters"]), "value": v["value"],
                 "ci95": [v["ci_low"], v["ci_high"]] if v["ci_low"] is not None else None, "n": v["n"],
-                "n_errors": head["n_errors"], "worse": v["worse"]})
+                "n_errors": head["n_errors"], "worse": v["worse"],
+                **({"judge": json.loads(head["judge"])} if head.get("judge") else {}),
+                **({"judge_changed": _change(dict(head))} if head.get("judge_before") else {})})
         found: dict[int, list[dict]] = {}
         for f in conn.execute(sa.select(regressions).where(regressions.c.run_id.in_(ids))
                               .order_by(regressions.c.slot, regressions.c.field)).mappings():
@@ -429,6 +436,12 @@ class HistoryStore:
                  "out": row["out"], "error": row["error"], "cost": row["cost"], "tokens": row["tokens"],
                  "calls": row["calls"], "alert": row["alert"], "metrics": values.get(row["id"], []),
                  "regressions": found.get(row["id"], [])} for row in rows]
+
+
+def _change(entry: dict) -> dict:
+    """An entry whose judge changed, as the alert and ``evalq history`` show it."""
+    return {"metric": entry["metric"], "name": entry["name"], "before": json.loads(entry["judge_before"]),
+            "after": json.loads(entry["judge"]) if entry.get("judge") else {"id": entry.get("judge_id")}}
 
 
 def _public(found: dict) -> dict:

@@ -31,7 +31,7 @@ CSS = """
 .series{flex:0 0 470px;margin:0;min-width:0}.series h3{margin:14px 0 0;overflow-wrap:anywhere}
 .series .sub{margin:0;font-size:12px;overflow-wrap:anywhere}
 .band{fill:#4a78c2;fill-opacity:.18}.line{fill:none;stroke:#4a78c2;stroke-width:1.6}.pt{fill:#4a78c2}
-.reg{fill:#d93025;stroke:#7a1410;stroke-width:1.5}.badrun{fill:#8a8f9c;fill-opacity:.22}
+.reg{fill:#d93025;stroke:#7a1410;stroke-width:1.5}.judge{stroke:#7b3fb8;stroke-width:1.5;stroke-dasharray:4 3}.badrun{fill:#8a8f9c;fill-opacity:.22}
 .grid{stroke:#e6e8ef}.costbar{fill:#7a6fc2}.costbar.failed,.costbar.cancelled{fill:#a9acb8}
 .reglist{margin:2px 0 8px;padding-left:18px;font-size:12px;color:#b3261e}
 .status-failed,.status-cancelled{color:#b3261e;font-weight:600}.status-done{color:#1b7f3b}
@@ -196,6 +196,21 @@ def runs_of(indices: list[int]) -> list[list[int]]:
     return groups
 
 
+def split_at(group: list[int], breaks: set[int]) -> list[list[int]]:
+    """A run of consecutive indices cut before each index in ``breaks``."""
+    out: list[list[int]] = []
+    for i in group:
+        if not out or i in breaks:
+            out.append([])
+        out[-1].append(i)
+    return out
+
+
+def judge_name(identity: dict) -> str:
+    versions = identity.get("versions") or []
+    return f"{identity.get('model', '?')}" + (f" ({', '.join(versions)})" if versions else "")
+
+
 def series_chart(title: str, runs: list[dict], s: dict) -> str:
     n = len(runs)
     values = {i: v for i, e in enumerate(s["points"]) if e and (v := number(e.get("value"))) is not None}
@@ -219,8 +234,11 @@ def series_chart(title: str, runs: list[dict], s: dict) -> str:
         upper = [f"{frame.x(i):.1f},{frame.y(bands[i][1]):.1f}" for i in group]
         lower = [f"{frame.x(i):.1f},{frame.y(bands[i][0]):.1f}" for i in reversed(group)]
         out.append(f'<polygon points="{" ".join(upper + lower)}" class=band></polygon>')
+    # a run whose judge changed starts a new stretch: the line is not drawn across the break
+    breaks = {i for i, e in enumerate(s["points"]) if e and e.get("judge_changed")}
+    stretches = [part for group in runs_of(sorted(values)) for part in split_at(group, breaks)]
     path = " ".join("M" + " L".join(f"{frame.x(i):.1f},{frame.y(values[i]):.1f}" for i in group)
-                    for group in runs_of(sorted(values)))
+                    for group in stretches)
     if path:
         out.append(f'<path d="{path}" class=line></path>')
     for i, v in values.items():
@@ -230,6 +248,13 @@ def series_chart(title: str, runs: list[dict], s: dict) -> str:
         out.append(f'<circle cx="{frame.x(i):.1f}" cy="{frame.y(v):.1f}" r=2.6 class=pt data-run={i + 1}>'
                    f'<title>run {i + 1} · {esc(when(runs[i]))}: {esc(fmt(v))}'
                    + (f' [{esc(fmt(ci[0]))}, {esc(fmt(ci[1]))}]' if ci else '') + '</title></circle>')
+    for i in sorted(breaks):
+        change = s["points"][i]["judge_changed"]
+        x = frame.x(i) - (frame.x(i) - frame.x(i - 1)) / 2 if i > 0 else frame.x(i)
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{frame.y(frame.hi):.1f}" y2="{frame.y(frame.lo):.1f}" '
+                   f'class=judge data-run={i + 1}><title>judge changed in run {i + 1}: '
+                   f'{esc(judge_name(change.get("before") or {}))} -&gt; {esc(judge_name(change.get("after") or {}))}'
+                   f'; not compared with the runs before</title></line>')
     for i, v in marks.items():
         reg = s["regressions"][i]
         out.append(f'<circle cx="{frame.x(i):.1f}" cy="{frame.y(v):.1f}" r=5.5 class=reg data-run={i + 1}>'

@@ -60,7 +60,7 @@ def record_job(r: redis.Redis, job_id: str, spec: dict, status: str, summary: li
     if recorded.alert == "pending":
         from evalq.results.alerts import notify
 
-        notify(store, run["suite"], job_id, recorded.regressions)
+        notify(store, run["suite"], job_id, recorded.regressions, list(recorded.judge_changes))
     return recorded.regressions
 
 
@@ -101,12 +101,16 @@ def entries_of(r: redis.Redis, job_id: str, spec: dict, summary: list[dict]) -> 
     entry_rows, series = [], []
     for slot, ((key, entry), result, name) in enumerate(zip(stage_runs(spec, METRICS_STAGE), summary, names)):
         judge = result.get("judge") or {}
+        identity = judge.get("identity") if isinstance(judge.get("identity"), dict) else None
         entry_rows.append({
             "slot": slot, "metric": entry["id"], "name": name,
             "parameters": json.dumps(entry["parameters"], sort_keys=True, ensure_ascii=False),
             "n": result.get("n"), "n_errors": result.get("n_errors"), "n_skipped": result.get("n_skipped", 0),
             "calls": judge.get("calls"), "cost": judge.get("cost"),
-            "tokens": (judge.get("prompt_tokens", 0) + judge.get("completion_tokens", 0)) if judge else None})
+            "tokens": (judge.get("prompt_tokens", 0) + judge.get("completion_tokens", 0)) if judge else None,
+            # who judged it: the history compares the entry only with runs of the same judge
+            "judge": json.dumps(identity, sort_keys=True) if identity else None,
+            "judge_id": identity.get("id") if identity else None})
         kind = REGISTRY.get(entry["id"]).aggregation if entry["id"] in REGISTRY else "mean"
         for field, (items, moments) in entry_series(r, job_id, key, kind, entry["parameters"],
                                                     entry_chunks(spec, entry), spec, rate).items():

@@ -356,6 +356,7 @@ class Handler(BaseHTTPRequestHandler):
             if sim.per_request:
                 state.answer(req_key)
         answer = completion(request, reply)
+        answer["model"] = sim.versions.get(request.model, request.model)
         state.add(prompt_tokens=answer["usage"]["prompt_tokens"],
                   completion_tokens=answer["usage"]["completion_tokens"])
         headers = {}

@@ -49,6 +49,9 @@ class JudgeSim:
         self.default_max_tokens = default_max_tokens
         self.log = log
         self.per_request = per_request
+        # the model a reply says answered, per model asked (a dated version behind an alias, as OpenAI's
+        # "gpt-4o" answers as "gpt-4o-2024-08-06"); settable while the sim runs: a provider's silent update
+        self.versions: dict[str, str] = {}
         # every admitted chat call as (monotonic time, tokens counted against the region's TPM,
         # the text of its messages): a test can tell whose load the region carried when
         self.record_calls = record_calls

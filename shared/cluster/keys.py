@@ -141,6 +141,13 @@ def exported(job_id: str, metric_key: str, name: str = "otlp") -> str:
     return f"{job_prefix(job_id)}:sink:{name}:sent:{metric_key}"
 
 
+def judge_seen(job_id: str, metric_key: str) -> str:
+    """Hash: what a judge entry's calls said of who answered: ``model:<model>`` -> replies (the
+    provider's version behind an alias), ``prompt`` -> the digest of the messages its metric builds
+    (``evalq.workers.judge.identity``): the entry's judge identity, with the spec's judge."""
+    return f"{job_prefix(job_id)}:judge:{metric_key}"
+
+
 def sink_none(job_id: str, metric_key: str, name: str) -> str:
     """The positions among ``exported``'s that gave sink ``name`` nothing to send (an error, an
     item without the span or trace the sink attaches scores to)."""
@@ -311,7 +318,7 @@ def all_job_keys(job_id: str, metric_keys: list[str], sinks: list[str] = ()) -> 
             sink(job_id, "otlp")]
     for m in metric_keys:
         keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m),
-                 values(job_id, m), accounting(job_id, m), recorded(job_id, m),
+                 values(job_id, m), accounting(job_id, m), recorded(job_id, m), judge_seen(job_id, m),
                  recorded_total(job_id, m)]
         keys += [key(job_id, m, name) for name in ("otlp", *sinks) for key in (exported, sink_none, sink_pending)]
     keys += [sink(job_id, name) for name in sinks]

@@ -13,6 +13,7 @@ class Reply:
     tool_arguments: str | None
     usage: dict = field(default_factory=dict)
     cached: bool = False
+    model: str | None = None  # the model the provider says answered (a dated version behind an alias)
 
     def text(self) -> str:
         return self.tool_arguments if self.tool_arguments is not None else (self.content or "")
@@ -25,4 +26,4 @@ def reply_from_completion(completion) -> Reply:
     usage = completion.usage.model_dump() if completion.usage else {}
     message = completion.choices[0].message
     tool_arguments = message.tool_calls[0].function.arguments if message.tool_calls else None
-    return Reply(message.content, tool_arguments, usage)
+    return Reply(message.content, tool_arguments, usage, model=getattr(completion, "model", None) or None)

@@ -175,6 +175,38 @@ def model_identity(config: EndpointConfig) -> str:
     return "|".join([config.provider, config.model, *urls])
 
 
+# parameters that change what is done with a verdict, never the verdict (a pass threshold, the path
+# calls take): left out of a judge's identity
+NOT_THE_JUDGE = ("judge", "threshold", "mode")
+
+
+def judge_identity(config: dict, seen: dict, parameters: dict | None = None) -> dict:
+    """A judge entry's identity (issue 61), from its judge's configuration (the spec's) and what its
+    calls said (``keys.judge_seen``): the provider and model, the versions the provider said answered
+    (``gpt-4o-2024-08-06`` behind ``gpt-4o``), the deployments, the digest of what the entry asks
+    (prompt, rubric, examples, schema: ``evalq.workers.judge.identity``) and the sampling settings;
+    ``id`` hashes what decides a verdict (not the deployments' names or budgets: who answers is
+    ``model_identity``, as the judge cache knows it). Where no prompt digest could be made, the entry's
+    parameters stand for it."""
+    import hashlib
+    import json
+
+    judge = JudgeConfig.model_validate(config)
+    seen = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in (seen or {}).items()}
+    versions = sorted(k[len("model:"):] for k in seen if k.startswith("model:"))
+    prompt = seen.get("prompt")
+    if prompt is None:
+        asked = {k: v for k, v in (parameters or {}).items() if k not in NOT_THE_JUDGE}
+        prompt = "parameters:" + hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
+    settings = {"temperature": judge.temperature, "max_tokens": judge.max_tokens, "output": judge.output}
+    deciding = {"who": model_identity(judge), "versions": versions, "prompt": prompt, **settings}
+    return {"provider": judge.provider, "model": judge.model, "versions": versions,
+            "deployments": sorted(d.use or d.deployment or d.base_url or d.region for d in judge.deployments),
+            "prompt": prompt, **settings,
+            "id": hashlib.sha256(json.dumps(deciding, sort_keys=True).encode()).hexdigest()[:16]}
+
+
 def deployment_id(judge: EndpointConfig, d: Deployment) -> str:
     """Stable identity of a deployment's quota: a catalogue deployment's is its name's, shared by
     every job that uses it; an inline one's is its endpoint's, scoped to one job where the

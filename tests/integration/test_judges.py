@@ -272,3 +272,42 @@ def test_embedded_rerun_is_answered_from_the_saved_cache(sim, tmp_path):
     assert read_results(tmp_path / "second")["coherence"]["judge"]["cache_hits"] == 3
     assert (cache / "embedded-redis.rdb").exists()
     assert SECRET.encode() not in (cache / "embedded-redis.rdb").read_bytes()
+
+
+def test_a_judge_that_changed_is_a_break_in_the_suites_history_not_a_regression(sim, tmp_path):
+    """Issue 61: the provider updates the model behind the judge's alias (judge-sim answers as another
+    version) and tonight's scores drop: results.json names both nights' judges, the history marks the
+    break with a "judge changed" line and finds no regression; a cached rerun keeps the judge."""
+    from evalq.results.history import open_store
+
+    suite = f"judged-{uuid.uuid4().hex[:6]}"
+    cache = tmp_path / "cache"
+    env = {KEY_ENV: SECRET, "EVALQ_CACHE_DIR": str(cache)}
+
+    def night(name: str, score) -> dict:
+        job = {"suite": suite, "instances": [qa(i, f"Answer {i} [[sim:score={score(i)}]]") for i in range(12)],
+               "judges": judges(sim, regions=("eu",)),
+               "metrics": [{"id": "coherence", "parameters": {"judge": "sim"}}]}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(job))
+        proc = evalq("run", str(path), "--out", str(tmp_path / name), "-q", env=env)
+        assert proc.returncode == 0, proc.stderr
+        return read_results(tmp_path / name)["coherence"]["judge"]["identity"]
+
+    sim.versions["judge-sim"] = "judge-sim-2026-05-13"
+    try:
+        first = night("first", lambda i: 5)
+        second = night("second", lambda i: 5)  # the same items: answered from the cache, the same judge
+        sim.versions["judge-sim"] = "judge-sim-2026-11-20"
+        third = night("third", lambda i: 1 + i % 2)  # new answers, scored low by the updated judge
+    finally:
+        sim.versions.clear()
+    assert first["versions"] == second["versions"] == ["judge-sim-2026-05-13"] and first["id"] == second["id"]
+    assert third["versions"] == ["judge-sim-2026-11-20"] and third["id"] != first["id"]
+    assert first["model"] == "judge-sim" and len(first["prompt"]) == 64 and first["prompt"] == third["prompt"]
+    runs = open_store(f"sqlite:///{cache / 'history.sqlite'}").runs_of(suite)
+    assert [len(r["regressions"]) for r in runs] == [0, 0, 0]
+    assert [bool(r["metrics"][0].get("judge_changed")) for r in runs] == [False, False, True]
+    shown = evalq("history", suite, env=env)
+    assert shown.returncode == 0 and "JUDGE CHANGED" in shown.stdout and "judge-sim-2026-11-20" in shown.stdout
+    assert "REGRESSION" not in shown.stdout

@@ -179,7 +179,8 @@ def test_output_and_error_lines_read_as_replies_and_errors():
     data = ("\n".join(json.dumps(x) for x in lines) + "\nnot json\n").encode()
     out = read_outcomes(data)
     assert out["ok"] == Reply('{"score": 4}', None, {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17,
-                                                      "completion_tokens_details": None, "prompt_tokens_details": None})
+                                                      "completion_tokens_details": None, "prompt_tokens_details": None},
+                             model="m")  # who the provider says answered: part of the judge's identity
     assert (out["tool"].content, out["tool"].tool_arguments, out["tool"].text()) == (None, '{"score": 2}', '{"score": 2}')
     assert out["boom"] == LineError("failed", "server_error", "oops", 500) and out["boom"].retryable
     assert out["bad"] == LineError("failed", "http_400", "bad schema", 400) and not out["bad"].retryable

@@ -196,7 +196,7 @@ def test_an_older_store_is_upgraded_and_its_runs_compared_unpaired(tmp_path):
     assert not found["paired"] and found["baseline"] == pytest.approx(0.8)
     assert [r["job_id"] for r in store.runs_of("nightly")] == ["old", "new"]
     with sa.create_engine(url).connect() as conn:
-        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0002"
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0003"
 
 
 def test_the_head_evalq_knows_is_alembics_and_a_store_there_opens_without_alembic(tmp_path):
@@ -237,7 +237,7 @@ def test_an_alert_is_sent_once_with_retries(tmp_path, webhook, caplog):
         assert not alerts.notify(store, "nightly", "j2", got.regressions)  # a second caller sends nothing
     assert len(webhook.bodies) == 3  # two 500s retried, then delivered; never again
     body = webhook.bodies[-1]
-    assert set(body) == {"suite", "job_id", "regressions", "text"} and body["job_id"] == "j2"
+    assert set(body) == {"suite", "job_id", "regressions", "judge_changes", "text"} and body["job_id"] == "j2"
     assert body["text"].startswith("nightly: exact_match regressed to 0.4 from 0.8") and "\n" not in body["text"]
     assert "SECRET-TOKEN" not in caplog.text
     assert store.runs_of("nightly")[-1]["alert"] == "sent"

@@ -284,6 +284,7 @@ class Manager:
             digest, line = by_id[cid]
             if isinstance(outcome, Reply):
                 raw = json.dumps({"content": outcome.content, "tool_arguments": outcome.tool_arguments,
+                                  "model": getattr(outcome, "model", None),
                                   "usage": outcome.usage})
                 pipe.hset(keys.judge_memo(job_id), digest, raw)
                 pipe.expire(keys.judge_memo(job_id), Settings.from_env().result_ttl)

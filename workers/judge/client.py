@@ -160,7 +160,15 @@ class JudgeClient:
     # -- public -----------------------------------------------------------------
     def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating",
                  sample: int = 0) -> Reply:
-        """``sample`` > 0: the same request as a call of its own (a repeat that must not be the cached reply)."""
+        """``sample`` > 0: the same request as a call of its own (a repeat that must not be the cached reply).
+        The model the provider says answered (a version behind an alias) is counted for the entry's
+        judge identity (``keys.judge_seen``), whether the reply was paid now, kept or cached."""
+        reply = self._complete_any(messages, schema, schema_name, sample)
+        if reply.model and not self.metric_key.startswith("generate"):
+            self._write([("hincrby", (keys.judge_seen(self.job_id, self.metric_key), f"model:{reply.model}", 1))])
+        return reply
+
+    def _complete_any(self, messages: list[dict], schema: dict | None, schema_name: str, sample: int) -> Reply:
         request = chat_request(self.judge, messages, schema, schema_name)
         digest = request_digest(request, f"{self.identity}#{sample}" if sample else self.identity)
         kept = self.keeper.reply(digest) if self.keeper is not None else None
@@ -260,7 +268,8 @@ class JudgeClient:
         if self.keeper is not None:
             self.keeper.before_call()
         reply = self._call_with_retries(request, (estimate, prompt_token_bound(request)))
-        raw = json.dumps({"content": reply.content, "tool_arguments": reply.tool_arguments, "usage": reply.usage})
+        raw = json.dumps({"content": reply.content, "tool_arguments": reply.tool_arguments, "usage": reply.usage,
+                          "model": reply.model})
         self._keep(digest, raw)
         if self.options.cache:  # a round trip of its own (as ever): the cache lives outside the job's hash slot
             WRITE_BEHIND.write(self.r, [("set", (keys.judge_cache(digest), raw, self.options.cache_ttl))])
@@ -423,7 +432,7 @@ def request_digest(request: dict, identity: str) -> str:
 
 def _reply(raw: str | bytes) -> Reply:
     data = json.loads(raw)
-    return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True)
+    return Reply(data["content"], data["tool_arguments"], data.get("usage", {}), cached=True, model=data.get("model"))
 
 
 def _bookkeeping(step, *args) -> None:
