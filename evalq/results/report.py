@@ -233,6 +233,13 @@ class ReportBuilder:
                 passing = (f"; pass rate {_num(score['pass_rate'])}{_ci(score.get('pass_rate_ci95'))}"
                            + (f" (score &ge; {esc(at)})" if at is not None else ""))
             return f"mean {_num(score['mean'])}{_ci(ci)}{passing}"
+        if isinstance(score, dict) and "win_rate" in score:  # a pairwise comparison: and the judge's seat
+            judge = "".join(f"; {label} {_num(score[k])}{_ci(score.get(k + '_ci95'))}"
+                            for k, label in (("first_position_win_rate", "first-position wins"),
+                                             ("flip_rate", "flips under swap"), ("longer_win_rate", "longer wins"))
+                            if isinstance(score.get(k), (int, float)))
+            return (f"win rate {_num(score['win_rate'])}{_ci(score.get('win_rate_ci95'))}, ties "
+                    f"{_num(score['tie_rate'])}, losses {_num(score['loss_rate'])}{judge}")
         if isinstance(score, (int, float)):
             return f"{_num(score)}{_ci(m.get('ci95'))}"
         if isinstance(score, dict):

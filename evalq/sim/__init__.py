@@ -157,6 +157,7 @@ count), ``server`` (:class:`JudgeSim`, one server per region) and ``cli``
 """
 
 from evalq.sim.faults import Faults
+from evalq.sim.pairwise import Biases
 from evalq.sim.regions import Region, parse_region
 from evalq.shared.judging.schema_values import schema_value
 from evalq.sim.server import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, HOST, JudgeSim
@@ -172,6 +173,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "HOST", "Faults", "JudgeSim", "Region", "count_prompt_tokens",
+    "Biases", "DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "HOST", "Faults", "JudgeSim", "Region", "count_prompt_tokens",
     "count_tokens", "judge_sim_command", "main", "parse_region", "schema_value",
 ]

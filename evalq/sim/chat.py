@@ -45,8 +45,9 @@ class ChatRequest:
         return build_choice(self.body, self.model, self.messages, self.markers, True, self.max_tokens)
 
 
-def read_chat(body: Any, deployment: str | None = None) -> ChatRequest:
-    """Validate a decoded JSON body; raises :class:`BadRequest` as the API answers 400."""
+def read_chat(body: Any, deployment: str | None = None, judged: Any = None) -> ChatRequest:
+    """Validate a decoded JSON body; raises :class:`BadRequest` as the API answers 400. ``judged``:
+    the sim's ``(model) -> (Biases or None, seed)`` (``evalq.sim.pairwise``)."""
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     model = deployment or body.get("model")
@@ -69,11 +70,33 @@ def read_chat(body: Any, deployment: str | None = None) -> ChatRequest:
         raise BadRequest("n must be an integer between 1 and 128.", "n")
     markers = parse_markers(messages)
     # a pure function of the request: an invalid one is refused before admission
+    biases, seed = judged(model) if judged is not None else (None, None)
+    if biases is not None:
+        markers = biased(markers, model, messages, biases, seed)
     reply = build_choice(body, model, messages, markers, False, max_tokens)
     key = hashlib.sha256(json.dumps({**body, "model": model}, sort_keys=True,
                                     ensure_ascii=False).encode("utf-8")).hexdigest()
     return ChatRequest(body, model, messages, max_tokens, n, markers, reply, key,
                        count_prompt_tokens(messages))
+
+
+def biased(markers: Markers, model: str, messages: list, biases: Any, seed: Any) -> Markers:
+    """The markers a judge with ``biases`` answers by: a pairwise request's winner drawn from them,
+    a rating moved by its leniency and noise (a marker in the request still decides)."""
+    import dataclasses
+
+    from evalq.sim.pairwise import rated, winner
+    from evalq.sim.replies import request_digest
+    from evalq.sim.tokens import message_text
+
+    digest = request_digest(model, messages)
+    last = next((message_text(m) for m in reversed(messages) if m.get("role") == "user"), "")
+    pick = winner(last, digest, biases, seed) if "winner" not in markers.fields else None
+    if pick is not None:
+        return dataclasses.replace(markers, fields={**markers.fields, "winner": pick})
+    if markers.score is not None and (biases.leniency or biases.noise):
+        return dataclasses.replace(markers, score=rated(markers.score, digest, biases, seed))
+    return markers
 
 
 def estimated_tokens(body: Any, default_max_tokens: int) -> int:

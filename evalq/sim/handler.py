@@ -277,7 +277,7 @@ class Handler(BaseHTTPRequestHandler):
         except (ValueError, UnicodeDecodeError):
             return bad("We could not parse the JSON body of your request.")
         try:
-            request = read_chat(body, deployment)
+            request = read_chat(body, deployment, sim.judged)
         except BadRequest as exc:
             return bad(str(exc), exc.param, exc.code)
         markers, reply, req_key = request.markers, request.reply, request.key

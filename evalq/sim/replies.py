@@ -21,7 +21,7 @@ _REASONS = {
 _REASON_TAILS = ("", " The wording is clear.", " It stays on topic.", " It is concise.")
 
 
-def _digest(model: str, messages: list) -> bytes:
+def request_digest(model: str, messages: list) -> bytes:
     canon = json.dumps({"model": model, "messages": messages}, sort_keys=True,
                        ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canon.encode("utf-8")).digest()
@@ -47,7 +47,7 @@ class BadRequest(Exception):
 def build_choice(body: dict, model: str, messages: list, markers: Markers, malformed: bool,
                   max_tokens: int | None) -> tuple[dict, str, int]:
     """(message, finish_reason, completion_tokens) for one choice."""
-    digest = _digest(model, messages)
+    digest = request_digest(model, messages)
     score = markers.score if markers.score is not None else 1 + int.from_bytes(digest[:8], "big") % 5
     reason = _reason(score, digest)
 
@@ -92,9 +92,11 @@ def build_choice(body: dict, model: str, messages: list, markers: Markers, malfo
         if not any("json" in _message_text(m).lower() for m in messages):
             raise BadRequest("'messages' must contain the word 'json' in some form, to use "
                               "'response_format' of type 'json_object'.", "messages")
-        content = json.dumps({"score": score, "reason": reason})
+        content = json.dumps({"reason": reason, "winner": markers.fields["winner"]} if "winner" in markers.fields
+                             else {"score": score, "reason": reason})
     elif ftype in (None, "text"):
-        content = markers.echo if markers.echo is not None else f"Reason: {reason}\nScore: {score}"
+        verdict = f"Winner: {markers.fields['winner']}" if "winner" in markers.fields else f"Score: {score}"
+        content = markers.echo if markers.echo is not None else f"Reason: {reason}\n{verdict}"
     else:
         raise BadRequest(f"Invalid value for 'response_format.type': {ftype!r}", "response_format.type")
     if malformed:

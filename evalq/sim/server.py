@@ -10,6 +10,7 @@ from typing import Callable, Sequence, TextIO
 from evalq.sim.batches import BatchEngine
 from evalq.sim.faults import Faults
 from evalq.sim.handler import HOST, RegionServer
+from evalq.sim.pairwise import Biases
 from evalq.sim.regions import Region, RegionState
 
 DEFAULT_MODEL = "judge-sim"
@@ -28,7 +29,7 @@ class JudgeSim:
                  models: Sequence[str] = (DEFAULT_MODEL,),
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, log: TextIO | None = None,
                  per_request: bool = False, clock: Callable[[], float] | None = None,
-                 record_calls: bool = False) -> None:
+                 record_calls: bool = False, biases: Biases | dict[str, Biases] | None = None) -> None:
         regions = list(regions) if regions else [Region("local")]
         names = [r.name for r in regions]
         if len(set(names)) != len(names):
@@ -52,6 +53,8 @@ class JudgeSim:
         # the model a reply says answered, per model asked (a dated version behind an alias, as OpenAI's
         # "gpt-4o" answers as "gpt-4o-2024-08-06"); settable while the sim runs: a provider's silent update
         self.versions: dict[str, str] = {}
+        # a judge's biases (evalq.sim.pairwise), for every model or per model asked: seeded by ``seed``
+        self.biases = biases
         # every admitted chat call as (monotonic time, tokens counted against the region's TPM,
         # the text of its messages): a test can tell whose load the region carried when
         self.record_calls = record_calls
@@ -68,6 +71,11 @@ class JudgeSim:
                                              default_max_tokens=default_max_tokens,
                                              per_request=per_request, first_time=self._first_time,
                                              clock=self.clock) for r in regions}
+
+    def judged(self, model: str) -> tuple[Biases | None, int]:
+        """The biases the sim answers ``model``'s requests with, and its seed."""
+        found = self.biases.get(model) if isinstance(self.biases, dict) else self.biases
+        return found, self.seed
 
     def __repr__(self) -> str:  # never shows the key
         return f"JudgeSim(regions={[r.name for r in self.regions]}, running={self.running})"

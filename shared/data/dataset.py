@@ -33,6 +33,7 @@ STANDARD_LOCATIONS = {
     "context_location": "context",
     "category_location": "category",
     "messages_location": "messages",
+    "baseline_output_location": "baseline-output",  # the other answer a pairwise comparison judges
 }
 FMEVAL_ONLY = {"dataset_name", "dataset_uri", "dataset_mime_type"}
 MIME_TYPES = {"application/jsonlines": "jsonl", "application/json": "json"}

@@ -3,6 +3,6 @@ resolved against the registry and the judges (``entries``), suites and regressio
 (``nightly``), and every metric a job may name registered in one place (``catalogue``: evalq's own,
 each family's, the operator's plugins).
 
-May import: core, policy, judging, scores, metrics, cluster, agents, data, model, fmeval. (``tests/unit/test_layers.py`` holds every room of ``evalq.shared`` to
+May import: core, policy, judging, scores, metrics, cluster, agents, data, model, fmeval, pairwise. (``tests/unit/test_layers.py`` holds every room of ``evalq.shared`` to
 its list.)
 """

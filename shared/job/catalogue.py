@@ -7,6 +7,7 @@ from __future__ import annotations
 import evalq.shared.metrics.builtin  # noqa: F401  (evalq's own metrics)
 import evalq.shared.fmeval.catalogue  # noqa: E402,F401  (fmeval's algorithms: a family of their own)
 import evalq.shared.agents.catalogue  # noqa: E402,F401  (agents' trajectories: another)
+import evalq.shared.pairwise.catalogue  # noqa: E402,F401  (two answers compared by a judge: another)
 
 
 def load_plugins() -> None:

@@ -69,6 +69,11 @@ def read(kind: str, params: dict | None, record: dict) -> Reading:
         lowest = min((t["score"] for t in turns if "score" in t), default=value) if isinstance(turns, list) else value
         # a conversation scored turn by turn passes when every turn does
         return Reading({"mean": value}, {"mean": value}, -value, lowest >= threshold if threshold is not None else None)
+    if kind == "pairwise":  # the candidate against the baseline: a win 1, a tie 1/2, a loss 0
+        value = result.get("score") if isinstance(result, dict) else None
+        if not isinstance(value, (int, float)):
+            return Reading()
+        return Reading({"score": float(value)}, {"score": float(value)}, -float(value))
     values = mean_values(result)
     if not values:
         return Reading()

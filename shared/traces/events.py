@@ -9,7 +9,8 @@ none, and names itself by ``evalq.instance.id``. Pure: what to send, not how.
 One event per number the item's result reads as (``evalq.shared.scores.results``): a one-number
 metric or a rating gives one, named as the entry; an object of numbers (rouge, a trajectory) one per
 field, named ``<entry>.<field>``. The label is ``pass`` / ``fail`` where the entry has a pass rule
-(a rating's threshold, a defect's), a defect's severity band where it has a severity; the
+(a rating's threshold, a defect's), a defect's severity band where it has a severity, a pairwise
+comparison's ``win`` / ``tie`` / ``loss``; the
 explanation is a judge's reason. An item that failed or was not applicable sends nothing.
 """
 
@@ -65,6 +66,8 @@ def evaluations(job_id: str, entry_key: str, entry_name: str, kind: str, params:
     label = None if reading.passes is None else ("pass" if reading.passes else "fail")
     if "severity" in reading.sample:
         label = band(reading.sample["severity"])
+    if kind == "pairwise" and isinstance(result, dict) and isinstance(result.get("outcome"), str):
+        label = result["outcome"]  # win, tie or loss against the baseline
     otel = otel or {}
     single = len(reading.values) == 1
     out = []

@@ -106,3 +106,34 @@ def test_the_judge_example_runs_against_llama_cpp_with_default_settings(llama_se
     refused = access.count('POST /v1/chat/completions HTTP/1.1" 500')
     assert 1 <= refused <= len(METRICS), refused
     assert access.count('POST /v1/chat/completions HTTP/1.1" 200') == calls
+
+
+def test_a_pairwise_comparison_runs_against_llama_cpp_with_default_settings(llama_server, tmp_path):
+    """Issue 61: two answers compared in both orders by a server none of us wrote (SmolLM2 behind
+    llama.cpp), the judge's settings left as they are: each item has its two verdicts, or an error
+    saying what the small model's reply lacked; the judge's identity says who answered."""
+    example = json.loads((ROOT / "examples" / "rag_qa.json").read_text())
+    judge = example["judges"]["sim"]
+    judge.update(model="smollm2", deployments=[{"region": "lab", "base_url": llama_server["url"],
+                                                "tpm": 1_000_000, "rpm": 10_000}], timeout=120)
+    instances = [{"id": f"p{i}", "input": inst["input"], "actual-output": inst["actual-output"],
+                  "baseline-output": "I do not know."} for i, inst in enumerate(example["instances"][:3])]
+    path = tmp_path / "pairwise_llama.json"
+    path.write_text(json.dumps({"instances": instances, "judges": {"local": judge}, "judging": {"cache": False},
+                                "metrics": [{"id": "pairwise", "parameters": {"judge": "local"}}]}))
+    proc = evalq("run", str(path), "--out", str(tmp_path / "out"), "--concurrency", "1", "-q",
+                 env={"DEMO_JUDGE_API_KEY": "unused-by-llama", "EVALQ_ENDPOINTS": "*=http://127.0.0.1:*"},
+                 timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    log, results = read_log(tmp_path / "out"), read_results(tmp_path / "out")
+    for line in log:
+        if "error" in line:
+            assert "HTTP" not in line["error"] and ("winner" in line["error"] or "schema" in line["error"]), line
+        else:
+            verdicts = line["result"]["verdicts"]
+            assert [v["first"] for v in verdicts] == ["candidate", "baseline"]
+            assert {v["winner"] for v in verdicts} <= {"candidate", "baseline", "tie"}
+    assert sum("result" in line for line in log) >= 2, log
+    entry = results["pairwise"]
+    assert entry["judge"]["failed_calls"] == 0 and entry["judge"]["identity"]["versions"]
+    assert entry["score"]["verdicts"] == 2 * sum("result" in line for line in log)

@@ -44,7 +44,9 @@ SHARED_ALLOWED = {
     "data": {"core", "policy", "cluster", "agents", "traces"},
     "model": {"core", "judging", "metrics", "cluster", "data"},
     "fmeval": {"core", "policy", "judging", "scores", "metrics", "model"},
-    "job": {"core", "policy", "judging", "scores", "metrics", "cluster", "agents", "data", "model", "fmeval"},
+    "pairwise": {"core", "judging", "scores", "metrics"},  # two answers compared by a judge (issue 61)
+    "job": {"core", "policy", "judging", "scores", "metrics", "cluster", "agents", "data", "model", "fmeval",
+            "pairwise"},
     "store": {"core", "policy", "scores", "data", "cluster"},  # the job store: a job's bulk as parts, outside Redis
 }
 

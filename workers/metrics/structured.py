@@ -47,7 +47,7 @@ def messages(task: str, fields: list[tuple[str, Any]]) -> list[dict]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{task}\n\n{body}"}]
 
 
-def _object(text: str) -> dict | None:
+def reply_object(text: str) -> dict | None:
     """The reply as a JSON object: the whole reply (or a code fence that is the whole
     reply), never an object found inside other text (it could be quoted material)."""
     text = (text or "").strip()
@@ -65,7 +65,7 @@ def ask(judge, msgs: list[dict], schema: dict, name: str, check: Callable[[dict]
     reply that is a JSON object as a whole), then ``check(obj)``, which returns the verdict or
     raises ValueError saying what is wrong (``unread`` says it when nothing could be read). A
     reply that does not fit gets one corrective re-ask, then the item fails, the reply quoted."""
-    read = read or _object
+    read = read or reply_object
     reply = judge.complete(msgs, schema, name)
     problem = ""
     for attempt in range(2):

@@ -1,0 +1,1 @@
+"""The pairwise comparison's implementation (``evalq.shared.pairwise``: its parameters and aggregate)."""
