@@ -84,12 +84,13 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
         name = (entry.get("parameters") or {}).get("judge")
         judges = (stored_spec(r, job_id).get("judges") or {}) if isinstance(name, str) and key != GENERATE else {}
         if name in judges:  # who judged, as the history compares runs by it
-            from evalq.shared.judging.judges import judge_identity
+            from evalq.shared.judging.judges import judge_identity, panel_identity
 
             try:
-                judge["identity"] = judge_identity(judges[name], r.hgetall(keys.judge_seen(job_id, key)),
-                                                   entry.get("parameters"))
-            except ValueError as exc:  # a spec an older evalq stored: the entry is recorded without one
+                said, asked = r.hgetall(keys.judge_seen(job_id, key)), entry.get("parameters") or {}
+                judge["identity"] = (panel_identity(judges, said, asked) if asked.get("panel")
+                                     else judge_identity(judges[name], said, asked, name))
+            except (ValueError, KeyError) as exc:  # a spec an older evalq stored: recorded without one
                 log.warning("job %s %s: no judge identity: %s", job_id, key, exc)
         out["judge"] = judge
     if seen < total:
@@ -160,8 +161,8 @@ def endpoint_priced(spec: dict, key: str, entry: dict) -> bool:
     """Whether the endpoint a run calls (its judge, or the model under test) has a price."""
     if is_model_run(key):
         return bool(getattr(parse_model_config(spec["model"]), "priced", False)) if "model" in spec else False
-    name = entry["parameters"].get("judge")
-    return name in spec.get("judges", {}) and JudgeConfig.model_validate(spec["judges"][name]).priced
+    names = entry["parameters"].get("panel") or [entry["parameters"].get("judge")]  # a panel: any member's
+    return any(n in spec.get("judges", {}) and JudgeConfig.model_validate(spec["judges"][n]).priced for n in names)
 
 
 def _counts(agg) -> dict:

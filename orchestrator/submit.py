@@ -149,6 +149,7 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
     size_cheap(metrics, job.metrics, job.instances, chunk_size)
     group_entries(metrics, job.metrics, len(job.instances))
     used = {m.params.judge for m in job.metrics if m.judge is not None}
+    used |= {member for m in job.metrics if m.judge is not None for member in getattr(m.params, "panel", None) or ()}
     spec = {"source": job.source, "n_instances": len(job.instances), "metrics": metrics,
             # judge and model configurations name the key's environment variable, never the key
             "judges": {name: job.judges[name].model_dump(mode="json") for name in sorted(used)},

@@ -20,6 +20,7 @@ import redis
 from evalq.shared.cluster import keys, telemetry
 from evalq.shared.scores.aggregate import chunk_part
 from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
+from evalq.workers.judge.panel import Panel
 from evalq.shared.data.instances import with_shared
 from evalq.shared.store import instances as stored_instances, records as stored_records
 from evalq.shared.store.place import StoreUnavailable
@@ -76,12 +77,38 @@ def endpoint_client(ctx: ChunkContext, deployment: str | None, keeper: keeping.I
         from evalq.workers.judge.identity import note_prompt
 
         note_prompt(ctx.r, ctx.job_id, ctx.key, ctx.metric, ctx.params, config, ctx.ttl)
+    if not ctx.model_run and getattr(ctx.params, "panel", None):
+        return panel_client(ctx, deployment, keeper, options, client)
     client.batch = batch_lines(ctx, config, options, client.deployments)
     if ctx.model_run:
         from evalq.workers.generate import EndpointRunner
 
         return EndpointRunner(client, config.system)
     return client
+
+
+def panel_client(ctx: ChunkContext, deployment: str | None, keeper: Any, options: Any, first: Any) -> Any:
+    """A panel's members' clients (``evalq.workers.judge.panel``): the first member's is ``first``; a
+    member the operator's catalogue or inline policy refuses answers every item with why."""
+    from evalq.shared.model.runners import endpoint_config
+    from evalq.workers.judge.client import JudgeClient
+    from evalq.workers.judge.panel import Panel
+
+    members = {ctx.params.judge: first}
+    for name in ctx.params.panel:
+        if name in members:
+            continue
+        try:
+            config = endpoint_config(ctx.spec, name, ctx.job_id)
+        except ValueError as exc:
+            members[name] = Refused(str(exc))
+            continue
+        member = JudgeClient(ctx.r, ctx.job_id, ctx.key, name, config, options, preferred=deployment,
+                             memo=ctx.memo, keeper=keeper, tenant=ctx.tenant)
+        member.batch = batch_lines(ctx, config, options, member.deployments)
+        members[name] = member
+    return Panel({name: members[name] for name in ctx.params.panel}, ctx.params.panel_aggregate,
+                 ctx.params.panel_quorum)
 
 
 class Refused:
@@ -146,7 +173,8 @@ def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: 
                 if keeper is not None:
                     keeper.begin(i)
                 try:
-                    outcomes[i] = fn(instances[i], params, *extra)
+                    outcomes[i] = (judge.score(fn, instances[i], params) if isinstance(judge, Panel)
+                                   else fn(instances[i], params, *extra))
                 except (Deferred, *REDIS_BLIPS):
                     raise  # not the item's fault: the task re-schedules, or is retried
                 except Pending as exc:  # a call waits for a provider batch: the item is asked again later

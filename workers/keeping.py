@@ -178,7 +178,8 @@ def earlier(r: redis.Redis, spec: dict, job_id: str, metric_key: str,
 
 
 class ItemKeeper:
-    """What one chunk run keeps, item by item (one thread uses it).
+    """What one chunk run keeps, item by item (one item at a time; a panel's members call from a
+    thread each, so what they share is held under a lock).
 
     The runner calls ``begin`` before scoring an item and ``done`` with its
     record; the judge client asks ``reply`` for a call an earlier run of the
@@ -200,6 +201,7 @@ class ItemKeeper:
         self.position: int | None = None
         self.replies: dict[str, str] = {}
         self.unkept = False
+        self._lock = threading.RLock()
 
     def begin(self, index: int) -> None:
         self.position = self.positions[index]
@@ -208,21 +210,25 @@ class ItemKeeper:
 
     def reply(self, digest: str) -> str | None:
         """The reply an earlier run of this item was given for request ``digest``."""
-        return self.replies.get(digest) if self.position is not None else None
+        with self._lock:
+            return self.replies.get(digest) if self.position is not None else None
 
     def answered(self, digest: str, raw: str) -> None:
-        if self.position is not None:
-            self.replies[digest] = raw
-            self.unkept = True
+        with self._lock:
+            if self.position is not None:
+                self.replies[digest] = raw
+                self.unkept = True
 
     def before_call(self) -> None:
         """The item's answered calls are kept before it pays for another."""
-        if self.unkept:
-            self._keep({"replies": self.replies})
-            self.flush()
+        with self._lock:
+            if self.unkept:
+                self._keep({"replies": self.replies})
+                self.flush()
 
     def add(self, ops: list[Op]) -> None:
-        self.ops += ops
+        with self._lock:
+            self.ops += ops
 
     def done(self, record: dict) -> None:
         if self.position is None:
@@ -233,7 +239,8 @@ class ItemKeeper:
 
     def flush(self, *ops: Op) -> bool:
         """Write what waits (and ``ops``) in one round trip, or have it held; True when written now."""
-        batch, self.ops = self.ops + list(ops), []
+        with self._lock:
+            batch, self.ops = self.ops + list(ops), []
         if not batch:
             return True
         batch += [("expire", (key, self.ttl)) for key in self.expiring]

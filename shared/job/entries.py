@@ -125,12 +125,21 @@ def resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
             problems.add(f"{run.where}.parameters.judge",
                          f"no judge named {name!r}{did_you_mean(name, judges)} (judges: {known})")
             continue
-        if name not in checked_env:
-            check_key_env(judge.api_key_env, f"judges.{name}.api_key_env", problems)
-            check_endpoints(judge, f"judges.{name}", problems)
-        checked_env.add(name)
+        for member in getattr(run.params, "panel", None) or [name]:
+            if member not in judges:
+                problems.add(f"{run.where}.parameters.panel", f"no judge named {member!r}{did_you_mean(member, judges)}")
+            elif member not in checked_env:
+                check_key_env(judges[member].api_key_env, f"judges.{member}.api_key_env", problems)
+                check_endpoints(judges[member], f"judges.{member}", problems)
+                checked_env.add(member)
+        if getattr(run.params, "panel", None) and not run.spec.impl.startswith(PANEL_METRICS):
+            problems.add(f"{run.where}.parameters.panel", "a panel scores the rated quality metrics and rubric "
+                         "(one score and a reason per item); this metric takes one judge")
         resolved.append(dataclasses.replace(run, judge=judge))
     return resolved
+
+
+PANEL_METRICS = "evalq.workers.metrics.quality:"  # what a panel of judges may score (evalq.shared.judging.panel)
 
 
 def check_cost_cap(judging: JudgingOptions, runs: list[MetricRun], model: Any, problems: Problems) -> None:

@@ -180,7 +180,7 @@ def model_identity(config: EndpointConfig) -> str:
 NOT_THE_JUDGE = ("judge", "threshold", "mode")
 
 
-def judge_identity(config: dict, seen: dict, parameters: dict | None = None) -> dict:
+def judge_identity(config: dict, seen: dict, parameters: dict | None = None, name: str | None = None) -> dict:
     """A judge entry's identity (issue 61), from its judge's configuration (the spec's) and what its
     calls said (``keys.judge_seen``): the provider and model, the versions the provider said answered
     (``gpt-4o-2024-08-06`` behind ``gpt-4o``), the deployments, the digest of what the entry asks
@@ -194,7 +194,8 @@ def judge_identity(config: dict, seen: dict, parameters: dict | None = None) -> 
     judge = JudgeConfig.model_validate(config)
     seen = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
             for k, v in (seen or {}).items()}
-    versions = sorted(k[len("model:"):] for k in seen if k.startswith("model:"))
+    said = [k[len("model:"):].rpartition("|") for k in seen if k.startswith("model:")]  # ("judge", "|", model)
+    versions = sorted({model for who, _, model in said if name is None or who in ("", name)})
     prompt = seen.get("prompt")
     if prompt is None:
         asked = {k: v for k, v in (parameters or {}).items() if k not in NOT_THE_JUDGE}
@@ -204,6 +205,19 @@ def judge_identity(config: dict, seen: dict, parameters: dict | None = None) -> 
     return {"provider": judge.provider, "model": judge.model, "versions": versions,
             "deployments": sorted(d.use or d.deployment or d.base_url or d.region for d in judge.deployments),
             "prompt": prompt, **settings,
+            "id": hashlib.sha256(json.dumps(deciding, sort_keys=True).encode()).hexdigest()[:16]}
+
+
+def panel_identity(judges: dict, seen: dict, parameters: dict) -> dict:
+    """A panel's identity: each member's (``judge_identity``, its own versions), the aggregate and
+    quorum, and an ``id`` of them all: a member changed, added or dropped is another panel."""
+    import hashlib
+    import json
+
+    members = {member: judge_identity(judges[member], seen, parameters, member) for member in parameters["panel"]}
+    how = {"aggregate": parameters.get("panel_aggregate", "mean"), "quorum": parameters.get("panel_quorum")}
+    deciding = {"members": {m: i["id"] for m, i in members.items()}, **how}
+    return {"panel": members, **how,
             "id": hashlib.sha256(json.dumps(deciding, sort_keys=True).encode()).hexdigest()[:16]}
 
 
@@ -263,8 +277,64 @@ class JudgedParams(Params):
     def effective_mode(self, judging: JudgingOptions) -> str:
         return self.mode or judging.mode
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_judge(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("judge"), list) and "panel" not in cls.model_fields:
+            raise ValueError("judge: a panel (a list of judges) scores the rated quality metrics and rubric; "
+                             "this metric takes one judge")
+        return data
 
-class JudgeParams(JudgedParams):
+
+class PanelParams(JudgedParams):
+    """A rated entry's judge may be a panel: ``"judge": ["a", "b", "c"]`` (or ``judge`` its first
+    member and ``panel`` every member): each item is scored by every member, under each one's own
+    deployments' budget, and the item's score is the panel's ``panel_aggregate``
+    (``evalq.shared.judging.panel``)."""
+
+    panel: list[JudgeName] | None = Field(
+        default=None, min_length=2, max_length=9,
+        description="a panel of judges (their names in `judges`, different ones): each item is scored by every one; "
+        "`\"judge\": [\"a\", \"b\"]` says the same")
+    panel_aggregate: Literal["mean", "median", "majority"] = Field(
+        default="mean", description="the item's score from its members': mean, median, or majority (a score more "
+        "than half of the answering members gave, else the median, the item marked `majority: false`)")
+    panel_quorum: int | None = Field(
+        default=None, ge=1, description="members that must answer for the item to be scored (default: all); "
+        "fewer: an error naming who failed")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _judge_list(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("judge"), list):
+            members = data["judge"]
+            data = {**data, "judge": members[0] if members else None, "panel": members}
+        return data
+
+    @model_validator(mode="after")
+    def _members(self):
+        if self.panel is not None:
+            if len(set(self.panel)) != len(self.panel):
+                raise ValueError("panel: each member once")
+            if self.judge not in self.panel:
+                raise ValueError("panel: judge must be one of its members (the first, when judge is a list)")
+            if self.panel_quorum is not None and self.panel_quorum > len(self.panel):
+                raise ValueError(f"panel_quorum: at most the panel's {len(self.panel)} members")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _unset_mode_left_out(self, handler):  # (JudgedParams') and a single judge's panel fields too
+        data = handler(self)
+        if isinstance(data, dict):
+            if self.mode is None:
+                data.pop("mode", None)
+            if self.panel is None:  # a single judge's parameters read as before
+                for key in ("panel", "panel_aggregate", "panel_quorum"):
+                    data.pop(key, None)
+        return data
+
+
+class JudgeParams(PanelParams):
     threshold: int | None = Field(default=None, ge=1, le=5,
                                   description="report the share of items scoring at least this")
 
@@ -276,7 +346,7 @@ class RubricExample(Strict):
     reason: str | None = Field(default=None, max_length=bounds.MAX_EXAMPLE_CHARS)
 
 
-class RubricParams(JudgedParams):
+class RubricParams(PanelParams):
     criteria: str = Field(min_length=1, max_length=bounds.MAX_CRITERIA_CHARS,
                           description="what the judge grades, in plain words")
     scale_min: int = Field(default=1, description="lowest score")

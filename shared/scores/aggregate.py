@@ -12,6 +12,7 @@ from __future__ import annotations
 from array import array
 from typing import Any, Iterable
 
+from evalq.shared.judging.panel import PanelStats
 from evalq.shared.scores.agreement import Agreement
 from evalq.shared.judging.judges import SEVERITY_BANDS, severity_label
 from evalq.shared.scores.results import (ERROR, NOT_APPLICABLE, SCORED, SKIPPED, Number, flag, outcome, rating_scale,
@@ -203,6 +204,7 @@ class RatingAggregator(MeanAggregator):
         lo, hi = rating_scale(self.params)
         self.counts = {k: 0 for k in range(lo, hi + 1)}
         self.conversations = {"n": 0, "passed": 0, "last": 0.0, "lowest": 0.0, "failed_turns": 0}
+        self.panel = PanelStats()  # a panel's items: its members' scores (evalq.shared.judging.panel)
 
     def add(self, record: dict[str, Any]) -> None:
         super().add(record)
@@ -220,12 +222,15 @@ class RatingAggregator(MeanAggregator):
             convo["passed"] += threshold is not None and min(rated) >= threshold
         else:
             rated = [result["score"]]
+            self.panel.add(result, self.params.get("threshold"))
         for score in rated:
+            score = int(round(score))
             self.counts[score] = self.counts.get(score, 0) + 1
 
     def state(self) -> dict[str, Any]:
-        return {**super().state(), "counts": {str(k): c for k, c in self.counts.items() if c},
-                "conversations": self.conversations}
+        out = {**super().state(), "counts": {str(k): c for k, c in self.counts.items() if c},
+               "conversations": self.conversations}
+        return {**out, "panel": self.panel.state()} if self.panel.members or self.panel.failed else out
 
     def merge(self, state: dict[str, Any]) -> None:
         super().merge(state)
@@ -233,6 +238,7 @@ class RatingAggregator(MeanAggregator):
             self.counts[int(k)] = self.counts.get(int(k), 0) + c
         for k, v in state.get("conversations", {}).items():
             self.conversations[k] += v
+        self.panel.merge(state.get("panel") or {})
 
     def score(self) -> dict[str, Any] | None:
         if self.n == 0:
@@ -246,6 +252,9 @@ class RatingAggregator(MeanAggregator):
         if convo["n"]:  # conversations scored turn by turn: each counts once, by its own mean
             n, total, total_sq = self._count.get("score", 0), self._sum.get("score", 0.0), self._sumsq.get("score", 0.0)
             passed = convo["passed"]
+        elif self.panel.members:  # a panel's scores may lie between two points: the exact sums and passes
+            n, total, total_sq = self._count.get("score", 0), self._sum.get("score", 0.0), self._sumsq.get("score", 0.0)
+            passed = self.panel.passed
         else:
             n, total = self.n, sum(k * c for k, c in self.counts.items())
             total_sq = sum(k * k * c for k, c in self.counts.items())
@@ -257,6 +266,8 @@ class RatingAggregator(MeanAggregator):
         if threshold is not None:
             out["pass_rate"] = passed / n
             out["pass_rate_ci95"] = wilson(passed, n)
+        if self.panel.members or self.panel.failed:
+            out["panel"] = self.panel.result()
         if convo["n"]:
             out["turns"] = {"rated": rated, "failed": convo["failed_turns"],
                             "mean": sum(k * c for k, c in self.counts.items()) / rated,

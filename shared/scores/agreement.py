@@ -23,6 +23,7 @@ class Agreement:
         self.kind = kind
         self.params = params or {}
         self.cells: dict[str, int] = {}  # "judge,human" -> count
+        self.members: dict[str, Agreement] = {}  # a panel's members, each against the same grades
 
     def add(self, record: dict[str, Any]) -> None:
         if "human" not in record or "result" not in record or record.get("error") is not None \
@@ -30,20 +31,31 @@ class Agreement:
             return
         result, grade = record["result"], record["human"]
         if self.kind == "rating":
-            if not isinstance(result, dict) or not isinstance(result.get("score"), int):
+            score = result.get("score") if isinstance(result, dict) else None
+            if isinstance(score, float) and not isinstance(score, bool):
+                score = int(round(score))  # a panel's mean between two points: the nearest
+            if not isinstance(score, int) or isinstance(score, bool):
                 return
-            key = f"{result['score']},{int(grade)}"
+            key = f"{score},{int(grade)}"
+            for name, member in (result.get("members") or {}).items():
+                if isinstance(member, dict) and isinstance(member.get("score"), int):
+                    self.members.setdefault(name, Agreement(self.kind, self.params)).add(
+                        {"result": member, "human": grade})
         else:
             threshold = self.params.get("threshold")
             key = f"{int(is_defect(result, threshold))},{int(human_defect(grade, threshold))}"
         self.cells[key] = self.cells.get(key, 0) + 1
 
     def state(self) -> dict[str, int]:
-        return dict(self.cells)
+        # a member's cells as "<member>|judge,human" (a panel's); the panel's own as before
+        return {**self.cells, **{f"{name}|{key}": n for name, member in self.members.items()
+                                 for key, n in member.cells.items()}}
 
     def merge(self, state: dict[str, int]) -> None:
         for key, count in state.items():
-            self.cells[key] = self.cells.get(key, 0) + count
+            name, bar, cell = key.rpartition("|")
+            cells = self.members.setdefault(name, Agreement(self.kind, self.params)).cells if bar else self.cells
+            cells[cell] = cells.get(cell, 0) + count
 
     def pairs(self) -> list[tuple[int, int, int]]:
         return [(*map(int, key.split(",")), n) for key, n in sorted(self.cells.items())]
@@ -61,9 +73,12 @@ class Agreement:
                     "recall": tp / (tp + fn) if tp + fn else None,
                     "exact": sum(c for j, h, c in pairs if j == h) / n}
         lo, hi = rating_scale(self.params)
-        return {"n": n, "exact": sum(c for j, h, c in pairs if j == h) / n,
-                "within_1": sum(c for j, h, c in pairs if abs(j - h) <= 1) / n,
-                "kappa_quadratic": _kappa_quadratic(pairs, n, lo, hi), "spearman": _spearman(pairs, n)}
+        out = {"n": n, "exact": sum(c for j, h, c in pairs if j == h) / n,
+               "within_1": sum(c for j, h, c in pairs if abs(j - h) <= 1) / n,
+               "kappa_quadratic": _kappa_quadratic(pairs, n, lo, hi), "spearman": _spearman(pairs, n)}
+        if self.members:  # a panel: each member's agreement with the same grades, beside the panel's
+            out["members"] = {name: member.result() for name, member in sorted(self.members.items())}
+        return out
 
 
 def _kappa_quadratic(pairs: list[tuple[int, int, int]], n: int, lo: int, hi: int) -> float | None:

@@ -137,3 +137,33 @@ def test_a_pairwise_comparison_runs_against_llama_cpp_with_default_settings(llam
     entry = results["pairwise"]
     assert entry["judge"]["failed_calls"] == 0 and entry["judge"]["identity"]["versions"]
     assert entry["score"]["verdicts"] == 2 * sum("result" in line for line in log)
+
+
+def test_a_panel_of_two_runs_against_llama_cpp_with_default_settings(llama_server, tmp_path):
+    """Issue 61: a two-member panel on a server none of us wrote: the same small model at two
+    temperatures, the judges' settings otherwise as they are. Each item keeps both members' scores
+    (or says which failed), and the panel's figures are reported."""
+    example = json.loads((ROOT / "examples" / "rag_qa.json").read_text())
+    base = example["judges"]["sim"]
+    judges = {}
+    for name, temperature in (("cool", 0.1), ("warm", 0.9)):
+        judges[name] = {**base, "model": "smollm2", "temperature": temperature, "timeout": 120,
+                        "deployments": [{"region": "lab", "base_url": llama_server["url"], "tpm": 1_000_000,
+                                         "rpm": 10_000}]}
+    path = tmp_path / "panel_llama.json"
+    path.write_text(json.dumps({"instances": example["instances"][:3], "judges": judges, "judging": {"cache": False},
+                                "metrics": [{"id": "coherence", "parameters": {"judge": ["cool", "warm"],
+                                                                               "panel_quorum": 1}}]}))
+    proc = evalq("run", str(path), "--out", str(tmp_path / "out"), "--concurrency", "1", "-q",
+                 env={"DEMO_JUDGE_API_KEY": "unused-by-llama", "EVALQ_ENDPOINTS": "*=http://127.0.0.1:*"},
+                 timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    log, results = read_log(tmp_path / "out"), read_results(tmp_path / "out")
+    scored = [line for line in log if "result" in line]
+    assert len(scored) >= 2, log
+    for line in scored:
+        assert set(line["result"]["members"]) == {"cool", "warm"}
+    assert not [line["error"] for line in log if "error" in line and "HTTP" in line["error"]]
+    panel = results["coherence"]["score"]["panel"]
+    assert set(panel["members"]) == {"cool", "warm"}
+    assert set(results["coherence"]["judge"]["identity"]["panel"]) == {"cool", "warm"}

@@ -14,7 +14,7 @@ from evalq.cli.run import run_job
 from evalq.shared.job.schema import parse_job
 from evalq.sim import Biases, JudgeSim, Region
 from evalq.sim.pairwise import truth
-from tests.conftest import read_log, read_results, start_worker, stop_worker, wait_for_worker
+from tests.conftest import read_log, read_results, running_worker
 
 pytestmark = pytest.mark.integration
 
@@ -35,11 +35,8 @@ def sim():
 @pytest.fixture(scope="module")
 def judge_worker(redis_url, tmp_path_factory):
     os.environ[KEY_ENV] = SECRET
-    name = f"pairwise{uuid.uuid4().hex[:6]}"
-    proc = start_worker(redis_url, "judge.pw", tmp_path_factory.mktemp("pairwise-workers"), concurrency=8, name=name)
-    wait_for_worker(redis_url, name)
-    yield proc
-    stop_worker(proc)
+    yield from running_worker(redis_url, "judge.pw", tmp_path_factory.mktemp("pairwise-workers"), "pairwise",
+                              concurrency=8)
 
 
 def job(sim, model: str, pairs: list[tuple[str, str]], **params) -> object:

@@ -165,7 +165,8 @@ class JudgeClient:
         judge identity (``keys.judge_seen``), whether the reply was paid now, kept or cached."""
         reply = self._complete_any(messages, schema, schema_name, sample)
         if reply.model and not self.metric_key.startswith("generate"):
-            self._write([("hincrby", (keys.judge_seen(self.job_id, self.metric_key), f"model:{reply.model}", 1))])
+            self._write([("hincrby", (keys.judge_seen(self.job_id, self.metric_key), f"model:{self.name}|{reply.model}",
+                                      1))])
         return reply
 
     def _complete_any(self, messages: list[dict], schema: dict | None, schema_name: str, sample: int) -> Reply:
