@@ -3,10 +3,11 @@ faithful, one lenient by a point, one noisy): each item is scored by every membe
 each member's score and reason, results.json gives each member's mean, the panel's Krippendorff alpha
 (equal to the ``krippendorff`` package's on the log's table) and its effective votes; two copies of
 one judge are one vote and score as that judge alone; a member that fails leaves the item to a
-quorum, or fails it naming who failed."""
+quorum, or fails it naming who failed; and a panel and a pairwise comparison run embedded too."""
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 
@@ -117,3 +118,25 @@ def test_a_member_that_fails_leaves_the_item_to_the_quorum_or_fails_it_saying_wh
     log, result = run(sim, tmp_path / "all", {"judge": ["faithful", "away"]}, redis_url)
     assert result["n_errors"] == N
     assert all("the panel's quorum is 2 of 2 judges and 1 answered (away:" in line["error"] for line in log)
+
+
+def test_a_panel_and_a_pairwise_comparison_run_embedded_too(sim, tmp_path):
+    """No cluster: `evalq run` starts its own Redis and workers; the panel and the comparison score
+    as on a cluster."""
+    from tests.conftest import evalq
+
+    instances = [{"id": f"q{i}", "input": f"Question {i}?", "actual-output": f"Answer {i} [[sim:score={truth(i)}]]",
+                  "baseline-output": f"Baseline {i}."} for i in range(8)]
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({
+        "instances": instances, "judges": judges(sim), "judging": {"cache": False},
+        "metrics": [{"id": "coherence", "parameters": {"judge": ["faithful", "lenient"]}},
+                    {"id": "pairwise", "parameters": {"judge": "faithful"}}]}))
+    done = evalq("run", str(path), "--out", str(tmp_path / "out"), "-q",
+                 env={KEY_ENV: SECRET, "EVALQ_ENDPOINTS": "*=http://127.0.0.1:*"})
+    assert done.returncode == 0, done.stderr
+    results = read_results(tmp_path / "out")
+    members = results["coherence"]["score"]["panel"]["members"]
+    assert members["faithful"]["mean"] == pytest.approx(np.mean([truth(i) for i in range(8)]))
+    assert members["lenient"]["mean"] == pytest.approx(np.mean([min(5, truth(i) + 1) for i in range(8)]))
+    assert results["pairwise"]["score"]["verdicts"] == 16 and results["pairwise"]["n"] == 8
