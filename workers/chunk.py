@@ -77,9 +77,9 @@ def endpoint_client(ctx: ChunkContext, deployment: str | None, keeper: keeping.I
         from evalq.workers.judge.identity import note_prompt
 
         note_prompt(ctx.r, ctx.job_id, ctx.key, ctx.metric, ctx.params, config, ctx.ttl)
+    client.batch = batch_lines(ctx, config, options, client.deployments)
     if not ctx.model_run and getattr(ctx.params, "panel", None):
         return panel_client(ctx, deployment, keeper, options, client)
-    client.batch = batch_lines(ctx, config, options, client.deployments)
     if ctx.model_run:
         from evalq.workers.generate import EndpointRunner
 
@@ -105,7 +105,7 @@ def panel_client(ctx: ChunkContext, deployment: str | None, keeper: Any, options
             continue
         member = JudgeClient(ctx.r, ctx.job_id, ctx.key, name, config, options, preferred=deployment,
                              memo=ctx.memo, keeper=keeper, tenant=ctx.tenant)
-        member.batch = batch_lines(ctx, config, options, member.deployments)
+        member.batch = batch_lines(ctx, config, options, member.deployments, name)  # its lines: its judge's
         members[name] = member
     return Panel({name: members[name] for name in ctx.params.panel}, ctx.params.panel_aggregate,
                  ctx.params.panel_quorum)
@@ -124,7 +124,7 @@ class Refused:
         raise JudgeError(f"not sent: {self.reason}")
 
 
-def batch_lines(ctx: ChunkContext, config: Any, options: Any, deployments: list) -> Any:
+def batch_lines(ctx: ChunkContext, config: Any, options: Any, deployments: list, name: str | None = None) -> Any:
     """The entry's ``BatchLines`` when its calls go through the Batch API (its ``mode``, else
     ``judging.mode``; generation follows ``judging.mode`` where the model has a batch
     deployment), else None. ``auto`` carries its deadline."""
@@ -135,7 +135,7 @@ def batch_lines(ctx: ChunkContext, config: Any, options: Any, deployments: list)
     if mode == "sync" or not config.batch_deployments:
         return None
     deadline = auto_deadline(ctx.spec) if mode == "auto" else None
-    return BatchLines(ctx.r, ctx.job_id, ctx.key, ctx.endpoint_name, config, deployments, deadline)
+    return BatchLines(ctx.r, ctx.job_id, ctx.key, name or ctx.endpoint_name, config, deployments, deadline)
 
 
 def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: Any = None,

@@ -406,3 +406,25 @@ def test_agent_metrics_turn_by_turn_by_batch_give_the_sync_values(sim, worker, b
     assert stats["requests"] == 0 and stats["batch"]["lines_answered"] == sync_calls
     assert values(tmp_path / "batch") == values(tmp_path / "sync")
     assert all(len(v["turns"]) == 3 for (m, _), v in values(tmp_path / "batch").items() if m == "intent_resolution")
+
+
+def test_a_panel_and_a_pairwise_comparison_go_through_batches_too(sim, worker, broker, tmp_path):
+    """Issue 61: a panel's members and a comparison's two orders are judge calls like any: in batch
+    mode every one goes into a batch (no synchronous chat call), and the values are the sync run's."""
+    tag = uuid.uuid4().hex[:8]
+
+    def spec(mode: str, regions: tuple[str, str]) -> dict:
+        items = [{**inst, "baseline-output": f"Baseline {k} {tag}."} for k, inst in enumerate(instances(tag, 5))]
+        return {"instances": items, "judges": {"j": judge(sim, regions[0]), "k": judge(sim, regions[1], model="judge-k")},
+                "judging": {"cache": False, "mode": mode},
+                "metrics": [{"id": "coherence", "parameters": {"judge": ["j", "k"], "panel_aggregate": "median"}},
+                            {"id": "pairwise", "parameters": {"judge": "j"}}]}
+
+    run(spec("sync", ("bqa", "bqa")), tmp_path / "sync", broker)
+    sim.reset_stats()
+    run(spec("batch", ("bqb", "bqb")), tmp_path / "batch", broker)
+    stats = sim.stats()["bqb"]
+    assert stats["requests"] == 0 and stats["batch"]["lines_answered"] == 5 * 2 + 5 * 2
+    assert values(tmp_path / "batch") == values(tmp_path / "sync")
+    line = next(v for (m, _), v in values(tmp_path / "batch").items() if m == "coherence")
+    assert set(line["members"]) == {"j", "k"}
