@@ -122,6 +122,10 @@ def test_resume_after_the_broker_lost_the_queued_tasks(redis_url, sim, logs, tmp
     job_id = submit(path, tmp_path / "out", redis_url)  # no judge worker yet: the chunks wait in line
     from evalq.orchestrator.dispatch import window
 
+    # the chunks are in line (sent now, or held back for the queue's window) once submit returns; read
+    # until they add up rather than once: a loaded machine's dispatcher may still hold its lock
+    wait_for(lambda: r.llen("judge.lab") + r.llen(keys.pending(job_id, "judge.lab")) == n // CHUNK
+             and r.llen("judge.lab") > 0, what="the job's chunks in line")
     queued = r.llen("judge.lab")
     assert 0 < queued <= window(r, "judge.lab") and queued + r.llen(keys.pending(job_id, "judge.lab")) == n // CHUNK
     worker = judge_worker(redis_url, logs)
