@@ -232,6 +232,12 @@ class ReportBuilder:
                 at = (m.get("parameters") or {}).get("threshold")
                 passing = (f"; pass rate {_num(score['pass_rate'])}{_ci(score.get('pass_rate_ci95'))}"
                            + (f" (score &ge; {esc(at)})" if at is not None else ""))
+            panel = score.get("panel") if isinstance(score.get("panel"), dict) else {}
+            if panel:  # a panel of judges: what it is worth (evalq.shared.judging.panel)
+                passing += f"; panel of {len(panel.get('members') or {})}" + "".join(
+                    f", {label} {_num(panel[k])}" for k, label in (("alpha", "alpha"),
+                                                                    ("effective_votes", "effective votes"))
+                    if isinstance(panel.get(k), (int, float)))
             return f"mean {_num(score['mean'])}{_ci(ci)}{passing}"
         if isinstance(score, dict) and "win_rate" in score:  # a pairwise comparison: and the judge's seat
             judge = "".join(f"; {label} {_num(score[k])}{_ci(score.get(k + '_ci95'))}"

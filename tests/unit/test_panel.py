@@ -100,3 +100,12 @@ def test_a_panel_is_declared_on_a_rated_entry_with_judges_of_the_job(monkeypatch
         parse_job({**base, "metrics": [{"id": "violence", "parameters": {"judge": ["a", "b"]}}]})
     with pytest.raises(JobError, match="each member once"):
         parse_job({**base, "metrics": [{"id": "coherence", "parameters": {"judge": ["a", "a"]}}]})
+
+
+def test_the_report_heads_a_panels_entry_with_what_it_is_worth():
+    from evalq.results.report import ReportBuilder
+
+    score = {"mean": 3.2, "ci95": [3.0, 3.4], "distribution": {"3": 1},
+             "panel": {"members": {"a": {}, "b": {}, "c": {}}, "alpha": 0.817, "effective_votes": 1.05}}
+    head = ReportBuilder([], {})._headline({"metric": "coherence", "score": score})
+    assert head.startswith("mean 3.2") and "panel of 3, alpha 0.8170, effective votes 1.0500" in head
