@@ -24,6 +24,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import redis
 
@@ -39,6 +40,7 @@ PAUSE = 60.0
 _DOWN: dict[str, float] = {}
 RETRIES = 3  # failed requests the final callback rides out before it gives the rest up
 REST_BATCH = 1000  # records the final callback reads at a time, whatever N is
+HTTP_TIMEOUT = 30.0  # seconds per request to a REST sink (Phoenix, MLflow)
 
 
 class Refused(Exception):
@@ -80,6 +82,23 @@ class Sink:
         """The event ids among ``events`` the backend already holds (asked only of a sink whose
         writes are not idempotent, for positions a dead process may have sent)."""
         return set()
+
+
+@lru_cache(maxsize=16)
+def http_client(name: str, base: str):
+    """One keep-alive HTTP client per REST sink and process, with the operator's headers for it."""
+    import httpx
+
+    from evalq.shared.core.config import sink_headers
+
+    return httpx.Client(base_url=base, headers=sink_headers(name), timeout=HTTP_TIMEOUT)
+
+
+def judged(entry: dict) -> bool:
+    """Whether a judge scores the entry (an LLM's evaluation) rather than evalq's code."""
+    from evalq.shared.metrics.registry import REGISTRY
+
+    return entry["id"] in REGISTRY and REGISTRY.get(entry["id"]).queue == "judge"
 
 
 def _ttl(spec: dict) -> int:
@@ -190,8 +209,11 @@ def export_rest(r: redis.Redis, sink: Sink, job_id: str, spec: dict) -> dict:
     for key, entry in stage_runs(spec, METRICS_STAGE):
         if entry["id"] not in REGISTRY:
             continue
-        marked = {int(p) for p in r.smembers(keys.exported(job_id, key, sink.name))}
-        left = (item for item in stored_records.scan(r, spec, job_id, key) if item[0] not in marked)
+        if r.scard(keys.exported(job_id, key, sink.name)) >= stored_records.count(r, job_id, key):
+            left = iter(())  # every record handled as its chunk ended (the usual night): no part read again
+        else:
+            marked = {int(p) for p in r.smembers(keys.exported(job_id, key, sink.name))}
+            left = (item for item in stored_records.scan(r, spec, job_id, key) if item[0] not in marked)
         while not cannot(r, job_id, sink):
             batch = list(itertools.islice(left, REST_BATCH))
             if not batch:

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from evalq.results.sinks.keeping import Refused, Sink
-from evalq.results.sinks.phoenix import client
+from evalq.results.sinks.keeping import Refused, Sink, http_client, judged
 from evalq.shared.core.config import safe_url
 from evalq.shared.traces.events import Evaluation
 
@@ -36,9 +35,7 @@ def trace_id(ev: Evaluation) -> str:
 
 def source(entry: dict) -> dict:
     """The assessment's source: the entry's judge, or evalq's metric."""
-    from evalq.results.sinks.phoenix import annotator
-
-    if annotator(entry) == "LLM":
+    if judged(entry):
         judge = (entry.get("parameters") or {}).get("judge")
         return {"source_type": "LLM_JUDGE", "source_id": str(judge or entry["id"])}
     return {"source_type": "CODE", "source_id": f"evalq/{entry['id']}"}
@@ -71,7 +68,7 @@ class MlflowSink(Sink):
         return {"assessment": out}
 
     def send(self, job_id: str, entry_key: str, entry: dict, events: list[tuple[int, Evaluation]]) -> dict[int, str]:
-        http = client(self.name, self.base)
+        http = http_client(self.name, self.base)
 
         def one(event: tuple[int, Evaluation]):
             _, ev = event
@@ -102,7 +99,7 @@ class MlflowSink(Sink):
         return refused
 
     def already(self, job_id: str, events: list[tuple[int, Evaluation]]) -> set[str]:
-        http = client(self.name, self.base)
+        http = http_client(self.name, self.base)
         have: set[str] = set()
         for tid in sorted({trace_id(ev) for _, ev in events}):
             answer = http.get(f"{PATH}/{tid}")

@@ -15,31 +15,13 @@ schema), a 401 or 403 (a refused credential) say it takes none: never asked agai
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 
-from evalq.results.sinks.keeping import Refused, Sink
-from evalq.shared.core.config import safe_url, sink_headers
+from evalq.results.sinks.keeping import Refused, Sink, http_client, judged
+from evalq.shared.core.config import safe_url
 from evalq.shared.traces.events import Evaluation
 
-TIMEOUT = 30.0
 CANNOT = (401, 403, 404, 405, 415, 422, 501)
 _MISSING = re.compile(r"Spans? with IDs? (.*?) do(?:es)? not exist", re.S)
-
-
-@lru_cache(maxsize=16)
-def client(name: str, base: str):
-    """One keep-alive HTTP client per sink and process, with the operator's headers."""
-    import httpx
-
-    return httpx.Client(base_url=base, headers=sink_headers(name), timeout=TIMEOUT)
-
-
-def annotator(entry: dict) -> str:
-    """``LLM`` for an entry a judge scores, ``CODE`` for any other."""
-    from evalq.shared.metrics.registry import REGISTRY
-
-    spec = REGISTRY.get(entry["id"]) if entry["id"] in REGISTRY else None
-    return "LLM" if spec is not None and spec.queue == "judge" else "CODE"
 
 
 class PhoenixSink(Sink):
@@ -48,7 +30,7 @@ class PhoenixSink(Sink):
         self.base = base
 
     def body(self, job_id: str, entry_key: str, entry: dict, events: list[tuple[int, Evaluation]]) -> dict:
-        kind = annotator(entry)
+        kind = "LLM" if judged(entry) else "CODE"
         return {"data": [{
             "span_id": ev.span_id, "name": ev.name, "annotator_kind": kind, "identifier": ev.event_id,
             "result": {"score": ev.value, "label": ev.label, "explanation": ev.explanation},
@@ -58,8 +40,8 @@ class PhoenixSink(Sink):
     def send(self, job_id: str, entry_key: str, entry: dict, events: list[tuple[int, Evaluation]]) -> dict[int, str]:
         refused: dict[int, str] = {}
         while events:
-            answer = client(self.name, self.base).post("/v1/span_annotations", params={"sync": "true"},
-                                                      json=self.body(job_id, entry_key, entry, events))
+            answer = http_client(self.name, self.base).post("/v1/span_annotations", params={"sync": "true"},
+                                                           json=self.body(job_id, entry_key, entry, events))
             if answer.status_code == 200:
                 return refused
             text = f"{answer.status_code} {answer.text[:300]}".strip()
