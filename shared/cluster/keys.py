@@ -142,8 +142,8 @@ def exported(job_id: str, metric_key: str, name: str = "otlp") -> str:
 
 
 def judge_seen(job_id: str, metric_key: str) -> str:
-    """Hash: what a judge entry's calls said of who answered: ``model:<model>`` -> replies (the
-    provider's version behind an alias), ``prompt`` -> the digest of the messages its metric builds
+    """Hash: what a judge entry's calls said of who answered: ``model:<judge>|<model>`` (the provider's
+    version behind an alias, per judge of a panel), ``prompt`` -> the digest of the messages its metric builds
     (``evalq.workers.judge.identity``): the entry's judge identity, with the spec's judge."""
     return f"{job_prefix(job_id)}:judge:{metric_key}"
 

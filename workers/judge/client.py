@@ -156,17 +156,18 @@ class JudgeClient:
         self.budgets = {d.region: budget_of(r, deployment_id(judge, d), d, SAFETY, tenant) for d in self.deployments}
         self.caps = Caps(r, job_id, options.cost_cap, options.token_cap, tenant)
         self.dialects, self.identity = Dialects(r), model_identity(judge)
+        self._versions: set[str] = set()  # the versions this client has told the entry's judge identity
 
     # -- public -----------------------------------------------------------------
     def complete(self, messages: list[dict], schema: dict | None = None, schema_name: str = "rating",
                  sample: int = 0) -> Reply:
         """``sample`` > 0: the same request as a call of its own (a repeat that must not be the cached reply).
-        The model the provider says answered (a version behind an alias) is counted for the entry's
-        judge identity (``keys.judge_seen``), whether the reply was paid now, kept or cached."""
+        The model the provider says answered (a version behind an alias), paid now, kept or cached, is
+        told the entry's judge identity (``keys.judge_seen``) once per client and version."""
         reply = self._complete_any(messages, schema, schema_name, sample)
-        if reply.model and not self.metric_key.startswith("generate"):
-            self._write([("hincrby", (keys.judge_seen(self.job_id, self.metric_key), f"model:{self.name}|{reply.model}",
-                                      1))])
+        if reply.model and reply.model not in self._versions and not self.metric_key.startswith("generate"):
+            self._versions.add(reply.model)
+            self._write([("hset", (keys.judge_seen(self.job_id, self.metric_key), f"model:{self.name}|{reply.model}", 1))])
         return reply
 
     def _complete_any(self, messages: list[dict], schema: dict | None, schema_name: str, sample: int) -> Reply:
