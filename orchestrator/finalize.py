@@ -92,11 +92,38 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
                                      else judge_identity(judges[name], said, asked, name))
             except (ValueError, KeyError) as exc:  # a spec an older evalq stored: recorded without one
                 log.warning("job %s %s: no judge identity: %s", job_id, key, exc)
+        _learned_limits(r, job_id, key, judge, name)
         out["judge"] = judge
     if seen < total:
         out["n_missing"] = total - seen
         log.error("job %s %s: %d of %d items have no record", job_id, key, total - seen, total)
     return out
+
+
+def _learned_limits(r: redis.Redis, job_id: str, key: str, judge: dict, name) -> None:
+    """``judge.limits``: how the learned limits of the entry's deployments moved during the job
+    (``evalq.shared.judging.capacity``; as Inspect keeps its connection limit's history)."""
+    from datetime import datetime
+
+    from evalq.orchestrator.limits import limits_during
+
+    spec = stored_spec(r, job_id)
+    if is_model_run(key):
+        configs = [spec.get("model")]
+    else:
+        judges = spec.get("judges") or {}
+        configs = [judges.get(n) for n in (name if isinstance(name, list) else [name]) if isinstance(n, str)]
+    limits: dict = {}
+    try:
+        since = datetime.fromisoformat(spec["submitted_at"]).timestamp() - 1 if spec.get("submitted_at") else 0.0
+        for config in configs:
+            if isinstance(config, dict):
+                limits.update(limits_during(r, config, job_id, since))
+    except (ValueError, KeyError) as exc:
+        log.warning("job %s %s: no limit history: %s", job_id, key, exc)
+        return
+    if limits:
+        judge["limits"] = limits
 
 
 def with_variants(r: redis.Redis, job_id: str, key: str, summary: dict) -> dict:

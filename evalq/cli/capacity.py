@@ -120,8 +120,9 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
         scale = items / len(sample)
         name = "generate" if is_model_run(m.key) else m.params.judge
         e = endpoints.setdefault(name, {"endpoint": name, "queues": sorted(set(m.queues)), "calls": 0.0,
-                                        "tokens": 0.0, "tpm": sum(d.tpm for d in m.judge.deployments),
-                                        "rpm": sum(d.rpm for d in m.judge.deployments), "entries": []})
+                                        "tokens": 0.0, "tpm": sum(d.tpm_start for d in m.judge.deployments),
+                                        "rpm": sum(d.rpm_start for d in m.judge.deployments), "entries": [],
+                                        "learns": learning(m.judge.deployments)})
         e["calls"] += recorder.calls * scale
         e["tokens"] += recorder.tokens * scale
         e["entries"].append({"entry": m.label, "calls_per_item": recorder.calls / len(sample),
@@ -149,6 +150,13 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
 
     return {"n_instances": n, "window_s": window_s, "queues": queues, "endpoints": list(endpoints.values()),
             "binding": binding, "keys": key_variables(job), "own_keys": own_keys(job)}
+
+
+def learning(deployments) -> list[dict[str, str]]:
+    """The deployments whose limits are learned while the job runs, and how (``evalq.shared.judging.capacity``)."""
+    from evalq.shared.judging.capacity import describe
+
+    return [{"region": d.region, "how": describe(d)} for d in deployments if d.learns]
 
 
 def key_variables(job: Job) -> list[dict[str, Any]]:
@@ -188,6 +196,9 @@ def render(plan: dict) -> list[str]:
         lines.append(f"  {e['endpoint']}: {e['tokens']:,.0f} tokens over {e['tpm']:,} TPM = "
                      f"{e['minutes_at_tpm']:.1f} min; {e['calls']:,.0f} calls over {e['rpm']:,} RPM = "
                      f"{e['minutes_at_rpm']:.1f} min")
+        for learns in e.get("learns", []):
+            lines.append(f"    {learns['region']} learns its capacity while it runs: {learns['how']} (the times "
+                         "above are at where it starts)")
     b = plan["binding"]
     if b:
         lines.append(f"binding constraint: {b['constraint']} ({b['seconds'] / 3600:.2f} h)"

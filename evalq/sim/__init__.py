@@ -33,7 +33,10 @@ over a budget is answered 429 with ``Retry-After`` (whole seconds, at least 1) a
 error body (``code: rate_limit_exceeded``, ``type: requests|tokens``); it consumes
 nothing. A request whose cost exceeds ``tpm`` on its own can never be admitted: 429
 with ``x-should-retry: false``. Successful replies carry
-``x-ratelimit-{limit,remaining}-{requests,tokens}`` headers.
+``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers as OpenAI sends them
+(``rate_headers="openai"``, the default), only ``x-ratelimit-remaining-*`` as Azure OpenAI
+does (``"azure"``), or none (``"none"``). ``set_limits(region, tpm=, rpm=)`` (over HTTP:
+``POST /limits?tpm=N&rpm=N`` on the region's port) changes a region's limits while it runs.
 
 Token counting (deterministic; no tiktoken)
 -------------------------------------------
@@ -77,6 +80,10 @@ Markers (anywhere in any message's text, except ``score=``)
                         it is admitted), so a retry succeeds
 ``[[sim:delay=S]]``     add S seconds of latency to this request
 If several fault markers are present: 429, then 500, timeout, malformed.
+
+Slots: ``JudgeSim(slots=N)`` serves at most N calls of a region at once, each for its latency;
+the rest wait for a slot (a self-hosted server's queue): throughput grows with concurrency up to
+N, and past it only latency grows.
 
 Latency: every admitted request waits ``latency + U[0, jitter)`` (plus any
 ``delay=`` marker) before it is answered, 500s included. Random faults (``Faults``)

@@ -62,13 +62,16 @@ def _region_param(ctx: click.Context, param: click.Parameter, values: tuple[str,
               help="A batch whose delay exceeds this many seconds ends 'expired' at this time.")
 @click.option("--enqueued-tokens", type=click.IntRange(min=0), default=0, show_default=True,
               help="Enqueued-token limit per model of unfinished batches (0: none).")
+@click.option("--rate-headers", type=click.Choice(["openai", "azure", "none"]), default="openai", show_default=True,
+              help="What replies say of the limits: x-ratelimit limit/remaining/reset (openai), remaining "
+              "only (azure), or nothing.")
 @click.option("-v", "--verbose", is_flag=True, help="Log one line per request to stderr.")
 def judge_sim_command(regions: tuple[str, ...], latency: float, jitter: float, fail_rate: float,
                       timeout_rate: float, malformed_rate: float, timeout_seconds: float,
                       timeout_action: str, window: float, seed: int, models: tuple[str, ...],
                       max_tokens_default: int, api_key: str | None, batch_delay: float,
                       batch_fail_fraction: float, batch_expire_after: float, enqueued_tokens: int,
-                      verbose: bool) -> None:
+                      rate_headers: str, verbose: bool) -> None:
     """Serve simulated OpenAI / Azure OpenAI chat, Files and Batches endpoints on loopback,
     one port per region, until SIGINT or SIGTERM. Prints `NAME BASE_URL` per region."""
     batch = {"batch_delay": batch_delay, "batch_fail_fraction": batch_fail_fraction,
@@ -79,7 +82,8 @@ def judge_sim_command(regions: tuple[str, ...], latency: float, jitter: float, f
                         timeout_seconds=timeout_seconds, timeout_action=timeout_action)
         sim = JudgeSim(parsed, latency=latency, jitter=jitter, fault_rates=faults,
                        window_seconds=window, seed=seed, api_key=api_key, models=models,
-                       default_max_tokens=max_tokens_default, log=sys.stderr if verbose else None)
+                       default_max_tokens=max_tokens_default, log=sys.stderr if verbose else None,
+                       rate_headers=rate_headers)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:

@@ -147,6 +147,20 @@ class Handler(BaseHTTPRequestHandler):
         if seconds > 0 and self.server.sim._stopping.wait(seconds):
             raise _Drop()
 
+    def _serve(self, seconds: float) -> None:
+        """A call's service time, in one of the region's slots (``JudgeSim(slots=N)``): beyond N at
+        once, calls wait for a slot, as a self-hosted server queues them."""
+        slots = self.server.state.slots
+        if slots is None:
+            return self._sleep(seconds)
+        while not slots.acquire(timeout=0.05):
+            if self.server.sim._stopping.is_set():
+                raise _Drop()
+        try:
+            self._sleep(seconds)
+        finally:
+            slots.release()
+
     def _presented_key(self) -> str | None:
         auth = self.headers.get("Authorization", "")
         if auth[:7].lower() == "bearer " and auth[7:].strip():
@@ -192,6 +206,13 @@ class Handler(BaseHTTPRequestHandler):
             self.server.sim.reset_stats(self.server.state.region.name,
                                         clear_limits=flag in ("1", "true", "yes"))
             return self._send_json(200, self.server.sim.stats(self.server.state.region.name))
+        if path == "/limits":  # JudgeSim.set_limits for this region, over HTTP: ?tpm=N&rpm=N
+            query, name = parse_qs(split.query), self.server.state.region.name
+            asked = {k: query[k][-1] for k in ("tpm", "rpm") if k in query}
+            if not asked or not all(v.isdigit() for v in asked.values()):
+                return self._error(400, "expected ?tpm=N and/or &rpm=N (whole numbers)", "invalid_request_error")
+            self.server.sim.set_limits(name, **{k: int(v) for k, v in asked.items()})
+            return self._send_json(200, self.server.sim.stats(name))
         if path in ("/hold", "/release"):  # JudgeSim.hold / release for this region, over HTTP
             name = self.server.state.region.name
             if path == "/release":
@@ -341,7 +362,7 @@ class Handler(BaseHTTPRequestHandler):
 
         if fault == "500":
             state.add(error500=1)
-            self._sleep(delay)
+            self._serve(delay)
             return self._error(500, ERROR500_MESSAGE, "server_error")
         if fault == "malformed":
             reply = request.malformed_reply()
@@ -351,7 +372,7 @@ class Handler(BaseHTTPRequestHandler):
             if faults.timeout_action == "drop":
                 raise _Drop()
         else:
-            self._sleep(delay)
+            self._serve(delay)
             state.add(**({"malformed": 1} if fault == "malformed" else {"ok": 1}))
             if sim.per_request:
                 state.answer(req_key)
@@ -359,15 +380,26 @@ class Handler(BaseHTTPRequestHandler):
         answer["model"] = sim.versions.get(request.model, request.model)
         state.add(prompt_tokens=answer["usage"]["prompt_tokens"],
                   completion_tokens=answer["usage"]["completion_tokens"])
-        headers = {}
-        region = state.region
-        if adm.remaining_requests is not None:
-            headers["x-ratelimit-limit-requests"] = str(region.rpm)
-            headers["x-ratelimit-remaining-requests"] = str(adm.remaining_requests)
-        if adm.remaining_tokens is not None:
-            headers["x-ratelimit-limit-tokens"] = str(region.tpm)
-            headers["x-ratelimit-remaining-tokens"] = str(adm.remaining_tokens)
-        self._send_json(200, answer, headers)
+        self._send_json(200, answer, limit_headers(sim.rate_headers, state, adm))
+
+
+def limit_headers(form: str, state, adm) -> dict[str, str]:
+    """What a reply says of its region's limits: OpenAI's ``x-ratelimit-{limit,remaining,reset}-*``,
+    Azure OpenAI's remaining counts alone, or nothing (``JudgeSim(rate_headers=...)``)."""
+    headers: dict[str, str] = {}
+    if form == "none":
+        return headers
+    region = state.region
+    reset = f"{state.reset_after(state.clock()):.3f}s"
+    for kind, limit, remaining in (("requests", region.rpm, adm.remaining_requests),
+                                   ("tokens", region.tpm, adm.remaining_tokens)):
+        if remaining is None:
+            continue
+        headers[f"x-ratelimit-remaining-{kind}"] = str(remaining)
+        if form == "openai":
+            headers[f"x-ratelimit-limit-{kind}"] = str(limit)
+            headers[f"x-ratelimit-reset-{kind}"] = reset
+    return headers
 
 
 # ---------------------------------------------------------------- public API

@@ -12,6 +12,7 @@ from typing import Callable
 
 
 BATCH_WINDOW_SECONDS = 86400.0  # completion_window "24h"
+RATE_HEADERS = ("openai", "azure", "none")  # what replies say of the limits (JudgeSim(rate_headers=...))
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class RegionState:
         self.gate.set()
         self.let_through = 0
         self.held = 0
+        self.slots: threading.Semaphore | None = None  # JudgeSim(slots=N): calls served at once
 
     def _prune(self, now: float) -> None:
         while self.entries and self.entries[0][0] <= now - self.window:
@@ -151,6 +153,19 @@ class RegionState:
                 remaining_requests=None if rpm is None else rpm - len(self.entries),
                 remaining_tokens=None if tpm is None else tpm - self.window_tokens,
                 fault_draw=self.rng.random(), jitter_draw=self.rng.random())
+
+    def set_limits(self, tpm: int | None, rpm: int | None) -> None:
+        import dataclasses
+
+        with self.lock:
+            changes = {k: v for k, v in (("tpm", tpm), ("rpm", rpm)) if v is not None}
+            self.region = dataclasses.replace(self.region, **changes)
+
+    def reset_after(self, now: float) -> float:
+        """Seconds until the oldest call in the window leaves it (the window is full again then, as
+        OpenAI's ``x-ratelimit-reset-*`` says it)."""
+        with self.lock:
+            return max(0.0, self.entries[0][0] + self.window - now) if self.entries else 0.0
 
     def add(self, **deltas: int) -> None:
         with self.lock:

@@ -11,7 +11,7 @@ from evalq.sim.batches import BatchEngine
 from evalq.sim.faults import Faults
 from evalq.sim.handler import HOST, RegionServer
 from evalq.sim.pairwise import Biases
-from evalq.sim.regions import Region, RegionState
+from evalq.sim.regions import RATE_HEADERS, Region, RegionState
 
 DEFAULT_MODEL = "judge-sim"
 DEFAULT_MAX_TOKENS = 256
@@ -29,7 +29,8 @@ class JudgeSim:
                  models: Sequence[str] = (DEFAULT_MODEL,),
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, log: TextIO | None = None,
                  per_request: bool = False, clock: Callable[[], float] | None = None,
-                 record_calls: bool = False, biases: Biases | dict[str, Biases] | None = None) -> None:
+                 record_calls: bool = False, biases: Biases | dict[str, Biases] | None = None,
+                 rate_headers: str = "openai", slots: int | None = None) -> None:
         regions = list(regions) if regions else [Region("local")]
         names = [r.name for r in regions]
         if len(set(names)) != len(names):
@@ -40,7 +41,12 @@ class JudgeSim:
             raise ValueError("window_seconds must be > 0")
         if default_max_tokens < 1:
             raise ValueError("default_max_tokens must be >= 1")
+        if rate_headers not in RATE_HEADERS:
+            raise ValueError(f"rate_headers must be one of {', '.join(RATE_HEADERS)}")
         self.regions = regions
+        # what replies say of the limits: "openai" (limit, remaining, reset), "azure" (remaining only),
+        # "none"; settable while the sim runs
+        self.rate_headers = rate_headers
         self.latency, self.jitter = float(latency), float(jitter)
         self.faults = fault_rates or Faults()
         self.window_seconds = float(window_seconds)
@@ -62,6 +68,11 @@ class JudgeSim:
         self._calls_lock = threading.Lock()
         self.clock = clock or time.monotonic
         self._states = {r.name: RegionState(r, self.window_seconds, seed, self.clock) for r in regions}
+        if slots is not None:  # a self-hosted server's parallel slots: calls beyond them queue
+            if slots < 1:
+                raise ValueError("slots must be >= 1")
+            for state in self._states.values():
+                state.slots = threading.Semaphore(slots)
         self._servers: dict[str, RegionServer] = {}
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -161,6 +172,12 @@ class JudgeSim:
                 raise KeyError(f"unknown region {region!r}")
             return one(region)
         return {name: one(name) for name in self._states}
+
+    def set_limits(self, region: str | None = None, *, tpm: int | None = None, rpm: int | None = None) -> None:
+        """Change one region's (or every region's) TPM and/or RPM while the sim runs (a provider's
+        quota changed): what is in the window stays counted against the new limits."""
+        for name in ([region] if region is not None else list(self._states)):
+            self._states[name].set_limits(tpm, rpm)
 
     def hold(self, region: str | None = None, *, after: int = 0) -> None:
         """Shut the gate of one region (or all): chat calls admitted from now on, all but the next

@@ -15,7 +15,9 @@ Names and labels (``deployment`` is a deployment's region name, which also names
     evalq_judge_batch_lines_total{deployment,outcome}  Batch API lines: "answered" (also counted in
                                                   the calls, tokens and cost above), "failed" (sent again)
     evalq_budget_tokens_admitted_total{deployment}  tokens reserved at admission by the cluster budget
-    evalq_budget_tpm{deployment}, evalq_budget_rpm{deployment}   the deployment's limits (gauges)
+    evalq_budget_tpm{deployment}, evalq_budget_rpm{deployment}   the deployment's limits in force (gauges;
+                                            learned ones, "auto", as a worker last read them)
+    evalq_concurrency_limit{deployment}     an adaptive deployment's learned limit of calls in flight
     evalq_requests_refused_total{queue,reason}    messages on a request queue that were not requests
                                                   (``evalq.orchestrator.intake``): reason "canvas",
                                                   "not_a_request", "arguments" or "unreadable"
@@ -147,6 +149,8 @@ class _Metrics:
                          registry=None, multiprocess_mode="mostrecent")
         self.rpm = Gauge("evalq_budget_rpm", "The deployment's requests per minute", ("deployment",),
                          registry=None, multiprocess_mode="mostrecent")
+        self.concurrency = Gauge("evalq_concurrency_limit", "An adaptive deployment's learned limit of calls in "
+                                 "flight", ("deployment",), registry=None, multiprocess_mode="mostrecent")
         # JudgeClient._count's fields -> (counter, fixed labels after the deployment, scale)
         self.judge_fields = {"calls": (self.calls, (), 1), "rate_limited": (self.rate_limited, (), 1),
                              "prompt_tokens": (self.tokens, ("prompt",), 1),
@@ -240,6 +244,13 @@ def deployment_limits(limits: Iterable[tuple[str, int, int]]) -> None:
     for region, tpm, rpm in limits:
         m.tpm.labels(region).set(tpm)
         m.rpm.labels(region).set(rpm)
+
+
+def concurrency_limit(region: str, limit: int) -> None:
+    """An adaptive deployment's limit of calls in flight, as a worker last saw it."""
+    m = _metrics()
+    if m is not None:
+        m.concurrency.labels(region).set(limit)
 
 
 def process_exit(pid: int | None = None, **_: Any) -> None:

@@ -61,7 +61,7 @@ class MetricRun:
         """Where the run's chunks go, as its spec entry says it: ``queue`` (the kind, or a
         queue of its own) and, for runs with deployments, their ``regions`` (``[name, TPM]``)."""
         if self.judge is not None:
-            return {"queue": self.spec.queue, "regions": [[d.region, d.tpm] for d in self.judge.deployments]}
+            return {"queue": self.spec.queue, "regions": [[d.region, d.tpm_start] for d in self.judge.deployments]}
         return {"queue": RUNNER_QUEUE if self.spec.queue == "generate" else self.kind}
 
     @property

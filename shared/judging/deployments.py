@@ -40,6 +40,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evalq.shared.core.errors import JobError
+from evalq.shared.judging.capacity import fill_capacity
 from evalq.shared.core.strict import Strict
 
 CATALOGUE_ENV = "EVALQ_CATALOGUE"
@@ -191,18 +192,30 @@ def resolve(raw: Any, where: str, problems) -> Any:
     for key in sorted(set(raw) - USE_FIELDS):
         problems.add(f"{where}.{key}", f"set by the operator's catalogue for {name!r}; a job may only lower "
                      "'tpm' and 'rpm'")
-    resolved = {**entry, "use": name}
+    resolved = {**fill_capacity(entry), "use": name}  # the catalogue's mode, whatever the job lowers
     for key in ("tpm", "rpm"):
         if key in raw:
-            asked, allowed = raw[key], entry[key]
+            asked, allowed = raw[key], _most(entry, key)
             if not isinstance(asked, int) or isinstance(asked, bool) or asked <= 0:
-                problems.add(f"{where}.{key}", "expected a whole number > 0")
-            elif asked > allowed:
+                problems.add(f"{where}.{key}", "expected a whole number > 0 (a job may only lower the operator's "
+                             "limit)")
+            elif allowed is not None and asked > allowed:
                 problems.add(f"{where}.{key}", f"{asked} is more than the {allowed} the operator's catalogue gives "
                              f"{name!r}; a job may only ask for less")
             else:
                 resolved[key] = asked
+                resolved.pop(f"{key}_floor", None)  # the job's number is a limit of its own, not learned
+                resolved.pop(f"{key}_ceiling", None)
     return resolved
+
+
+def _most(entry: dict, key: str) -> int | None:
+    """The most a catalogue entry gives on ``key`` (tpm/rpm): its number, an ``auto`` one's ceiling,
+    or None (no limit stated)."""
+    value = entry.get(key)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return entry.get(f"{key}_ceiling") if value == "auto" else None
 
 
 def resolve_endpoint(raw: Any, where: str, problems) -> Any:
@@ -217,6 +230,11 @@ def _known() -> str:
     catalogue = operator_catalogue()
     names = sorted(catalogue.deployments) if catalogue is not None else []
     return f" (catalogue: {', '.join(names[:20])})" if names else ""
+
+
+def _lower(asked, most: int) -> int | None:
+    """A job's number where it is below what the catalogue allows (its own limit), else None."""
+    return asked if isinstance(asked, int) and asked < most else None
 
 
 def govern(config, job_id: str):
@@ -240,6 +258,7 @@ def govern(config, job_id: str):
         if entry.region != d.region:
             raise ValueError(f"deployment {d.use!r}: the catalogue puts it in region {entry.region!r}, the job "
                              f"was planned on {d.region!r}; submit it again")
-        own = (min(d.tpm, entry.tpm), min(d.rpm, entry.rpm))
-        governed.append(entry.with_scope(None, own if own != (entry.tpm, entry.rpm) else None, job_id))
+        own = (_lower(d.tpm, entry.tpm_most), _lower(d.rpm, entry.rpm_most))
+        governed.append(entry.with_scope(None, (own[0] or entry.tpm_most, own[1] or entry.rpm_most)
+                                         if own != (None, None) else None, job_id))
     return config.model_copy(update={"deployments": governed})

@@ -15,51 +15,37 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_serializer, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_serializer, model_validator
 
 from evalq.shared.core import bounds
+from evalq.shared.judging.capacity import (AUTO, DEFAULT_RPM_FLOOR, DEFAULT_TPM_FLOOR, Concurrency, ceiling_of,
+                                           check_limits, fill_capacity, start_of)
 from evalq.shared.judging.batch_config import DEFAULT_AUTO_DEADLINE, BatchCapacity, DeadlineField, JudgingMode
 from evalq.shared.core.strict import Strict
 from evalq.shared.core.strict import Params
+from evalq.shared.judging.price import NANO, Price  # noqa: F401  (imported from here)
 
 _REGION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-# Cost is kept in billionths of the prices' currency unit: integer sums, exact in every total.
-NANO = 10**9
-
-
-class Price(Strict):
-    """What an endpoint's tokens cost per 1,000, in the prices' own currency."""
-
-    model_config = ConfigDict(strict=True)  # a price is a number, never the string "0.01"
-
-    input_per_1k: float = Field(ge=0, allow_inf_nan=False, description="price of 1,000 prompt tokens")
-    output_per_1k: float = Field(ge=0, allow_inf_nan=False, description="price of 1,000 completion tokens")
-    # For a Batch API mode (not yet used): a provider's batch price, when not half the above.
-    batch_input_per_1k: float | None = Field(default=None, ge=0, allow_inf_nan=False,
-                                             description="Batch API price of 1,000 prompt tokens (default: half)")
-    batch_output_per_1k: float | None = Field(default=None, ge=0, allow_inf_nan=False,
-                                              description="Batch API price of 1,000 completion tokens "
-                                              "(default: half)")
-
-    def batch(self) -> "Price":
-        """The prices of a Batch API call (half the synchronous ones unless given)."""
-        inp = self.batch_input_per_1k if self.batch_input_per_1k is not None else self.input_per_1k / 2
-        out = self.batch_output_per_1k if self.batch_output_per_1k is not None else self.output_per_1k / 2
-        return Price(input_per_1k=inp, output_per_1k=out)
-
-    def cost_nano(self, prompt_tokens: int, completion_tokens: int) -> int:
-        """A call's cost in billionths: prompt and completion tokens times their prices."""
-        return round((prompt_tokens * self.input_per_1k + completion_tokens * self.output_per_1k) * NANO / 1000)
 
 
 class Deployment(Strict):
     use: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
                             description="the operator's catalogue deployment this is (evalq.shared.judging.deployments)")
     region: str = Field(description="region name; the deployment's queue is judge.<region>")
-    tpm: int = Field(gt=0, le=bounds.MAX_TPM, description="tokens per minute the deployment may use")
-    rpm: int = Field(gt=0, le=bounds.MAX_RPM, description="requests per minute the deployment may use")
+    tpm: Annotated[int, Field(gt=0, le=bounds.MAX_TPM)] | Literal["auto"] | None = Field(
+        default=None, description="tokens per minute the deployment may use; \"auto\": learned from the "
+        "provider's rate-limit headers (evalq.shared.judging.capacity); absent: no token limit")
+    rpm: Annotated[int, Field(gt=0, le=bounds.MAX_RPM)] | Literal["auto"] | None = Field(
+        default=None, description="requests per minute the deployment may use; \"auto\" or absent as tpm")
+    tpm_floor: int | None = Field(default=None, gt=0, le=bounds.MAX_TPM,
+                                  description="\"auto\": the TPM it starts with, and the least a 429 cuts it to")
+    tpm_ceiling: int | None = Field(default=None, gt=0, le=bounds.MAX_TPM, description="\"auto\": the most it learns")
+    rpm_floor: int | None = Field(default=None, gt=0, le=bounds.MAX_RPM, description="as tpm_floor, for requests")
+    rpm_ceiling: int | None = Field(default=None, gt=0, le=bounds.MAX_RPM, description="as tpm_ceiling, for requests")
+    capacity: Literal["fixed", "adaptive"] = Field(
+        default="fixed", description="adaptive: a cluster-wide limit of calls in flight, learned from latency "
+        "and refusals (default where neither tpm nor rpm is stated)")
+    concurrency: Concurrency | None = Field(default=None, description="adaptive: the limit's start and bounds")
     endpoint: str | None = Field(default=None, description="Azure: https://<resource>.openai.azure.com")
     deployment: str | None = Field(default=None, description="Azure: the deployment name")
     base_url: str | None = Field(default=None, description="OpenAI-compatible: e.g. http://host:8000/v1")
@@ -91,8 +77,37 @@ class Deployment(Strict):
         """(job id, tpm, rpm) of the lower limit a job asked for on a catalogue deployment, or None."""
         return (self._job, *self._own) if self._own is not None and self._job else None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_capacity(cls, data):
+        return fill_capacity(data)
+
+    @property
+    def tpm_start(self) -> int:
+        """The TPM its budget starts with (a stated one, an ``auto`` one's floor, else no limit)."""
+        return start_of(self.tpm, self.tpm_floor, DEFAULT_TPM_FLOOR, bounds.MAX_TPM)
+
+    @property
+    def rpm_start(self) -> int:
+        return start_of(self.rpm, self.rpm_floor, DEFAULT_RPM_FLOOR, bounds.MAX_RPM)
+
+    @property
+    def tpm_most(self) -> int:
+        """The most TPM it may ever hold: a stated one, an ``auto`` one's ceiling, else no limit."""
+        return ceiling_of(self.tpm, self.tpm_ceiling, bounds.MAX_TPM)
+
+    @property
+    def rpm_most(self) -> int:
+        return ceiling_of(self.rpm, self.rpm_ceiling, bounds.MAX_RPM)
+
+    @property
+    def learns(self) -> bool:
+        """Whether any of its limits is learned (``auto``, ``adaptive``)."""
+        return AUTO in (self.tpm, self.rpm) or self.capacity == "adaptive"
+
     @model_validator(mode="after")
     def _burst_within_window(self) -> "Deployment":
+        check_limits(self)
         if self.burst_seconds is not None and self.burst_seconds > self.window_seconds:
             raise ValueError(f"burst_seconds ({self.burst_seconds:g}) may be at most window_seconds "
                              f"({self.window_seconds})")

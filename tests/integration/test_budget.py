@@ -94,9 +94,10 @@ def test_estimator_bias_follows_server_counts(r):
 
 
 def deployment(tpm: int = 40_000, rpm: int = 1_000):
-    from types import SimpleNamespace
+    from evalq.shared.judging.judges import Deployment
 
-    return SimpleNamespace(tpm=tpm, rpm=rpm, window_seconds=60, burst_seconds=60, own_limit=None)
+    return Deployment.model_validate({"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": tpm, "rpm": rpm,
+                                      "window_seconds": 60, "burst_seconds": 60})
 
 
 def tokens_held(r, key: str) -> int:

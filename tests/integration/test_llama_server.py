@@ -167,3 +167,48 @@ def test_a_panel_of_two_runs_against_llama_cpp_with_default_settings(llama_serve
     panel = results["coherence"]["score"]["panel"]
     assert set(panel["members"]) == {"cool", "warm"}
     assert set(results["coherence"]["judge"]["identity"]["panel"]) == {"cool", "warm"}
+
+
+def test_a_self_hosted_server_without_a_quota_runs_at_a_limit_two_workers_learn(llama_server, redis_url, tmp_path):
+    """Issue 62: the server declared with no TPM or RPM (so ``capacity: adaptive``), two workers
+    with four threads each: one limit of calls in flight for both, learned from the server's
+    latency; no call times out or fails, every item is judged (or its small-model JSON error
+    recorded), and run.json keeps how the limit moved. How near its best throughput it runs is
+    measured by bench/bench_capacity.py (a sweep of fixed concurrencies), not here: the suite's
+    other processes share this machine's cores with the server."""
+    import uuid
+
+    from tests.conftest import start_worker, stop_worker, wait_for_worker
+
+    example = json.loads((ROOT / "examples" / "rag_qa.json").read_text())
+    judge = {**example["judges"]["sim"], "model": "smollm2", "max_tokens": 24, "timeout": 300, "max_retries": 0,
+             "deployments": [{"region": "selfhosted", "base_url": llama_server["url"],
+                              "concurrency": {"start": 1, "max": 6}}]}
+    instances = [{**inst, "id": f"{inst['id']}-{k}"} for k in range(2) for inst in example["instances"]]
+    path = tmp_path / "adaptive_llama.json"
+    path.write_text(json.dumps({"instances": instances, "judges": {"local": judge}, "judging": {"cache": False},
+                                "metrics": [{"id": "coherence", "parameters": {"judge": "local"}}]}))
+    env = {"DEMO_JUDGE_API_KEY": "unused-by-llama", "EVALQ_ENDPOINTS": "*=http://127.0.0.1:*"}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    names = [f"ad{uuid.uuid4().hex[:4]}", f"bd{uuid.uuid4().hex[:4]}"]
+    workers = [start_worker(redis_url, "judge.selfhosted", logs, concurrency=4, name=n, env=env) for n in names]
+    try:
+        for n in names:
+            wait_for_worker(redis_url, n)
+        proc = evalq("run", str(path), "--out", str(tmp_path / "out"), "--broker", redis_url, "--chunk-size", "1",
+                     "-q", env=env, timeout=900)
+    finally:
+        for w in workers:
+            stop_worker(w)
+    assert proc.returncode == 0, proc.stderr
+    log, results = read_log(tmp_path / "out"), read_results(tmp_path / "out")
+    assert sorted(line["instance_id"] for line in log) == sorted(i["id"] for i in instances)
+    errors = [line["error"] for line in log if "error" in line]
+    assert not [e for e in errors if "HTTP" in e or "Timeout" in e or "Connection" in e], errors
+    judge_block = results["coherence"]["judge"]
+    assert judge_block["failed_calls"] == 0 and judge_block["rate_limited"] == 0, judge_block
+    limits = judge_block["limits"]["selfhosted"]
+    assert limits and all(1 <= row["concurrency"] <= 6 for row in limits), limits
+    for name in names:  # both took part: the limit was the two workers' together
+        assert "succeeded" in (logs / f"{name}.log").read_text(), name

@@ -12,7 +12,7 @@ import redis
 from evalq.shared.cluster import keys
 from evalq.shared.judging.judges import JudgeConfig
 from evalq.workers.judge import dialects
-from evalq.workers.judge.client import _retryable, chat_request
+from evalq.workers.judge.client import chat_request, retryable as _retryable
 
 SCHEMA = {"type": "object", "properties": {"score": {"type": "integer"}}, "required": ["score"]}
 MESSAGES = [{"role": "system", "content": "You grade answers."}, {"role": "user", "content": "Grade this."}]

@@ -686,3 +686,41 @@ def test_held_calls_wait_unanswered_until_released():
             time.sleep(0.01)
     t.join(AT_ONCE)
     assert not t.is_alive() and dropped
+
+
+def _headers(sim: JudgeSim, region: str) -> dict:
+    raw = oai(sim, region).chat.completions.with_raw_response.create(model="judge-a", messages=user("hello"),
+                                                                         max_tokens=10)
+    return {k.lower(): v for k, v in raw.headers.items() if k.lower().startswith("x-ratelimit")}
+
+
+def test_rate_headers_come_in_openai_s_azure_s_or_no_form_and_limits_change_while_it_runs():
+    with JudgeSim([Region("a", tpm=1000, rpm=10)], window_seconds=60, rate_headers="openai") as sim:
+        said = _headers(sim, "a")
+        assert said["x-ratelimit-limit-tokens"] == "1000" and said["x-ratelimit-limit-requests"] == "10"
+        assert said["x-ratelimit-remaining-requests"] == "9"
+        assert said["x-ratelimit-reset-requests"].endswith("s") and float(said["x-ratelimit-reset-requests"][:-1]) > 59
+        sim.set_limits("a", tpm=500)
+        assert _headers(sim, "a")["x-ratelimit-limit-tokens"] == "500"
+        request = urllib.request.Request(f"http://127.0.0.1:{sim.port('a')}/limits?rpm=2", data=b"{}", method="POST")
+        with urllib.request.urlopen(request) as reply:
+            assert json.load(reply)["rpm"] == 2
+        with pytest.raises(openai.RateLimitError):  # two calls in the window already: the new RPM holds
+            _headers(sim, "a")
+        sim.rate_headers = "azure"
+        sim.set_limits("a", rpm=10)
+        assert set(_headers(sim, "a")) == {"x-ratelimit-remaining-tokens", "x-ratelimit-remaining-requests"}
+        sim.rate_headers = "none"
+        assert _headers(sim, "a") == {}
+
+
+def test_slots_serve_that_many_calls_at_once_and_queue_the_rest():
+    with JudgeSim([Region("s")], latency=0.3, slots=2) as sim:
+        client = oai(sim, "s")
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda _: client.chat.completions.create(model="m", messages=user("x")), range(4)))
+        elapsed = time.monotonic() - t0
+        stats = sim.stats("s")
+    assert stats["ok"] == 4 and stats["peak_in_flight"] == 4  # all four were in flight ...
+    assert elapsed >= 0.6  # ... and served two at a time: two rounds of 0.3 s

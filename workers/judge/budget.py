@@ -53,7 +53,7 @@ if tokens > tpm then
 end
 local paused = tonumber(redis.call('GET', pause_key) or '0')
 if paused > now then
-  return {0, tostring(paused - now), 0, 0, sec}
+  return {0, tostring(paused - now), -1, 0, sec}
 end
 -- Bucket s holds reservations made during [s, s + 1) * bucket; the provider's
 -- sliding window still counts them until (s + 1) * bucket + window, plus the
@@ -174,6 +174,7 @@ class Reservation:
     # limit, its tenant's share), in their order
     inner: tuple = ()
     refused_by: str = ""  # which limit an impossible call is too large for (``Within``)
+    paused: bool = False  # held back by a 429's pause, not by the limits
 
 
 class Budget:
@@ -182,11 +183,14 @@ class Budget:
     _scripts: dict[int, tuple] = {}
 
     def __init__(self, r: redis.Redis, dep_id: str, tpm: int, rpm: int, window: int = 60,
-                 safety: float = 1.0, burst: float | None = None):
+                 safety: float = 1.0, burst: float | None = None, learner=None, share: float = 1.0):
         self.r = r
         self.dep_id = dep_id
         self.tpm = max(1, int(tpm * safety))
         self.rpm = max(1, int(rpm * safety))
+        # an ``auto`` deployment's limits are learned (``evalq.workers.judge.learning``): what is in
+        # force now, times ``share`` (a tenant's) and the safety margin
+        self.learner, self.share, self.safety = learner, share, safety
         self.window = window
         # seconds' worth of calls that may go at once; a whole window turns pacing off
         self.burst = window / 6 if burst is None else burst
@@ -195,14 +199,23 @@ class Budget:
                                     r.register_script(SETTLE_LUA))
         self._reserve, self._pause, self._settle = self._scripts[id(r)]
 
+    def limits(self) -> tuple[int, int]:
+        """(tpm, rpm) this budget admits by now (learned ones as last read)."""
+        if self.learner is None:
+            return self.tpm, self.rpm
+        tpm, rpm = self.learner.limits()
+        return (max(1, int(tpm * self.share * self.safety)), max(1, int(rpm * self.share * self.safety)))
+
     def reserve(self, tokens: int) -> Reservation:
-        admitted, wait, _, _, bucket = self._reserve(
+        tpm, rpm = self.limits()
+        admitted, wait, used, _, bucket = self._reserve(
             keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
                   keys.budget(self.dep_id, "pause"), keys.budget(self.dep_id, "pace")],
-            args=[int(tokens), self.tpm, self.rpm, self.window, MARGIN, BUCKET, self.burst])
+            args=[int(tokens), tpm, rpm, self.window, MARGIN, BUCKET, self.burst])
         if admitted == -1:
             return Reservation(False, 0.0, impossible=True)
-        return Reservation(bool(admitted == 1), float(wait), bucket=int(bucket), tokens=int(tokens))
+        return Reservation(bool(admitted == 1), float(wait), bucket=int(bucket), tokens=int(tokens),
+                           paused=admitted == 0 and int(used) == -1)
 
     def settle(self, reservation: Reservation, counted: int | None = None) -> None:
         """The call's reply is back: count it from now (see SETTLE_LUA), and where the server
@@ -276,8 +289,9 @@ class Limit(Budget):
     budget paces the deployment): ``what`` names it in errors. A reservation the shared budget
     then refuses is given back (``release``), so it holds only calls that were sent."""
 
-    def __init__(self, r: redis.Redis, dep_id: str, tpm: int, rpm: int, window: int, safety: float, what: str):
-        super().__init__(r, dep_id, tpm, rpm, window, safety=safety, burst=window)
+    def __init__(self, r: redis.Redis, dep_id: str, tpm: int, rpm: int, window: int, safety: float, what: str,
+                 learner=None, share: float = 1.0):
+        super().__init__(r, dep_id, tpm, rpm, window, safety=safety, burst=window, learner=learner, share=share)
         self.what = what
         self._release = r.register_script(RELEASE_LUA)
 
@@ -295,8 +309,8 @@ class Within(Budget):
     limit holds never touches what others get."""
 
     def __init__(self, r: redis.Redis, dep_id: str, tpm: int, rpm: int, window: int, safety: float,
-                 burst: float | None, inner: list[Limit]):
-        super().__init__(r, dep_id, tpm, rpm, window, safety=safety, burst=burst)
+                 burst: float | None, inner: list[Limit], learner=None):
+        super().__init__(r, dep_id, tpm, rpm, window, safety=safety, burst=burst, learner=learner)
         self.inner = inner
 
     def reserve(self, tokens: int) -> Reservation:
@@ -333,21 +347,28 @@ def budget_of(r: redis.Redis, dep_id: str, d, safety: float, tenant: str | None 
     ``<tenant>.max_share``), across all the tenant's jobs (``evalq:budget:{D}:tenant-<tenant>:*``)."""
     from evalq.shared.cluster.scheduling import Tenants
 
+    from evalq.shared.judging.capacity import AUTO
+    from evalq.workers.judge.learning import Learner
+
     share = Tenants.from_env().max_share.get(tenant) if tenant is not None else None
+    learner = Learner(r, dep_id, d, d.region, BUCKET) if AUTO in (d.tpm, d.rpm) else None
     inner: list[Limit] = []
     if d.own_limit is not None:
         job_id, tpm, rpm = d.own_limit
         inner.append(Limit(r, f"{dep_id}:job-{job_id}", tpm, rpm, d.window_seconds, safety,
                            f"the job's own limit of {tpm:,} tokens a minute"))
     if share is not None and share < 1:
-        tpm, rpm = max(1, int(d.tpm * share)), max(1, int(d.rpm * share))
+        tpm, rpm = max(1, int(d.tpm_start * share)), max(1, int(d.rpm_start * share))
+        of = "what it has learned" if learner is not None else f"{d.tpm_start:,} tokens a minute"
         inner.append(Limit(r, f"{dep_id}:tenant-{tenant}", tpm, rpm, d.window_seconds, safety,
-                           f"tenant {tenant!r}'s share of it ({share:g} of {d.tpm:,} tokens a minute: "
-                           f"{int(tpm * safety):,}; EVALQ_TENANTS {tenant}.max_share)"))
+                           f"tenant {tenant!r}'s share of it ({share:g} of {of}: "
+                           f"{int(tpm * safety):,}; EVALQ_TENANTS {tenant}.max_share)", learner, share))
     if not inner:
-        budget = Budget(r, dep_id, d.tpm, d.rpm, d.window_seconds, safety=safety, burst=d.burst_seconds)
+        budget = Budget(r, dep_id, d.tpm_start, d.rpm_start, d.window_seconds, safety=safety, burst=d.burst_seconds,
+                        learner=learner)
     else:
-        budget = Within(r, dep_id, d.tpm, d.rpm, d.window_seconds, safety, d.burst_seconds, inner)
+        budget = Within(r, dep_id, d.tpm_start, d.rpm_start, d.window_seconds, safety, d.burst_seconds, inner,
+                        learner)
     if tenant is not None:  # its calls teach the estimator about its own text only
         budget.bias_key = keys.budget(dep_id, f"bias:{tenant}")
     return budget

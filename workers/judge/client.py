@@ -20,13 +20,10 @@ trips instead of one of their own per call.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
-import os
 import random
-import threading
 import time
 from typing import Any
 
@@ -35,12 +32,15 @@ import redis
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from evalq.shared.cluster import keys, telemetry
-from evalq.shared.core.errors import Deferred, MetricError, Pending
+from evalq.shared.core.errors import Deferred, Pending
 from evalq.shared.judging.judge_reply import Reply, reply_from_completion
 from evalq.shared.judging.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id, model_identity
 from evalq.workers.judge.budget import Budget, Reservation, budget_of
+from evalq.workers.judge.concurrency import Gate, Lease
 from evalq.workers.judge.cost import Caps, CostWait, Hold
-from evalq.workers.judge.dialects import Dialects, refused_as_invalid, shape
+from evalq.workers.judge.dialects import Dialects, refused_as_invalid
+from evalq.workers.judge.requests import (JudgeError, RateLimited, chat_request, retry_after, retryable,  # noqa: F401
+                                          sdk_client)
 from evalq.shared.judging.tokens import estimate_request_tokens, limiter_floor, prompt_token_bound
 from evalq.workers.keeping import DOWN, WRITE_BEHIND, ItemKeeper, Op, execute
 
@@ -49,88 +49,8 @@ log = logging.getLogger("evalq.judge")
 SLEEP_MAX = 2.0      # budget waits up to this are slept in the worker
 RETRY_SLEEP_MAX = 5.0  # a Retry-After up to this is slept; longer ones re-schedule
 SAFETY = 0.99        # reserve at most this share of a deployment's TPM/RPM
-
-
-class JudgeError(MetricError):
-    """The judge could not produce a reply for this item."""
-
-
-class _RateLimited(Exception):
-    def __init__(self, retry_after: float):
-        self.retry_after = retry_after
-
-
-_sdk_clients: dict[tuple, Any] = {}
-_sdk_lock = threading.Lock()
-
-
-@functools.lru_cache(maxsize=1)
-def _policy():
-    from evalq.shared.policy.endpoints import worker_policy
-
-    return worker_policy()
-
-
-def sdk_client(judge: JudgeConfig, d: Deployment, policy=None):
-    """One SDK client per (deployment, key) and process; its own retries off. The
-    key is read only for an endpoint the allow-list lets it go to (``policy``, an
-    ``EndpointPolicy``; default: this worker's ``EVALQ_ENDPOINTS``, read once);
-    otherwise ``JudgeError`` and nothing is sent. Chat calls and batch uploads alike."""
-    from evalq.shared.policy.endpoints import endpoint_url
-
-    refused = (policy or _policy()).problem(judge.api_key_env, endpoint_url(judge.provider, d))
-    if refused:
-        raise JudgeError(f"not sent: {refused}")
-    api_key = os.environ.get(judge.api_key_env)
-    if not api_key:
-        raise JudgeError(f"environment variable {judge.api_key_env} is not set on this worker")
-    cache_key = (judge.provider, d.endpoint, d.base_url, judge.api_version, api_key, judge.timeout)
-    with _sdk_lock:
-        if cache_key not in _sdk_clients:
-            if judge.provider == "azure":
-                client = openai.AzureOpenAI(azure_endpoint=d.endpoint, api_version=judge.api_version,
-                                            api_key=api_key, max_retries=0, timeout=judge.timeout)
-            else:
-                client = openai.OpenAI(base_url=d.base_url, api_key=api_key, max_retries=0,
-                                       timeout=judge.timeout)
-            _sdk_clients[cache_key] = client
-        return _sdk_clients[cache_key]
-
-
-def chat_request(judge: JudgeConfig, messages: list[dict], schema: dict | None = None,
-                 schema_name: str = "rating") -> dict:
-    """The chat request body of a judge call (its sha256 keys the job's memo and the
-    cache): what is sent synchronously, and what a batch line carries."""
-    request: dict[str, Any] = {"model": judge.model, "messages": messages,
-                               "temperature": judge.temperature, "max_tokens": judge.max_tokens}
-    if schema is not None and judge.output != "text":  # ``auto`` is known by this form, whatever carries it
-        request["response_format"] = {"type": "json_schema", "json_schema": {
-            "name": schema_name, "schema": schema, "strict": True}}
-        if judge.output in ("json_object", "tools"):
-            request = shape(request, judge.output)
-    return request
-
-
-def _retry_after(exc: openai.APIStatusError) -> float:
-    headers = exc.response.headers if exc.response is not None else {}
-    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value:
-            try:
-                return max(0.0, float(value) / scale)
-            except ValueError:
-                pass
-    return 1.0
-
-
-def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, _RateLimited)):
-        return True
-    if refused_as_invalid(exc):  # the same request would be refused again (some servers say so with a 500)
-        return False
-    if isinstance(exc, openai.APIStatusError):
-        return exc.status_code in (408, 409) or exc.status_code >= 500
-    return False
+SLOT_POLL = 0.05     # an adaptive deployment's limit of calls in flight reached: look again this often ...
+SLOT_PATIENCE = 30.0  # ... for up to this long before the chunk re-schedules
 
 
 class JudgeClient:
@@ -154,6 +74,7 @@ class JudgeClient:
         self._last_failed: str | None = None  # a retry prefers another deployment
         telemetry.deployment_limits((d.region, d.tpm, d.rpm) for d in self.deployments)
         self.budgets = {d.region: budget_of(r, deployment_id(judge, d), d, SAFETY, tenant) for d in self.deployments}
+        self.gates = gates_of(r, judge, self.deployments, tenant)  # adaptive deployments' limits of calls in flight
         self.caps = Caps(r, job_id, options.cost_cap, options.token_cap, tenant)
         self.dialects, self.identity = Dialects(r), model_identity(judge)
         self._versions: set[str] = set()  # the versions this client has told the entry's judge identity
@@ -300,10 +221,10 @@ class JudgeClient:
     # -- internals --------------------------------------------------------------
     def _call_with_retries(self, request: dict, estimate: tuple[int, int]) -> Reply:  # (estimate, bound)
         retrying = Retrying(stop=stop_after_attempt(self.judge.max_retries + 1),
-                            retry=retry_if_exception(_retryable), wait=self._backoff, reraise=True)
+                            retry=retry_if_exception(retryable), wait=self._backoff, reraise=True)
         try:
             return retrying(self._attempt, request, estimate)
-        except _RateLimited as exc:
+        except RateLimited as exc:
             raise JudgeError(f"rate limited (429) on every attempt; last Retry-After {exc.retry_after:.1f} s") from None
         except (openai.APITimeoutError, openai.APIConnectionError) as exc:
             raise JudgeError(f"{type(exc).__name__} after {self.judge.max_retries + 1} attempts: {exc}") from None
@@ -313,19 +234,24 @@ class JudgeClient:
     @staticmethod
     def _backoff(retry_state) -> float:
         exc = retry_state.outcome.exception()
-        if isinstance(exc, _RateLimited):
+        if isinstance(exc, RateLimited):
             return exc.retry_after  # the deployment is paused for everyone; this wait is short
         return min(8.0, 0.5 * 2 ** (retry_state.attempt_number - 1)) * (0.5 + random.random())
 
     def _attempt(self, request: dict, estimates: tuple[int, int]) -> Reply:
         estimate, bound = estimates
-        deployment, budget, reservation, held = self._admit(estimate, bound)
+        deployment, budget, reservation, held, lease = self._admit(estimate, bound)
+        started = time.monotonic()
         try:
             response = self._send(request, deployment, budget, reservation)
-        except BaseException:  # the reply (or error) is back: the budget counts the call from now
+        except BaseException as exc:  # the reply (or error) is back: the budget counts the call from now
             _bookkeeping(budget.settle, reservation)
             _bookkeeping(self.caps.cost.release, held)
+            if lease is not None:
+                _bookkeeping(self.gates[deployment.region].release, lease, 0.0, load_said(exc))
             raise
+        if lease is not None:
+            _bookkeeping(self.gates[deployment.region].release, lease, time.monotonic() - started, "ok")
         self._last_failed = None
         reply = reply_from_completion(response)
         usage = reply.usage
@@ -346,17 +272,19 @@ class JudgeClient:
     def _send(self, request: dict, deployment: Deployment, budget: Budget, reservation: Reservation):
         """The HTTP call on an admitted deployment; a 429 pauses it for every worker."""
         try:
-            response = self.dialects.create(
+            response, headers = self.dialects.create(
                 sdk_client(self.judge, deployment), request, budget.dep_id, deployment.region,
                 auto=getattr(self.judge, "output", None) == "auto",  # (a model under test has none)
                 model=deployment.deployment if self.judge.provider == "azure" else None)
         except openai.RateLimitError as exc:
-            wait = _retry_after(exc)
+            wait = retry_after(exc)
             budget.pause(wait)
+            if budget.learner is not None:
+                _bookkeeping(budget.learner.observe, exc.response.headers if exc.response is not None else {}, True)
             self._count(deployment.region, rate_limited=1)
             if wait > RETRY_SLEEP_MAX:
                 raise Deferred(wait, reason=f"429 from {deployment.region}; Retry-After {wait:.1f} s") from None
-            raise _RateLimited(wait) from None
+            raise RateLimited(wait) from None
         except (openai.APITimeoutError, openai.APIConnectionError, openai.InternalServerError):
             self._failed(deployment, budget)
             raise
@@ -364,43 +292,73 @@ class JudgeClient:
             if (exc.status_code in (408, 409) or exc.status_code >= 500) and not refused_as_invalid(exc):
                 self._failed(deployment, budget)
             raise
+        if budget.learner is not None:
+            _bookkeeping(budget.learner.observe, headers)
         return response
 
-    def _admit(self, estimate: int, bound: int) -> tuple[Deployment, Budget, Reservation, Hold | None]:
+    def _admit(self, estimate: int, bound: int) -> tuple[Deployment, Budget, Reservation, Hold | None, Lease | None]:
         """Reserve budget somewhere, sleeping through short waits; also what the call holds of the
-        cost caps: its worst case, ``bound`` prompt tokens and ``max_tokens`` of completion."""
-        deadline = time.monotonic() + SLEEP_MAX * 4
+        cost caps: its worst case, ``bound`` prompt tokens and ``max_tokens`` of completion, and
+        on an adaptive deployment a place in flight (waited for up to ``SLOT_PATIENCE``)."""
+        began = time.monotonic()
+        deadline = began + SLEEP_MAX * 4
         while True:
             healthy = [d for d in self.deployments if self.budgets[d.region].healthy()] or self.deployments
             healthy.sort(key=lambda d: d.region == self._last_failed)
-            best_wait, best, too_large = float("inf"), healthy[0], []
+            best_wait, best, too_large, slots_only = float("inf"), healthy[0], [], True
             for d in healthy:
-                budget = self.budgets[d.region]
-                tokens = budget.admission_tokens(estimate, self.judge.max_tokens, floor=limiter_floor(bound))
-                try:
-                    held = self.caps.take(tokens, self.judge.price_of(d), bound, self.judge.max_tokens)
-                except CostWait as exc:  # a cap has room only once the calls in flight settle
-                    if exc.wait < best_wait:
-                        best_wait, best = exc.wait, d
+                budget, gate = self.budgets[d.region], self.gates.get(d.region)
+                lease = gate.acquire() if gate is not None else None
+                if gate is not None and lease is None:  # the limit of calls in flight is reached
+                    if SLOT_POLL < best_wait:
+                        best_wait, best = SLOT_POLL * (0.5 + random.random()), d
                     continue
-                res = budget.reserve(tokens)
-                if res.admitted:
+                tokens = budget.admission_tokens(estimate, self.judge.max_tokens, floor=limiter_floor(bound))
+                res, held = self._reserve(d, budget, tokens, bound)
+                if res is not None and res.admitted:
                     telemetry.budget_admitted(d.region, tokens)
-                    return d, budget, res, held
-                self.caps.give_back(tokens, held)
+                    return d, budget, res, held, lease
+                if lease is not None:
+                    gate.release(lease, 0.0, "none")
+                if res is None:  # a cost cap waits for the calls in flight
+                    slots_only = False
+                    if held < best_wait:
+                        best_wait, best = held, d
+                    continue
                 if res.impossible:
                     too_large.append(f"{d.region}: {res.refused_by or 'its TPM'}")
                     continue
+                if budget.learner is not None and not res.paused:
+                    _bookkeeping(budget.learner.pressed)
+                slots_only = False
                 if res.wait < best_wait:
                     best_wait, best = res.wait, d
+            if slots_only and best_wait < float("inf") and time.monotonic() - began < SLOT_PATIENCE:
+                time.sleep(best_wait)
+                continue
             if best_wait == float("inf"):
                 raise JudgeError(f"a request of ~{estimate} prompt + {self.judge.max_tokens} completion "
                                  f"tokens is larger than any deployment of judge {self.name!r} admits in a "
                                  f"minute ({'; '.join(too_large)})")
+            if slots_only:
+                raise Deferred(1.0, region=best.region, reason=f"{best.region}: its limit of calls in flight is "
+                               f"reached for {SLOT_PATIENCE:g} s")
             if best_wait > SLEEP_MAX or time.monotonic() + best_wait > deadline:
                 raise Deferred(best_wait, region=best.region,
                                reason=f"budget of judge {self.name!r} spent for {best_wait:.1f} s")
             time.sleep(best_wait)
+
+    def _reserve(self, d: Deployment, budget: Budget, tokens: int, bound: int) -> tuple[Reservation | None, Any]:
+        """(the budget's answer, the cost caps' hold); (None, seconds) where a cost cap has room only once
+        the calls in flight settle. What the caps held for a call the budget refused is given back."""
+        try:
+            held = self.caps.take(tokens, self.judge.price_of(d), bound, self.judge.max_tokens)
+        except CostWait as exc:
+            return None, exc.wait
+        res = budget.reserve(tokens)
+        if not res.admitted:
+            self.caps.give_back(tokens, held)
+        return res, held
 
     def _failed(self, deployment: Deployment, budget: Budget) -> None:
         budget.failed()
@@ -412,6 +370,28 @@ class JudgeClient:
         (fields ``<region>/<name>``) for what a deployment answered."""
         self._write(accounting_ops(self.job_id, self.metric_key, region, fields))
         telemetry.judge_counted(region, fields)
+
+
+def gates_of(r: redis.Redis, judge, deployments: list[Deployment], tenant: str | None) -> dict[str, Gate]:
+    """The concurrency gate of each adaptive deployment (``evalq.workers.judge.concurrency``), as
+    ``tenant`` sees it (its ``max_share`` of the limit)."""
+    from evalq.shared.cluster.scheduling import Tenants
+
+    share = Tenants.from_env().max_share.get(tenant) if tenant is not None else None
+    hold = judge.timeout * 1.5 + 5  # a lease outlives its call's timeout, never a dead worker by long
+    return {d.region: Gate(r, deployment_id(judge, d), d.concurrency, d.region, hold, tenant, share)
+            for d in deployments if d.capacity == "adaptive"}
+
+
+def load_said(exc: BaseException) -> str:
+    """What a failed call says of the server's load: ``overload`` (429, 503, a timeout, no
+    connection) or ``none``."""
+    if isinstance(exc, (RateLimited, Deferred, openai.RateLimitError, openai.APITimeoutError,
+                        openai.APIConnectionError)):
+        return "overload"
+    if isinstance(exc, openai.APIStatusError) and exc.status_code == 503:
+        return "overload"
+    return "none"
 
 
 def accounting_ops(job_id: str, metric_key: str, region: str | None, fields: dict[str, int]) -> list[Op]:

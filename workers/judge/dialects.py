@@ -97,7 +97,8 @@ class Dialects:
             return dialect
 
     def create(self, client, request: dict, dep_id: str, region: str, auto: bool, model: str | None = None):
-        """The chat call through the SDK ``client`` (``model``: Azure's deployment name). With
+        """The chat call through the SDK ``client`` (``model``: Azure's deployment name): the completion
+        and the reply's headers (rate-limit headers teach ``evalq.workers.judge.learning``). With
         ``auto``, in the dialect the deployment speaks, and when its server refuses that one
         as invalid, at once in the next; otherwise ``request`` as it is."""
         dialect = self.current(dep_id) if auto else None
@@ -106,7 +107,8 @@ class Dialects:
             if model is not None:
                 body["model"] = model
             try:
-                return client.chat.completions.create(**body)
+                raw = client.chat.completions.with_raw_response.create(**body)
+                return raw.parse(), raw.headers
             except openai.APIStatusError as exc:
                 if dialect is None or not refused_as_invalid(exc):
                     raise

@@ -1,0 +1,132 @@
+"""Capacity a deployment learns (evalq.shared.judging.capacity): how ``"tpm": "auto"`` and
+``"capacity": "adaptive"`` are declared and checked, what the providers' rate-limit headers are read
+as, and what a catalogue lets a job ask of a learning deployment. The learning on a real Redis and
+against judge-sim and llama.cpp is tests/integration/test_capacity.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evalq.cli.capacity import learning
+from evalq.shared.core import bounds
+from evalq.shared.core.errors import JobError
+from evalq.shared.job.schema import parse_job
+from evalq.shared.judging.capacity import DEFAULT_TPM_FLOOR, describe, duration, rate_headers
+from evalq.shared.judging.deployments import CATALOGUE_ENV, INLINE_ENV, govern
+from evalq.shared.judging.judges import Deployment, JudgeConfig
+
+URL = "http://127.0.0.1:9/v1"
+
+
+def deployment(**fields) -> Deployment:
+    return Deployment.model_validate({"region": "lab", "base_url": URL, **fields})
+
+
+def job(*deployments) -> dict:
+    judge = {"provider": "openai", "model": "m", "api_key_env": "TEST_UNIT_API_KEY", "deployments": list(deployments)}
+    return {"instances": [{"id": "1", "input": "q", "actual-output": "a", "context": "c"}], "judges": {"j": judge},
+            "metrics": [{"id": "coherence", "parameters": {"judge": "j"}}]}
+
+
+def problems(raw: dict) -> list[str]:
+    with pytest.raises(JobError) as exc:
+        parse_job(raw)
+    return exc.value.problems
+
+
+def test_auto_starts_at_its_floor_and_is_held_by_its_ceiling():
+    d = deployment(tpm="auto", rpm=600, tpm_floor=20_000, tpm_ceiling=450_000)
+    assert (d.tpm_start, d.tpm_most, d.rpm_start, d.rpm_most) == (20_000, 450_000, 600, 600)
+    assert d.learns and d.capacity == "fixed"
+    plain = deployment(tpm="auto")
+    assert plain.tpm_start == DEFAULT_TPM_FLOOR and plain.tpm_most == bounds.MAX_TPM
+    assert plain.rpm_start == bounds.MAX_RPM  # no RPM stated: none held
+    assert not deployment(tpm=1000, rpm=10).learns
+
+
+def test_a_deployment_that_states_no_quota_is_adaptive():
+    d = deployment()
+    assert d.capacity == "adaptive" and d.learns
+    assert (d.tpm_start, d.rpm_start) == (bounds.MAX_TPM, bounds.MAX_RPM)
+    bounded = deployment(concurrency={"start": 2, "min": 1, "max": 8})
+    assert bounded.concurrency.max == 8
+    # stated limits keep it fixed unless it says otherwise; both together are allowed
+    assert deployment(tpm=1000).capacity == "fixed"
+    assert deployment(tpm="auto", capacity="adaptive").capacity == "adaptive"
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"tpm": 1000, "tpm_floor": 10}, "tpm_floor and tpm_ceiling are for"),
+    ({"tpm": "auto", "tpm_floor": 500, "tpm_ceiling": 100}, "is above tpm_ceiling"),
+    ({"capacity": "fixed"}, "states 'tpm' or 'rpm'"),
+    ({"tpm": 100, "concurrency": {"max": 4}}, "bounds are for"),
+    ({"concurrency": {"start": 9, "max": 4}}, "min <= start <= max"),
+    ({"tpm": "lots"}, "tpm"),
+])
+def test_limits_that_do_not_fit_together_are_named(fields, says):
+    found = problems(job({"region": "lab", "base_url": URL, **fields}))
+    assert any(says in p for p in found), found
+
+
+def test_what_plan_says_of_learning_deployments():
+    ds = [deployment(tpm="auto", tpm_ceiling=90_000, rpm=60), deployment(region="self"),
+          deployment(region="fixed", tpm=1000, rpm=10)]
+    found = learning(ds)
+    assert [f["region"] for f in found] == ["lab", "self"]
+    assert "TPM learned from 30,000 up to 90,000" in found[0]["how"] and "RPM 60" in found[0]["how"]
+    assert "adaptive concurrency from 4 (1-64)" in describe(ds[1])
+
+
+def test_openai_headers_say_limits_remaining_counts_and_resets():
+    said = rate_headers({"x-ratelimit-limit-tokens": "450000", "x-ratelimit-remaining-tokens": "449000",
+                         "x-ratelimit-reset-tokens": "6m0s", "x-ratelimit-limit-requests": "5000",
+                         "x-ratelimit-remaining-requests": "4999", "x-ratelimit-reset-requests": "12ms"}, 60)
+    assert said == {"tokens_limit": 450000, "tokens_remaining": 449000, "tokens_reset": 360.0,
+                    "requests_limit": 5000, "requests_remaining": 4999, "requests_reset": 0.012}
+
+
+def test_azure_says_only_what_remains():
+    assert rate_headers({"x-ratelimit-remaining-tokens": "1200", "x-ratelimit-remaining-requests": "7"}, 60) == \
+        {"tokens_remaining": 1200, "requests_remaining": 7}
+
+
+def test_the_generic_form_is_requests_per_the_budgets_window():
+    said = rate_headers({"ratelimit-limit": "100", "ratelimit-remaining": "40", "ratelimit-reset": "30",
+                         "ratelimit-policy": "100;w=120"}, 60)
+    assert said == {"requests_limit": 50.0, "requests_remaining": 40, "requests_reset": 30.0}
+    assert rate_headers({"ratelimit-limit": "nonsense"}, 60) == {}
+    assert rate_headers({}, 60) == {}
+
+
+@pytest.mark.parametrize("text, seconds", [("1s", 1.0), ("6m0s", 360.0), ("20ms", 0.02), ("1h2m", 3720.0),
+                                           ("2.5", 2.5), ("soon", None), ("", None), ("5x", None)])
+def test_reset_durations(text, seconds):
+    assert duration(text) == (pytest.approx(seconds) if seconds is not None else None)
+
+
+@pytest.fixture
+def catalogue(tmp_path, monkeypatch):
+    path = tmp_path / "catalogue.json"
+    path.write_text(json.dumps({"deployments": {
+        "gpt": {"region": "gpt", "base_url": URL, "tpm": "auto", "rpm": "auto", "tpm_ceiling": 400_000,
+                "rpm_ceiling": 2_000},
+        "vllm": {"region": "vllm", "base_url": URL, "concurrency": {"start": 2, "max": 16}}}, "inline": "deny"}))
+    monkeypatch.setenv(CATALOGUE_ENV, str(path))
+    monkeypatch.delenv(INLINE_ENV, raising=False)
+    return path
+
+
+def test_a_job_may_lower_a_learned_limit_below_its_ceiling_and_never_raise_it(catalogue):
+    parsed = parse_job(job({"use": "gpt", "tpm": 50_000}, {"use": "vllm", "tpm": 9_000}))
+    gpt, vllm = parsed.judges["j"].deployments
+    assert gpt.tpm == 50_000 and gpt.rpm == "auto" and gpt.tpm_ceiling is None
+    assert vllm.capacity == "adaptive" and vllm.tpm == 9_000  # the catalogue's mode, the job's lower TPM
+    ran = govern(JudgeConfig.model_validate(parsed.judges["j"].model_dump()), "job1").deployments
+    assert ran[0].tpm == "auto" and ran[0].own_limit == ("job1", 50_000, 2_000)
+    assert ran[1].capacity == "adaptive" and ran[1].own_limit == ("job1", 9_000, bounds.MAX_RPM)
+    found = problems(job({"use": "gpt", "tpm": 500_000}))
+    assert any("more than the 400000" in p for p in found), found
+    found = problems(job({"use": "gpt", "rpm": "auto"}))
+    assert any("a whole number > 0" in p for p in found), found

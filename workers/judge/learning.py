@@ -1,0 +1,174 @@
+"""A deployment's learned TPM and RPM (``"tpm": "auto"``, ``"rpm": "auto"``; issue 62), one value
+for the whole cluster in Redis, told by every worker's replies.
+
+Per limit (tokens, requests), what decides it, first that applies:
+
+1. the provider states it (``x-ratelimit-limit-*``; ``evalq.shared.judging.capacity.rate_headers``):
+   that number, or less where its remaining count says others use part of it (``used + remaining``,
+   smoothed: ``used`` is what the cluster holds in its window now);
+2. it states only what remains (Azure OpenAI): ``used + remaining``, smoothed;
+3. nothing is stated: AIMD. While the budget is what holds calls back and no 429 has come for a
+   quarter of the window, the limit grows (x1.5 each sixth of a window until the first 429, then
+   +5%); a 429 cuts it to 0.8x, at most once a quarter window (one 429 episode is one cut; the
+   Retry-After of a 429 pauses the deployment as ever, but never sets how long the limit stays cut).
+
+Every value is held between the floor (only for what AIMD decides: a provider's number is taken
+even below it) and the ceiling (always). Changes go into the deployment's history
+(``evalq.orchestrator.limits.history``), which run.json shows per job.
+
+Keys (``D``: the deployment id):
+
+    evalq:budget:{D}:learn    HASH  tpm, rpm (learned, per window), <axis>_how (header/remaining/aimd),
+                                    <axis>_said (server time a header last said it), <axis>_cut, <axis>_grow,
+                                    <axis>_phase (start: x1.5 growth, until the first cut)
+    evalq:budget:{D}:limits   LIST  JSON changes {t, tpm|rpm|concurrency, reason}, the last 500
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from evalq.shared.cluster import keys, telemetry
+from evalq.shared.judging.capacity import AUTO, HISTORY_KEEP, rate_headers
+
+CACHE_SECONDS = 0.5   # how long a process uses the learned values it read
+PRESSED_EVERY = 1.0   # a process tells the learner its budget held calls back at most this often
+CUT = 0.8
+GROW_START, GROW = 1.5, 1.05
+SMOOTH = 0.5          # weight of a new remaining-based estimate
+
+# KEYS: learn, limits, usage (tok or req); ARGV: axis, op, value, floor, ceiling, start, window, keep, bucket.
+# op: limit (value: the stated limit; remaining as ARGV[10] or ''), remaining, cut, grow.
+LEARN_LUA = """
+local learn, hist, usage = KEYS[1], KEYS[2], KEYS[3]
+local axis, op, value = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local floor, ceiling, start, window = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local keep, bucket = tonumber(ARGV[8]), tonumber(ARGV[9])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local current = tonumber(redis.call('HGET', learn, axis) or start)
+local function field(name) return tonumber(redis.call('HGET', learn, axis .. '_' .. name) or '0') end
+local function used()
+  local flat, sum = redis.call('HGETALL', usage), 0
+  for i = 1, #flat, 2 do
+    if (tonumber(flat[i]) + 1) * bucket + window > now then sum = sum + tonumber(flat[i + 1]) end
+  end
+  return sum
+end
+local new, how = nil, nil
+if op == 'limit' or op == 'remaining' then
+  local remaining = value
+  if op == 'limit' then remaining = tonumber(ARGV[10]) end  -- nil where the reply said no remaining count
+  local estimate = nil
+  if remaining ~= nil then
+    estimate = used() + remaining
+    if redis.call('HGET', learn, axis .. '_how') == 'remaining' or op == 'limit' then
+      estimate = (1 - tonumber(ARGV[11])) * current + tonumber(ARGV[11]) * estimate
+    end
+  end
+  if op == 'limit' then
+    new = value
+    if estimate ~= nil and estimate < value then new = estimate end
+    how = (estimate ~= nil and estimate < value) and 'remaining' or 'header'
+  else
+    new, how = estimate, 'remaining'
+  end
+  redis.call('HSET', learn, axis .. '_said', tostring(now))
+elseif now - field('said') < window then
+  return {tostring(current), 0}  -- a header spoke within the window: AIMD keeps out of it
+elseif op == 'cut' then
+  if now - field('cut') < window / 4 then return {tostring(current), 0} end
+  new, how = math.max(floor, math.floor(current * tonumber(ARGV[10]))), 'aimd'
+  redis.call('HSET', learn, axis .. '_cut', tostring(now), axis .. '_phase', 'avoid')
+elseif op == 'grow' then
+  if now - field('grow') < window / 6 or now - field('cut') < window / 4 then return {tostring(current), 0} end
+  local factor = redis.call('HGET', learn, axis .. '_phase') == 'avoid' and tonumber(ARGV[11]) or tonumber(ARGV[10])
+  new, how = math.max(floor, math.ceil(current * factor)), 'aimd'
+  redis.call('HSET', learn, axis .. '_grow', tostring(now))
+end
+new = math.floor(math.min(new, ceiling))
+if new < 1 then new = 1 end
+redis.call('HSET', learn, axis .. '_how', how)
+redis.call('EXPIRE', learn, 30 * 86400)
+local before = redis.call('HGET', learn, axis)
+if before ~= false and math.abs(new - tonumber(before)) <= math.max(1, 0.005 * tonumber(before)) then
+  return {before, 0}
+end
+redis.call('HSET', learn, axis, new)
+redis.call('RPUSH', hist, cjson.encode({t = now, [axis] = new, reason = how .. (op == 'cut' and ' 429' or '')}))
+redis.call('LTRIM', hist, -keep, -1)
+redis.call('EXPIRE', hist, 30 * 86400)
+return {tostring(new), 1}
+"""
+
+
+class Learner:
+    """The learned TPM/RPM of one deployment ``d`` (a ``Deployment`` with ``auto`` limits)."""
+
+    _scripts: dict[int, object] = {}
+
+    def __init__(self, r: redis.Redis, dep_id: str, d, region: str, bucket: float):
+        self.r, self.dep_id, self.region, self.window, self.bucket = r, dep_id, region, d.window_seconds, bucket
+        self.axes = {axis: (getattr(d, f"{axis}_floor") or getattr(d, f"{axis}_start"), getattr(d, f"{axis}_most"),
+                            getattr(d, f"{axis}_start"))
+                     for axis in ("tpm", "rpm") if getattr(d, axis) == AUTO}
+        self.fixed = {"tpm": d.tpm_start, "rpm": d.rpm_start}
+        self._lock = threading.Lock()
+        self._read_at, self._values = 0.0, dict(self.fixed)
+        self._pressed_at = 0.0
+        if id(r) not in self._scripts:
+            self._scripts[id(r)] = r.register_script(LEARN_LUA)
+        self._learn = self._scripts[id(r)]
+
+    def limits(self) -> tuple[int, int]:
+        """(tpm, rpm) in force now: learned (read at most every ``CACHE_SECONDS``) or stated."""
+        now = time.monotonic()
+        if now - self._read_at > CACHE_SECONDS:
+            raw = self.r.hmget(keys.budget(self.dep_id, "learn"), ["tpm", "rpm"])
+            values = dict(self.fixed)
+            for axis, value in zip(("tpm", "rpm"), raw):
+                if axis in self.axes and value is not None:
+                    values[axis] = int(float(value))
+            with self._lock:
+                self._read_at, self._values = now, values
+            telemetry.deployment_limits([(self.region, values["tpm"], values["rpm"])])
+        return self._values["tpm"], self._values["rpm"]
+
+    def _op(self, axis: str, op: str, value: float = 0.0, *extra) -> None:
+        floor, ceiling, start = self.axes[axis]
+        usage = keys.budget(self.dep_id, "tok" if axis == "tpm" else "req")
+        _, changed = self._learn(keys=[keys.budget(self.dep_id, "learn"), keys.budget(self.dep_id, "limits"), usage],
+                                 args=[axis, op, value, floor, ceiling, start, self.window, HISTORY_KEEP, self.bucket,
+                                       *extra])
+        if changed:
+            self._read_at = 0.0  # read it again at the next call
+
+    def observe(self, headers, rate_limited: bool = False) -> None:
+        """What a reply (or a 429) said: stated limits and remaining counts taken; a 429 that
+        said nothing of a limit cuts it (AIMD)."""
+        if not self.axes:
+            return
+        said = rate_headers(headers or {}, self.window)
+        for axis, kind in (("tpm", "tokens"), ("rpm", "requests")):
+            if axis not in self.axes:
+                continue
+            limit, remaining = said.get(f"{kind}_limit"), said.get(f"{kind}_remaining")
+            if limit is not None:
+                self._op(axis, "limit", limit, "" if remaining is None else remaining, SMOOTH)
+            elif remaining is not None:
+                self._op(axis, "remaining", remaining, "", SMOOTH)
+            elif rate_limited:
+                self._op(axis, "cut", 0, CUT, 0)
+
+    def pressed(self) -> None:
+        """The budget held a call back (not a 429's pause): where AIMD decides, room to grow."""
+        now = time.monotonic()
+        if not self.axes or now - self._pressed_at < PRESSED_EVERY:
+            return
+        self._pressed_at = now
+        for axis in self.axes:
+            self._op(axis, "grow", 0, GROW_START, GROW)
+
