@@ -48,6 +48,12 @@ KEY_ENV = "BENCH_CAPACITY_API_KEY"
 os.environ[KEY_ENV] = "bench"
 
 
+# a judge request of a usual size: ~1,200 characters of instructions and material (~300 tokens)
+JUDGE_TEXT = ("You are grading an answer for fluency on a scale of 1 to 5. Read the question, the context and "
+              "the answer, then give a score and a one-sentence reason. " + "The context says that the "
+              "report was filed on time, that the budget was approved and that the team grew by two. " * 9)
+
+
 def judge_of(url: str, region: str, model: str = "m", max_tokens: int = 100, **deployment) -> JudgeConfig:
     return JudgeConfig.model_validate({
         "provider": "openai", "model": model, "api_key_env": KEY_ENV, "max_tokens": max_tokens, "output": "text",
@@ -70,9 +76,10 @@ def drive(r, judge: JudgeConfig, threads: int, seconds: float, text: str = "") -
             t0 = time.monotonic()
             try:
                 client.complete([{"role": "user", "content": f"{words} ({tag} {k} {i})"}])
-                with lock:
-                    out["ok"] += 1
-                    out["latencies"].append(time.monotonic() - t0)
+                if time.monotonic() <= end:  # a call that waited past the end is not the run's
+                    with lock:
+                        out["ok"] += 1
+                        out["latencies"].append(time.monotonic() - t0)
             except Deferred as exc:
                 time.sleep(min(exc.wait, 1.0))
             except JudgeError:
@@ -110,14 +117,20 @@ def hosted(r, args) -> None:
         start = time.monotonic()
         halved_at = start + (minutes + 1) * window
 
-        def halve() -> None:
+        snapshots: dict[str, dict] = {}
+
+        def halve() -> None:  # the steady windows' counters, then the limit halved
+            time.sleep(max(0.0, start + window - time.monotonic()))
+            snapshots["from"] = sim.stats()
             time.sleep(max(0.0, halved_at - time.monotonic()))
+            snapshots["to"] = sim.stats()
             sim.set_limits(tpm=tpm // 2)
             print(f"  limit halved to {tpm // 2:,} at {halved_at - start:.0f} s", flush=True)
 
         threading.Thread(target=halve, daemon=True).start()
         results = {}
-        drivers = [threading.Thread(target=lambda n=n, j=j: results.__setitem__(n, drive(r, j, args.threads, total)))
+        drivers = [threading.Thread(target=lambda n=n, j=j: results.__setitem__(n, drive(r, j, args.threads, total,
+                                                                                         JUDGE_TEXT)))
                    for n, j in (("told", told), ("learned", learned))]
         for t in drivers:
             t.start()
@@ -129,11 +142,12 @@ def hosted(r, args) -> None:
         for name in ("told", "learned"):
             calls = sim.calls(name)
             used = sum(c for t, c, _ in calls if start + window <= t < start + (minutes + 1) * window)
-            stats = sim.stats(name)
-            print(f"  {name:8} used {used / (tpm * minutes):6.1%} of the limit in the steady windows; "
-                  f"429s {stats['rate_limited']} of {stats['requests']} calls "
-                  f"({stats['rate_limited'] / max(1, stats['requests']):.2%}); ok {results[name]['ok']}, "
-                  f"errors {results[name]['errors']}")
+            a, b = snapshots["from"][name], snapshots["to"][name]
+            limited, requests = b["rate_limited"] - a["rate_limited"], b["requests"] - a["requests"]
+            after = sim.stats(name)["rate_limited"] - b["rate_limited"]
+            print(f"  {name:8} used {used / (tpm * minutes):6.1%} of the limit in the steady windows, "
+                  f"429s there {limited} of {requests} calls ({limited / max(1, requests):.2%}); "
+                  f"429s after the halving {after}; ok {results[name]['ok']}, errors {results[name]['errors']}")
         first = next((t for t, v in seen if abs(v - tpm) <= 0.1 * tpm), None)
         follow = next((t for t, v in seen if t >= halved_at and abs(v - tpm / 2) <= 0.1 * tpm / 2), None)
         steady = [v for t, v in seen if start + window <= t < halved_at]
@@ -145,18 +159,28 @@ def hosted(r, args) -> None:
               else "  halved: not followed within the run")
 
 
+def fresh(r, judge: JudgeConfig) -> None:
+    """Forget what an earlier point learned: every point of a sweep is one endpoint, one deployment id
+    (a deployment's quota is its endpoint's, whatever its region is called)."""
+    dep = deployment_id(judge, judge.deployments[0])
+    r.delete(*(keys.budget(dep, part) for part in ("adapt", "adapt:lat", "conc", "limits")))
+
+
 def sweep(r, url: str, region: str, levels: list[int], seconds: float, model: str, max_tokens: int,
           threads: int) -> None:
-    """Fixed concurrencies, then adaptive, against one server: calls/s and latency."""
+    """Fixed concurrencies (the gate held at k), then adaptive, against one server, each driven by
+    ``threads`` threads: calls/s and latency (a call's, its wait for a place in flight included)."""
     best = 0.0
     for k in levels:
         judge = judge_of(url, f"{region}{k}", model, max_tokens, concurrency={"start": k, "min": k, "max": k})
-        got = drive(r, judge, k, seconds)
+        fresh(r, judge)
+        got = drive(r, judge, threads, seconds)  # as many threads as adaptive has: the same client load
         rate = got["ok"] / seconds
         best = max(best, rate)
         print(f"  fixed {k:3}: {rate:7.2f} calls/s, median latency {statistics.median(got['latencies'] or [0]):.3f} s, "
               f"errors {got['errors']}", flush=True)
     judge = judge_of(url, f"{region}adaptive", model, max_tokens)
+    fresh(r, judge)
     dep = deployment_id(judge, judge.deployments[0])
     seen: list = []
     done = threading.Event()

@@ -56,7 +56,7 @@ LONGEST_FIRST = [
     "tests/integration/test_sweeper.py", "tests/integration/test_defects.py", "tests/integration/test_worker_loss.py",
     "tests/integration/test_batch_mode.py", "tests/integration/test_tenant_attacks.py", "fmeval reference",
     "tests/integration/test_otel_export.py", "tests/integration/test_score_sinks.py",
-    "tests/integration/test_tenant_share.py",
+    "tests/integration/test_tenant_share.py", "tests/integration/test_capacity.py",
     "tests/integration/test_fmeval_stereotyping.py", "tests/faults/test_chaos.py", "tests/integration/test_metrics.py",
     "tests/integration/test_node_client.py", "tests/integration/test_budget.py", "tests/integration/test_cli.py",
     "tests/integration/test_judges.py", "tests/integration/test_catalogue.py", "tests/integration/test_flower.py",

@@ -35,7 +35,8 @@ nothing. A request whose cost exceeds ``tpm`` on its own can never be admitted: 
 with ``x-should-retry: false``. Successful replies carry
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers as OpenAI sends them
 (``rate_headers="openai"``, the default), only ``x-ratelimit-remaining-*`` as Azure OpenAI
-does (``"azure"``), or none (``"none"``). ``set_limits(region, tpm=, rpm=)`` (over HTTP:
+does (``"azure"``), or none (``"none"``); a 429 says the limits and that none of the refused kind
+remains, in the same form. ``set_limits(region, tpm=, rpm=)`` (over HTTP:
 ``POST /limits?tpm=N&rpm=N`` on the region's port) changes a region's limits while it runs.
 
 Token counting (deterministic; no tiktoken)

@@ -321,7 +321,8 @@ class Handler(BaseHTTPRequestHandler):
             state.add(rate_limited=1)
             region = state.region
             headers = {"Retry-After": str(max(1, math.ceil(adm.wait))),
-                       "retry-after-ms": str(max(1, math.ceil(adm.wait * 1000)))}
+                       "retry-after-ms": str(max(1, math.ceil(adm.wait * 1000))),
+                       **refused_headers(sim.rate_headers, state, adm.kind)}
             if adm.too_large:
                 headers["x-should-retry"] = "false"
                 msg = (f"Request too large for region {region.name}: limit {region.tpm} tokens per "
@@ -399,6 +400,20 @@ def limit_headers(form: str, state, adm) -> dict[str, str]:
         if form == "openai":
             headers[f"x-ratelimit-limit-{kind}"] = str(limit)
             headers[f"x-ratelimit-reset-{kind}"] = reset
+    return headers
+
+
+def refused_headers(form: str, state, kind: str) -> dict[str, str]:
+    """What a 429 says of the limits, as OpenAI's do: the limits, and none of the refused kind left
+    (Azure's form: only that none is left)."""
+    if form == "none":
+        return {}
+    region = state.region
+    headers = {f"x-ratelimit-remaining-{kind}": "0"}
+    if form == "openai":
+        for name, limit in (("requests", region.rpm), ("tokens", region.tpm)):
+            if limit:
+                headers[f"x-ratelimit-limit-{name}"] = str(limit)
     return headers
 
 

@@ -155,9 +155,11 @@ def sink_none(job_id: str, metric_key: str, name: str) -> str:
 
 
 def sink_pending(job_id: str, metric_key: str, name: str) -> str:
-    """The positions a sink that keeps every write (MLflow's assessments) was sent, marked before the
-    request: one of these not yet in ``exported`` may have been taken, so it is looked up first."""
-    return f"{job_prefix(job_id)}:sink:{name}:pending:{metric_key}"
+    """HASH position -> claim: the positions a sink that keeps every write (MLflow's assessments) is
+    or was being sent by some process, claimed before the request (``<server time it lapses>:<who>``,
+    ``0`` once given back): a live claim is another process's to finish; a lapsed or given-back one
+    not yet in ``exported`` may have been taken, so it is looked up first."""
+    return f"{job_prefix(job_id)}:sink:{name}:claims:{metric_key}"
 
 
 def summary(job_id: str) -> str:

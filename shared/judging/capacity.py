@@ -39,7 +39,10 @@ MAX_CONCURRENCY = 4_096
 class Concurrency(Strict):
     """The bounds of an adaptive deployment's cluster-wide concurrency limit."""
 
-    start: int = Field(default=4, ge=1, le=MAX_CONCURRENCY, description="calls in flight to begin with")
+    # 1: the first rounds then measure the server unloaded, the least latency every later round is
+    # held to (begun at 4 on a server of 2 slots, that least was twice the truth, and the limit
+    # settled at 5x the knee's latency); slow start doubles it each round from there
+    start: int = Field(default=1, ge=1, le=MAX_CONCURRENCY, description="calls in flight to begin with")
     min: int = Field(default=1, ge=1, le=MAX_CONCURRENCY, description="the least it is cut to")
     max: int = Field(default=64, ge=1, le=MAX_CONCURRENCY, description="the most it grows to (the operator's "
                      "ceiling in a catalogue)")

@@ -183,8 +183,8 @@ def test_a_self_hosted_server_without_a_quota_runs_at_a_limit_two_workers_learn(
     example = json.loads((ROOT / "examples" / "rag_qa.json").read_text())
     judge = {**example["judges"]["sim"], "model": "smollm2", "max_tokens": 24, "timeout": 300, "max_retries": 0,
              "deployments": [{"region": "selfhosted", "base_url": llama_server["url"],
-                              "concurrency": {"start": 1, "max": 6}}]}
-    instances = [{**inst, "id": f"{inst['id']}-{k}"} for k in range(2) for inst in example["instances"]]
+                              "concurrency": {"start": 1, "max": 4}}]}
+    instances = example["instances"][:4]  # one call at a time on this server: a few items say it
     path = tmp_path / "adaptive_llama.json"
     path.write_text(json.dumps({"instances": instances, "judges": {"local": judge}, "judging": {"cache": False},
                                 "metrics": [{"id": "coherence", "parameters": {"judge": "local"}}]}))
@@ -209,6 +209,6 @@ def test_a_self_hosted_server_without_a_quota_runs_at_a_limit_two_workers_learn(
     judge_block = results["coherence"]["judge"]
     assert judge_block["failed_calls"] == 0 and judge_block["rate_limited"] == 0, judge_block
     limits = judge_block["limits"]["selfhosted"]
-    assert limits and all(1 <= row["concurrency"] <= 6 for row in limits), limits
+    assert limits and all(1 <= row["concurrency"] <= 4 for row in limits), limits
     for name in names:  # both took part: the limit was the two workers' together
         assert "succeeded" in (logs / f"{name}.log").read_text(), name

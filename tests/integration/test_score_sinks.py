@@ -135,15 +135,17 @@ def night(backends, tmp_path_factory):
     tp.shutdown()
     lines = path.read_text().splitlines()
     assert len(lines) == N  # one request per span (SimpleSpanProcessor)
-    experiment = httpx.post(backends["mlflow"] + "/api/2.0/mlflow/experiments/create",
+    # (the app's exporter waits as long as a loaded machine's backends take: httpx's 5 s timed out once)
+    experiment = httpx.post(backends["mlflow"] + "/api/2.0/mlflow/experiments/create", timeout=120,
                             json={"name": f"shop-{uuid.uuid4().hex[:6]}"}).json()["experiment_id"]
     for i, line in enumerate(lines):
         body = as_protobuf(line)
         headers = {"Content-Type": "application/x-protobuf"}
-        assert httpx.post(backends["mlflow"] + "/v1/traces", content=body,
+        assert httpx.post(backends["mlflow"] + "/v1/traces", content=body, timeout=120,
                           headers={**headers, "x-mlflow-experiment-id": experiment}).status_code == 200
         if i < N - HELD_BACK:
-            assert httpx.post(backends["phoenix"] + "/v1/traces", content=body, headers=headers).status_code == 200
+            assert httpx.post(backends["phoenix"] + "/v1/traces", content=body, headers=headers,
+                              timeout=120).status_code == 200
     in_phoenix = {s for _, s in spans[:N - HELD_BACK]}
     deadline = time.monotonic() + 60  # Phoenix inserts what it receives a moment later
     while time.monotonic() < deadline:
@@ -386,7 +388,7 @@ def test_an_assessment_sent_by_a_process_that_died_before_marking_it_is_not_sent
     kind = REGISTRY.get("slow_len").aggregation
 
     # what the dead process did: marked item 0 pending, sent it, and never marked it as taken
-    r.sadd(keys.sink_pending(job_id, key, "ml"), "0")
+    r.hset(keys.sink_pending(job_id, key, "ml"), "0", "0")  # claimed before, and no longer held
     sink.send(job_id, key, entry, [(0, ev) for ev in evaluations(job_id, key, "slow_len", kind, {}, 0, items[0][1],
                                                                  items[0][1]["otel"])])
     assert export_items(r, sink, job_id, spec, key, entry, kind, items) == 2  # items 1 and 2 only
@@ -394,6 +396,46 @@ def test_an_assessment_sent_by_a_process_that_died_before_marking_it_is_not_sent
     got = mlflow_assessments(backends["mlflow"], job_id, [t for t, _ in spans[:3]])
     assert sorted((a["span_id"], a["value"]) for a in got) == sorted((s, float(i + 1)) for i, (_, s) in
                                                                      enumerate(spans[:3]))
+
+
+def test_two_processes_sending_the_same_items_at_once_write_each_assessment_once(night, backends, cluster):
+    """A chunk run twice at once (its message delivered again while the first run still sends, as a
+    loaded machine showed): the positions one process claimed are left to it, never sent twice; a
+    claim given back is looked up first, then sent."""
+    _, spans = night
+    url, _ = cluster
+    r = redis.Redis.from_url(url)
+    spec = {"sinks": ["ml"], "ttl": 600}
+    job_id, key = f"twice-{uuid.uuid4().hex[:6]}", "slow_len@0"
+    entry = {"id": "slow_len", "parameters": {"seconds": 0}}
+    items = [(i, {"instance_id": s, "result": float(i + 1), "otel": {"trace_id": t, "span_id": s}})
+             for i, (t, s) in enumerate(spans[:6])]
+    sink = named_sink(spec, "ml")
+    kind = REGISTRY.get("slow_len").aggregation
+    claims = keys.sink_pending(job_id, key, "ml")
+
+    r.hset(claims, "0", f"{time.time() + 300}:another")  # another process is sending item 0 now
+    assert export_items(r, sink, job_id, spec, key, entry, kind, items[:3]) == 2
+    assert not r.sismember(keys.exported(job_id, key, "ml"), "0")  # left to the process that holds it
+    r.hset(claims, "0", "0")  # it gave item 0 back unsent: looked up, then sent
+    assert export_items(r, sink, job_id, spec, key, entry, kind, items[:3]) == 1
+
+    sent = []
+    start = threading.Barrier(4)
+
+    def send():
+        start.wait()
+        sent.append(export_items(r, sink, job_id, spec, key, entry, kind, items[3:]))
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(sent) == [0, 0, 0, 3]  # one claimed the three; the others left them to it
+    got = mlflow_assessments(backends["mlflow"], job_id, [t for t, _ in spans[:6]])
+    assert sorted((a["span_id"], a["value"]) for a in got) == sorted((s, float(i + 1)) for i, (_, s) in
+                                                                     enumerate(spans[:6]))
 
 
 def test_a_backend_that_refuses_for_a_while_gets_everything_once_in_the_end(night, backends, gates, cluster, sim,

@@ -11,29 +11,17 @@ import pytest
 
 from evalq.cli.capacity import learning
 from evalq.shared.core import bounds
-from evalq.shared.core.errors import JobError
 from evalq.shared.job.schema import parse_job
 from evalq.shared.judging.capacity import DEFAULT_TPM_FLOOR, describe, duration, rate_headers
 from evalq.shared.judging.deployments import CATALOGUE_ENV, INLINE_ENV, govern
 from evalq.shared.judging.judges import Deployment, JudgeConfig
+from tests.unit.test_deployments import job, problems
 
 URL = "http://127.0.0.1:9/v1"
 
 
 def deployment(**fields) -> Deployment:
     return Deployment.model_validate({"region": "lab", "base_url": URL, **fields})
-
-
-def job(*deployments) -> dict:
-    judge = {"provider": "openai", "model": "m", "api_key_env": "TEST_UNIT_API_KEY", "deployments": list(deployments)}
-    return {"instances": [{"id": "1", "input": "q", "actual-output": "a", "context": "c"}], "judges": {"j": judge},
-            "metrics": [{"id": "coherence", "parameters": {"judge": "j"}}]}
-
-
-def problems(raw: dict) -> list[str]:
-    with pytest.raises(JobError) as exc:
-        parse_job(raw)
-    return exc.value.problems
 
 
 def test_auto_starts_at_its_floor_and_is_held_by_its_ceiling():
@@ -76,7 +64,7 @@ def test_what_plan_says_of_learning_deployments():
     found = learning(ds)
     assert [f["region"] for f in found] == ["lab", "self"]
     assert "TPM learned from 30,000 up to 90,000" in found[0]["how"] and "RPM 60" in found[0]["how"]
-    assert "adaptive concurrency from 4 (1-64)" in describe(ds[1])
+    assert "adaptive concurrency from 1 (1-64)" in describe(ds[1])
 
 
 def test_openai_headers_say_limits_remaining_counts_and_resets():
@@ -130,3 +118,18 @@ def test_a_job_may_lower_a_learned_limit_below_its_ceiling_and_never_raise_it(ca
     assert any("more than the 400000" in p for p in found), found
     found = problems(job({"use": "gpt", "rpm": "auto"}))
     assert any("a whole number > 0" in p for p in found), found
+
+
+def test_plan_says_which_deployments_learn_and_from_where(monkeypatch):
+    from evalq.cli.capacity import plan_job, render
+
+    monkeypatch.setenv("TEST_UNIT_API_KEY", "k")
+    raw = job({"region": "gpt", "base_url": URL, "tpm": "auto", "tpm_floor": 60_000, "rpm": 600},
+              {"region": "vllm", "base_url": "http://127.0.0.1:8/v1"})
+    lines = render(plan_job(parse_job(raw), window_s=3600))
+    said = [line for line in lines if "learns its capacity" in line]
+    assert len(said) == 2, lines
+    assert "gpt learns its capacity while it runs: TPM learned from 60,000" in said[0]
+    assert "vllm learns its capacity while it runs: adaptive concurrency from 1 (1-64)" in said[1]
+    fixed = render(plan_job(parse_job(job({"region": "lab", "base_url": URL, "tpm": 1000, "rpm": 10})), 3600))
+    assert not [line for line in fixed if "learns" in line]

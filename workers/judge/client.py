@@ -293,7 +293,10 @@ class JudgeClient:
                 self._failed(deployment, budget)
             raise
         if budget.learner is not None:
-            _bookkeeping(budget.learner.observe, headers)
+            usage = getattr(response, "usage", None)
+            prompt = getattr(usage, "prompt_tokens", None) if usage is not None else None
+            share = (prompt + self.judge.max_tokens) / reservation.tokens if prompt and reservation.tokens else None
+            _bookkeeping(budget.learner.observe, headers, False, share)
         return response
 
     def _admit(self, estimate: int, bound: int) -> tuple[Deployment, Budget, Reservation, Hold | None, Lease | None]:

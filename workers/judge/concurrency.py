@@ -17,7 +17,10 @@ the least seen):
   peak, latency bounded, and the knee found again when the server changes;
 - a 429, a 503, a timeout or a refused connection cuts to 0.8x at once (once per epoch);
 - a round within tolerance in which the limit was reached (so it was what held calls back)
-  grows it: doubled while no cut has come yet (slow start), then +10% (at least 1);
+  grows it: doubled while no cut has come yet (slow start); after a cut, +10% (at least 1) once 4
+  such rounds in a row have passed, and after a growth that was cut again at once (a probe past the
+  knee that failed) twice as many (8, 16, ... up to 64): on llama-cpp-python's server, which is 4x
+  slower at 2 calls in flight than at 1, probing every round spent most of the time at 2;
 - never outside ``min``..``max``; a tenant with ``max_share`` gets that share of it (at least 1).
   At ``min``, a server that is slower on every call (longer answers) sets a new least latency,
   rather than holding the limit down for good.
@@ -28,7 +31,9 @@ for long). Keys (``D``: the deployment id):
     evalq:budget:{D}:conc            ZSET  lease -> server time it lapses
     evalq:budget:{D}:tenant-<t>:conc ZSET  the same, for a tenant with a share
     evalq:budget:{D}:adapt           HASH  limit, epoch, phase, rtt_min, n (the round's calls),
-                                           peak (most in flight in the round)
+                                           peak (most in flight in the round), last (the last
+                                           change's reason), probes, hold, held (clean rounds
+                                           before the next growth, and since the last change)
     evalq:budget:{D}:adapt:lat       LIST  the round's latencies
 """
 
@@ -93,17 +98,20 @@ local function change(new, reason)
   redis.call('HSET', adapt, 'n', 0, 'peak', redis.call('ZCARD', conc))
   if new == limit then return {limit, 0} end
   redis.call('HINCRBY', adapt, 'epoch', 1)
-  redis.call('HSET', adapt, 'limit', new)
+  redis.call('HSET', adapt, 'limit', new, 'last', reason)
   redis.call('RPUSH', hist, cjson.encode({t = now, concurrency = new, reason = reason}))
   redis.call('LTRIM', hist, -tonumber(ARGV[8]), -1)
   redis.call('EXPIRE', hist, 2592000)
   return {new, 1}
 end
-local function cut() return math.min(limit - 1, math.floor(limit * 0.8)) end
-if outcome == 'overload' then
-  redis.call('HSET', adapt, 'phase', 'avoid')
-  return change(cut(), 'refused')
+local function cut(reason)
+  -- a cut right after a growth is a probe that failed: the next one waits twice as many clean rounds
+  local probes = 0
+  if redis.call('HGET', adapt, 'last') == 'grow' then probes = tonumber(redis.call('HGET', adapt, 'probes') or '0') + 1 end
+  redis.call('HSET', adapt, 'phase', 'avoid', 'probes', probes, 'hold', math.min(64, 4 * 2 ^ probes), 'held', 0)
+  return change(math.min(limit - 1, math.floor(limit * 0.8)), reason)
 end
+if outcome == 'overload' then return cut('refused') end
 redis.call('RPUSH', lat, ARGV[3])
 redis.call('EXPIRE', lat, 2592000)
 local n = redis.call('HINCRBY', adapt, 'n', 1)
@@ -123,11 +131,17 @@ if median > tolerance * least then
     redis.call('HSET', adapt, 'rtt_min', tostring(median))
     return change(limit, 'latency')
   end
-  redis.call('HSET', adapt, 'phase', 'avoid')
-  return change(cut(), 'latency')
+  return cut('latency')
 end
 if tonumber(redis.call('HGET', adapt, 'peak') or '0') >= limit then
+  if redis.call('HGET', adapt, 'last') == 'grow' then  -- the last probe held at its limit: the next comes sooner
+    redis.call('HSET', adapt, 'last', 'held', 'probes', 0, 'hold', 4)
+  end
   if redis.call('HGET', adapt, 'phase') == 'start' then return change(limit * 2, 'grow') end
+  if redis.call('HINCRBY', adapt, 'held', 1) < tonumber(redis.call('HGET', adapt, 'hold') or '4') then
+    return change(limit, 'steady')
+  end
+  redis.call('HSET', adapt, 'held', 0)
   return change(limit + math.max(1, math.floor(limit * 0.1)), 'grow')
 end
 return change(limit, 'steady')

@@ -8,8 +8,8 @@ Per limit (tokens, requests), what decides it, first that applies:
    smoothed: ``used`` is what the cluster holds in its window now);
 2. it states only what remains (Azure OpenAI): ``used + remaining``, smoothed;
 3. nothing is stated: AIMD. While the budget is what holds calls back and no 429 has come for a
-   quarter of the window, the limit grows (x1.5 each sixth of a window until the first 429, then
-   +5%); a 429 cuts it to 0.8x, at most once a quarter window (one 429 episode is one cut; the
+   whole window, the limit grows (x1.5 each sixth of a window until the first 429, then +5%); a 429
+   cuts it to 0.8x, at most once a quarter window (one 429 episode is one cut; the
    Retry-After of a 429 pauses the deployment as ever, but never sets how long the limit stays cut).
 
 Every value is held between the floor (only for what AIMD decides: a provider's number is taken
@@ -40,8 +40,10 @@ CUT = 0.8
 GROW_START, GROW = 1.5, 1.05
 SMOOTH = 0.5          # weight of a new remaining-based estimate
 
-# KEYS: learn, limits, usage (tok or req); ARGV: axis, op, value, floor, ceiling, start, window, keep, bucket.
-# op: limit (value: the stated limit; remaining as ARGV[10] or ''), remaining, cut, grow.
+# KEYS: learn, limits, usage (tok or req); ARGV: axis, op, value, floor, ceiling, start, window, keep, bucket,
+# then two of the op's (limit: the remaining count or '', and the smoothing; remaining: '', the smoothing;
+# cut: the factor, 0; grow: the factors before and after the first cut), then a reply's counted/reserved
+# ratio or ''. op: limit (value: the stated limit), remaining, cut, grow.
 LEARN_LUA = """
 local learn, hist, usage = KEYS[1], KEYS[2], KEYS[3]
 local axis, op, value = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -51,12 +53,20 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local current = tonumber(redis.call('HGET', learn, axis) or start)
 local function field(name) return tonumber(redis.call('HGET', learn, axis .. '_' .. name) or '0') end
+-- what the provider counted of what the cluster reserved (its prompt count and max_tokens against
+-- the reservation's), smoothed: the cluster's window is in reserved tokens, the provider's remaining
+-- count in its own
+local ratio = tonumber(redis.call('HGET', learn, axis .. '_ratio') or '1')
+if ARGV[12] ~= nil and ARGV[12] ~= '' then
+  ratio = 0.8 * ratio + 0.2 * tonumber(ARGV[12])
+  redis.call('HSET', learn, axis .. '_ratio', tostring(ratio))
+end
 local function used()
   local flat, sum = redis.call('HGETALL', usage), 0
   for i = 1, #flat, 2 do
     if (tonumber(flat[i]) + 1) * bucket + window > now then sum = sum + tonumber(flat[i + 1]) end
   end
-  return sum
+  return sum * ratio
 end
 local new, how = nil, nil
 if op == 'limit' or op == 'remaining' then
@@ -80,11 +90,14 @@ if op == 'limit' or op == 'remaining' then
 elseif now - field('said') < window then
   return {tostring(current), 0}  -- a header spoke within the window: AIMD keeps out of it
 elseif op == 'cut' then
+  redis.call('HSET', learn, axis .. '_429', tostring(now))  -- every 429, also those within one episode
   if now - field('cut') < window / 4 then return {tostring(current), 0} end
   new, how = math.max(floor, math.floor(current * tonumber(ARGV[10]))), 'aimd'
   redis.call('HSET', learn, axis .. '_cut', tostring(now), axis .. '_phase', 'avoid')
 elseif op == 'grow' then
-  if now - field('grow') < window / 6 or now - field('cut') < window / 4 then return {tostring(current), 0} end
+  -- no growth within a window of any 429: a refused call is held in the cluster's window as a sent
+  -- one, so the budget looks full (and asks to grow) exactly while the provider refuses
+  if now - field('grow') < window / 6 or now - field('429') < window then return {tostring(current), 0} end
   local factor = redis.call('HGET', learn, axis .. '_phase') == 'avoid' and tonumber(ARGV[11]) or tonumber(ARGV[10])
   new, how = math.max(floor, math.ceil(current * factor)), 'aimd'
   redis.call('HSET', learn, axis .. '_grow', tostring(now))
@@ -146,20 +159,22 @@ class Learner:
         if changed:
             self._read_at = 0.0  # read it again at the next call
 
-    def observe(self, headers, rate_limited: bool = False) -> None:
+    def observe(self, headers, rate_limited: bool = False, counted: float | None = None) -> None:
         """What a reply (or a 429) said: stated limits and remaining counts taken; a 429 that
-        said nothing of a limit cuts it (AIMD)."""
+        said nothing of a limit cuts it (AIMD). ``counted``: the share of its reservation the
+        provider counted (its prompt tokens and ``max_tokens`` over what was reserved)."""
         if not self.axes:
             return
         said = rate_headers(headers or {}, self.window)
         for axis, kind in (("tpm", "tokens"), ("rpm", "requests")):
             if axis not in self.axes:
                 continue
+            sample = "" if counted is None or axis != "tpm" else f"{counted:.6f}"
             limit, remaining = said.get(f"{kind}_limit"), said.get(f"{kind}_remaining")
             if limit is not None:
-                self._op(axis, "limit", limit, "" if remaining is None else remaining, SMOOTH)
+                self._op(axis, "limit", limit, "" if remaining is None else remaining, SMOOTH, sample)
             elif remaining is not None:
-                self._op(axis, "remaining", remaining, "", SMOOTH)
+                self._op(axis, "remaining", remaining, "", SMOOTH, sample)
             elif rate_limited:
                 self._op(axis, "cut", 0, CUT, 0)
 

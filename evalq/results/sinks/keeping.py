@@ -5,9 +5,11 @@ positions a sink took are marked in Redis (``keys.exported``) only after it acce
 run again (a worker died, the message came back) sends only what was not marked; an item with nothing
 for the sink (an error, no span or trace to attach to) is marked too, and counted apart
 (``keys.sink_none``). A sink whose writes are not replaced by a second one (MLflow's assessments:
-``Sink.idempotent`` False) has the positions marked before the request too (``keys.sink_pending``):
-a position pending but not marked may have been taken by a process that died before marking it, so
-the backend is asked what it already has before it is sent again.
+``Sink.idempotent`` False) has its positions claimed before the request (``keys.sink_pending``): a
+position another process holds a live claim on is left to it (the same chunk run twice at once, a
+message delivered again while its first run still sends: the final callback waits for such claims
+to end), and one claimed before but not marked (a process died after sending, before marking) may
+have been taken, so the backend is asked what it already has before it is sent again.
 
 A request that fails is counted (``refused``, with the backend's answer) and its items left
 unmarked, and that process sends nothing to that sink for ``PAUSE`` seconds (a backend that is down
@@ -41,6 +43,36 @@ _DOWN: dict[str, float] = {}
 RETRIES = 3  # failed requests the final callback rides out before it gives the rest up
 REST_BATCH = 1000  # records the final callback reads at a time, whatever N is
 HTTP_TIMEOUT = 30.0  # seconds per request to a REST sink (Phoenix, MLflow)
+CLAIM_SECONDS = 300.0  # how long a claim on positions holds them: a batch's sends, timeouts included
+
+# KEYS: claims; ARGV: seconds, ttl, who, positions. Returns {fresh, maybe (claimed before), busy}.
+CLAIM_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local mine = tostring(now + tonumber(ARGV[1])) .. ':' .. ARGV[3]
+local fresh, maybe, busy = {}, {}, {}
+for i = 4, #ARGV do
+  local p = ARGV[i]
+  local v = redis.call('HGET', KEYS[1], p)
+  local lapses = v and tonumber(string.match(v, '^[^:]+')) or nil
+  if lapses and lapses > now then
+    busy[#busy + 1] = p
+  else
+    if v then maybe[#maybe + 1] = p else fresh[#fresh + 1] = p end
+    redis.call('HSET', KEYS[1], p, mine)
+  end
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+return {fresh, maybe, busy}
+"""
+# KEYS: claims; ARGV: who, positions: given back where this process still holds them.
+UNCLAIM_LUA = """
+for i = 2, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  if v and string.match(v, ':(.*)$') == ARGV[1] then redis.call('HSET', KEYS[1], ARGV[i], '0') end
+end
+return 1
+"""
 
 
 class Refused(Exception):
@@ -150,15 +182,20 @@ def export_items(r: redis.Redis, sink: Sink, job_id: str, spec: dict, entry_key:
         having = {p for p, _ in events}
         nothing = [p for p, _ in part if p not in having]
         refused: dict[int, str] = {}
+        busy: set[int] = set()
+        claim = None
         if events:
             try:
                 if not sink.idempotent:
-                    events = _unsent(r, sink, job_id, spec, entry_key, events)
+                    claim = _Claim(r, job_id, spec, entry_key, sink)
+                    events, busy = claim.take(events)
                 refused = sink.send(job_id, entry_key, entry, events) if events else {}
             except Exception as exc:  # the sink's own failure: what it did not take stays unmarked
                 no = exc if isinstance(exc, Refused) else Refused(f"{type(exc).__name__}: {exc}")
                 taken = sorted(no.taken)
                 _mark(r, job_id, spec, sink, entry_key, taken, [])
+                if claim is not None:  # what it took is marked; the rest may be claimed (looked up) at once
+                    claim.give_back(having - busy)
                 n_left = sum(1 for p, _ in events if p not in no.taken)
                 log.warning("job %s %s: %s did not take %d evaluations (%s); %s", job_id, entry_key, sink.name,
                             n_left, no.answer, "it takes none: not asked again for the job" if no.cannot
@@ -166,8 +203,10 @@ def export_items(r: redis.Redis, sink: Sink, job_id: str, spec: dict, entry_key:
                 _DOWN[sink.name] = time.monotonic() + PAUSE
                 _refused(r, job_id, spec, sink, entry_key, n_left, no.answer, no.cannot)
                 return sent + sum(1 for p, _ in events if p in no.taken)
-        took = sorted(having - set(refused))
+        took = sorted(having - set(refused) - busy)  # a position another process holds is its to mark
         _mark(r, job_id, spec, sink, entry_key, took, nothing)
+        if claim is not None:  # marked, or refused: nothing of this process's is in flight any more
+            claim.give_back(having - busy)
         n_took = sum(1 for p, _ in events if p not in refused)
         sent += n_took
         telemetry.scores_exported(sink.name, "sent", n_took)
@@ -179,21 +218,46 @@ def export_items(r: redis.Redis, sink: Sink, job_id: str, spec: dict, entry_key:
     return sent
 
 
-def _unsent(r: redis.Redis, sink: Sink, job_id: str, spec: dict, entry_key: str,
-            events: list[tuple[int, Evaluation]]) -> list[tuple[int, Evaluation]]:
-    """For a sink that keeps every write: mark the positions pending before they are sent, and
-    leave out what a process that died after sending (before marking) already wrote."""
-    pending = keys.sink_pending(job_id, entry_key, sink.name)
-    positions = sorted({p for p, _ in events})
-    maybe = {p for p, was in zip(positions, r.smismember(pending, [str(p) for p in positions])) if was}
-    if maybe:
-        have = sink.already(job_id, [(p, ev) for p, ev in events if p in maybe])
-        events = [(p, ev) for p, ev in events if ev.event_id not in have]
-    pipe = r.pipeline(transaction=False)
-    pipe.sadd(pending, *(str(p) for p in positions))
-    pipe.expire(pending, _ttl(spec))
-    pipe.execute()
-    return events
+class _Claim:
+    """This process's claim on positions of a sink that keeps every write (``keys.sink_pending``)."""
+
+    def __init__(self, r: redis.Redis, job_id: str, spec: dict, entry_key: str, sink: Sink):
+        import secrets
+
+        self.r, self.job_id, self.sink, self.ttl = r, job_id, sink, _ttl(spec)
+        self.key = keys.sink_pending(job_id, entry_key, sink.name)
+        self.who = secrets.token_hex(6)
+
+    def take(self, events: list[tuple[int, Evaluation]]) -> tuple[list[tuple[int, Evaluation]], set[int]]:
+        """The events to send now, and the positions another process is sending (left to it): of the
+        positions claimed before, those the backend already has are left out."""
+        positions = sorted({p for p, _ in events})
+        _, maybe, busy = self.r.eval(CLAIM_LUA, 1, self.key, CLAIM_SECONDS, self.ttl, self.who, *positions)
+        maybe, busy = {int(p) for p in maybe}, {int(p) for p in busy}
+        events = [(p, ev) for p, ev in events if p not in busy]
+        if maybe:
+            have = self.sink.already(self.job_id, [(p, ev) for p, ev in events if p in maybe])
+            events = [(p, ev) for p, ev in events if ev.event_id not in have]
+        return events, busy
+
+    def give_back(self, positions: set[int]) -> None:
+        """Positions this process sent and the backend did not take: claimable at once (looked up first)."""
+        if positions:
+            self.r.eval(UNCLAIM_LUA, 1, self.key, self.who, *sorted(positions))
+
+
+def _wait_for_claims(r: redis.Redis, job_id: str, entry_key: str, sink: Sink) -> None:
+    """At the job's end, for a sink that keeps every write: until no other process holds a live claim
+    on the entry's positions (a chunk's second run still sending), or ``CLAIM_SECONDS`` have passed."""
+    key = keys.sink_pending(job_id, entry_key, sink.name)
+    deadline = time.monotonic() + CLAIM_SECONDS
+    while time.monotonic() < deadline:
+        seconds, micro = r.time()
+        now = seconds + micro / 1e6
+        live = [p for p, v in r.hgetall(key).items() if v != b"0" and float(v.split(b":")[0]) > now]
+        if not live or all(r.smismember(keys.exported(job_id, entry_key, sink.name), live)):
+            return
+        time.sleep(0.2)
 
 
 def export_rest(r: redis.Redis, sink: Sink, job_id: str, spec: dict) -> dict:
@@ -209,6 +273,8 @@ def export_rest(r: redis.Redis, sink: Sink, job_id: str, spec: dict) -> dict:
     for key, entry in stage_runs(spec, METRICS_STAGE):
         if entry["id"] not in REGISTRY:
             continue
+        if not sink.idempotent:
+            _wait_for_claims(r, job_id, key, sink)
         if r.scard(keys.exported(job_id, key, sink.name)) >= stored_records.count(r, job_id, key):
             left = iter(())  # every record handled as its chunk ended (the usual night): no part read again
         else:
