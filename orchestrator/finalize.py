@@ -82,7 +82,8 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
             judge["calls_per_item"] = round(judge["calls"] / seen, 3)
             judge["tokens_per_item"] = round((judge["prompt_tokens"] + judge["completion_tokens"]) / seen, 1)
         name = (entry.get("parameters") or {}).get("judge")
-        judges = (stored_spec(r, job_id).get("judges") or {}) if isinstance(name, str) and key != GENERATE else {}
+        spec = stored_spec(r, job_id)  # (read once: the identity and the learned limits both need it)
+        judges = (spec.get("judges") or {}) if isinstance(name, str) and key != GENERATE else {}
         if name in judges:  # who judged, as the history compares runs by it
             from evalq.shared.judging.judges import judge_identity, panel_identity
 
@@ -92,7 +93,7 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
                                      else judge_identity(judges[name], said, asked, name))
             except (ValueError, KeyError) as exc:  # a spec an older evalq stored: recorded without one
                 log.warning("job %s %s: no judge identity: %s", job_id, key, exc)
-        _learned_limits(r, job_id, key, judge, name)
+        _learned_limits(r, spec, job_id, key, judge, name)
         out["judge"] = judge
     if seen < total:
         out["n_missing"] = total - seen
@@ -100,14 +101,13 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     return out
 
 
-def _learned_limits(r: redis.Redis, job_id: str, key: str, judge: dict, name) -> None:
+def _learned_limits(r: redis.Redis, spec: dict, job_id: str, key: str, judge: dict, name) -> None:
     """``judge.limits``: how the learned limits of the entry's deployments moved during the job
     (``evalq.shared.judging.capacity``; as Inspect keeps its connection limit's history)."""
     from datetime import datetime
 
     from evalq.orchestrator.limits import limits_during
 
-    spec = stored_spec(r, job_id)
     if is_model_run(key):
         configs = [spec.get("model")]
     else:

@@ -34,7 +34,7 @@ def limits_during(r, config: dict, job_id: str, since: float) -> dict[str, list[
     ``config`` as the spec stores it) since ``since``: what run.json shows under ``judge.limits``."""
     from types import SimpleNamespace
 
-    from evalq.shared.judging.deployments import inline_policy
+    from evalq.shared.judging.deployments import inline_scope
     from evalq.shared.judging.judges import Deployment, deployment_id
 
     who = SimpleNamespace(provider=config.get("provider"), model=config.get("model"))
@@ -43,8 +43,8 @@ def limits_during(r, config: dict, job_id: str, since: float) -> dict[str, list[
         d = Deployment.model_validate(raw)
         if not d.learns:
             continue
-        if d.use is None and inline_policy() == "own":
-            d = d.with_scope(f"job-{job_id}")
+        if d.use is None:
+            d = d.with_scope(inline_scope(job_id))
         rows = history(r, deployment_id(who, d), since)
         if rows:
             found[d.region] = rows

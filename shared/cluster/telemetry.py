@@ -236,14 +236,16 @@ def budget_admitted(region: str, tokens: int) -> None:
         m.admitted.labels(region).inc(tokens)
 
 
-def deployment_limits(limits: Iterable[tuple[str, int, int]]) -> None:
-    """(region, tpm, rpm) of each deployment a client was made for."""
+def deployment_limits(limits: Iterable[tuple[str, Any, Any]]) -> None:
+    """(region, tpm, rpm) of each deployment a client was made for; a limit that is not a number (an
+    ``auto`` one, whose learner sets it as it reads it, or none stated) is left as it is."""
     m = _metrics()
     if m is None:
         return
     for region, tpm, rpm in limits:
-        m.tpm.labels(region).set(tpm)
-        m.rpm.labels(region).set(rpm)
+        for gauge, value in ((m.tpm, tpm), (m.rpm, rpm)):
+            if isinstance(value, int) and not isinstance(value, bool):
+                gauge.labels(region).set(value)
 
 
 def concurrency_limit(region: str, limit: int) -> None:

@@ -232,6 +232,12 @@ def _known() -> str:
     return f" (catalogue: {', '.join(names[:20])})" if names else ""
 
 
+def inline_scope(job_id: str, policy: str | None = None) -> str | None:
+    """The scope of the budget keys of a deployment a job declares in full: the job's own under the
+    ``own`` inline policy (default: this process's), else none (the endpoint's, shared)."""
+    return f"job-{job_id}" if (policy or inline_policy()) == "own" else None
+
+
 def _lower(asked, most: int) -> int | None:
     """A job's number where it is below what the catalogue allows (its own limit), else None."""
     return asked if isinstance(asked, int) and asked < most else None
@@ -250,7 +256,7 @@ def govern(config, job_id: str):
             if policy == "deny":
                 raise ValueError(f"deployment {d.region}: declared by the job, and this worker allows none "
                                  f"({INLINE_ENV}=deny)")
-            governed.append(d.with_scope(f"job-{job_id}" if policy == "own" else None))
+            governed.append(d.with_scope(inline_scope(job_id, policy)))
             continue
         if catalogue is None or d.use not in catalogue.deployments:
             raise ValueError(f"deployment {d.use!r}: not in this worker's catalogue ({CATALOGUE_ENV})")

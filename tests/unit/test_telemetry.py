@@ -71,6 +71,8 @@ def test_a_nodes_processes_add_up_in_one_scrape():
                 os._exit(0)
             os.waitpid(pid, 0)
         telemetry.judge_counted(None, {"cache_hits": 2, "reused": 1})  # this process counts too
+        telemetry.deployment_limits([("self", "auto", None)])  # learned, or none stated: not a number
+        telemetry.concurrency_limit("self", 6)
         server = telemetry.serve()
         port = server.server_address[1]
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
@@ -93,6 +95,8 @@ def test_a_nodes_processes_add_up_in_one_scrape():
     assert samples[("evalq_judge_cache_hits_total", (("deployment", "cache"),))] == 2
     assert samples[("evalq_judge_cache_hits_total", (("deployment", "reuse"),))] == 1
     assert samples[("evalq_budget_tpm", (("deployment", "lab"),))] == 3000  # the last one set
+    assert ("evalq_budget_tpm", (("deployment", "self"),)) not in samples  # its learner sets it as it reads it
+    assert samples[("evalq_concurrency_limit", (("deployment", "self"),))] == 6
     assert samples[("evalq_scores_exported_total", (("outcome", "refused"), ("sink", "otlp")))] == 1 + 2 + 3
 
 

@@ -317,17 +317,22 @@ class JudgeClient:
                         best_wait, best = SLOT_POLL * (0.5 + random.random()), d
                     continue
                 tokens = budget.admission_tokens(estimate, self.judge.max_tokens, floor=limiter_floor(bound))
-                res, held = self._reserve(d, budget, tokens, bound)
-                if res is not None and res.admitted:
+                try:
+                    held = self.caps.take(tokens, self.judge.price_of(d), bound, self.judge.max_tokens)
+                except CostWait as exc:  # a cap has room only once the calls in flight settle
+                    if lease is not None:
+                        gate.release(lease, 0.0, "none")
+                    slots_only = False
+                    if exc.wait < best_wait:
+                        best_wait, best = exc.wait, d
+                    continue
+                res = budget.reserve(tokens)
+                if res.admitted:
                     telemetry.budget_admitted(d.region, tokens)
                     return d, budget, res, held, lease
+                self.caps.give_back(tokens, held)
                 if lease is not None:
                     gate.release(lease, 0.0, "none")
-                if res is None:  # a cost cap waits for the calls in flight
-                    slots_only = False
-                    if held < best_wait:
-                        best_wait, best = held, d
-                    continue
                 if res.impossible:
                     too_large.append(f"{d.region}: {res.refused_by or 'its TPM'}")
                     continue
@@ -350,18 +355,6 @@ class JudgeClient:
                 raise Deferred(best_wait, region=best.region,
                                reason=f"budget of judge {self.name!r} spent for {best_wait:.1f} s")
             time.sleep(best_wait)
-
-    def _reserve(self, d: Deployment, budget: Budget, tokens: int, bound: int) -> tuple[Reservation | None, Any]:
-        """(the budget's answer, the cost caps' hold); (None, seconds) where a cost cap has room only once
-        the calls in flight settle. What the caps held for a call the budget refused is given back."""
-        try:
-            held = self.caps.take(tokens, self.judge.price_of(d), bound, self.judge.max_tokens)
-        except CostWait as exc:
-            return None, exc.wait
-        res = budget.reserve(tokens)
-        if not res.admitted:
-            self.caps.give_back(tokens, held)
-        return res, held
 
     def _failed(self, deployment: Deployment, budget: Budget) -> None:
         budget.failed()

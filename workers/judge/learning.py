@@ -129,6 +129,7 @@ class Learner:
                             getattr(d, f"{axis}_start"))
                      for axis in ("tpm", "rpm") if getattr(d, axis) == AUTO}
         self.fixed = {"tpm": d.tpm_start, "rpm": d.rpm_start}
+        self.stated = {"tpm": isinstance(d.tpm, int), "rpm": isinstance(d.rpm, int)}  # (None: no limit, no gauge)
         self._lock = threading.Lock()
         self._read_at, self._values = 0.0, dict(self.fixed)
         self._pressed_at = 0.0
@@ -147,7 +148,8 @@ class Learner:
                     values[axis] = int(float(value))
             with self._lock:
                 self._read_at, self._values = now, values
-            telemetry.deployment_limits([(self.region, values["tpm"], values["rpm"])])
+            telemetry.deployment_limits([(self.region, *(values[a] if a in self.axes or self.stated[a] else None
+                                                        for a in ("tpm", "rpm")))])
         return self._values["tpm"], self._values["rpm"]
 
     def _op(self, axis: str, op: str, value: float = 0.0, *extra) -> None:
