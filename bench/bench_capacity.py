@@ -13,7 +13,13 @@ fixed concurrencies (the same gate, held at k) finds the best throughput by hand
 ``capacity: adaptive`` runs from its default start, and its throughput, learned limit and
 latency are printed beside the sweep.
 
+``--shape rating`` drives the hosted deployments with short rating calls as evalq's quality metrics
+make them (a few dozen tokens of text and evalq's JSON response schema, which judge-sim, as a
+provider's limiter, does not count): the shape whose reservations were ~1.3x what the provider
+counted until each reply settled its call in the provider's units (issue 70).
+
     .venv/bin/python bench/bench_capacity.py [--window 60] [--minutes 5] [--form openai] [--llama]
+                                             [--shape judge|rating] [--skip-self-hosted]
 """
 
 from __future__ import annotations
@@ -54,13 +60,14 @@ JUDGE_TEXT = ("You are grading an answer for fluency on a scale of 1 to 5. Read 
               "report was filed on time, that the budget was approved and that the team grew by two. " * 9)
 
 
-def judge_of(url: str, region: str, model: str = "m", max_tokens: int = 100, **deployment) -> JudgeConfig:
+def judge_of(url: str, region: str, model: str = "m", max_tokens: int = 100, output: str = "text",
+             **deployment) -> JudgeConfig:
     return JudgeConfig.model_validate({
-        "provider": "openai", "model": model, "api_key_env": KEY_ENV, "max_tokens": max_tokens, "output": "text",
+        "provider": "openai", "model": model, "api_key_env": KEY_ENV, "max_tokens": max_tokens, "output": output,
         "max_retries": 8, "timeout": 600, "deployments": [{"region": region, "base_url": url, **deployment}]})
 
 
-def drive(r, judge: JudgeConfig, threads: int, seconds: float, text: str = "") -> dict:
+def drive(r, judge: JudgeConfig, threads: int, seconds: float, text: str = "", schema: dict | None = None) -> dict:
     """``threads`` clients calling without pause for ``seconds``: ok calls, errors, latencies."""
     job, tag = "bench" + uuid.uuid4().hex[:8], uuid.uuid4().hex
     out = {"ok": 0, "errors": 0, "latencies": []}
@@ -75,7 +82,7 @@ def drive(r, judge: JudgeConfig, threads: int, seconds: float, text: str = "") -
             words = text or "Rate the fluency of this answer: it restates the question and adds a detail."
             t0 = time.monotonic()
             try:
-                client.complete([{"role": "user", "content": f"{words} ({tag} {k} {i})"}])
+                client.complete([{"role": "user", "content": f"{words} ({tag} {k} {i})"}], schema=schema)
                 if time.monotonic() <= end:  # a call that waited past the end is not the run's
                     with lock:
                         out["ok"] += 1
@@ -104,11 +111,18 @@ def watch(r, dep: str, field: str, key: str, seen: list, done: threading.Event) 
 def hosted(r, args) -> None:
     window, tpm = args.window, args.tpm
     minutes = args.minutes
+    rating = args.shape == "rating"
+    if rating:  # evalq's quality metrics' calls: a short text and the rating schema, max_tokens 50
+        from evalq.workers.metrics.quality import rating_schema
+
+        text, schema, shape = "", rating_schema(1, 5), {"output": "json_schema", "max_tokens": 50}
+    else:
+        text, schema, shape = JUDGE_TEXT, None, {}
     with JudgeSim([Region("told", tpm=tpm), Region("learned", tpm=tpm)], window_seconds=window, latency=0.05,
                   rate_headers=args.form, record_calls=True) as sim:
-        told = judge_of(sim.base_url("told"), "told", tpm=tpm, window_seconds=int(window))
+        told = judge_of(sim.base_url("told"), "told", tpm=tpm, window_seconds=int(window), **shape)
         learned = judge_of(sim.base_url("learned"), "learned", tpm="auto", tpm_floor=tpm // 10,
-                           window_seconds=int(window))
+                           window_seconds=int(window), **shape)
         dep = deployment_id(learned, learned.deployments[0])
         seen: list = []
         done = threading.Event()
@@ -130,7 +144,7 @@ def hosted(r, args) -> None:
         threading.Thread(target=halve, daemon=True).start()
         results = {}
         drivers = [threading.Thread(target=lambda n=n, j=j: results.__setitem__(n, drive(r, j, args.threads, total,
-                                                                                         JUDGE_TEXT)))
+                                                                                         text, schema)))
                    for n, j in (("told", told), ("learned", learned))]
         for t in drivers:
             t.start()
@@ -138,7 +152,7 @@ def hosted(r, args) -> None:
             t.join()
         done.set()
         print(f"hosted: judge-sim TPM {tpm:,} per {window:g} s window, headers {args.form!r}, {args.threads} threads "
-              f"per deployment, {minutes} steady windows ({window * minutes / 60:g} min)")
+              f"per deployment, {minutes} steady windows ({window * minutes / 60:g} min), {args.shape} calls")
         for name in ("told", "learned"):
             calls = sim.calls(name)
             used = sum(c for t, c, _ in calls if start + window <= t < start + (minutes + 1) * window)
@@ -243,6 +257,9 @@ def main() -> None:
     parser.add_argument("--llama", action="store_true", help="also sweep llama-cpp-python's server")
     parser.add_argument("--llama-seconds", type=float, default=60.0)
     parser.add_argument("--skip-hosted", action="store_true")
+    parser.add_argument("--skip-self-hosted", action="store_true")
+    parser.add_argument("--shape", default="judge", choices=["judge", "rating"],
+                        help="hosted calls: ~300-token judge prompts, or short rating calls with evalq's schema")
     args = parser.parse_args()
     server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="evalq-bench-capacity-")))
     server.start()
@@ -250,7 +267,8 @@ def main() -> None:
         r = redis.Redis.from_url(server.url)
         if not args.skip_hosted:
             hosted(r, args)
-        self_hosted(r, args)
+        if not args.skip_self_hosted:
+            self_hosted(r, args)
         if args.llama:
             llama(r, args)
     finally:

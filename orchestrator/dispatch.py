@@ -22,8 +22,10 @@ seconds per item, else one unit per item). A tenant (or job) that becomes active
 the least virtual time of those active, so a share nobody uses goes to the others and
 nobody banks credit while idle: one job alone gets the whole queue. A tenant's
 ``max_share`` caps its tokens per minute on a judge queue to that share of the queue's
-TPM. Descriptors are read, sent, then trimmed: a dispatcher that dies midway sends a chunk
-twice at worst (chunks are idempotent), never loses one.
+TPM. A job whose chunks wait for its own or its tenant's limit gives its slots back meanwhile
+(``evalq.orchestrator.holding``): held, it is passed by until its wait is over. Descriptors are
+read, sent, then trimmed: a dispatcher that dies midway sends a chunk twice at worst (chunks are
+idempotent), never loses one. What a chunk costs: ``evalq.orchestrator.pricing``.
 """
 
 from __future__ import annotations
@@ -36,17 +38,17 @@ from dataclasses import dataclass
 
 import redis
 
+from evalq.orchestrator import holding, pricing
 from evalq.shared.cluster import keys, leases
 from evalq.shared.cluster.scheduling import PRIORITIES, Tenants, Window
-from evalq.shared.cluster.spec import companions, entry_of, entry_queues, plan, queue_of, stored_spec
+from evalq.shared.cluster.spec import entry_queues, plan, stored_spec
 from evalq.shared.cluster.status import FINAL, Status, status_of
 
 log = logging.getLogger("evalq.dispatch")
 
 LOCK_MS = 15_000
 SLOTS_TTL = 30.0  # seconds a worker's announcement of its slots counts
-SHARE_WINDOW = 60.0  # seconds over which shares (and tenant caps) are measured
-PROMPT_ESTIMATE = 400  # tokens per judge call assumed before any was measured
+SHARE_WINDOW = pricing.SHARE_WINDOW
 PUSH_BATCH = 1000
 
 
@@ -217,8 +219,8 @@ def _fill(app, r: redis.Redis, queue: str, room: int) -> int:
     if not candidates:
         return 0
     vts = {k.decode(): float(v) for k, v in r.hgetall(keys.sched(queue, "vt")).items()}
-    used = _recent(r, queue) if tenants.max_share else {}
-    tpm = _queue_tpm(r, queue, candidates) if tenants.max_share else 0
+    used = pricing.recent_use(r, queue) if tenants.max_share else {}
+    tpm = pricing.queue_tpm(r, queue, [c.job_id for c in candidates]) if tenants.max_share else 0
     # newcomers start level with the least virtual time of those active: no credit for idle time
     floor_t = min((vts[c.tenant] for c in candidates if c.tenant in vts), default=0.0)
     for c in candidates:
@@ -243,7 +245,7 @@ def _fill(app, r: redis.Redis, queue: str, room: int) -> int:
         for tenant in open_tenants:
             job = min((c for c in ready if c.tenant == tenant), key=lambda c: (vts[f"job:{c.job_id}"], c.job_id))
             desc = job.pending[job.taken]
-            cost = _cost(r, job.job_id, desc, costs)
+            cost = pricing.chunk_cost(r, job.job_id, desc, costs)
             cap = tenants.max_share.get(tenant)
             if cap is not None and tpm and used.get(tenant, 0.0) + cost > cap * tpm:
                 continue  # this tenant has had its share of the queue's tokens this minute
@@ -282,6 +284,10 @@ def _candidates(r: redis.Redis, queue: str, tenants: Tenants, room: int) -> list
     ids = sorted(j.decode() for j in r.smembers(keys.sched(queue, "jobs")))
     if not ids:
         return []
+    held = holding.held(r, queue)
+    ids = [j for j in ids if j not in held]
+    if not ids:
+        return []
     pipe = r.pipeline(transaction=False)
     for job_id in ids:
         pipe.get(keys.status(job_id))
@@ -307,68 +313,16 @@ def _candidates(r: redis.Redis, queue: str, tenants: Tenants, room: int) -> list
     return out
 
 
+def release_holds(app, r: redis.Redis) -> int:
+    """Refill every queue a hold on which has lapsed (``evalq.orchestrator.holding``); how many chunks were sent."""
+    queues = holding.due_queues(r)
+    return send_now(app, r, queues) if queues else 0
+
+
 def _leave(r: redis.Redis, queue: str, job_id: str) -> None:
     """A job with nothing more in line on the queue leaves it, and so does its virtual time."""
     r.srem(keys.sched(queue, "jobs"), job_id)
     r.hdel(keys.sched(queue, "vt"), f"job:{job_id}")
-
-
-def _cost(r: redis.Redis, job_id: str, desc: list, cache: dict[str, float]) -> float:
-    """What the chunk is expected to cost its queue: tokens for judge and generate entries,
-    seconds for the others (per item, measured from what the entry has done so far)."""
-    metric_key, start, stop = desc[0], desc[1], desc[2]
-    key = f"{job_id}|{metric_key}"
-    if key not in cache:
-        spec = stored_spec(r, job_id)
-        entry = entry_of(spec, metric_key)
-        done = int(r.get(keys.recorded_total(job_id, metric_key)) or 0)
-        if entry.get("regions"):  # judge or endpoint model: tokens
-            prompt, completion, calls = r.hmget(keys.accounting(job_id, metric_key),
-                                                "prompt_tokens", "completion_tokens", "calls")
-            if done and calls and int(calls):
-                unit = (int(prompt or 0) + int(completion or 0)) / done
-            else:
-                judge = (spec.get("judges") or {}).get((entry.get("parameters") or {}).get("judge"), {})
-                unit = float(judge.get("max_tokens") or (spec.get("model") or {}).get("max_tokens") or 256)
-                unit += PROMPT_ESTIMATE
-        else:  # cpu, gpu, a local model: seconds (one timing per chunk: a few hundred at most),
-            unit = 0.0  # of the entry and of those its chunks score with it
-            for scored in (metric_key, *companions(entry)):
-                done = int(r.get(keys.recorded_total(job_id, scored)) or 0)
-                seconds = sum(float(t) for t in r.hvals(keys.timings(job_id, scored)))
-                unit += seconds / done if done and seconds > 0 else 1.0
-        cache[key] = max(unit, 1e-6)
-    return cache[key] * (stop - start)
-
-
-def _recent(r: redis.Redis, queue: str) -> dict[str, float]:
-    """Tenant -> cost sent on the queue within the last minute."""
-    used: dict[str, float] = {}
-    for member in r.zrangebyscore(keys.sched(queue, "log"), time.time() - SHARE_WINDOW, "+inf"):
-        _, tenant, cost, _ = member.decode().split("|")
-        used[tenant] = used.get(tenant, 0.0) + float(cost)
-    return used
-
-
-def _queue_tpm(r: redis.Redis, queue: str, candidates: list[_Candidate]) -> float:
-    """The TPM of the deployment a judge (or generate) queue serves: the operator's catalogue's for
-    its region when it lists one (a job's own declaration never sets a tenant's cap), else what an
-    active job's spec declares."""
-    from evalq.shared.judging.deployments import operator_catalogue
-    from evalq.shared.cluster.spec import runs
-
-    catalogue = operator_catalogue()
-    region = queue.split(".", 1)[1] if "." in queue else queue
-    listed = [d["tpm"] for d in (catalogue.deployments.values() if catalogue else ()) if d.get("region") == region]
-    if listed:
-        return float(sum(listed))
-
-    for c in candidates:
-        for _, entry in runs(stored_spec(r, c.job_id)):
-            for region, tpm in entry.get("regions") or []:
-                if queue_of(entry, region) == queue:
-                    return float(tpm)
-    return 0.0
 
 
 def _send(app, r: redis.Redis, queue: str, picks: list) -> None:

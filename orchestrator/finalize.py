@@ -311,7 +311,7 @@ def reply(r: redis.Redis, job_id: str, spec: dict, status: str, errors: list[str
     pushed = 0
     for request, target in targets:
         if r.sadd(keys.replied(job_id), request):
-            r.rpush(target, doc)
+            push_reply(r, target, doc, spec.get("ttl"))
             pushed += 1
     r.expire(keys.replied(job_id), spec.get("ttl") or 7 * 24 * 3600)
     return pushed
@@ -353,6 +353,23 @@ def replay(r: redis.Redis, job_id: str, request_id: str | None, status: str) -> 
     summary = r.get(keys.summary(job_id))
     results = json.loads(summary) if summary and status in (Status.DONE, Status.CANCELLED) else None
     return reply(r, job_id, spec, status, errors, results, request_id)
+
+
+REPLIES_KEPT = 100  # documents a reply list keeps (a pipeline pops each as it comes)
+
+
+def push_reply(r: redis.Redis, target: str, doc: str, ttl: int | None = None) -> None:
+    """Push one end document onto a reply list, which is then bounded by what the cluster writes
+    there: its last ``REPLIES_KEPT`` documents, for ``ttl`` (the result TTL) after the last. A
+    tenant's Redis user cannot write its reply lists (``evalq.shared.cluster.tenant_acl``, Redis 7);
+    on an older Redis this still bounds what it pushed there, at the cluster's next answer."""
+    from evalq.shared.core.config import Settings
+
+    pipe = r.pipeline(transaction=False)
+    pipe.rpush(target, doc)
+    pipe.ltrim(target, -REPLIES_KEPT, -1)
+    pipe.expire(target, int(ttl or Settings.from_env().result_ttl))
+    pipe.execute()
 
 
 def reply_document(request_id: str | None, job_id: str | None, status: str, out: str | None,

@@ -24,11 +24,11 @@ from typing import Any
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.core.config import (CONTROL_QUEUE, JOBS_QUEUE, TENANT_QUEUE_PREFIX, Settings, tenant_of_queue,
-                                 tenant_queue)
+from evalq.shared.core.config import CONTROL_QUEUE, JOBS_QUEUE, TENANT_QUEUE_PREFIX, Settings, tenant_of_queue
 from evalq.shared.policy.egress import Reach
 from evalq.shared.core.errors import InfraError, JobError
 from evalq.shared.cluster.status import FINAL, Status
+from evalq.orchestrator.tenancy import tenant_policy
 
 log = logging.getLogger("evalq.jobs")
 
@@ -104,7 +104,7 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
                    **request: Any) -> dict:
     """``queue``: the one the request came on (evalq.jobs.<tenant> establishes its tenant)."""
     from evalq.orchestrator import submit
-    from evalq.orchestrator.finalize import reply_document, request_key
+    from evalq.orchestrator.finalize import reply_document  # noqa: F401  (kept: tests patch it here)
 
     from evalq.shared.cluster.scheduling import Tenants
 
@@ -162,27 +162,48 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
             spec["namespace"] = tenant  # the final callback writes only into this tenant's places
     except JobError as exc:
         errors = list(exc.problems)
-        # one transaction: a reader never sees "invalid" without its reasons
-        pipe = r.pipeline(transaction=True)
-        pipe.set(keys.error(job_id), json.dumps(errors), ex=ttl)
-        pipe.set(keys.status(job_id), Status.INVALID, ex=ttl)
-        pipe.zadd(keys.JOBS, {job_id: time.time()})
-        pipe.execute()
-        if reply_to:  # answered here, and marked so: a redelivery of this message gets nothing more
-            pipe = r.pipeline(transaction=True)
-            pipe.rpush(reply_to, json.dumps(reply_document(request_id, job_id, Status.INVALID, request.get("out"),
-                                                           errors, None)))
-            pipe.sadd(keys.replied(job_id), request_key(message_id))
-            pipe.expire(keys.replied(job_id), ttl)
-            pipe.execute()
+        _answer_ended(r, job_id, message_id, request_id, reply_to, request.get("out"), Status.INVALID, errors, ttl)
         log.warning("request %s: invalid job: %s", request_id or message_id, "; ".join(errors[:3]))
         return {"job_id": job_id, "status": Status.INVALID, "errors": errors}
     spec["message_id"] = message_id
-    submit.store_job(r, job, spec, job_id=job_id)
+    try:
+        submit.store_job(r, job, spec, job_id=job_id)
+    except InfraError as exc:
+        if isinstance(exc.__context__, redis.RedisError) or "Redis" in str(exc):
+            raise  # the broker is away: the message is redelivered (acknowledged late), and answered then
+        # the job store refused it (a full disk, an S3 endpoint away, a name it cannot hold): the request
+        # is answered, never left waiting for a job that does not exist
+        errors = [f"request: the job could not be stored: {exc}"]
+        _answer_ended(r, job_id, message_id, request_id, reply_to, request.get("out"), Status.FAILED, errors, ttl)
+        log.warning("request %s: not stored: %s", request_id or message_id, exc)
+        return {"job_id": job_id, "status": Status.FAILED, "errors": errors}
     submit.start(r, broker_url, job_id, spec)
     log.info("job %s: submitted (%d instances, %d metric entries)", job_id, spec["n_instances"],
              len(spec["metrics"]))
     return {"job_id": job_id, "status": Status.RUNNING}
+
+
+def _answer_ended(r: redis.Redis, job_id: str, message_id: str, request_id, reply_to: str | None, out,
+                  status: str, errors: list[str], ttl: int) -> None:
+    """A request that ended before its job started (``invalid``, or ``failed`` to be stored): its
+    status and reasons, and its answer on ``reply_to``, marked so that a redelivery of the message
+    gets nothing more."""
+    from evalq.orchestrator.finalize import REPLIES_KEPT, reply_document, request_key
+
+    # one transaction: a reader never sees the status without its reasons
+    pipe = r.pipeline(transaction=True)
+    pipe.set(keys.error(job_id), json.dumps(errors), ex=ttl)
+    pipe.set(keys.status(job_id), status, ex=ttl)
+    pipe.zadd(keys.JOBS, {job_id: time.time()})
+    pipe.execute()
+    if reply_to:  # answered and marked at once: a redelivery of this message gets nothing more
+        pipe = r.pipeline(transaction=True)
+        pipe.rpush(reply_to, json.dumps(reply_document(request_id, job_id, status, out, errors, None)))
+        pipe.ltrim(reply_to, -REPLIES_KEPT, -1)
+        pipe.expire(reply_to, ttl)
+        pipe.sadd(keys.replied(job_id), request_key(message_id))
+        pipe.expire(keys.replied(job_id), ttl)
+        pipe.execute()
 
 
 # The fields of a request that say which job it asks for: a repeat of a request_id must ask for the
@@ -203,13 +224,13 @@ def _answer_conflict(r: redis.Redis, idem: str, message_id: str, request_id, rep
     """A request whose request_id is bound to a different request (another job, suite,
     scheduling): nothing starts, and its reply_to is answered ``conflict``, once, with nothing
     of the other job (neither its id nor its results)."""
-    from evalq.orchestrator.finalize import reply_document
+    from evalq.orchestrator.finalize import push_reply, reply_document
 
     error = (f"request.request_id: {str(request_id)[:200]!r} is already bound to a different request (another "
              "job, suite or scheduling was sent with it first); nothing was started for this one: use a new "
              "request_id, or send the same request again")
     if reply_to and r.set(f"{idem}:conflict:{message_id}", 1, nx=True, ex=ttl):
-        r.rpush(reply_to, json.dumps(reply_document(request_id, None, CONFLICT, None, [error], None)))
+        push_reply(r, reply_to, json.dumps(reply_document(request_id, None, CONFLICT, None, [error], None)), ttl)
     log.warning("request %s: conflicts with the request that first used its id; not started", request_id)
     return {"job_id": None, "status": CONFLICT, "errors": [error]}
 
@@ -310,100 +331,6 @@ def parse_request(request: dict, reach: Reach | None = None):
     return job, dest
 
 
-def tenant_policy(job, identity: str | None, tenants=None) -> None:
-    """The operator's policy for the job's tenant (``tenant_scheduling``), applied to ``job``: its
-    suite must be one the tenant may write into, and its cost and token caps are at most the
-    tenant's per-job limits (a job's own caps only tighten them)."""
-    from evalq.shared.cluster.scheduling import Tenants
-
-    tenants = tenants or Tenants.from_env()
-    job.scheduling = tenant_scheduling(job.scheduling, identity, tenants)
-    tenant = job.scheduling.tenant
-    problem = tenants.suite_problem(tenant, job.suite)
-    if problem:
-        raise JobError(f"request.suite: {problem}")
-    if job.output is not None and isinstance(job.output.otel, str):
-        from evalq.shared.core.config import exporter_problem
-
-        problem = exporter_problem(job.output.otel, tenant if tenants.names else None)
-        if problem:
-            raise JobError(problem)
-    for name in job.output.sinks if job.output is not None else ():
-        from evalq.shared.core.config import exporter_problem
-
-        problem = exporter_problem(name, tenant if tenants.names else None, "output.sinks", "EVALQ_SINKS")
-        if problem:
-            raise JobError(problem)
-    if tenants.policy(tenants.job_cost, tenant) is not None or tenants.policy(tenants.daily_cost, tenant) is not None:
-        unpriced = sorted({d.use for e in _endpoints(job) for d in e.deployments
-                           if d.use is not None and d.price is None})
-        if unpriced:
-            raise JobError(f"request: tenant {tenant!r} has a cost limit (EVALQ_TENANTS), and the operator's "
-                           f"catalogue gives no price for {', '.join(map(repr, unpriced))}: its calls could not be "
-                           "counted against it (the operator prices them; a job's own price never counts)")
-    staged = tenants.policy(tenants.job_staged, tenant)
-    if staged is not None:
-        problem = staged_problem(job, tenant, staged)
-        if problem:
-            raise JobError(problem)
-    caps = {}
-    for field, limit in (("cost_cap", tenants.policy(tenants.job_cost, tenant)),
-                         ("token_cap", tenants.policy(tenants.job_tokens, tenant))):
-        own = getattr(job.judging, field)
-        if limit is not None and (own is None or own > limit):
-            caps[field] = limit
-    if caps:
-        job.judging = job.judging.model_copy(update=caps)
-
-
-def staged_problem(job, tenant: str, limit: int) -> str | None:
-    """Why the job's instances are more than ``tenant`` may store for one job (``job_staged``:
-    in the job store, or in the broker's Redis without one), or None. Found before anything is
-    stored: its instances as they would be stored, counted from the validated spool."""
-    from evalq.shared.core.limits import size
-    from evalq.shared.store.instances import staged_bytes
-
-    n = staged_bytes(job.instances)
-    if n <= limit:
-        return None
-    where = f"dataset {job.dataset.uri}" if job.dataset is not None else "request.job.instances"
-    return (f"{where}: {len(job.instances)} instances are {size(n)} stored; tenant {tenant!r} may store at most "
-            f"{size(limit)} for one job ({tenant}.job_staged in EVALQ_TENANTS): split the dataset or ask the operator")
-
-
-def _endpoints(job) -> list:
-    """The judges the job's entries use and its endpoint model: what its calls go to."""
-    found = [run.judge for run in job.metrics if getattr(run, "judge", None) is not None]
-    if hasattr(job.model, "deployments"):
-        found.append(job.model)
-    return found
-
-
-def tenant_scheduling(fields, identity: str | None, tenants=None):
-    """The job's scheduling under its tenant's policy. On a tenant's own queue (``identity``) the
-    tenant is that one: a request claiming another is invalid. On the shared evalq.jobs, once the
-    operator lists tenants (EVALQ_TENANTS), a request is the default tenant's: it may not claim a
-    listed tenant (each writes only its own queue) nor invent one (to escape its caps). A priority
-    above the tenant's ``max_priority`` is invalid."""
-    from evalq.shared.cluster.scheduling import Tenants
-
-    tenants = tenants or Tenants.from_env()
-    claimed = fields.tenant
-    if identity is not None:
-        if claimed not in (identity, "default"):
-            raise JobError(f"request.tenant: {claimed!r}: this request came on {tenant_queue(identity)}, the queue "
-                           f"of tenant {identity!r}; a tenant is the queue's, not the request's")
-        fields = fields.model_copy(update={"tenant": identity})
-    elif tenants.names and claimed != "default":
-        where = (f"tenant {claimed!r} submits on its own queue {tenant_queue(claimed)}" if claimed in tenants.names
-                 else f"{claimed!r} is not a tenant the operator lists")
-        raise JobError(f"request.tenant: {where}; a request on {JOBS_QUEUE} is the default tenant's")
-    problem = tenants.priority_problem(fields.tenant, fields.priority)
-    if problem:
-        raise JobError(f"request.priority: {problem}")
-    return fields
-
-
 def _scheduling(fields, request: dict):
     """The job's ``scheduling``, with the request's ``priority``/``tenant``/``weight`` over it."""
     from pydantic import ValidationError
@@ -419,7 +346,7 @@ def answer_refused(r: redis.Redis, refused, queue: str) -> None:
     """A message on request queue ``queue`` that is not a request (``evalq.orchestrator.intake``'s
     ``Refused``): logged, counted, and answered ``invalid`` on its ``reply_to`` where that is a list
     its tenant may be answered on (nothing else is)."""
-    from evalq.orchestrator.finalize import reply_document
+    from evalq.orchestrator.finalize import push_reply, reply_document
     from evalq.shared.cluster import telemetry
     from evalq.shared.cluster.scheduling import Tenants
 
@@ -431,4 +358,4 @@ def answer_refused(r: redis.Redis, refused, queue: str) -> None:
         return
     request_id = refused.kwargs.get("request_id")
     request_id = None if request_id_problem(request_id) else request_id
-    r.rpush(reply_to, json.dumps(reply_document(request_id, None, Status.INVALID, None, [refused.message], None)))
+    push_reply(r, reply_to, json.dumps(reply_document(request_id, None, Status.INVALID, None, [refused.message], None)))

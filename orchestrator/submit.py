@@ -239,6 +239,9 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
         place = job_place(root, job_id, tenant, spec.get("suite"))
         try:
             spec["instances"] = staged.stage(place, json_lines(job.instances, shared))
+            if staged.stage_shared(place, shared):  # what the instances share, beside them: none of it in Redis
+                spec["instances"]["shared"] = True
+                shared = {}
             spec["records"] = PARTS  # and the item records as parts beside them (evalq.shared.store.records)
         except Exception:
             place.delete()  # nothing half-staged is left behind

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import redis
@@ -232,16 +233,36 @@ class Sweeper(threading.Thread):
     def run(self) -> None:
         from evalq.shared.core.config import redis_client
 
+        from evalq.orchestrator import dispatch, holding
+        from evalq.orchestrator.app import client_app
+
         r = redis_client(self.broker_url, socket_timeout=30)
         log.info("sweeper: looking after running jobs every %.1f s", self.interval)
-        while not self.stopped.wait(self.interval):
+        next_sweep = time.monotonic() + self.interval
+        while True:
+            # between sweeps, it wakes when a job held off a queue may go again (evalq.orchestrator.holding)
             try:
+                due = holding.next_due(r)
+            except redis.RedisError:
+                due = None
+            wait = next_sweep - time.monotonic()
+            if due is not None:
+                wait = min(wait, due + 0.01)
+            if self.stopped.wait(max(0.0, wait)):
+                return
+            try:
+                dispatch.release_holds(client_app(self.broker_url), r)
+                if time.monotonic() < next_sweep:
+                    continue
+                next_sweep = time.monotonic() + self.interval
                 if r.set(keys.SWEEP_LOCK, self.owner, nx=True, px=max(1, int(self.interval * 900))):
                     for action in sweep(r, self.broker_url, self.timing):
                         log.warning("sweeper: %s", action)
             except redis.RedisError as exc:
+                next_sweep = time.monotonic() + self.interval
                 log.info("sweeper: Redis unavailable (%s); trying again in %.1f s", exc, self.interval)
             except Exception:  # noqa: BLE001 - the thread must outlive any one bad sweep
+                next_sweep = time.monotonic() + self.interval
                 log.exception("sweeper: a sweep failed")
 
     def stop(self) -> None:

@@ -21,7 +21,6 @@ from evalq.shared.cluster import keys, telemetry
 from evalq.shared.scores.aggregate import chunk_part
 from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
 from evalq.workers.judge.panel import Panel
-from evalq.shared.data.instances import with_shared
 from evalq.shared.store import instances as stored_instances, records as stored_records
 from evalq.shared.store.place import StoreUnavailable
 from evalq.shared.model.runners import GENERATE
@@ -378,7 +377,7 @@ def _instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:
     lo, hi = positions[0], positions[-1]
     raw = stored_instances.lines(ctx.r, ctx.job_id, ctx.spec, lo, hi + 1)
     picked = raw if len(raw) == len(positions) else [raw[p - lo] for p in positions]
-    return with_shared(ctx.r, ctx.job_id, decode_many(picked))
+    return stored_instances.with_shared(ctx.r, ctx.job_id, ctx.spec, decode_many(picked))
 
 
 def _with_generated(ctx: ChunkContext, positions: list[int], instances: list[dict]) -> None:

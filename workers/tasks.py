@@ -9,6 +9,7 @@ import logging
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
 
 from evalq.orchestrator.app import app, app_redis
+from evalq.orchestrator import holding
 from evalq.orchestrator.parking import park
 from evalq.orchestrator.stages import chunk_finished, slot_freed
 from evalq.shared.core.errors import Deferred
@@ -43,12 +44,19 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         with cores.scoring():
             out = chunk.run_chunk(r, job_id, metric_key, start, stop, deployment, queue=queue)
     except Deferred as exc:
+        region = exc.region or deployment
+        kind = "generate" if is_model_run(metric_key) else "judge"
+        if exc.own and queue:  # the job's or its tenant's own limit: its slot goes to the others meanwhile
+            log.info("job %s %s[%d:%d] held off for %.1f s, its slot given up: %s", job_id, metric_key, start, stop,
+                     exc.wait, exc)
+            holding.put_back(r, job_id, [metric_key, start, stop, region], f"{kind}.{region}" if region else queue,
+                             exc.wait)
+            slot_freed(self.app, r, queue)
+            return {"metric": metric_key, "start": start, "n": 0, "held": round(exc.wait, 3)}
         vt = self.app.conf.broker_transport_options.get("visibility_timeout", 3600)
         # Back a little early: the last stretch is slept in the worker, which
         # wakes on time, where a Celery countdown can run late.
         countdown = max(0.05, min(exc.wait - EARLY, MAX_COUNTDOWN, vt / 4))
-        region = exc.region or deployment
-        kind = "generate" if is_model_run(metric_key) else "judge"
         log.info("job %s %s[%d:%d] deferred %.1f s: %s", job_id, metric_key, start, stop, countdown, exc)
         # Same task id: the chunk is still the same one of its stage.
         raise self.retry(args=(job_id, metric_key, start, stop), kwargs={"deployment": region, "blips": blips},

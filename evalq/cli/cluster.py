@@ -276,15 +276,23 @@ def tenants_acl(broker: str | None, apply_: bool, show_passwords: bool) -> None:
     replies:<tenant>:*. Passwords come from EVALQ_TENANT_PASSWORD_<TENANT>. Without --apply the
     ACL file lines are printed (passwords hidden unless --show-passwords)."""
     from evalq.shared.cluster.scheduling import Tenants
-    from evalq.shared.cluster.tenant_acl import acl_line, tenant_users
+    from evalq.shared.cluster.tenant_acl import acl_line, has_selectors, tenant_users
 
-    users, missing = tenant_users(Tenants.from_env().names)
+    r, selectors = None, True
+    if apply_:
+        r = waiting.connect(need_broker(broker))
+        version = r.info("server").get("redis_version", "")
+        selectors = has_selectors(version)
+        if not selectors:
+            click.echo(f"evalq: Redis {version} has no ACL selectors (Redis 7 has): each tenant's user can also push "
+                       "onto its own reply lists, which the cluster trims and expires only when it next answers "
+                       "there; upgrade to Redis 7 to close that", err=True)
+    users, missing = tenant_users(Tenants.from_env().names, selectors=selectors)
     if missing:
         raise JobError([f"{name}: not set (the password of a tenant EVALQ_TENANTS lists)" for name in missing])
     if not users:
         raise JobError("EVALQ_TENANTS lists no tenant: nothing to do")
     if apply_:
-        r = waiting.connect(need_broker(broker))
         for tenant, rules in users.items():
             r.execute_command("ACL", "SETUSER", tenant, *rules)
             click.echo(f"tenant {tenant}: user {tenant} may write evalq.jobs.{tenant} and read replies:{tenant}:*")

@@ -23,7 +23,6 @@ from typing import Iterator
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.data.instances import with_shared
 from evalq.shared.store import instances as stored_instances, records as stored_records
 from evalq.shared.job.schema import entry_head as head
 from evalq.shared.data.loglines import log_head
@@ -76,7 +75,7 @@ def _views(r: redis.Redis, spec: dict, job_id: str, key: str) -> Iterator[dict |
 def _instances_at(r: redis.Redis, spec: dict, job_id: str, positions: list[int]) -> dict[int, dict]:
     found = {p: json.loads(raw) for p, raw in zip(positions, stored_instances.lines_at(r, job_id, spec, positions))
              if raw is not None}
-    return dict(zip(found, with_shared(r, job_id, list(found.values()))))
+    return dict(zip(found, stored_instances.with_shared(r, job_id, spec, list(found.values()))))
 
 
 def run_info(spec: dict, job_id: str, generation: dict | None, status: str = Status.DONE,

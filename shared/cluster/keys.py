@@ -294,6 +294,8 @@ def parked(job_id: str) -> str:
 #   evalq:backlog:{Q}           STRING chunks planned and not finished on Q (for autoscaling)
 
 SCHED_QUEUES = f"{PREFIX}:sched:queues"
+# queue|job -> when a job held off its queue may be sent again (``evalq.orchestrator.holding``)
+SCHED_HOLDS = f"{PREFIX}:sched:holds"
 
 
 def pending(job_id: str, queue: str) -> str:
@@ -301,7 +303,7 @@ def pending(job_id: str, queue: str) -> str:
 
 
 def sched(queue: str, part: str) -> str:
-    """``part`` of queue Q's dispatch state: jobs, out, vt, log, slots, lock."""
+    """``part`` of queue Q's dispatch state: jobs, out, vt, log, slots, lock, hold."""
     return f"{PREFIX}:sched:{{{queue}}}:{part}"
 
 

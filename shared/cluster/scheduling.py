@@ -14,7 +14,7 @@ generate) queue's tokens per minute, in one setting::
 Entries are separated by ``,`` or ``;``: ``<tenant>=<weight>`` (a number > 0) and
 ``<tenant>.max_share=<fraction>`` (0 < fraction <= 1). A tenant not listed has weight 1
 and no cap. ``evalq.orchestrator.dispatch`` applies them. The spend and size limits (``LIMITS``)
-are applied where a request is taken (``evalq.orchestrator.service.tenant_policy``).
+are applied where a request is taken (``evalq.orchestrator.tenancy.tenant_policy``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,12 @@
 """The Redis ACL user of each tenant the operator lists (EVALQ_TENANTS): it may write only its own
 request queue (kombu's priority lists and binding of it too) and read only its own reply lists
-(``replies:<tenant>:*``). ``evalq tenants acl`` prints the lines, or applies them to the broker."""
+(``replies:<tenant>:*``). ``evalq tenants acl`` prints the lines, or applies them to the broker.
+
+On Redis 7 and later the reply lists are a selector of their own, ``(~replies:<tenant>:* +blpop
++lpop +llen)``: the user may pop its answers and push nothing there (issue 70: with one flat rule
+set, the LPUSH a request needs was allowed on the reply lists too, and a tenant filled the broker's
+memory with 32 MiB in 0.4 s that never expired). Redis 6 has no selectors: there the flat rules
+stand, and the cluster bounds a reply list (trimmed, and expiring) each time it answers on it."""
 
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ import re
 # memory: what every tenant does), no CLIENT (names, lists, kills). ioredis (celery-node) asks INFO
 # for its ready check and goes on without it, saying so; `enableReadyCheck: false` quiets it.
 COMMANDS = ("+lpush", "+sadd", "+multi", "+exec", "+llen", "+blpop", "+lpop", "+ping", "+hello", "+auth")
+PUBLISH = ("+lpush", "+sadd", "+multi", "+exec", "+llen", "+ping", "+hello", "+auth")  # the root's, with a selector
+REPLIES = ("+blpop", "+lpop", "+llen")  # the reply lists' selector: popped, never pushed
 
 
 def password_env(tenant: str) -> str:
@@ -21,14 +29,25 @@ def password_env(tenant: str) -> str:
     return "EVALQ_TENANT_PASSWORD_" + re.sub(r"[^A-Za-z0-9]", "_", tenant).upper()
 
 
-def rules(tenant: str, password: str) -> list[str]:
-    """The ACL SETUSER arguments of ``tenant`` (after the user name)."""
+def rules(tenant: str, password: str, selectors: bool = True) -> list[str]:
+    """The ACL SETUSER arguments of ``tenant`` (after the user name); ``selectors``: the reply lists
+    as a selector of their own (Redis 7 and later), else the flat form Redis 6 takes."""
     queue = f"evalq.jobs.{tenant}"
-    return ["reset", "on", f">{password}", f"~{queue}", f"~{queue}\x06\x16*", f"~_kombu.binding*.{queue}",
-            f"~replies:{tenant}:*", "resetchannels", "-@all", *COMMANDS]
+    publish = ["reset", "on", f">{password}", f"~{queue}", f"~{queue}\x06\x16*", f"~_kombu.binding*.{queue}"]
+    if not selectors:
+        return [*publish, f"~replies:{tenant}:*", "resetchannels", "-@all", *COMMANDS]
+    return [*publish, "resetchannels", "-@all", *PUBLISH, f"(~replies:{tenant}:* {' '.join(REPLIES)})"]
 
 
-def tenant_users(tenants: list[str], environ=os.environ) -> tuple[dict[str, list[str]], list[str]]:
+def has_selectors(version: str) -> bool:
+    """Whether a Redis of ``version`` (its INFO's ``redis_version``) takes ACL selectors (7.0 and later)."""
+    try:
+        return int(str(version).split(".")[0]) >= 7
+    except ValueError:
+        return False
+
+
+def tenant_users(tenants: list[str], environ=os.environ, selectors: bool = True) -> tuple[dict[str, list[str]], list[str]]:
     """(tenant -> its ACL rules, the password variables that are not set) for ``tenants``
     (the default tenant has no user of its own: it is the shared evalq.jobs)."""
     users, missing = {}, []
@@ -39,7 +58,7 @@ def tenant_users(tenants: list[str], environ=os.environ) -> tuple[dict[str, list
         if not password:
             missing.append(password_env(tenant))
         else:
-            users[tenant] = rules(tenant, password)
+            users[tenant] = rules(tenant, password, selectors)
     return users, missing
 
 

@@ -34,11 +34,15 @@ class MetricError(Exception):
 class Deferred(Exception):
     """Work cannot proceed now (a judge budget is spent for a while): the task
     re-schedules itself after ``wait`` seconds, on the queue of deployment
-    ``region`` when given (the region with the shortest wait)."""
+    ``region`` when given (the region with the shortest wait). ``own``: what holds it back is
+    the job's own or its tenant's (its share of a deployment, its own lower limit, its caps), not
+    the deployment: the chunk gives its slot on the queue to other jobs while it waits
+    (``evalq.orchestrator.holding``) instead of keeping it."""
 
-    def __init__(self, wait: float, region: str | None = None, reason: str = ""):
+    def __init__(self, wait: float, region: str | None = None, reason: str = "", own: bool = False):
         self.wait = wait
         self.region = region
+        self.own = own
         super().__init__(reason or f"deferred {wait:.1f} s")
 
 

@@ -17,7 +17,6 @@ import os
 import shutil
 import tempfile
 from array import array
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
@@ -67,32 +66,6 @@ def unshare(instance: dict, values: dict[str, Any]) -> dict:
         if isinstance(value, dict) and SHARED in value:
             instance[name] = values[value[SHARED]]
     return instance
-
-
-_DECODED: "OrderedDict[str, Any]" = OrderedDict()  # digest -> decoded value (content-addressed: any job's)
-_DECODED_MAX = 64
-
-
-def with_shared(r: Any, job_id: str, instances: list[dict]) -> list[dict]:
-    """Instances read from Redis with their shared values back in place: each value is fetched
-    and decoded once per process (a worker scores chunk after chunk of the same job)."""
-    wanted = {digest for inst in instances for digest in shared_refs(inst)}
-    if not wanted:
-        return instances
-    missing = [d for d in wanted if d not in _DECODED]
-    if missing:
-        from evalq.shared.cluster import keys
-
-        for digest, text in zip(missing, r.hmget(keys.shared_values(job_id), missing)):
-            if text is None:
-                raise LookupError(f"job {job_id}: a shared instance value ({digest}) is gone from Redis")
-            _DECODED[digest] = json.loads(text)
-    values = {d: _DECODED[d] for d in wanted}
-    for d in wanted:
-        _DECODED.move_to_end(d)
-    while len(_DECODED) > _DECODED_MAX:
-        _DECODED.popitem(last=False)
-    return [unshare(inst, values) for inst in instances]
 
 
 class SpooledInstances:
@@ -223,9 +196,16 @@ class InstanceChecker:
         self.n_to_generate = 0
         self.categories: set[str] = set()
         self._hashes = array("q")
+        # the instances are a trace dataset's spans (evalq.shared.data.traces): the one source whose
+        # instances carry ``otel``, the ids of the span each came from, which score sinks write onto
+        self.traces = False
 
     def check(self, inst: dict) -> list[str]:
         problems = []
+        if "otel" in inst and not self.traces:
+            problems.append("'otel' is evalq's own field: the ids of the span a trace dataset's instance was read "
+                            "from (dataset.format \"otlp\"), which scores are written back onto; a job's own "
+                            "instances may not name spans")
         for name in ("input", "actual-output"):
             if name in inst and not isinstance(inst[name], str):
                 problems.append(f"{name!r} must be a string, got {_kind(inst[name])}")

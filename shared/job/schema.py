@@ -176,7 +176,7 @@ def _check_sinks(job: Job, problems: Problems) -> None:
     if job.output is None or not job.output.sinks or problems.items:
         return
     named = score_sinks()
-    if any(isinstance(i.get("otel"), dict) for i in job.instances):
+    if job.dataset is not None and job.dataset.format == "otlp":
         return
     for name in (n for n in job.output.sinks if n in named):
         kind = named[name][0]
@@ -334,6 +334,7 @@ def _load_instances(raw: dict, job: Job, problems: Problems) -> None:
         dataset = _relative_to_job(dataset, job.source)
         if dataset.format == "otlp":  # model calls, runs and conversations mixed: an entry that needs
             checker.required = {}     # what a span lacks records it not applicable there (evalq.workers.chunk)
+            checker.traces = True     # ... and each carries the ids of its span (``otel``), read by evalq
         # a trace dataset's {a,b} alternatives each name a place of their own: each must lie inside
         # the roots, and each S3 one among the tenant's places (as the uri itself must)
         places = expand_braces(dataset.uri) if dataset.format == "otlp" else [dataset.uri]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import json
 import threading
 from collections import OrderedDict
 from typing import Any, Iterable
@@ -36,13 +37,52 @@ FORMAT = "parquet"
 
 
 def staged_bytes(instances: Iterable[dict]) -> int:
-    """The bytes the instances take stored (JSON lines, shared fields as references): a spool's
-    size, or the inline instances' lines counted."""
+    """The bytes the instances take stored: their JSON lines (shared fields as references: a spool's
+    size, or the inline instances' lines counted) and the one copy of each shared value."""
     from evalq.shared.data.instances import SpooledInstances, json_lines
 
     if isinstance(instances, SpooledInstances):
-        return instances.size()
-    return sum(len(line.encode("utf-8")) + 1 for line in json_lines(instances, {}))
+        return instances.size() + sum(len(v.encode("utf-8")) for v in instances.shared.values())
+    shared: dict[str, str] = {}
+    lines = sum(len(line.encode("utf-8")) + 1 for line in json_lines(instances, shared))
+    return lines + sum(len(v.encode("utf-8")) for v in shared.values())
+
+
+SHARED_PART = "instances/shared.parquet"
+
+
+def stage_shared(place: Place, shared: dict[str, str]) -> bool:
+    """The values the instances share (digest -> JSON text: their tool definitions) as one part
+    beside them, so that a job staged in the store keeps none of its text in Redis (issue 70: a
+    9.1 MB job's tools went to the broker's Redis for 7 days). Whether there were any."""
+    if not shared:
+        return False
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"digest": pa.array(list(shared), pa.string()), "value": pa.array(list(shared.values()), pa.string())})
+    out = io.BytesIO()
+    pq.write_table(table, out, compression="zstd")
+    place.put(SHARED_PART, out.getvalue())
+    return True
+
+
+def shared_fetch(r: Any, job_id: str, spec: dict):
+    """What ``evalq.shared.data.instances.with_shared`` fetches the job's shared values with: their
+    part in the job store where the job was staged there with some, else the job's Redis hash."""
+    staged = spec.get("instances")
+    if staged and staged.get("shared"):
+        def from_store(digests: list[str]) -> list:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(pa.BufferReader(Place.from_json(staged).get(SHARED_PART)))
+            values = dict(zip(table.column("digest").to_pylist(), table.column("value").to_pylist()))
+            return [values.get(d) for d in digests]
+        return from_store
+    from evalq.shared.cluster import keys
+
+    return lambda digests: r.hmget(keys.shared_values(job_id), digests)
 
 
 def part_name(index: int) -> str:
@@ -188,3 +228,30 @@ def drop(spec: dict) -> None:
     staged = spec.get("instances")
     if staged:
         Place.from_json(staged).delete()
+
+
+_DECODED: "OrderedDict[str, Any]" = OrderedDict()  # digest -> decoded value (content-addressed: any job's)
+_DECODED_MAX = 64
+
+
+def with_shared(r: Any, job_id: str, spec: dict, instances: list[dict]) -> list[dict]:
+    """Instances read back from storage with their shared values in place: each value is fetched
+    (``shared_fetch``: from the job store where the job was staged there, else the job's Redis hash)
+    and decoded once per process (a worker scores chunk after chunk of the same job)."""
+    from evalq.shared.data.instances import shared_refs, unshare
+
+    wanted = {digest for inst in instances for digest in shared_refs(inst)}
+    if not wanted:
+        return instances
+    missing = [d for d in wanted if d not in _DECODED]
+    if missing:
+        for digest, text in zip(missing, shared_fetch(r, job_id, spec)(missing)):
+            if text is None:
+                raise LookupError(f"job {job_id}: a shared instance value ({digest}) is gone from where it was kept")
+            _DECODED[digest] = json.loads(text)
+    values = {d: _DECODED[d] for d in wanted}
+    for d in wanted:
+        _DECODED.move_to_end(d)
+    while len(_DECODED) > _DECODED_MAX:
+        _DECODED.popitem(last=False)
+    return [unshare(inst, values) for inst in instances]

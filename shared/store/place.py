@@ -30,15 +30,24 @@ STORE_ENV = "EVALQ_STORE"
 STORE_ENDPOINT_ENV = "EVALQ_STORE_ENDPOINT_URL"
 
 
+class StoreRefused(StoreUnavailable):
+    """A local place reached through a link (a tenant may write its own part of a shared store, and
+    make links there): nothing is read, written or removed through it."""
+
+
 @dataclass(frozen=True)
 class Place:
-    """A folder of the store: ``uri`` (a path or ``s3://bucket/prefix``), reached through ``endpoint_url``."""
+    """A folder of the store: ``uri`` (a path or ``s3://bucket/prefix``), reached through ``endpoint_url``.
+    ``bound``: a local place's tenant folder (resolved), below which no path is followed through a
+    link: where a team may write its own ``<store>/<tenant>`` (a shared mount it reads with DuckDB),
+    a link it made there never carries its job's parts into another tenant's folder (issue 70)."""
 
     uri: str
     endpoint_url: str | None = None
+    bound: str | None = None
 
     def child(self, name: str) -> "Place":
-        return Place(f"{self.uri.rstrip('/')}/{name}", self.endpoint_url)
+        return Place(f"{self.uri.rstrip('/')}/{name}", self.endpoint_url, self.bound)
 
     def path_of(self, name: str) -> str:
         return f"{self.uri.rstrip('/')}/{name}"
@@ -59,13 +68,47 @@ class Place:
         path = Path(target)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            self._folders(path.parent, make=True)
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            # O_NOFOLLOW | O_EXCL: a link planted where the temporary file goes is never written through
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # a link at ``path`` itself is replaced, never followed
+        except StoreRefused:
+            raise
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
             raise StoreUnavailable(f"{target}: cannot write to the job store: {exc.strerror or exc}") from None
+
+    def _folders(self, folder: Path, make: bool = False) -> None:
+        """Check (and with ``make`` create) ``folder`` below the place's bound one level at a time:
+        no level may be a link. StoreRefused otherwise. A place without a bound (an embedded run's
+        own store) is the operator's alone: nothing to check."""
+        if self.bound is None:
+            if make:
+                folder.mkdir(parents=True, exist_ok=True)
+            return
+        bound = Path(self.bound)
+        try:
+            rel = folder.relative_to(bound)
+        except ValueError:
+            raise StoreRefused(f"{folder}: outside its tenant's part of the job store ({bound})") from None
+        if make:
+            bound.mkdir(parents=True, exist_ok=True)
+        here = bound
+        for part in rel.parts:
+            here = here / part
+            if here.is_symlink():
+                raise StoreRefused(f"{here}: a link in a tenant's part of the job store; nothing is written or "
+                                   "read through it")
+            if make and not here.exists():
+                with contextlib.suppress(FileExistsError):
+                    here.mkdir()
+                if here.is_symlink():  # made a link between the look and the mkdir
+                    raise StoreRefused(f"{here}: a link in a tenant's part of the job store")
 
     def get(self, name: str, missing_ok: bool = False) -> bytes | None:
         """``name``'s bytes; with ``missing_ok``, None where nothing was written under it."""
@@ -80,7 +123,12 @@ class Place:
                         return None
                     raise
         try:
-            return Path(target).read_bytes()
+            self._folders(Path(target).parent)
+            fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as f:
+                return f.read()
+        except StoreRefused:
+            raise
         except OSError as exc:
             if missing_ok and isinstance(exc, FileNotFoundError):
                 return None
@@ -97,17 +145,27 @@ class Place:
                     if objects:
                         client.delete_objects(Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
             return
+        folder = Path(self.uri)
+        if folder.is_symlink():
+            with contextlib.suppress(OSError):
+                folder.unlink()  # the link, never what it leads to
+            return
+        try:
+            self._folders(folder)
+        except StoreRefused:
+            return  # nothing removed through a link
         shutil.rmtree(self.uri, ignore_errors=True)
 
     def _s3(self):
         return _client(self.endpoint_url)
 
     def as_json(self) -> dict:
-        return {"uri": self.uri, **({"endpoint_url": self.endpoint_url} if self.endpoint_url else {})}
+        return {"uri": self.uri, **({"endpoint_url": self.endpoint_url} if self.endpoint_url else {}),
+                **({"bound": self.bound} if self.bound else {})}
 
     @classmethod
     def from_json(cls, data: dict) -> "Place":
-        return cls(data["uri"], data.get("endpoint_url"))
+        return cls(data["uri"], data.get("endpoint_url"), data.get("bound"))
 
 
 def store_root(environ=os.environ) -> Place | None:
@@ -125,12 +183,34 @@ def job_place(root: Place, job_id: str, tenant: str | None, suite: str | None = 
     none), partitioned as Hive names it, ``suite=<suite>/job=<job id>`` (a suite's ``/`` and other
     characters a path keeps apart are %-escaped, as Hive partitioning decodes them), so DuckDB,
     Spark, Athena or pyarrow read a month of a suite's nights as one dataset with those columns."""
-    from urllib.parse import quote
-
     from evalq.shared.policy.egress import tenant_place
 
-    return Place(tenant_place(root.uri, tenant or "default"), root.endpoint_url).child(
-        f"suite={quote(suite or 'default', safe='')}/job={job_id}")
+    folder = tenant_place(root.uri, tenant or "default")
+    if root.is_s3:
+        return Place(folder, root.endpoint_url).child(f"{suite_folder(suite or 'default')}/job={job_id}")
+    # a local tenant folder, as the operator made it (resolved now): nothing below it through links
+    folder = str(Path(folder).resolve())
+    return Place(folder, root.endpoint_url, folder).child(f"{suite_folder(suite or 'default')}/job={job_id}")
+
+
+NAME_MAX = 255  # bytes in a folder's name (ext4, XFS, and most others)
+
+
+def suite_folder(suite: str) -> str:
+    """``suite=<suite>``, %-escaped as Hive partitioning decodes it; a suite whose escaped name
+    passes the filesystem's limit of a name (128 characters of ``/`` escape to 384) is cut, with a
+    digest of the whole suite so that two never share a folder. (An S3 key has no such limit; the
+    same folder name is used for both, so a store moves between them unchanged.)"""
+    import hashlib
+    from urllib.parse import quote
+
+    name = f"suite={quote(suite, safe='')}"
+    if len(name.encode()) <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(suite.encode("utf-8")).hexdigest()[:16]
+    cut = name[:NAME_MAX - 18]
+    escape = cut.rfind("%", len(cut) - 2)
+    return f"{cut[:escape] if escape >= 0 else cut}~{digest}"
 
 
 def job_folders(root: Place) -> Iterator[tuple[Place, str, float, int]]:
@@ -152,6 +232,8 @@ def job_folders(root: Place) -> Iterator[tuple[Place, str, float, int]]:
         return
     base = Path(root.uri)
     for folder in sorted(base.glob("*/suite=*/job=*")):
+        if folder.resolve() != folder.absolute():  # reached through a link (a tenant's): not the store's
+            continue
         files = [f for f in folder.rglob("*") if f.is_file()]
         yield (Place(str(folder)), folder.name[len("job="):], max((f.stat().st_mtime for f in files), default=0.0),
                sum(f.stat().st_size for f in files))

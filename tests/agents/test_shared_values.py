@@ -4,13 +4,14 @@ stored instance refers to that one copy, and workers and the report read the ins
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import redis
 
 from evalq.orchestrator import submit
 from evalq.shared.cluster import keys
-from evalq.shared.data.instances import SHARED, SpooledInstances, json_lines, with_shared
+from evalq.shared.data.instances import SHARED, SpooledInstances, json_lines
 from evalq.shared.job.schema import load_job
 from evalq.shared.store import instances as stored_instances
 from evalq.shared.store.place import Place
@@ -45,11 +46,28 @@ def test_a_stored_agent_dataset_holds_its_tools_once(redis_url, tmp_path, staged
     try:
         assert bool(r.exists(keys.instances(job_id))) is not staged
         stored = [json.loads(raw) for raw in stored_instances.lines(r, job_id, spec, 0, len(CASES) + 5)]
-        assert r.hlen(keys.shared_values(job_id)) == 1 and len(stored) == len(CASES)
+        # issue 70: a job staged in the store keeps its shared values there too, none in Redis
+        assert r.hlen(keys.shared_values(job_id)) == (0 if staged else 1) and len(stored) == len(CASES)
         assert all('"parameters"' not in json.dumps(inst) for inst in stored)
-        whole = with_shared(r, job_id, stored)
+        whole = stored_instances.with_shared(r, job_id, spec, stored)
         assert [inst["tool_definitions"] for inst in whole] == [TOOLS] * len(CASES)
-        assert r.ttl(keys.shared_values(job_id)) > 0  # it goes when the job's keys go
+        if staged:
+            assert spec["instances"]["shared"] and (Path(spec["instances"]["uri"]) / stored_instances.SHARED_PART).exists()
+        else:
+            assert r.ttl(keys.shared_values(job_id)) > 0  # it goes when the job's keys go
     finally:
         submit.delete_job(r, job_id, [m.key for m in job.runs])
     assert not r.exists(keys.shared_values(job_id))
+
+
+def test_what_a_job_shares_counts_against_what_it_may_stage():
+    """Issue 70, item 4: tool definitions were counted as the references each instance holds (a few
+    dozen bytes), so a job of megabytes of tools passed a tenant's job_staged limit."""
+    tools = [{"name": f"tool{k}", "description": "x" * 10_000, "parameters": {"type": "object"}} for k in range(50)]
+    instances = [{"id": str(n), "tool_definitions": tools, "messages": []} for n in range(3)]
+    lines = sum(len(line.encode()) + 1 for line in json_lines(instances, {}))
+    assert lines < 1_000 < 500_000 < stored_instances.staged_bytes(instances)
+    spool = SpooledInstances()
+    for inst in instances:
+        spool.append(inst)
+    assert stored_instances.staged_bytes(spool) == stored_instances.staged_bytes(instances)

@@ -126,20 +126,26 @@ def test_a_tenants_text_moves_only_its_own_estimate(r, monkeypatch):
 
 
 def test_a_reservation_is_never_below_what_the_limiter_counts(r):
-    from evalq.shared.judging.tokens import estimate_request_tokens, limiter_floor, prompt_token_bound
+    from evalq.shared.judging.tokens import estimate_request_tokens, limiter_count
+    from evalq.workers.judge.client import settled_tokens
 
     request = {"messages": [{"role": "user", "content": "Rate this answer: " + " " * 200_000}]}
-    estimate, bound = estimate_request_tokens(request), prompt_token_bound(request)
-    assert estimate < 3_000 and limiter_floor(bound) > 50_000  # the tokenizer packs runs of spaces
+    estimate, floor = estimate_request_tokens(request), limiter_count(request)
+    assert estimate < 3_000 and floor > 50_000  # the tokenizer packs runs of spaces
     b = Budget(r, uuid.uuid4().hex, tpm=1_000_000, rpm=100)
-    assert b.admission_tokens(estimate, 50, floor=limiter_floor(bound)) == limiter_floor(bound) + 50
-    assert b.admission_tokens(10_000, 50, floor=limiter_floor(bound)) == max(11_000, limiter_floor(bound)) + 50
+    assert b.admission_tokens(estimate, 50, floor=floor) == floor + 50
+    assert b.admission_tokens(10_000, 50, floor=floor) == max(11_000, floor) + 50
+    # a reply whose usage counts the tokenizer's few never settles the call below the limiter's count
+    assert settled_tokens({"prompt_tokens": 1_600}, 50, floor) == floor + 50
+    assert settled_tokens({"prompt_tokens": 80_000}, 50, floor) == 80_050
+    assert settled_tokens({}, 50, floor) is None
 
 
 def test_what_the_server_counted_beyond_a_reservation_is_held_by_the_tenants_share(r, monkeypatch):
     """A call whose reply says the server counted more than was reserved: the deployment's window
     and the tenant's share both hold the rest (the tenant's next calls wait for it), and one
-    counted less than reserved gives nothing back (providers count max_tokens up front)."""
+    counted less than reserved gives the difference back to both (issue 70: the budget is spent
+    in the provider's units; the caller never settles below what the limiter counts)."""
     from evalq.shared.cluster import keys
     from evalq.workers.judge.budget import budget_of
 
@@ -158,7 +164,7 @@ def test_what_the_server_counted_beyond_a_reservation_is_held_by_the_tenants_sha
     small = res.reserve(100)
     assert small.admitted
     res.settle(small, counted=40)
-    assert tokens_held(r, share) == 3_600
+    assert tokens_held(r, share) == 3_540 and tokens_held(r, shared) == 3_500 + 1_000 + 40
 
 
 def test_two_workers_share_one_budget_without_429s(redis_url, tmp_path):

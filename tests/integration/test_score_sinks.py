@@ -491,3 +491,72 @@ def test_sinks_are_the_operators_and_need_spans(night, cluster, sim, tmp_path):
     # another tenant's sink: refused when the request is taken, and again at export (the spec is not trusted)
     assert named_sink({"sinks": ["search:phx"], "scheduling": {"tenant": "ads"}}, "search:phx") is None
     assert named_sink({"sinks": ["search:phx"], "scheduling": {"tenant": "search"}}, "search:phx") is not None
+
+
+def test_scores_go_only_onto_spans_read_from_a_trace_dataset(night, backends, cluster):
+    """Issue 70, item 5. A job's own instances carrying an `otel` object took sinks, so `ads` could put
+    annotations on any span and assessments on any trace in the shared Phoenix and MLflow; and a trace
+    id `x/../../../../../ajax-api/2.0/mlflow/experiments/delete?` made the worker POST to MLflow's
+    experiment deletion with the operator's token. Now `otel` is evalq's own field (only a trace
+    dataset's instances carry it), and a sink takes only ids of the right hex length, quoted as a
+    path segment."""
+    _, spans = night
+    trace, span = spans[0]
+    with pytest.raises(JobError, match="'otel' is evalq's own field"):
+        parse_job({"instances": [{"id": "a", "actual-output": "x", "otel": {"trace_id": trace, "span_id": span}}],
+                   "metrics": [{"id": "slow_len"}], "output": {"sinks": ["ml"]}})
+    # a record whose ids were made up reaches no backend, whatever got it into a record
+    experiment = httpx.post(backends["mlflow"] + "/api/2.0/mlflow/experiments/create", timeout=120,
+                            json={"name": f"victim-{uuid.uuid4().hex[:6]}"}).json()["experiment_id"]
+    forged = f"x/../../../../../ajax-api/2.0/mlflow/experiments/delete?experiment_id={experiment}&"
+    r = redis.Redis.from_url(cluster[0])
+    spec, key, entry = {"sinks": ["ml"], "ttl": 600}, "slow_len@0", {"id": "slow_len", "parameters": {"seconds": 0}}
+    job_id = f"forged-{uuid.uuid4().hex[:6]}"
+    items = [(0, {"instance_id": span, "result": 1.0, "otel": {"trace_id": forged, "span_id": span}}),
+             (1, {"instance_id": span, "result": 1.0, "otel": {"trace_id": trace.upper(), "span_id": span}})]
+    sink = named_sink(spec, "ml")
+    assert export_items(r, sink, job_id, spec, key, entry, REGISTRY.get("slow_len").aggregation, items) == 0
+    got = httpx.get(backends["mlflow"] + "/api/2.0/mlflow/experiments/get", params={"experiment_id": experiment},
+                    timeout=120).json()
+    assert got["experiment"]["lifecycle_stage"] == "active", got
+    assert not mlflow_assessments(backends["mlflow"], job_id, [trace])
+
+
+RUNTIME = ROOT / ".venv-runtime" / "bin"
+
+
+@pytest.mark.skipif(not (RUNTIME / "evalq").exists(), reason="the runtime-only venv .venv-runtime (make test builds it)")
+def test_a_runtime_only_install_imports_every_module_and_exports_scores(night, backends, sim, tmp_path):
+    """Issue 70, item 9. The sinks imported httpx, which evalq did not declare (openai 3.x depends on
+    httpx2): every Phoenix, MLflow and OTLP-REST export of a `make demo` install ended
+    ModuleNotFoundError, while `make test`'s extras hid it. Here evalq runs from a venv of its runtime
+    dependencies alone (`make test` builds .venv-runtime as `make demo` builds .venv): every module
+    imports, and an embedded `evalq run` of the night writes its scores into Phoenix."""
+    script = ("import importlib, pkgutil, sys\nimport evalq\nbad = []\n"
+              "for m in pkgutil.walk_packages(evalq.__path__, 'evalq.'):\n"
+              "    if m.name.endswith('__main__') or m.name.startswith('evalq.results.migrations'):\n"
+              "        continue  # a command, run when imported; alembic's scripts, which alembic runs\n"
+              "    try:\n        importlib.import_module(m.name)\n"
+              "    except Exception as exc:\n        bad.append(f'{m.name}: {type(exc).__name__}: {exc}')\n"
+              "print('\\n'.join(bad))\nsys.exit(1 if bad else 0)")
+    done = subprocess.run([str(RUNTIME / "python"), "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**os.environ, "EVALQ_PLUGINS": ""})
+    assert done.returncode == 0, done.stdout + done.stderr
+    path, _ = night
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps({
+        "dataset": {"uri": str(path), "format": "otlp", "traces": {"once": False}},
+        "judges": {"sim": {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV, "max_tokens": 100,
+                           "deployments": [{"region": "lab", "base_url": sim.base_url("lab"), "tpm": 10_000_000,
+                                            "rpm": 100_000}]}},
+        "judging": {"cache": False}, "metrics": [{"id": "coherence", "parameters": {"judge": "sim"}}],
+        "output": {"sinks": ["phx"]}}))
+    env = {**os.environ, "EVALQ_PLUGINS": "", "EVALQ_SINKS": f"phx=phoenix+{backends['phoenix']}", KEY_ENV: SECRET}
+    ran = subprocess.run([str(RUNTIME / "evalq"), "run", str(job_file), "--out", str(tmp_path / "out"), "-q"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    phx = json.loads((tmp_path / "out" / "run.json").read_text())["exports"]["phx"]
+    # every judged item's score reached Phoenix but those of the spans it never had (an item whose judge
+    # call failed on a loaded machine has no score to send: skipped)
+    assert phx["kind"] == "phoenix" and phx["sent"] > 0 and phx["unsent"] == HELD_BACK, phx
+    assert phx["sent"] + phx.get("skipped", 0) == N - HELD_BACK, phx

@@ -397,3 +397,51 @@ def test_a_model_runners_parameters_are_typed_bounded_and_in_the_tenants_roots(t
     for own in (roots / "ads" / "model", roots / "shared" / "model"):  # its own, and the operator's shared models
         job, _ = parse_request(request(model_name=str(own), max_new_tokens=32), reach)
         assert job.model.parameters["model_name"] == str(own) and job.model.parameters["max_new_tokens"] == 32
+
+
+def redis7() -> str | None:
+    """A redis-server of version 7 or later on this machine (ACL selectors), or None."""
+    import shutil
+    import subprocess
+
+    found = shutil.which("redis-server")
+    if not found:
+        return None
+    out = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
+    version = out.split("v=", 1)[1].split()[0] if "v=" in out else "0"
+    return found if int(version.split(".")[0]) >= 7 else None
+
+
+@pytest.mark.skipif(redis7() is None, reason="needs a redis-server 7 or later on PATH (Debian's redis-server)")
+def test_a_tenants_user_pops_its_replies_and_cannot_push_onto_them(tmp_path, monkeypatch):
+    """Issue 70, item 4b. The ACL user's one flat set of rules let the LPUSH a request needs land on
+    its reply lists too: `ads` pushed 32 MiB onto replies:ads:* in 0.4 s, kept for ever, and with
+    noeviction a full Redis stops every tenant. On Redis 7 the reply lists are a selector of their
+    own: popped, never pushed; what the cluster writes there is trimmed and expires."""
+    from evalq.cli.embedded import EmbeddedRedis
+    from evalq.orchestrator.finalize import REPLIES_KEPT, push_reply
+
+    monkeypatch.setenv("EVALQ_REDIS_SERVER", redis7())
+    server = EmbeddedRedis(tmp_path)
+    server.start()
+    try:
+        env = {"EVALQ_TENANTS": TENANTS, "EVALQ_TENANT_PASSWORD_ADS": "ads-secret",
+               "EVALQ_TENANT_PASSWORD_SEARCH": "search-secret"}
+        made = evalq("tenants", "acl", "--apply", "--broker", server.url, env=env)
+        assert made.returncode == 0 and "no ACL selectors" not in made.stderr, made.stderr
+        r = redis.Redis.from_url(server.url)
+        ads = redis.Redis.from_url(server.url.replace("redis://", "redis://ads:ads-secret@"))
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            ads.lpush("replies:ads:mine", "x" * 1000)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            ads.rpush("replies:ads:mine", "x")
+        assert ads.lpush("evalq.jobs.ads", "a request") == 1  # its queue, as before
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            ads.lpush("evalq.jobs.search", "x")
+        for k in range(REPLIES_KEPT + 5):  # what the cluster answers there, bounded and expiring
+            push_reply(r, "replies:ads:mine", json.dumps({"k": k}), ttl=600)
+        assert r.llen("replies:ads:mine") == REPLIES_KEPT and 0 < r.ttl("replies:ads:mine") <= 600
+        assert json.loads(ads.blpop(["replies:ads:mine"], timeout=2)[1]) == {"k": 5}
+        assert ads.llen("replies:ads:mine") == REPLIES_KEPT - 1
+    finally:
+        server.stop()

@@ -99,7 +99,7 @@ def test_a_catalogue_deployment_without_a_price_never_takes_the_jobs(tmp_path, m
     assert judge.price_of(priced).input_per_1k == PRICE["input_per_1k"]
     # a tenant with a cost limit may not use a deployment the operator does not price: its calls
     # could not be counted against the limit
-    from evalq.orchestrator.service import tenant_policy
+    from evalq.orchestrator.tenancy import tenant_policy
     from evalq.shared.core.errors import JobError
     from evalq.shared.cluster.scheduling import Tenants
 

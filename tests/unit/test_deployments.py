@@ -5,6 +5,7 @@ ask, checked where it is validated, and taken again from the worker's own catalo
 from __future__ import annotations
 
 import json
+import uuid
 import subprocess
 import sys
 from pathlib import Path
@@ -137,13 +138,39 @@ def test_a_tenant_cap_is_a_share_of_the_catalogues_tpm_not_of_a_jobs(catalogue, 
     import redis
 
     from evalq.orchestrator import submit as submitting
-    from evalq.orchestrator.dispatch import _Candidate, _queue_tpm
+    from evalq.orchestrator.pricing import queue_tpm
 
     monkeypatch.setenv(INLINE_ENV, "own")
     r = redis.Redis.from_url(redis_url)
     inline = {"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": 10**8, "rpm": 10**6}
     parsed = parse_job(job(inline))
     job_id = submitting.store_job(r, parsed, submitting.job_spec(parsed, None, "/tmp/unused"))
-    assert _queue_tpm(r, "judge.lab", [_Candidate(job_id, 1, "ads", 1.0, [])]) == LAB["tpm"]
+    assert queue_tpm(r, "judge.lab", [job_id]) == LAB["tpm"]
     monkeypatch.delenv(CATALOGUE_ENV)
-    assert _queue_tpm(r, "judge.lab", [_Candidate(job_id, 1, "ads", 1.0, [])]) == 10**8  # no catalogue: as before
+    assert queue_tpm(r, "judge.lab", [job_id]) == 10**8  # no catalogue: as before
+
+
+def test_a_tenant_cap_on_a_learning_or_adaptive_deployment_is_a_number(tmp_path, redis_url, monkeypatch):
+    """Issue 70, item 2: the queue's TPM summed the catalogue's tpm as numbers: "auto" raised
+    TypeError and an adaptive deployment (no tpm) KeyError, in every refill, and every job on such a
+    deployment waited in line for ever once a tenant had a max_share. A learning deployment counts
+    what it has learned (its floor before), per minute; an adaptive one counts no tokens (its
+    tenants' shares hold calls in flight)."""
+    import redis
+
+    from evalq.orchestrator.pricing import queue_tpm
+    from evalq.shared.cluster import keys
+
+    name = f"auto{uuid.uuid4().hex[:6]}"
+    path = tmp_path / "catalogue.json"
+    path.write_text(json.dumps({"deployments": {
+        name: {"region": "mixed", "base_url": "http://127.0.0.1:9/v1", "tpm": "auto", "tpm_floor": 20_000,
+               "window_seconds": 10},
+        "self": {"region": "mixed", "base_url": "http://127.0.0.1:8/v1"},
+        "self-only": {"region": "gpu-box", "base_url": "http://127.0.0.1:8/v1"}}}))
+    monkeypatch.setenv(CATALOGUE_ENV, str(path))
+    r = redis.Redis.from_url(redis_url)
+    assert queue_tpm(r, "judge.mixed", []) == 20_000 * 6  # its floor a window, six windows a minute
+    r.hset(keys.budget(f"catalogue-{name}", "learn"), "tpm", 50_000)
+    assert queue_tpm(r, "judge.mixed", []) == 50_000 * 6
+    assert queue_tpm(r, "judge.gpu-box", []) == 0

@@ -113,9 +113,12 @@ return {0, tostring(math.max(w, 0.01)), used_tok, used_req, sec}
 # in to the bucket of now (its reply has come back). The provider counts a call
 # from when it arrived, which can be later than the reservation (a slow
 # connection, a busy worker); counting it from the reply's return, later still,
-# means evalq's window never lets a call go before the provider's does.
+# means evalq's window never lets a call go before the provider's does. ``delta``:
+# what the provider counted beyond (or below) the reservation, in the window and
+# in the pacing (KEYS[3], ARGV[6] the TPM): the budget holds what the provider
+# counts, not evalq's estimate of it.
 SETTLE_LUA = """
-local tok_key, req_key = KEYS[1], KEYS[2]
+local tok_key, req_key, pace_key = KEYS[1], KEYS[2], KEYS[3]
 local old = tonumber(ARGV[1])
 local tokens = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
@@ -141,6 +144,10 @@ local function move(key, amount, change)
 end
 move(tok_key, tokens, delta)
 move(req_key, 1, 0)
+if delta ~= 0 and pace_key and ARGV[6] then
+  local tat = tonumber(redis.call('GET', pace_key) or '0')
+  if tat > 0 then redis.call('SET', pace_key, tostring(tat + delta * window / tonumber(ARGV[6])), 'KEEPTTL') end
+end
 return 1
 """
 
@@ -175,6 +182,7 @@ class Reservation:
     inner: tuple = ()
     refused_by: str = ""  # which limit an impossible call is too large for (``Within``)
     paused: bool = False  # held back by a 429's pause, not by the limits
+    own: bool = False     # held back by a limit of the job's or its tenant's own (``Within``), not the deployment's
 
 
 class Budget:
@@ -218,12 +226,15 @@ class Budget:
                            paused=admitted == 0 and int(used) == -1)
 
     def settle(self, reservation: Reservation, counted: int | None = None) -> None:
-        """The call's reply is back: count it from now (see SETTLE_LUA), and where the server
-        ``counted`` more tokens than were reserved (its prompt count and ``max_tokens``), count
-        those too: the provider's window holds them."""
-        extra = max(0, counted - reservation.tokens) if counted else 0
-        self._settle(keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req")],
-                     args=[reservation.bucket, reservation.tokens, self.window, BUCKET, extra])
+        """The call's reply is back: count it from now (see SETTLE_LUA), as many tokens as the
+        provider ``counted`` (its prompt count and ``max_tokens``, never below what its limiter
+        counts the request's characters as: the caller's), more or fewer than were reserved: the
+        budget is spent in the provider's units, so a told or learned TPM is used whole whatever
+        evalq's estimate made of the prompt (issue 70)."""
+        delta = counted - reservation.tokens if counted else 0
+        self._settle(keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
+                           keys.budget(self.dep_id, "pace")],
+                     args=[reservation.bucket, reservation.tokens, self.window, BUCKET, delta, self.limits()[0]])
 
     def pause(self, seconds: float) -> None:
         """Hold every worker off this deployment (a 429 with Retry-After)."""
@@ -255,7 +266,7 @@ class Budget:
 
     def admission_tokens(self, estimated_prompt: int, max_tokens: int, floor: int = 0) -> int:
         """What a call reserves: its prompt estimate scaled by the bias, never below ``floor`` (what
-        the provider's limiter counts its characters as: ``limiter_floor``), and its ``max_tokens``."""
+        the provider's limiter counts its characters as: ``limiter_count``), and its ``max_tokens``."""
         return max(int(math.ceil(round(estimated_prompt * self.bias(), 6))), floor) + max_tokens
 
     # -- health -------------------------------------------------------------------
@@ -319,7 +330,8 @@ class Within(Budget):
             mine = limit.reserve(tokens)
             if not mine.admitted:
                 self._give_back(held)
-                return Reservation(False, mine.wait, mine.impossible, refused_by=limit.what if mine.impossible else "")
+                return Reservation(False, mine.wait, mine.impossible, refused_by=limit.what if mine.impossible else "",
+                                   own=True)
             held.append(mine)
         shared = super().reserve(tokens)
         if not shared.admitted:
@@ -332,9 +344,10 @@ class Within(Budget):
             limit.release(reservation)
 
     def settle(self, reservation: Reservation, counted: int | None = None) -> None:
-        """The shared budget and every limit inside it count the call from now; what the server
-        counted beyond the reservation is held by the job's and its tenant's limits as by the
-        deployment's: the tenant whose text cost more waits for it, within its own share."""
+        """The shared budget and every limit inside it count the call from now, as the server
+        counted it: what it counted beyond the reservation is held by the job's and its tenant's
+        limits as by the deployment's (the tenant whose text cost more waits for it, within its own
+        share), and what it counted below is given back to each alike."""
         super().settle(reservation, counted)
         for limit, mine in zip(self.inner, reservation.inner):
             limit.settle(mine, counted)

@@ -41,7 +41,7 @@ from evalq.workers.judge.cost import Caps, CostWait, Hold
 from evalq.workers.judge.dialects import Dialects, refused_as_invalid
 from evalq.workers.judge.requests import (JudgeError, RateLimited, chat_request, retry_after, retryable,  # noqa: F401
                                           sdk_client)
-from evalq.shared.judging.tokens import estimate_request_tokens, limiter_floor, prompt_token_bound
+from evalq.shared.judging.tokens import estimate_request_tokens, limiter_count, prompt_token_bound
 from evalq.workers.keeping import DOWN, WRITE_BEHIND, ItemKeeper, Op, execute
 
 log = logging.getLogger("evalq.judge")
@@ -190,7 +190,7 @@ class JudgeClient:
         estimate = estimate_request_tokens(request)
         if self.keeper is not None:
             self.keeper.before_call()
-        reply = self._call_with_retries(request, (estimate, prompt_token_bound(request)))
+        reply = self._call_with_retries(request, (estimate, prompt_token_bound(request), limiter_count(request)))
         raw = json.dumps({"content": reply.content, "tool_arguments": reply.tool_arguments, "usage": reply.usage,
                           "model": reply.model})
         self._keep(digest, raw)
@@ -219,7 +219,7 @@ class JudgeClient:
             self.keeper.add(ops)
 
     # -- internals --------------------------------------------------------------
-    def _call_with_retries(self, request: dict, estimate: tuple[int, int]) -> Reply:  # (estimate, bound)
+    def _call_with_retries(self, request: dict, estimate: tuple[int, int, int]) -> Reply:  # (estimate, bound, floor)
         retrying = Retrying(stop=stop_after_attempt(self.judge.max_retries + 1),
                             retry=retry_if_exception(retryable), wait=self._backoff, reraise=True)
         try:
@@ -238,12 +238,12 @@ class JudgeClient:
             return exc.retry_after  # the deployment is paused for everyone; this wait is short
         return min(8.0, 0.5 * 2 ** (retry_state.attempt_number - 1)) * (0.5 + random.random())
 
-    def _attempt(self, request: dict, estimates: tuple[int, int]) -> Reply:
-        estimate, bound = estimates
-        deployment, budget, reservation, held, lease = self._admit(estimate, bound)
+    def _attempt(self, request: dict, estimates: tuple[int, int, int]) -> Reply:
+        estimate, bound, floor = estimates
+        deployment, budget, reservation, held, lease = self._admit(estimate, bound, floor)
         started = time.monotonic()
         try:
-            response = self._send(request, deployment, budget, reservation)
+            response = self._send(request, deployment, budget, reservation, floor)
         except BaseException as exc:  # the reply (or error) is back: the budget counts the call from now
             _bookkeeping(budget.settle, reservation)
             _bookkeeping(self.caps.cost.release, held)
@@ -255,8 +255,9 @@ class JudgeClient:
         self._last_failed = None
         reply = reply_from_completion(response)
         usage = reply.usage
-        # ... as the server counted it, where that is more than was reserved
-        counted = usage["prompt_tokens"] + self.judge.max_tokens if usage.get("prompt_tokens") else None
+        # ... as the server counted it (its prompt count and max_tokens up front), never below what its
+        # limiter counts the request's characters as: more or less than was reserved
+        counted = settled_tokens(usage, self.judge.max_tokens, floor)
         _bookkeeping(budget.settle, reservation, counted)
         _bookkeeping(budget.succeeded)
         if usage.get("prompt_tokens"):
@@ -269,7 +270,7 @@ class JudgeClient:
                     reserved_tokens=reservation.tokens, cost_nano=cost)
         return reply
 
-    def _send(self, request: dict, deployment: Deployment, budget: Budget, reservation: Reservation):
+    def _send(self, request: dict, deployment: Deployment, budget: Budget, reservation: Reservation, floor: int = 0):
         """The HTTP call on an admitted deployment; a 429 pauses it for every worker."""
         try:
             response, headers = self.dialects.create(
@@ -295,11 +296,14 @@ class JudgeClient:
         if budget.learner is not None:
             usage = getattr(response, "usage", None)
             prompt = getattr(usage, "prompt_tokens", None) if usage is not None else None
-            share = (prompt + self.judge.max_tokens) / reservation.tokens if prompt and reservation.tokens else None
+            # what the provider counted of what the cluster's window holds for the call once settled
+            settled = settled_tokens({"prompt_tokens": prompt}, self.judge.max_tokens, floor)
+            share = (prompt + self.judge.max_tokens) / settled if prompt and settled else None
             _bookkeeping(budget.learner.observe, headers, False, share)
         return response
 
-    def _admit(self, estimate: int, bound: int) -> tuple[Deployment, Budget, Reservation, Hold | None, Lease | None]:
+    def _admit(self, estimate: int, bound: int, floor: int) -> tuple[Deployment, Budget, Reservation, Hold | None,
+                                                                     Lease | None]:
         """Reserve budget somewhere, sleeping through short waits; also what the call holds of the
         cost caps: its worst case, ``bound`` prompt tokens and ``max_tokens`` of completion, and
         on an adaptive deployment a place in flight (waited for up to ``SLOT_PATIENCE``)."""
@@ -308,15 +312,17 @@ class JudgeClient:
         while True:
             healthy = [d for d in self.deployments if self.budgets[d.region].healthy()] or self.deployments
             healthy.sort(key=lambda d: d.region == self._last_failed)
-            best_wait, best, too_large, slots_only = float("inf"), healthy[0], [], True
+            # own: what holds the best wait back is the job's or its tenant's own limit (its share, its
+            # caps), not the deployment's: then the chunk gives its slot on the queue away while it waits
+            best_wait, best, own, too_large, slots_only = float("inf"), healthy[0], False, [], True
             for d in healthy:
                 budget, gate = self.budgets[d.region], self.gates.get(d.region)
-                lease = gate.acquire() if gate is not None else None
+                lease, share_full = gate.acquire_or_why() if gate is not None else (None, False)
                 if gate is not None and lease is None:  # the limit of calls in flight is reached
                     if SLOT_POLL < best_wait:
-                        best_wait, best = SLOT_POLL * (0.5 + random.random()), d
+                        best_wait, best, own = SLOT_POLL * (0.5 + random.random()), d, share_full
                     continue
-                tokens = budget.admission_tokens(estimate, self.judge.max_tokens, floor=limiter_floor(bound))
+                tokens = budget.admission_tokens(estimate, self.judge.max_tokens, floor=floor)
                 try:
                     held = self.caps.take(tokens, self.judge.price_of(d), bound, self.judge.max_tokens)
                 except CostWait as exc:  # a cap has room only once the calls in flight settle
@@ -324,7 +330,7 @@ class JudgeClient:
                         gate.release(lease, 0.0, "none")
                     slots_only = False
                     if exc.wait < best_wait:
-                        best_wait, best = exc.wait, d
+                        best_wait, best, own = exc.wait, d, True
                     continue
                 res = budget.reserve(tokens)
                 if res.admitted:
@@ -336,12 +342,15 @@ class JudgeClient:
                 if res.impossible:
                     too_large.append(f"{d.region}: {res.refused_by or 'its TPM'}")
                     continue
-                if budget.learner is not None and not res.paused:
+                if budget.learner is not None and not res.paused and not res.own:
                     _bookkeeping(budget.learner.pressed)
                 slots_only = False
                 if res.wait < best_wait:
-                    best_wait, best = res.wait, d
-            if slots_only and best_wait < float("inf") and time.monotonic() - began < SLOT_PATIENCE:
+                    best_wait, best, own = res.wait, d, res.own
+            # a place in flight the deployment lacks is waited for up to SLOT_PATIENCE; one the tenant's
+            # share lacks, as briefly as a budget's wait: the tenant's other calls hold its places
+            patience = SLEEP_MAX if own else SLOT_PATIENCE
+            if slots_only and best_wait < float("inf") and time.monotonic() - began < patience:
                 time.sleep(best_wait)
                 continue
             if best_wait == float("inf"):
@@ -349,11 +358,13 @@ class JudgeClient:
                                  f"tokens is larger than any deployment of judge {self.name!r} admits in a "
                                  f"minute ({'; '.join(too_large)})")
             if slots_only:
-                raise Deferred(1.0, region=best.region, reason=f"{best.region}: its limit of calls in flight is "
-                               f"reached for {SLOT_PATIENCE:g} s")
+                whose = "the tenant's share of " if own else ""
+                raise Deferred(1.0, region=best.region, own=own, reason=f"{best.region}: {whose}its limit of calls "
+                               f"in flight is reached for {patience:g} s")
             if best_wait > SLEEP_MAX or time.monotonic() + best_wait > deadline:
-                raise Deferred(best_wait, region=best.region,
-                               reason=f"budget of judge {self.name!r} spent for {best_wait:.1f} s")
+                whose = "the job's or its tenant's own limit on " if own else ""
+                raise Deferred(best_wait, region=best.region, own=own,
+                               reason=f"{whose}budget of judge {self.name!r} spent for {best_wait:.1f} s")
             time.sleep(best_wait)
 
     def _failed(self, deployment: Deployment, budget: Budget) -> None:
@@ -375,15 +386,26 @@ def gates_of(r: redis.Redis, judge, deployments: list[Deployment], tenant: str |
 
     share = Tenants.from_env().max_share.get(tenant) if tenant is not None else None
     hold = judge.timeout * 1.5 + 5  # a lease outlives its call's timeout, never a dead worker by long
-    return {d.region: Gate(r, deployment_id(judge, d), d.concurrency, d.region, hold, tenant, share)
+    return {d.region: Gate(r, deployment_id(judge, d), d.concurrency, d.region, hold, tenant, share,
+                           getattr(judge, "max_tokens", 0) or 0, judge.timeout)
             for d in deployments if d.capacity == "adaptive"}
 
 
+def settled_tokens(usage: dict, max_tokens: int, floor: int) -> int | None:
+    """What a budget holds for an answered call: the provider's count (``usage`` prompt tokens and
+    ``max_tokens``, which providers count up front), never below what its limiter counts the
+    request's characters as (``floor``: ``limiter_count``); None when the reply counted nothing."""
+    prompt = usage.get("prompt_tokens")
+    return max(prompt, floor) + max_tokens if prompt else None
+
+
 def load_said(exc: BaseException) -> str:
-    """What a failed call says of the server's load: ``overload`` (429, 503, a timeout, no
-    connection) or ``none``."""
-    if isinstance(exc, (RateLimited, Deferred, openai.RateLimitError, openai.APITimeoutError,
-                        openai.APIConnectionError)):
+    """What a failed call says of the server's load: ``overload`` (429, 503, no connection),
+    ``timeout`` (overload only where the call's timeout left it time to spare: ``Gate.release``) or
+    ``none``."""
+    if isinstance(exc, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(exc, (RateLimited, Deferred, openai.RateLimitError, openai.APIConnectionError)):
         return "overload"
     if isinstance(exc, openai.APIStatusError) and exc.status_code == 503:
         return "overload"

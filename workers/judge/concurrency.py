@@ -14,8 +14,15 @@ the least seen):
 - a round whose median latency is above ``latency_tolerance`` (2 by default) times the least
   round median seen means calls queue in the server: the limit is cut to 0.8x. With 2, the
   limit settles where about half of what is in flight waits at the server: throughput at its
-  peak, latency bounded, and the knee found again when the server changes;
-- a 429, a 503, a timeout or a refused connection cuts to 0.8x at once (once per epoch);
+  peak, latency bounded, and the knee found again when the server changes. Latencies are
+  compared within their *class* (the tenant, and the ``max_tokens`` its judge asks: what makes a
+  call slower by the tenant's own choice): each call's latency over the least round median of its
+  class, so that one tenant's long answers never read as the server's queueing for every tenant
+  (issue 70);
+- a 429, a 503 or a refused connection cuts to 0.8x at once (once per epoch); so does a timeout,
+  but only where the call's timeout was more than ``latency_tolerance`` times what calls of its
+  class take: a job's timeout set below its calls' own pace is the job's failure, not the
+  server's overload, and never moves the limit every tenant shares;
 - a round within tolerance in which the limit was reached (so it was what held calls back)
   grows it: doubled while no cut has come yet (slow start); after a cut, +10% (at least 1) once 4
   such rounds in a row have passed, and after a growth that was cut again at once (a probe past the
@@ -30,11 +37,12 @@ for long). Keys (``D``: the deployment id):
 
     evalq:budget:{D}:conc            ZSET  lease -> server time it lapses
     evalq:budget:{D}:tenant-<t>:conc ZSET  the same, for a tenant with a share
-    evalq:budget:{D}:adapt           HASH  limit, epoch, phase, rtt_min, n (the round's calls),
+    evalq:budget:{D}:adapt           HASH  limit, epoch, phase, n (the round's calls),
                                            peak (most in flight in the round), last (the last
                                            change's reason), probes, hold, held (clean rounds
                                            before the next growth, and since the last change)
-    evalq:budget:{D}:adapt:lat       LIST  the round's latencies
+    evalq:budget:{D}:adapt:lat       LIST  the round's latencies, each "<class>\t<seconds>"
+    evalq:budget:{D}:adapt:base      HASH  class -> the least round median of its calls seen
 """
 
 from __future__ import annotations
@@ -69,7 +77,7 @@ if n >= limit then return {0, n, limit, 0} end
 local share = tonumber(ARGV[4])
 if share > 0 then
   redis.call('ZREMRANGEBYSCORE', mine, '-inf', now)
-  if redis.call('ZCARD', mine) >= math.max(1, math.floor(limit * share)) then return {0, n, limit, 0} end
+  if redis.call('ZCARD', mine) >= math.max(1, math.floor(limit * share)) then return {0, n, limit, 0, 1} end
   redis.call('ZADD', mine, now + tonumber(ARGV[2]), ARGV[1])
   redis.call('EXPIRE', mine, math.ceil(tonumber(ARGV[2])) + 60)
 end
@@ -79,17 +87,26 @@ if n + 1 > tonumber(redis.call('HGET', adapt, 'peak') or '0') then redis.call('H
 return {1, n + 1, limit, tonumber(redis.call('HGET', adapt, 'epoch') or '0')}
 """
 
-# KEYS: conc, adapt, lat, hist, tenant conc; ARGV: lease, epoch, latency, outcome (ok/overload/none),
-# min, max, tolerance, keep. Returns {limit, changed (0/1)}.
+# KEYS: conc, adapt, lat, hist, tenant conc, base; ARGV: lease, epoch, latency, outcome (ok/overload/
+# timeout/none), min, max, tolerance, keep, class, the call's timeout. Returns {limit, changed (0/1)}.
+# A round's latencies are judged against the least of their own class (``class``: the tenant and the
+# settings it chose that make a call slower, its max_tokens), never against another tenant's calls.
 RELEASE_LUA = """
-local conc, adapt, lat, hist, mine = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local conc, adapt, lat, hist, mine, base = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 redis.call('ZREM', conc, ARGV[1])
 redis.call('ZREM', mine, ARGV[1])
-local outcome = ARGV[4]
+local outcome, class = ARGV[4], ARGV[9]
 local limit = tonumber(redis.call('HGET', adapt, 'limit') or '0')
 if outcome == 'none' or limit == 0 then return {limit, 0} end
 if tonumber(ARGV[2]) ~= tonumber(redis.call('HGET', adapt, 'epoch') or '0') then return {limit, 0} end
 local lo, hi, tolerance = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+if outcome == 'timeout' then
+  -- a timeout says the server is overloaded only when the call had time to spare by the server's own
+  -- pace for calls of its kind: a job's timeout below what its calls take is the job's, not the server's
+  local least = tonumber(redis.call('HGET', base, class) or '0')
+  if least == 0 or tonumber(ARGV[10]) <= tolerance * least then return {limit, 0} end
+  outcome = 'overload'
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local function change(new, reason)
@@ -112,23 +129,35 @@ local function cut(reason)
   return change(math.min(limit - 1, math.floor(limit * 0.8)), reason)
 end
 if outcome == 'overload' then return cut('refused') end
-redis.call('RPUSH', lat, ARGV[3])
+redis.call('RPUSH', lat, class .. '\t' .. ARGV[3])
 redis.call('EXPIRE', lat, 2592000)
 local n = redis.call('HINCRBY', adapt, 'n', 1)
 if n < math.max(limit, 4) then return {limit, 0} end
-local values = redis.call('LRANGE', lat, 0, -1)
-local xs = {}
-for i, v in ipairs(values) do xs[i] = tonumber(v) end
-table.sort(xs)
-local median = xs[math.floor((#xs + 1) / 2)]
-local least = tonumber(redis.call('HGET', adapt, 'rtt_min') or '0')
-if least == 0 or median < least then
-  least = median
-  redis.call('HSET', adapt, 'rtt_min', tostring(least))
+-- each class's median this round, and the least of its round medians seen (its base)
+local by = {}
+for _, v in ipairs(redis.call('LRANGE', lat, 0, -1)) do
+  local c, x = string.match(v, '^(.*)\t(.*)$')
+  by[c] = by[c] or {}
+  table.insert(by[c], tonumber(x))
 end
-if median > tolerance * least then
-  if limit <= lo then  -- the server is slower on every call now: a new least, not a stuck limit
-    redis.call('HSET', adapt, 'rtt_min', tostring(median))
+local ratios, medians = {}, {}
+for c, xs in pairs(by) do
+  table.sort(xs)
+  local m = xs[math.floor((#xs + 1) / 2)]
+  medians[c] = m
+  local least = tonumber(redis.call('HGET', base, c) or '0')
+  if least == 0 or m < least then
+    least = m
+    redis.call('HSET', base, c, tostring(least))
+  end
+  for _, x in ipairs(xs) do table.insert(ratios, x / math.max(least, 1e-6)) end
+end
+redis.call('EXPIRE', base, 2592000)
+table.sort(ratios)
+local median = ratios[math.floor((#ratios + 1) / 2)]
+if median > tolerance then
+  if limit <= lo then  -- the server is slower on every call now: new leasts, not a stuck limit
+    for c, m in pairs(medians) do redis.call('HSET', base, c, tostring(m)) end
     return change(limit, 'latency')
   end
   return cut('latency')
@@ -161,8 +190,11 @@ class Gate:
     _scripts: dict[int, tuple] = {}
 
     def __init__(self, r: redis.Redis, dep_id: str, bounds: Concurrency | None, region: str,
-                 hold_seconds: float, tenant: str | None = None, share: float | None = None):
+                 hold_seconds: float, tenant: str | None = None, share: float | None = None,
+                 max_tokens: int = 0, timeout: float = 0.0):
         self.r, self.dep_id, self.region = r, dep_id, region
+        # the calls this gate's latencies are compared with: the same tenant's, asking as many tokens
+        self.klass, self.timeout = f"{tenant or ''}|{int(max_tokens)}", float(timeout)
         self.bounds = bounds or Concurrency()
         self.hold = float(hold_seconds)
         self.share = share if share is not None and share < 1 else None
@@ -174,17 +206,27 @@ class Gate:
 
     def acquire(self) -> Lease | None:
         """A place in flight, or None while the limit is reached."""
+        return self.acquire_or_why()[0]
+
+    def acquire_or_why(self) -> tuple[Lease | None, bool]:
+        """(a place in flight or None, whether a refusal was the tenant's share's rather than the limit's)."""
         name = secrets.token_hex(8)
-        admitted, _, limit, epoch = self._acquire(keys=[*self.keys, self.mine, keys.budget(self.dep_id, "limits")],
-                                                  args=[name, self.hold, self.bounds.start, self.share or 0])
+        admitted, _, limit, epoch, *mine = self._acquire(
+            keys=[*self.keys, self.mine, keys.budget(self.dep_id, "limits")],
+            args=[name, self.hold, self.bounds.start, self.share or 0])
         telemetry.concurrency_limit(self.region, int(limit))
-        return Lease(name, int(epoch)) if admitted == 1 else None
+        if admitted == 1:
+            return Lease(name, int(epoch)), False
+        return None, bool(mine and mine[0])
 
     def release(self, lease: Lease, latency: float, outcome: str) -> None:
-        """The call is back: ``outcome`` ok (``latency`` seconds), overload (429, 503, a timeout, no
-        connection) or none (not sent, or an answer that says nothing of load)."""
+        """The call is back: ``outcome`` ok (``latency`` seconds), overload (429, 503, no connection:
+        the server's own words), timeout (overload only where the call's ``timeout`` was well above
+        what calls of its class take) or none (not sent, or an answer that says nothing of load)."""
         b = self.bounds
         limit, _ = self._release(
-            keys=[*self.keys, keys.budget(self.dep_id, "adapt:lat"), keys.budget(self.dep_id, "limits"), self.mine],
-            args=[lease.name, lease.epoch, f"{latency:.6f}", outcome, b.min, b.max, b.latency_tolerance, HISTORY_KEEP])
+            keys=[*self.keys, keys.budget(self.dep_id, "adapt:lat"), keys.budget(self.dep_id, "limits"), self.mine,
+                  keys.budget(self.dep_id, "adapt:base")],
+            args=[lease.name, lease.epoch, f"{latency:.6f}", outcome, b.min, b.max, b.latency_tolerance, HISTORY_KEEP,
+                  self.klass, self.timeout])
         telemetry.concurrency_limit(self.region, int(limit))

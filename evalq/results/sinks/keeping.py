@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -75,6 +76,9 @@ return 1
 """
 
 
+_TRACE_ID, _SPAN_ID = re.compile(r"[0-9a-f]{32}"), re.compile(r"[0-9a-f]{16}")
+
+
 class Refused(Exception):
     """A request the sink did not take. ``cannot``: it takes no scores at all (found on the first
     request, never asked again); ``taken``: positions it took before it stopped."""
@@ -98,10 +102,13 @@ class Sink:
     extra: dict = field(default_factory=dict)
 
     def takes(self, ev: Evaluation) -> bool:
+        """Whether ``ev`` carries what this sink writes onto: ids as OTLP has them (lower-case hex of
+        16 and 8 bytes, as evalq's trace reader makes them), never text that could leave the sink's
+        API path (a trace id is a path segment of MLflow's)."""
         if self.needs == "span":
-            return bool(ev.span_id and ev.trace_id)
+            return bool(_SPAN_ID.fullmatch(ev.span_id or "") and _TRACE_ID.fullmatch(ev.trace_id or ""))
         if self.needs == "trace":
-            return bool(ev.trace_id)
+            return bool(_TRACE_ID.fullmatch(ev.trace_id or ""))
         return True
 
     def send(self, job_id: str, entry_key: str, entry: dict, events: list[tuple[int, Evaluation]]) -> dict[int, str]:

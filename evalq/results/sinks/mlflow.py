@@ -30,7 +30,10 @@ PATH = "/api/3.0/mlflow/traces"
 
 
 def trace_id(ev: Evaluation) -> str:
-    return f"tr-{ev.trace_id}"
+    """The MLflow trace id of ``ev``'s trace, as a path segment (the sink sends only hex ids: ``Sink.takes``)."""
+    from urllib.parse import quote
+
+    return quote(f"tr-{ev.trace_id}", safe="")
 
 
 def source(entry: dict) -> dict:
