@@ -125,8 +125,15 @@ def hosted(r, args) -> None:
                            window_seconds=int(window), **shape)
         dep = deployment_id(learned, learned.deployments[0])
         seen: list = []
+        answered_429: list = []
         done = threading.Event()
         threading.Thread(target=watch, args=(r, dep, "tpm", "learn", seen, done), daemon=True).start()
+
+        def count_429s() -> None:
+            while not done.wait(0.25):
+                answered_429.append((time.monotonic(), sim.stats("learned")["rate_limited"]))
+
+        threading.Thread(target=count_429s, daemon=True).start()
         total = (minutes + 2) * window  # a window to learn, the steady ones, then one after halving
         start = time.monotonic()
         halved_at = start + (minutes + 1) * window
@@ -171,6 +178,25 @@ def hosted(r, args) -> None:
                   f"max {max(steady):,.0f}")
         print(f"  halved: followed (within 10% of {tpm // 2:,}) after {follow - halved_at:.1f} s" if follow
               else "  halved: not followed within the run")
+        # the learned limit's path beside the provider's, a sixth of a window apart, with what the provider
+        # counted of the learned deployment's calls in the window ending there and its 429s in the step
+        print("  path: seconds, provider's limit, learned limit, provider's count of the last window, 429s in the step")
+        step = window / 6
+        calls = sim.calls("learned")
+
+        def refusals(at: float) -> int:  # the learned deployment's 429s judge-sim had answered by ``at``
+            return next((n for t, n in reversed(answered_429) if t <= at), 0)
+
+        k = 0
+        while start + k * step <= start + total:
+            at = start + k * step
+            value = next((v for t, v in reversed(seen) if t <= at), None)
+            truth = tpm if at < halved_at else tpm // 2
+            counted = sum(c for t, c, _ in calls if at - window <= t < at)
+            refused = refusals(at) - refusals(at - step)
+            shown = "-" if value is None else f"{int(value):,}"
+            print(f"    {at - start:6.0f} {truth:9,} {shown:>9} {counted:9,} {refused:4}")
+            k += 1
 
 
 def fresh(r, judge: JudgeConfig) -> None:

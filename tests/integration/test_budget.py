@@ -127,7 +127,7 @@ def test_a_tenants_text_moves_only_its_own_estimate(r, monkeypatch):
 
 def test_a_reservation_is_never_below_what_the_limiter_counts(r):
     from evalq.shared.judging.tokens import estimate_request_tokens, limiter_count
-    from evalq.workers.judge.client import settled_tokens
+    from evalq.workers.judge.budget import settled_tokens
 
     request = {"messages": [{"role": "user", "content": "Rate this answer: " + " " * 200_000}]}
     estimate, floor = estimate_request_tokens(request), limiter_count(request)

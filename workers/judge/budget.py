@@ -385,3 +385,11 @@ def budget_of(r: redis.Redis, dep_id: str, d, safety: float, tenant: str | None 
     if tenant is not None:  # its calls teach the estimator about its own text only
         budget.bias_key = keys.budget(dep_id, f"bias:{tenant}")
     return budget
+
+
+def settled_tokens(usage: dict, max_tokens: int, floor: int) -> int | None:
+    """What a budget holds for an answered call: the provider's count (``usage`` prompt tokens and
+    ``max_tokens``, which providers count up front), never below what its limiter counts the
+    request's characters as (``floor``: ``limiter_count``); None when the reply counted nothing."""
+    prompt = usage.get("prompt_tokens")
+    return max(prompt, floor) + max_tokens if prompt else None

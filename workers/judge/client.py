@@ -35,8 +35,8 @@ from evalq.shared.cluster import keys, telemetry
 from evalq.shared.core.errors import Deferred, Pending
 from evalq.shared.judging.judge_reply import Reply, reply_from_completion
 from evalq.shared.judging.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id, model_identity
-from evalq.workers.judge.budget import Budget, Reservation, budget_of
-from evalq.workers.judge.concurrency import Gate, Lease
+from evalq.workers.judge.budget import Budget, Reservation, budget_of, settled_tokens
+from evalq.workers.judge.concurrency import Lease, gates_of, load_said
 from evalq.workers.judge.cost import Caps, CostWait, Hold
 from evalq.workers.judge.dialects import Dialects, refused_as_invalid
 from evalq.workers.judge.requests import (JudgeError, RateLimited, chat_request, retry_after, retryable,  # noqa: F401
@@ -280,9 +280,15 @@ class JudgeClient:
         except openai.RateLimitError as exc:
             wait = retry_after(exc)
             budget.pause(wait)
-            if budget.learner is not None:
-                _bookkeeping(budget.learner.observe, exc.response.headers if exc.response is not None else {}, True)
             self._count(deployment.region, rate_limited=1)
+            if budget.learner is not None:
+                _bookkeeping(budget.learner.observe, exc.response.headers if exc.response is not None else {}, True,
+                             None, reservation.tokens)
+                # a deployment still finding its limit: the call waits for the budget, its item loses
+                # nothing, and the judge's retries are not spent on what the controller causes (issue 77)
+                raise Deferred(max(wait, 0.05), region=deployment.region,
+                               reason=f"429 from {deployment.region} while its limit is learned; Retry-After "
+                                      f"{wait:.1f} s") from None
             if wait > RETRY_SLEEP_MAX:
                 raise Deferred(wait, reason=f"429 from {deployment.region}; Retry-After {wait:.1f} s") from None
             raise RateLimited(wait) from None
@@ -377,39 +383,6 @@ class JudgeClient:
         (fields ``<region>/<name>``) for what a deployment answered."""
         self._write(accounting_ops(self.job_id, self.metric_key, region, fields))
         telemetry.judge_counted(region, fields)
-
-
-def gates_of(r: redis.Redis, judge, deployments: list[Deployment], tenant: str | None) -> dict[str, Gate]:
-    """The concurrency gate of each adaptive deployment (``evalq.workers.judge.concurrency``), as
-    ``tenant`` sees it (its ``max_share`` of the limit)."""
-    from evalq.shared.cluster.scheduling import Tenants
-
-    share = Tenants.from_env().max_share.get(tenant) if tenant is not None else None
-    hold = judge.timeout * 1.5 + 5  # a lease outlives its call's timeout, never a dead worker by long
-    return {d.region: Gate(r, deployment_id(judge, d), d.concurrency, d.region, hold, tenant, share,
-                           getattr(judge, "max_tokens", 0) or 0, judge.timeout)
-            for d in deployments if d.capacity == "adaptive"}
-
-
-def settled_tokens(usage: dict, max_tokens: int, floor: int) -> int | None:
-    """What a budget holds for an answered call: the provider's count (``usage`` prompt tokens and
-    ``max_tokens``, which providers count up front), never below what its limiter counts the
-    request's characters as (``floor``: ``limiter_count``); None when the reply counted nothing."""
-    prompt = usage.get("prompt_tokens")
-    return max(prompt, floor) + max_tokens if prompt else None
-
-
-def load_said(exc: BaseException) -> str:
-    """What a failed call says of the server's load: ``overload`` (429, 503, no connection),
-    ``timeout`` (overload only where the call's timeout left it time to spare: ``Gate.release``) or
-    ``none``."""
-    if isinstance(exc, openai.APITimeoutError):
-        return "timeout"
-    if isinstance(exc, (RateLimited, Deferred, openai.RateLimitError, openai.APIConnectionError)):
-        return "overload"
-    if isinstance(exc, openai.APIStatusError) and exc.status_code == 503:
-        return "overload"
-    return "none"
 
 
 def accounting_ops(job_id: str, metric_key: str, region: str | None, fields: dict[str, int]) -> list[Op]:

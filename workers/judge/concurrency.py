@@ -230,3 +230,34 @@ class Gate:
             args=[lease.name, lease.epoch, f"{latency:.6f}", outcome, b.min, b.max, b.latency_tolerance, HISTORY_KEEP,
                   self.klass, self.timeout])
         telemetry.concurrency_limit(self.region, int(limit))
+
+
+def gates_of(r: redis.Redis, judge, deployments: list, tenant: str | None) -> dict[str, Gate]:
+    """The concurrency gate of each adaptive deployment of ``judge``, as ``tenant`` sees it (its
+    ``max_share`` of the limit)."""
+    from evalq.shared.cluster.scheduling import Tenants
+    from evalq.shared.judging.judges import deployment_id
+
+    share = Tenants.from_env().max_share.get(tenant) if tenant is not None else None
+    hold = judge.timeout * 1.5 + 5  # a lease outlives its call's timeout, never a dead worker by long
+    return {d.region: Gate(r, deployment_id(judge, d), d.concurrency, d.region, hold, tenant, share,
+                           getattr(judge, "max_tokens", 0) or 0, judge.timeout)
+            for d in deployments if d.capacity == "adaptive"}
+
+
+def load_said(exc: BaseException) -> str:
+    """What a failed call says of the server's load: ``overload`` (429, 503, no connection),
+    ``timeout`` (overload only where the call's timeout left it time to spare: ``Gate.release``) or
+    ``none``."""
+    import openai
+
+    from evalq.shared.core.errors import Deferred
+    from evalq.workers.judge.requests import RateLimited
+
+    if isinstance(exc, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(exc, (RateLimited, Deferred, openai.RateLimitError, openai.APIConnectionError)):
+        return "overload"
+    if isinstance(exc, openai.APIStatusError) and exc.status_code == 503:
+        return "overload"
+    return "none"

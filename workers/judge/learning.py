@@ -7,10 +7,20 @@ Per limit (tokens, requests), what decides it, first that applies:
    that number, or less where its remaining count says others use part of it (``used + remaining``,
    smoothed: ``used`` is what the cluster holds in its window now);
 2. it states only what remains (Azure OpenAI): ``used + remaining``, smoothed;
-3. nothing is stated: AIMD. While the budget is what holds calls back and no 429 has come for a
-   whole window, the limit grows (x1.5 each sixth of a window until the first 429, then +5%); a 429
-   cuts it to 0.8x, at most once a quarter window (one 429 episode is one cut; the
-   Retry-After of a 429 pauses the deployment as ever, but never sets how long the limit stays cut).
+3. nothing is stated: AIMD on evidence (issue 77). The provider's sliding window lets a burst through
+   until it fills, so a limit grown while nothing refuses may be far past what the provider serves
+   (x1.5 a sixth-window took a 60,000 TPM deployment to 170,861 before its first 429). So growth is
+   bounded by what the cluster has had admitted in its last window (``E``, the tokens or requests in
+   its window, in the provider's units once each reply settled): until the first 429 the limit
+   grows, each sixth of a window while the budget holds calls back, up to twice ``E`` (slow start:
+   the provider has served ``E``, the limit guesses at most as much again, x1.5 a step at most);
+   after it, +5% a step, and only while ``E`` is within 10% of the limit (a limit nobody uses proves
+   nothing). A 429 (its first of an episode; one episode is one cut, at most once a quarter window)
+   cuts the limit to what was admitted before it, 0.95 ``E`` without the refused call (never below
+   half the limit, nor the floor): the measure of what the provider served, not a fixed factor of a
+   limit that may never have been reached. While a deployment learns, a 429 never ends an item: its
+   chunk waits for the budget (``Deferred``), and the client's retries are not spent on it. The
+   Retry-After of a 429 pauses the deployment as ever, but never sets how long the limit stays cut.
 
 Every value is held between the floor (only for what AIMD decides: a provider's number is taken
 even below it) and the ceiling (always). Changes go into the deployment's history
@@ -36,14 +46,17 @@ from evalq.shared.judging.capacity import AUTO, HISTORY_KEEP, rate_headers
 
 CACHE_SECONDS = 0.5   # how long a process uses the learned values it read
 PRESSED_EVERY = 1.0   # a process tells the learner its budget held calls back at most this often
-CUT = 0.8
+CUT = 0.95           # a cut: to this share of what was admitted before the 429 ...
+CUT_MOST = 0.5       # ... never below this share of the limit it cuts,
+CUT_REACHED = 0.8    # ... and at most this share of a limit that was used to 90% and still refused
 GROW_START, GROW = 1.5, 1.05
 SMOOTH = 0.5          # weight of a new remaining-based estimate
 
 # KEYS: learn, limits, usage (tok or req); ARGV: axis, op, value, floor, ceiling, start, window, keep, bucket,
 # then two of the op's (limit: the remaining count or '', and the smoothing; remaining: '', the smoothing;
-# cut: the factor, 0; grow: the factors before and after the first cut), then a reply's counted/reserved
-# ratio or ''. op: limit (value: the stated limit), remaining, cut, grow.
+# cut: the share of what was served, the least share of the limit; grow: the factors before and after the
+# first cut), then a reply's counted/reserved ratio or '', then (cut) the most share of a limit reached.
+# op: limit (value: the stated limit), remaining, cut (value: the refused call's own tokens or request), grow.
 LEARN_LUA = """
 local learn, hist, usage = KEYS[1], KEYS[2], KEYS[3]
 local axis, op, value = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -92,14 +105,27 @@ elseif now - field('said') < window then
 elseif op == 'cut' then
   redis.call('HSET', learn, axis .. '_429', tostring(now))  -- every 429, also those within one episode
   if now - field('cut') < window / 4 then return {tostring(current), 0} end
-  new, how = math.max(floor, math.floor(current * tonumber(ARGV[10]))), 'aimd'
+  -- what the provider served before refusing: the cluster's window without the refused call (value)
+  local served = math.max(0, used() - value)
+  local measure = math.min(current * tonumber(ARGV[10]), served * tonumber(ARGV[10]))
+  -- a limit that was reached (what was served is within 10% of it) and still refused is too high
+  -- whatever was served: then a fixed factor too (the provider's quota cut, others using it)
+  if served >= 0.9 * current then measure = math.min(measure, current * tonumber(ARGV[13])) end
+  new, how = math.max(floor, math.floor(math.max(current * tonumber(ARGV[11]), measure))), 'aimd'
   redis.call('HSET', learn, axis .. '_cut', tostring(now), axis .. '_phase', 'avoid')
 elseif op == 'grow' then
   -- no growth within a window of any 429: a refused call is held in the cluster's window as a sent
   -- one, so the budget looks full (and asks to grow) exactly while the provider refuses
   if now - field('grow') < window / 6 or now - field('429') < window then return {tostring(current), 0} end
-  local factor = redis.call('HGET', learn, axis .. '_phase') == 'avoid' and tonumber(ARGV[11]) or tonumber(ARGV[10])
-  new, how = math.max(floor, math.ceil(current * factor)), 'aimd'
+  local served = used()  -- what the provider has taken in the cluster's window: the evidence
+  if redis.call('HGET', learn, axis .. '_phase') == 'avoid' then
+    if served < 0.9 * current then return {tostring(current), 0} end  -- a limit nobody uses proves nothing
+    new = math.ceil(current * tonumber(ARGV[11]))
+  else
+    new = math.min(math.ceil(current * tonumber(ARGV[10])), math.floor(2 * served))
+    if new <= current then return {tostring(current), 0} end
+  end
+  new, how = math.max(floor, new), 'aimd'
   redis.call('HSET', learn, axis .. '_grow', tostring(now))
 end
 new = math.floor(math.min(new, ceiling))
@@ -161,10 +187,11 @@ class Learner:
         if changed:
             self._read_at = 0.0  # read it again at the next call
 
-    def observe(self, headers, rate_limited: bool = False, counted: float | None = None) -> None:
+    def observe(self, headers, rate_limited: bool = False, counted: float | None = None, refused: int = 0) -> None:
         """What a reply (or a 429) said: stated limits and remaining counts taken; a 429 that
-        said nothing of a limit cuts it (AIMD). ``counted``: the share of its reservation the
-        provider counted (its prompt tokens and ``max_tokens`` over what was reserved)."""
+        said nothing of a limit cuts it (AIMD) to what was admitted before it (``refused``: the
+        tokens the refused call itself holds in the window). ``counted``: the share of its
+        reservation the provider counted (its prompt tokens and ``max_tokens`` over what was reserved)."""
         if not self.axes:
             return
         said = rate_headers(headers or {}, self.window)
@@ -178,7 +205,7 @@ class Learner:
             elif remaining is not None:
                 self._op(axis, "remaining", remaining, "", SMOOTH, sample)
             elif rate_limited:
-                self._op(axis, "cut", 0, CUT, 0)
+                self._op(axis, "cut", refused if axis == "tpm" else 1, CUT, CUT_MOST, "", CUT_REACHED)
 
     def pressed(self) -> None:
         """The budget held a call back (not a 429's pause): where AIMD decides, room to grow."""
