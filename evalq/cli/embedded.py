@@ -216,12 +216,14 @@ class EmbeddedCluster:
     """Context manager: private Redis plus workers for the given queues."""
 
     def __init__(self, queues: list[str], concurrency: int | None = None, persist: bool = True,
-                 env: dict[str, str] | None = None, gpu_processes: int | None = None):
+                 env: dict[str, str] | None = None, gpu_processes: int | None = None,
+                 cpu_processes: int | None = None):
         from evalq.cli.workerargs import local_gpu_processes
 
         self.env = env or {}
         self.queues = queues
         self.concurrency = concurrency
+        self.cpu_processes = cpu_processes  # the cpu worker's pool where ``concurrency`` does not say
         self.gpu_processes = gpu_processes or local_gpu_processes()
         self._tmp = tempfile.TemporaryDirectory(prefix="evalq-")
         self.workdir = Path(self._tmp.name)
@@ -236,7 +238,8 @@ class EmbeddedCluster:
         try:
             self.redis.start()
             for n, (kind, queues) in enumerate(_worker_groups(self.queues + [JOBS_QUEUE]).items()):
-                w = LocalWorker(self.redis.url, queues, self.workdir, self.concurrency, name=kind,
+                concurrency = self.concurrency or (self.cpu_processes if kind == "cpu" else None)
+                w = LocalWorker(self.redis.url, queues, self.workdir, concurrency, name=kind,
                                 env={**self.env, **_metrics_port(self.env, n)},
                                 gpu_processes=self.gpu_processes if kind == "gpu" else None)
                 w.start()

@@ -36,7 +36,8 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
             store = _embedded_store(stack)
             cluster = stack.enter_context(EmbeddedCluster(
                 job.queues, concurrency=concurrency, env=_embedded_env(job, dest),
-                gpu_processes=gpu_processes or embedded_gpu_processes(job, chunk_size)))
+                gpu_processes=gpu_processes or embedded_gpu_processes(job, chunk_size),
+                cpu_processes=embedded_cpu_processes(job, chunk_size)))
             broker_url, check = cluster.broker_url, cluster.check
         r = waiting.connect(broker_url)
         if broker:
@@ -60,17 +61,37 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
                 submit.delete_job(r, job_id, [m.key for m in job.runs])
 
 
+def embedded_cpu_processes(job: Job, chunk_size: int | None = None) -> int:
+    """Embedded mode's cpu worker pool: a process per CPU, but no more than the job has cpu chunks
+    (a job of a few instances has one: a second pool process would only start, import the metrics
+    and wait; issue 76)."""
+    from evalq.cli.workerargs import cpu_count
+
+    return max(1, min(cpu_count(), _chunks(job, "cpu", chunk_size)))
+
+
+PLANNED_UP_TO = 20_000  # instances of a job whose chunks are counted from its plan before it starts
+
+
+def _chunks(job: Job, kind: str, chunk_size: int | None) -> int:
+    """How many chunks the job's stages send to queues of ``kind`` (the plan ``evalq validate`` shows:
+    entries scored together are one chunk); a large job, which has more than any machine's cores,
+    is not planned twice for it."""
+    from evalq.orchestrator.submit import chunks_of, outline, run_entry
+
+    if len(job.instances) > PLANNED_UP_TO:
+        return sum(-(-job.span(m) // run_entry(m, chunk_size, job.span(m))["chunk_size"])
+                   for m in job.runs if m.kind == kind)
+    return sum(1 for c in chunks_of(outline(job, chunk_size, runs=job.runs)) if c.queue.split(".", 1)[0] == kind)
+
+
 def embedded_gpu_processes(job: Job, chunk_size: int | None = None) -> int:
     """Embedded mode's gpu processes unless the user says: ``evalq run``'s default
     (``local_gpu_processes``), but no more than the job has gpu chunks; a process no chunk comes
-    to would only load the job's models beside the one that scores (entries scored together
-    count once each here, so such a job may still get one process more than it has chunks)."""
+    to would only load the job's models beside the one that scores."""
     from evalq.cli.workerargs import local_gpu_processes
-    from evalq.orchestrator.submit import run_entry
 
-    chunks = sum(-(-job.span(m) // run_entry(m, chunk_size, job.span(m))["chunk_size"])
-                 for m in job.runs if m.kind == "gpu")
-    return max(1, min(local_gpu_processes(), chunks))
+    return max(1, min(local_gpu_processes(), _chunks(job, "gpu", chunk_size)))
 
 
 def _embedded_store(stack: contextlib.ExitStack):

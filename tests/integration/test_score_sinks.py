@@ -107,7 +107,9 @@ def backends(tmp_path_factory):
                "PHOENIX_TELEMETRY_ENABLED": "false"}, home / "phoenix.log"),
         serve([str(MLFLOW / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
                "--default-artifact-root", str(home / "artifacts"), "--host", "127.0.0.1",
-               "--port", str(mlflow_port), "--workers", "1"], {}, home / "mlflow.log")]
+               "--port", str(mlflow_port), "--workers", "1"],
+              # no job runner (MLflow 3's async jobs: seven huey consumers, 24 CPU-s of the suite, issue 76)
+              {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, home / "mlflow.log")]
     urls = {"phoenix": f"http://127.0.0.1:{phoenix_port}", "mlflow": f"http://127.0.0.1:{mlflow_port}"}
     try:
         wait_up(urls["phoenix"] + "/healthz", procs[0], home / "phoenix.log")
@@ -266,32 +268,64 @@ def job_id_of(out: Path) -> str:
     return json.loads((out / "run.json").read_text())["job_id"]
 
 
+class Reader:
+    """A backend's own client in its own venv, imported once for the module (Phoenix's client takes ~9 s
+    of CPU to import; a process per read cost the suite 28 CPU-s, issue 76): a process that takes a
+    JSON list of arguments a line (``argv``) and answers a JSON line, ``out`` or the error."""
+
+    def __init__(self, python: Path, prelude: str, body: str):
+        script = ("import json, sys, traceback\n" + prelude + "\nfor line in sys.stdin:\n    argv = json.loads(line)\n"
+                  "    try:\n" + "".join(f"        {row}\n" for row in body.splitlines()) +
+                  "    except Exception:\n        out = {'error': traceback.format_exc()}\n"
+                  "    print(json.dumps(out), flush=True)\n")
+        self.proc = subprocess.Popen([str(python), "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+
+    def ask(self, *argv: str):
+        self.proc.stdin.write(json.dumps(list(argv)) + "\n")
+        self.proc.stdin.flush()
+        got = json.loads(self.proc.stdout.readline() or '{"error": "the reader exited"}')
+        assert not (isinstance(got, dict) and "error" in got), got
+        return got
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+READERS: dict[str, Reader] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def readers():
+    yield READERS
+    for reader in READERS.values():
+        reader.close()
+    READERS.clear()
+
+
 def phoenix_annotations(url: str, job_id: str, spans: list[str]) -> list[dict]:
     """The job's span annotations, read by Phoenix's own client."""
-    script = ("import json, sys\nfrom phoenix.client import Client\n"
-              "got = Client(base_url=sys.argv[1]).spans.get_span_annotations(span_ids=sys.argv[3:], "
-              "project_identifier='default', limit=10000)\n"
-              "print(json.dumps([a for a in got if (a.get('metadata') or {}).get('evalq.job.id') == sys.argv[2]]))")
-    done = subprocess.run([str(PHOENIX / "python"), "-c", script, url, job_id, *spans], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    if "phoenix" not in READERS:
+        READERS["phoenix"] = Reader(PHOENIX / "python", "from phoenix.client import Client", (
+            "got = Client(base_url=argv[0]).spans.get_span_annotations(span_ids=argv[2:], "
+            "project_identifier='default', limit=10000)\n"
+            "out = [a for a in got if (a.get('metadata') or {}).get('evalq.job.id') == argv[1]]"))
+    return READERS["phoenix"].ask(url, job_id, *spans)
 
 
 def mlflow_assessments(url: str, job_id: str, traces: list[str]) -> list[dict]:
     """The job's assessments on the traces, read by MLflow's own client."""
-    script = ("import json, sys\nimport mlflow\nmlflow.set_tracking_uri(sys.argv[1])\nout = []\n"
-              "for tid in sys.argv[3:]:\n"
-              "    for a in mlflow.get_trace('tr-' + tid).info.assessments:\n"
-              "        if (a.metadata or {}).get('evalq.job.id') == sys.argv[2]:\n"
-              "            out.append({'trace_id': tid, 'span_id': a.span_id, 'name': a.name, 'value': a.value,\n"
-              "                        'source': [a.source.source_type, a.source.source_id],\n"
-              "                        'rationale': a.rationale, 'label': a.metadata.get('evalq.label')})\n"
-              "print(json.dumps(out))")
-    done = subprocess.run([str(MLFLOW / "python"), "-c", script, url, job_id, *traces], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    if "mlflow" not in READERS:
+        READERS["mlflow"] = Reader(MLFLOW / "python", "import mlflow", (
+            "mlflow.set_tracking_uri(argv[0])\nout = []\n"
+            "for tid in argv[2:]:\n"
+            "    for a in mlflow.get_trace('tr-' + tid).info.assessments:\n"
+            "        if (a.metadata or {}).get('evalq.job.id') == argv[1]:\n"
+            "            out.append({'trace_id': tid, 'span_id': a.span_id, 'name': a.name, 'value': a.value,\n"
+            "                        'source': [a.source.source_type, a.source.source_id],\n"
+            "                        'rationale': a.rationale, 'label': a.metadata.get('evalq.label')})"))
+    return READERS["mlflow"].ask(url, job_id, *traces)
 
 
 def test_every_score_reaches_phoenix_and_mlflow_once_on_the_span_it_judged(night, backends, cluster, sim,

@@ -404,6 +404,25 @@ def test_embedded_mode_starts_no_gpu_process_the_job_has_no_chunk_for(monkeypatc
     assert embedded_gpu_processes(job(200, "bertscore"), chunk_size=50) == 3
 
 
+def test_embedded_mode_starts_no_more_cpu_processes_than_the_job_has_cpu_chunks(monkeypatch):
+    """Issue 76: an embedded run of a few instances started a cpu pool process per core, each importing
+    the metrics to wait; entries scored together are one chunk, as `evalq validate` shows."""
+    from evalq.cli import workerargs
+    from evalq.cli.run import embedded_cpu_processes
+    from evalq.shared.job.schema import parse_job
+
+    monkeypatch.setattr(workerargs, "cpu_count", lambda: 8)
+
+    def job(n: int, *metrics: str):
+        instances = [{"id": f"i{i}", "actual-output": "a b", "expected-output": ["a c"]} for i in range(n)]
+        return parse_job({"instances": instances, "metrics": [{"id": m} for m in metrics]}, source="job.json")
+
+    assert embedded_cpu_processes(job(6, "bleu", "rouge", "exact_match")) == 1  # scored together: one chunk
+    assert embedded_cpu_processes(job(200, "bleu"), chunk_size=50) == 4
+    assert embedded_cpu_processes(job(30_000, "bleu"), chunk_size=1_000) == 8  # the machine's, not 30 chunks
+    assert embedded_cpu_processes(job(6, "bertscore")) == 1  # no cpu chunk: the pool's least
+
+
 def test_distribution_aggregation_gives_means_and_spread():
     agg = aggregator_for("distribution")
     values = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 0.55]
