@@ -41,8 +41,22 @@ def reply(r: redis.Redis, reply_to: str, timeout: float = 60) -> dict:
     return json.loads(got[1])
 
 
-@pytest.fixture
-def cluster(private_redis, tmp_path):
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One cluster for the module (its tests' requests have reply lists, folders and request ids of
+    their own: issue 76 shares it instead of starting one a test)."""
+    from evalq.cli.embedded import EmbeddedRedis
+
+    tmp_path = tmp_path_factory.mktemp("identity")
+    server = EmbeddedRedis(tmp_path_factory.mktemp("identity-redis"))
+    server.start()
+    try:
+        yield from _cluster(server.url, tmp_path)
+    finally:
+        server.stop()
+
+
+def _cluster(private_redis: str, tmp_path):
     r = redis.Redis.from_url(private_redis)
     # the tenants' ACL users, as the operator makes them (compose's and k8s's tenant-acl run the same)
     env = {"EVALQ_TENANTS": TENANTS, "EVALQ_TENANT_PASSWORD_ADS": "ads-secret",

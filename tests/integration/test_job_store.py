@@ -23,18 +23,25 @@ pytestmark = pytest.mark.integration
 N = 240
 
 
-@pytest.fixture
-def cluster(private_redis, tmp_path):
-    """A private cluster whose workers have the test's AWS keys (for moto)."""
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A private cluster whose workers have the test's AWS keys (for moto), one for the module's tests
+    (each has job ids and folders of its own: issue 76 shares it instead of starting one a test)."""
+    from evalq.cli.embedded import EmbeddedRedis
+
+    tmp_path = tmp_path_factory.mktemp("store-cluster")
+    server = EmbeddedRedis(tmp_path)
+    server.start()
     workers = []
     try:
         for queues, prefix in (("evalq.jobs", "jobs"), ("cpu", "cpu")):
-            workers.append(running_worker(private_redis, queues, tmp_path, prefix, env=AWS))
+            workers.append(running_worker(server.url, queues, tmp_path, prefix, env=AWS))
             next(workers[-1])
-        yield private_redis
+        yield server.url
     finally:
         for worker in workers:
             worker.close()  # stopped
+        server.stop()
 
 
 @pytest.fixture
@@ -167,13 +174,13 @@ def test_a_store_that_refuses_fails_the_submission_with_one_line_and_leaves_noth
     (tmp_path / "file").write_text("a file where the store's folder would be")
     job = qa_job(tmp_path)
     r = redis.Redis.from_url(cluster)
-    before = r.zcard(keys.JOBS)
+    before, specs = r.zcard(keys.JOBS), set(r.scan_iter("evalq:{*}:spec"))
     done = evalq("submit", str(job), "--out", str(tmp_path / "out"), "--broker", cluster,
                  env={"EVALQ_STORE": str(tmp_path / "file" / "store")})
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "cannot write to the job store" in done.stderr and str(tmp_path / "file" / "store") in done.stderr
     assert r.zcard(keys.JOBS) == before  # nothing stored, nothing enqueued
-    assert not [k for k in r.scan_iter("evalq:{*}:spec")]
+    assert set(r.scan_iter("evalq:{*}:spec")) == specs
     assert not os.path.exists(tmp_path / "file" / "store")
 
 
@@ -182,10 +189,17 @@ def test_a_night_larger_than_the_brokers_memory_runs_beside_another_tenants_job(
     advises): kept in Redis, it cannot be stored; staged in the job store it runs, and a small job
     of another tenant submitted beside it runs too. (The ratio of a night to its broker, at a quarter
     of the size this test had until issue 76: 240 MB against 256 MB took 34 s of the suite.)"""
-    n = 15_000
     r = redis.Redis.from_url(cluster)
     r.config_set("maxmemory", "48mb")
     r.config_set("maxmemory-policy", "noeviction")
+    try:
+        _night_beside_a_job(cluster, r, tmp_path)
+    finally:  # the module's Redis, as the next test expects it
+        r.config_set("maxmemory", "0")
+
+
+def _night_beside_a_job(cluster, r, tmp_path):
+    n = 15_000
     words = "the river crosses a valley where farmers grow wheat barley and grapes under a dry sun".split()
     data = tmp_path / "night.jsonl"
     with open(data, "w") as f:

@@ -41,8 +41,22 @@ def raw_request(kwargs: dict, task: str = "evalq.submit_job", routing_key: str =
                        "body_encoding": "base64", "delivery_tag": str(uuid.uuid4())}})
 
 
-@pytest.fixture
-def cluster(private_redis, tmp_path):
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One cluster for the module's attacks (each has reply lists and folders of its own: issue 76
+    shares it instead of starting one a test)."""
+    from evalq.cli.embedded import EmbeddedRedis
+
+    tmp_path = tmp_path_factory.mktemp("attacks")
+    server = EmbeddedRedis(tmp_path_factory.mktemp("attacks-redis"))
+    server.start()
+    try:
+        yield from _cluster(server.url, tmp_path)
+    finally:
+        server.stop()
+
+
+def _cluster(private_redis: str, tmp_path):
     r = redis.Redis.from_url(private_redis)
     env = {"EVALQ_TENANTS": TENANTS, "EVALQ_TENANT_PASSWORD_ADS": "ads-secret",
            "EVALQ_TENANT_PASSWORD_SEARCH": "search-secret"}
@@ -129,6 +143,7 @@ def test_a_request_queue_runs_no_other_task(cluster, tmp_path):
     stage callback naming search's job (finalize: written early, with what it has), a chunk, or
     Celery's own canvas tasks. The jobs role takes only evalq.submit_job from a request queue."""
     r, ads = cluster["r"], cluster["ads"]
+    seen = len(cluster["worker"].log_path.read_text())  # the module's worker: what it logged before this test
     victim = "0123456789abcdef"
     r.set(keys.status(victim), "running")
     for task, args in (("evalq.finalize", [victim]), ("evalq.generated", [victim]),
@@ -140,7 +155,7 @@ def test_a_request_queue_runs_no_other_task(cluster, tmp_path):
                                             routing_key="evalq.jobs.ads"))
     assert reply(r, "replies:ads:after")["status"] == "done"
     assert r.get(keys.status(victim)) == b"running"
-    log = cluster["worker"].log_path.read_text()
+    log = cluster["worker"].log_path.read_text()[seen:]
     assert log.count("a request queue carries only evalq.submit_job") == 4, log[-3000:]
     assert "evalq.finalize" in log and "Received task: evalq.finalize" not in log
 
@@ -172,6 +187,7 @@ def test_a_request_runs_nothing_but_itself(cluster, tmp_path):
     from celery import chain, signature
 
     r, ads = cluster["r"], cluster["ads"]
+    seen = len(cluster["worker"].log_path.read_text())  # the module's worker: what it logged before this test
     since = time.time()
     mine = {"job": JOB, "out": str(cluster["roots"] / "ads" / "c"), "suite": "ads-c"}
     forms = {"chain": {"chain": [SEARCH_REQUEST]}, "callbacks": {"callbacks": [SEARCH_REQUEST]},
@@ -207,7 +223,7 @@ def test_a_request_runs_nothing_but_itself(cluster, tmp_path):
     assert r.llen("evalq.jobs.search") == 0 and r.llen("replies:search:nightly") == 0
     assert not r.exists(keys.request("search/nightly-1"))
     assert not (tmp_path / "forged").exists()
-    log = cluster["worker"].log_path.read_text()
+    log = cluster["worker"].log_path.read_text()[seen:]
     assert log.count("(canvas)") == 9, log[-3000:]
 
 
