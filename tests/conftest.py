@@ -136,6 +136,18 @@ def redis_url(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def module_redis(tmp_path_factory):
+    """A Redis of the module's own, for a module whose tests share one cluster (issue 76: a cluster a
+    test cost the suite a Redis, ACL users and workers each time)."""
+    from evalq.cli.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path_factory.mktemp("module-redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
 @pytest.fixture
 def private_redis(tmp_path):
     """A Redis of the test's own: no other test's jobs, queues or workers."""

@@ -42,18 +42,10 @@ def reply(r: redis.Redis, reply_to: str, timeout: float = 60) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(module_redis, tmp_path_factory):
     """One cluster for the module (its tests' requests have reply lists, folders and request ids of
     their own: issue 76 shares it instead of starting one a test)."""
-    from evalq.cli.embedded import EmbeddedRedis
-
-    tmp_path = tmp_path_factory.mktemp("identity")
-    server = EmbeddedRedis(tmp_path_factory.mktemp("identity-redis"))
-    server.start()
-    try:
-        yield from _cluster(server.url, tmp_path)
-    finally:
-        server.stop()
+    yield from _cluster(module_redis, tmp_path_factory.mktemp("identity"))
 
 
 def _cluster(private_redis: str, tmp_path):

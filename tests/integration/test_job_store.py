@@ -24,24 +24,19 @@ N = 240
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(module_redis, tmp_path_factory):
     """A private cluster whose workers have the test's AWS keys (for moto), one for the module's tests
     (each has job ids and folders of its own: issue 76 shares it instead of starting one a test)."""
-    from evalq.cli.embedded import EmbeddedRedis
-
     tmp_path = tmp_path_factory.mktemp("store-cluster")
-    server = EmbeddedRedis(tmp_path)
-    server.start()
     workers = []
     try:
         for queues, prefix in (("evalq.jobs", "jobs"), ("cpu", "cpu")):
-            workers.append(running_worker(server.url, queues, tmp_path, prefix, env=AWS))
+            workers.append(running_worker(module_redis, queues, tmp_path, prefix, env=AWS))
             next(workers[-1])
-        yield server.url
+        yield module_redis
     finally:
         for worker in workers:
             worker.close()  # stopped
-        server.stop()
 
 
 @pytest.fixture

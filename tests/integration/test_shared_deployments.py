@@ -16,7 +16,6 @@ import uuid
 import pytest
 import redis
 
-from evalq.cli.embedded import EmbeddedRedis
 from evalq.shared.cluster import keys
 from evalq.sim import JudgeSim, Region
 from tests.conftest import read_log, start_worker, stop_worker, wait_for_worker
@@ -33,11 +32,9 @@ TENANTS = f"search=1,ads=1;ads.max_share={SHARE};ads.daily_cost=1000"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(module_redis, tmp_path_factory):
     home = tmp_path_factory.mktemp("shared")
-    server = EmbeddedRedis(home / "redis")
-    (home / "redis").mkdir()
-    server.start()
+    url = module_redis
     roots, store, logs = home / "roots", home / "store", home / "logs"
     for tenant in ("ads", "search"):
         (roots / tenant).mkdir(parents=True)
@@ -57,18 +54,17 @@ def cluster(tmp_path_factory):
                      "window_seconds": WINDOW}}}))
         env = {"EVALQ_CATALOGUE": str(catalogue), KEY_ENV: "k", "EVALQ_TENANTS": TENANTS,
                "EVALQ_REQUEST_ROOTS": str(roots), "EVALQ_STORE": str(store)}
-        workers = [start_worker(server.url, "evalq.jobs,cpu", logs, concurrency=2, env=env, name="jobs"),
-                   start_worker(server.url, "judge.lab,judge.learn,judge.self,judge.free", logs, concurrency=8,
+        workers = [start_worker(url, "evalq.jobs,cpu", logs, concurrency=2, env=env, name="jobs"),
+                   start_worker(url, "judge.lab,judge.learn,judge.self,judge.free", logs, concurrency=8,
                                 env=env, name="judge")]
         try:
             for w in ("jobs", "judge"):
-                wait_for_worker(server.url, w)
-            yield {"url": server.url, "r": redis.Redis.from_url(server.url), "sim": sim, "roots": roots,
-                   "store": store, "app": client(server.url), "logs": logs}
+                wait_for_worker(url, w)
+            yield {"url": url, "r": redis.Redis.from_url(url), "sim": sim, "roots": roots,
+                   "store": store, "app": client(url), "logs": logs}
         finally:
             for w in workers:
                 stop_worker(w)
-            server.stop()
 
 
 def judge_job(tag: str, answers: list[str], deployment: str = "lab", **judge) -> dict:

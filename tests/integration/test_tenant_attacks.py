@@ -42,18 +42,10 @@ def raw_request(kwargs: dict, task: str = "evalq.submit_job", routing_key: str =
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """One cluster for the module's attacks (each has reply lists and folders of its own: issue 76
-    shares it instead of starting one a test)."""
-    from evalq.cli.embedded import EmbeddedRedis
-
-    tmp_path = tmp_path_factory.mktemp("attacks")
-    server = EmbeddedRedis(tmp_path_factory.mktemp("attacks-redis"))
-    server.start()
-    try:
-        yield from _cluster(server.url, tmp_path)
-    finally:
-        server.stop()
+def cluster(module_redis, tmp_path_factory):
+    """One cluster for the module (its tests' requests have reply lists, folders and request ids of
+    their own: issue 76 shares it instead of starting one a test)."""
+    yield from _cluster(module_redis, tmp_path_factory.mktemp("attacks"))
 
 
 def _cluster(private_redis: str, tmp_path):
