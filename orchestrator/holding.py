@@ -2,7 +2,7 @@
 
 A chunk whose calls wait for the job's or its tenant's own limit (its share of a deployment, its
 own lower TPM, its caps: ``Deferred.own``) gives its slot on the queue to the other jobs rather
-than keeping it while it waits: it goes back to the head of its job's line on the queue, and the
+than keeping it while it waits: it goes back to the end of its job's line on the queue, and the
 job is held off the queue until its wait is over; the dispatcher (``evalq.orchestrator.dispatch``)
 passes held jobs by, and the sweeper refills a queue when a hold on it lapses (``due_queues``). A
 tenant within its share thus never keeps the slots of a shared deployment's queue while its own
@@ -24,12 +24,14 @@ from evalq.shared.cluster import keys
 
 
 def put_back(r: redis.Redis, job_id: str, chunk: list, queue: str, seconds: float) -> None:
-    """Put ``chunk`` (its descriptor: metric key, start, stop, deployment) back at the head of the
+    """Put ``chunk`` (its descriptor: metric key, start, stop, deployment) back at the end of the
     job's line on ``queue`` and hold the job off it for ``seconds``. The caller frees the slot the
-    chunk had (``evalq.orchestrator.stages.slot_freed``)."""
+    chunk had (``evalq.orchestrator.stages.slot_freed``). At the end, as a woken parked chunk goes:
+    a dispatcher reads a line's head, sends, then trims as many from the head, so a descriptor pushed
+    at the head meanwhile would be trimmed unsent and another sent twice."""
     until = time.time() + max(0.0, seconds)
     pipe = r.pipeline(transaction=False)
-    pipe.lpush(keys.pending(job_id, queue), json.dumps(chunk))
+    pipe.rpush(keys.pending(job_id, queue), json.dumps(chunk))
     pipe.sadd(keys.sched(queue, "jobs"), job_id)
     pipe.sadd(keys.SCHED_QUEUES, queue)
     pipe.hset(keys.sched(queue, "hold"), job_id, f"{until:.3f}")
