@@ -363,13 +363,19 @@ def push_reply(r: redis.Redis, target: str, doc: str, ttl: int | None = None) ->
     there: its last ``REPLIES_KEPT`` documents, for ``ttl`` (the result TTL) after the last. A
     tenant's Redis user cannot write its reply lists (``evalq.shared.cluster.tenant_acl``, Redis 7);
     on an older Redis this still bounds what it pushed there, at the cluster's next answer."""
+    pipe = r.pipeline(transaction=False)
+    reply_ops(pipe, target, doc, ttl)
+    pipe.execute()
+
+
+def reply_ops(pipe, target: str, doc: str, ttl: int | None = None) -> None:
+    """``push_reply``'s commands, added to ``pipe`` (a caller's transaction that marks the request
+    answered in the same step)."""
     from evalq.shared.core.config import Settings
 
-    pipe = r.pipeline(transaction=False)
     pipe.rpush(target, doc)
     pipe.ltrim(target, -REPLIES_KEPT, -1)
     pipe.expire(target, int(ttl or Settings.from_env().result_ttl))
-    pipe.execute()
 
 
 def reply_document(request_id: str | None, job_id: str | None, status: str, out: str | None,

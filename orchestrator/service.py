@@ -104,9 +104,8 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
                    **request: Any) -> dict:
     """``queue``: the one the request came on (evalq.jobs.<tenant> establishes its tenant)."""
     from evalq.orchestrator import submit
-    from evalq.orchestrator.finalize import reply_document  # noqa: F401  (kept: tests patch it here)
-
     from evalq.shared.cluster.scheduling import Tenants
+    from evalq.shared.store.place import StoreUnavailable
 
     ttl = Settings.from_env().result_ttl
     tenants = Tenants.from_env()
@@ -168,11 +167,10 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
     spec["message_id"] = message_id
     try:
         submit.store_job(r, job, spec, job_id=job_id)
-    except InfraError as exc:
-        if isinstance(exc.__context__, redis.RedisError) or "Redis" in str(exc):
-            raise  # the broker is away: the message is redelivered (acknowledged late), and answered then
-        # the job store refused it (a full disk, an S3 endpoint away, a name it cannot hold): the request
-        # is answered, never left waiting for a job that does not exist
+    except StoreUnavailable as exc:
+        # the job store refused it (a full disk, an S3 endpoint away, a link in a tenant's folder): the
+        # request is answered, never left waiting for a job that does not exist. (Redis away is an
+        # InfraError of its own: the message is redelivered, acknowledged late, and answered then.)
         errors = [f"request: the job could not be stored: {exc}"]
         _answer_ended(r, job_id, message_id, request_id, reply_to, request.get("out"), Status.FAILED, errors, ttl)
         log.warning("request %s: not stored: %s", request_id or message_id, exc)
@@ -188,7 +186,7 @@ def _answer_ended(r: redis.Redis, job_id: str, message_id: str, request_id, repl
     """A request that ended before its job started (``invalid``, or ``failed`` to be stored): its
     status and reasons, and its answer on ``reply_to``, marked so that a redelivery of the message
     gets nothing more."""
-    from evalq.orchestrator.finalize import REPLIES_KEPT, reply_document, request_key
+    from evalq.orchestrator.finalize import reply_document, reply_ops, request_key
 
     # one transaction: a reader never sees the status without its reasons
     pipe = r.pipeline(transaction=True)
@@ -198,9 +196,7 @@ def _answer_ended(r: redis.Redis, job_id: str, message_id: str, request_id, repl
     pipe.execute()
     if reply_to:  # answered and marked at once: a redelivery of this message gets nothing more
         pipe = r.pipeline(transaction=True)
-        pipe.rpush(reply_to, json.dumps(reply_document(request_id, job_id, status, out, errors, None)))
-        pipe.ltrim(reply_to, -REPLIES_KEPT, -1)
-        pipe.expire(reply_to, ttl)
+        reply_ops(pipe, reply_to, json.dumps(reply_document(request_id, job_id, status, out, errors, None)), ttl)
         pipe.sadd(keys.replied(job_id), request_key(message_id))
         pipe.expire(keys.replied(job_id), ttl)
         pipe.execute()

@@ -68,8 +68,8 @@ def stage_shared(place: Place, shared: dict[str, str]) -> bool:
 
 
 def shared_fetch(r: Any, job_id: str, spec: dict):
-    """What ``evalq.shared.data.instances.with_shared`` fetches the job's shared values with: their
-    part in the job store where the job was staged there with some, else the job's Redis hash."""
+    """What ``with_shared`` fetches the job's shared values with: their part in the job store where
+    the job was staged there with some, else the job's Redis hash."""
     staged = spec.get("instances")
     if staged and staged.get("shared"):
         def from_store(digests: list[str]) -> list:

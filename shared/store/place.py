@@ -185,12 +185,10 @@ def job_place(root: Place, job_id: str, tenant: str | None, suite: str | None = 
     Spark, Athena or pyarrow read a month of a suite's nights as one dataset with those columns."""
     from evalq.shared.policy.egress import tenant_place
 
-    folder = tenant_place(root.uri, tenant or "default")
-    if root.is_s3:
-        return Place(folder, root.endpoint_url).child(f"{suite_folder(suite or 'default')}/job={job_id}")
-    # a local tenant folder, as the operator made it (resolved now): nothing below it through links
-    folder = str(Path(folder).resolve())
-    return Place(folder, root.endpoint_url, folder).child(f"{suite_folder(suite or 'default')}/job={job_id}")
+    folder, bound = tenant_place(root.uri, tenant or "default"), None
+    if not root.is_s3:  # a local tenant folder as the operator made it (resolved now): no link below it
+        folder = bound = str(Path(folder).resolve())
+    return Place(folder, root.endpoint_url, bound).child(f"{suite_folder(suite or 'default')}/job={job_id}")
 
 
 NAME_MAX = 255  # bytes in a folder's name (ext4, XFS, and most others)
