@@ -57,10 +57,11 @@ def stage_shared(place: Place, shared: dict[str, str]) -> bool:
     9.1 MB job's tools went to the broker's Redis for 7 days). Whether there were any."""
     if not shared:
         return False
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({"digest": pa.array(list(shared), pa.string()), "value": pa.array(list(shared.values()), pa.string())})
+    from evalq.shared.store.columns import strings, table as make_table
+
+    table = make_table({"digest": strings(list(shared)), "value": strings(list(shared.values()))})
     out = io.BytesIO()
     pq.write_table(table, out, compression="zstd")
     place.put(SHARED_PART, out.getvalue())
@@ -73,10 +74,9 @@ def shared_fetch(r: Any, job_id: str, spec: dict):
     staged = spec.get("instances")
     if staged and staged.get("shared"):
         def from_store(digests: list[str]) -> list:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+            from evalq.shared.store.columns import read
 
-            table = pq.read_table(pa.BufferReader(Place.from_json(staged).get(SHARED_PART)))
+            table = read(Place.from_json(staged).get(SHARED_PART))
             values = dict(zip(table.column("digest").to_pylist(), table.column("value").to_pylist()))
             return [values.get(d) for d in digests]
         return from_store
@@ -115,11 +115,11 @@ def stage(place: Place, lines: Iterable[str], part_bytes: int | None = None, par
 
 
 def _encode(start: int, batch: list[str]) -> bytes:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({"position": pa.array(range(start, start + len(batch)), pa.int64()),
-                      "instance": pa.array(batch, pa.string())})
+    from evalq.shared.store.columns import int64s, strings, table as make_table
+
+    table = make_table({"position": int64s(range(start, start + len(batch))), "instance": strings(batch)})
     out = io.BytesIO()
     pq.write_table(table, out, compression="zstd", row_group_size=ROW_GROUP)
     return out.getvalue()
@@ -136,11 +136,9 @@ def _column(staged: dict, index: int):
         if column is not None:
             _PARTS.move_to_end(key)
             return column
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from evalq.shared.store.columns import read
 
-    data = Place.from_json(staged).get(part_name(index))
-    column = pq.read_table(pa.BufferReader(data), columns=["instance"]).column("instance")
+    column = read(Place.from_json(staged).get(part_name(index)), ["instance"]).column("instance")
     with _LOCK:
         _PARTS[key] = column
         while len(_PARTS) > CACHED_PARTS:

@@ -147,17 +147,18 @@ def chunk_meta(spec: dict, r: Any, job_id: str, key: str, name: bytes) -> Iterat
 
 
 def _encode(records: Iterable[tuple[int, dict]], meta: dict[bytes, dict | None] | None = None) -> bytes:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from evalq.shared.store.columns import int64s, strings, table as make_table
+
     rows = list(records)
-    table = pa.table({
-        "position": pa.array([p for p, _ in rows], pa.int64()),
-        "instance_id": pa.array([str(rec.get("instance_id")) for _, rec in rows], pa.string()),
-        "category": pa.array([rec.get("category") if isinstance(rec.get("category"), str) else None
-                              for _, rec in rows], pa.string()),
-        "outcome": pa.array([outcome(rec) for _, rec in rows], pa.string()),  # as results.json counts it
-        "record": pa.array([encode(rec) for _, rec in rows], pa.string()),
+    table = make_table({
+        "position": int64s(p for p, _ in rows),
+        "instance_id": strings([str(rec.get("instance_id")) for _, rec in rows]),
+        "category": strings([rec.get("category") if isinstance(rec.get("category"), str) else None
+                             for _, rec in rows]),
+        "outcome": strings([outcome(rec) for _, rec in rows]),  # as results.json counts it
+        "record": strings([encode(rec) for _, rec in rows]),
     })
     kept = {name: value for name, value in (meta or {}).items() if value is not None}
     if kept:  # Parquet keeps metadata uncompressed: what rides there is zlib'd
@@ -169,10 +170,9 @@ def _encode(records: Iterable[tuple[int, dict]], meta: dict[bytes, dict | None] 
 
 
 def _decode(data: bytes) -> dict[int, str]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from evalq.shared.store.columns import read
 
-    table = pq.read_table(pa.BufferReader(data), columns=["position", "record"])
+    table = read(data, ["position", "record"])
     return dict(zip(table.column("position").to_pylist(), table.column("record").to_pylist()))
 
 

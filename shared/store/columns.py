@@ -1,0 +1,58 @@
+"""Arrow columns and Parquet reads that leave pandas out of the process.
+
+``pa.array`` over a Python list asks pyarrow's pandas shim whether the list is pandas-like, and
+``pq.read_table`` goes through ``pyarrow.dataset``: either imports pandas where it is installed
+(0.27 s of CPU and some 50 MB in every process that writes or reads a part: each pool process of
+a worker, each ``evalq run``; issue 76). Columns built from their buffers, a table from its
+arrays and reads through ``ParquetFile`` do not, and hold the same values
+(tests/unit/test_store_columns.py).
+"""
+
+from __future__ import annotations
+
+import array
+import itertools
+from typing import Any, Iterable
+
+
+def int64s(values: Iterable[int]) -> Any:
+    import pyarrow as pa
+
+    buf = array.array("q", values)
+    return pa.Array.from_buffers(pa.int64(), len(buf), [None, pa.py_buffer(buf)])
+
+
+def strings(values: Iterable[str | None]) -> Any:
+    """A ``string`` column (None: null)."""
+    import pyarrow as pa
+
+    encoded = [None if v is None else v.encode("utf-8") for v in values]
+    try:
+        offsets = array.array("i", itertools.accumulate((0 if b is None else len(b) for b in encoded), initial=0))
+    except OverflowError:  # 2 GiB of text in one column: pyarrow's own conversion chunks it
+        return pa.array([None if b is None else b.decode("utf-8") for b in encoded], pa.string())
+    n, nulls = len(encoded), encoded.count(None)
+    validity = None
+    if nulls:
+        bits = bytearray((n + 7) // 8)
+        for i, b in enumerate(encoded):
+            if b is not None:
+                bits[i >> 3] |= 1 << (i & 7)
+        validity = pa.py_buffer(bytes(bits))
+    data = pa.py_buffer(b"".join(b for b in encoded if b is not None))
+    return pa.Array.from_buffers(pa.string(), n, [validity, pa.py_buffer(offsets), data], null_count=nulls)
+
+
+def table(columns: dict[str, Any]) -> Any:
+    """A table of named columns (``int64s``, ``strings``)."""
+    import pyarrow as pa
+
+    return pa.Table.from_arrays(list(columns.values()), names=list(columns))
+
+
+def read(data: bytes, columns: list[str] | None = None) -> Any:
+    """A whole Parquet part (``columns`` of it) as a table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(pa.BufferReader(data)).read(columns=columns)
