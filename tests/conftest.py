@@ -222,11 +222,53 @@ def cpu_worker(redis_url, tmp_path_factory):
     stop_worker(proc)
 
 
+# Commands that start nothing and leave nothing running: run in the test's own process (a
+# subprocess is 0.4 s of CPU to import Python, click and evalq again; issue 76), through the same
+# evalq.cli.invoke that turns errors into exit codes. Any other command, one given subprocess options
+# (input, ...) or an environment for the interpreter itself (PYTHONPATH, ...) runs as a user runs it.
+IN_PROCESS = frozenset({"validate", "metrics", "plan"})
+
+
 def evalq(*args: str, env: dict | None = None, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
-    """Run the evalq CLI as a subprocess, as a user would."""
+    """Run the evalq CLI as a user would: a subprocess, or in-process for ``IN_PROCESS`` commands."""
+    if args and args[0] in IN_PROCESS and not kw and not any(k.startswith("PYTHON") for k in env or {}):
+        return evalq_in_process(*args, env=env)
     return subprocess.run([sys.executable, "-m", "evalq.cli", *args], cwd=ROOT,
                           env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout, **kw)
+
+
+def evalq_in_process(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``evalq ARGS`` in this process, from the repository's root, with ``env`` over this process's
+    environment (put back after): its exit code and what it wrote, as ``subprocess.run`` gives them,
+    an exception that escaped as a traceback on stderr with exit code 1 (as Python would exit)."""
+    import contextlib
+    import io
+    import traceback
+
+    from evalq.cli import invoke
+    from evalq.shared.data import parallel_read
+
+    out, err = io.StringIO(), io.StringIO()
+    saved, processes = dict(os.environ), parallel_read.READ_PROCESSES
+    # one reading process: the command would fork readers from the test runner, whose other threads'
+    # locks stay held in a forked child (a validate hung 300 s so); what reads in parallel is tested in
+    # tests/unit/test_parallel_read.py and by the subprocesses here
+    os.environ.update({"EVALQ_READ_PROCESSES": "1", **(env or {})})
+    try:
+        with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = invoke(list(args), prog_name="evalq")
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+            except Exception:  # noqa: BLE001  (what a subprocess would show)
+                traceback.print_exc(file=err)
+                code = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        parallel_read.READ_PROCESSES = processes
+    return subprocess.CompletedProcess(["evalq", *args], code, out.getvalue(), err.getvalue())
 
 
 def write_job(path: Path, instances: list[dict], metrics: list[dict]) -> Path:

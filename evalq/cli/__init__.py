@@ -19,36 +19,36 @@ def _gate_failed() -> type:
     return GateFailed
 
 
-def _interrupted(exc: BaseException) -> None:
+def _interrupted(exc: BaseException) -> int:
     from evalq.cli.interrupt import Terminated, announced
 
     cause = exc if isinstance(exc, KeyboardInterrupt) else exc.__cause__  # click's Abort wraps it
     if not announced():
         click.echo("interrupted", err=True)
-    sys.exit(cause.exit_code if isinstance(cause, Terminated) else 130)
+    return cause.exit_code if isinstance(cause, Terminated) else 130
 
 
-def main() -> None:
-    from evalq.cli.interrupt import install
-
-    install()  # Ctrl-C and SIGTERM stop any command, even where SIGINT was inherited ignored
+def invoke(argv: list[str] | None = None, prog_name: str | None = None) -> int:
+    """The command ``argv`` names (default: this process's arguments), its errors turned into the
+    exit code ``main`` exits with. Tests run the commands that start nothing (``validate``,
+    ``metrics``, ``plan``) through it in their own process (tests/conftest.py ``evalq``)."""
     try:
-        code = cli.main(standalone_mode=False)
+        code = cli.main(args=argv, prog_name=prog_name, standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:
-        _interrupted(exc)
+        return _interrupted(exc)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except JobError as exc:
         for line in exc.problems:
             click.echo(f"error: {line}", err=True)
-        sys.exit(2)
+        return 2
     except _gate_failed() as exc:
         click.echo(f"evalq: {exc}", err=True)
-        sys.exit(3)
+        return 3
     except InfraError as exc:
         click.echo(f"evalq: {exc}", err=True)
-        sys.exit(1)
+        return 1
     except Exception as exc:
         from evalq.cli.outage import away
 
@@ -56,8 +56,15 @@ def main() -> None:
             raise
         # a command that does not wait (submit, cancel, resume) met an unreachable Redis
         click.echo(f"evalq: Redis is unreachable: {exc}", err=True)
-        sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
+        return 1
+    return code if isinstance(code, int) else 0
+
+
+def main() -> None:
+    from evalq.cli.interrupt import install
+
+    install()  # Ctrl-C and SIGTERM stop any command, even where SIGINT was inherited ignored
+    sys.exit(invoke())
 
 
 if __name__ == "__main__":
