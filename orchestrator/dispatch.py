@@ -41,8 +41,8 @@ import redis
 from evalq.orchestrator import holding, pricing
 from evalq.shared.cluster import keys, leases
 from evalq.shared.cluster.scheduling import PRIORITIES, Tenants, Window
-from evalq.shared.cluster.spec import entry_queues, plan, stored_spec
-from evalq.shared.cluster.status import FINAL, Status, status_of
+from evalq.shared.cluster.spec import entry_queues, plan, retention, stored_spec
+from evalq.shared.cluster.status import FINAL
 
 log = logging.getLogger("evalq.dispatch")
 
@@ -74,7 +74,7 @@ def enqueue(r: redis.Redis, job_id: str, spec: dict, stage: str, skip_done: bool
         for q in {c.queue for c in batch}:
             pipe.sadd(keys.sched(q, "jobs"), job_id)
             pipe.sadd(keys.SCHED_QUEUES, q)
-            pipe.expire(keys.pending(job_id, q), spec.get("ttl") or 7 * 24 * 3600)
+            pipe.expire(keys.pending(job_id, q), retention(spec))
         pipe.hset(pkey, f"{stage}:sent", max(position, int(r.hget(pkey, f"{stage}:sent") or 0)))
         pipe.execute()
         queues.update(c.queue for c in batch)
@@ -385,10 +385,6 @@ def shares(r: redis.Redis, queue: str) -> dict[str, float]:
 
 def queued_for(r: redis.Redis, job_id: str, queue: str) -> int:
     return r.llen(keys.pending(job_id, queue))
-
-
-def is_cancelled(r: redis.Redis, job_id: str) -> bool:
-    return status_of(r, job_id) == Status.CANCELLED
 
 
 def send_now(app, r: redis.Redis, queues: set[str]) -> int:

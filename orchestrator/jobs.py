@@ -10,7 +10,7 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.errors import InfraError
-from evalq.shared.cluster.spec import entry_queues, run_items, runs as all_runs
+from evalq.shared.cluster.spec import entry_queues, load_spec, run_items, runs as all_runs
 from evalq.shared.cluster.status import FINAL, Status, status_of
 
 
@@ -28,11 +28,11 @@ def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
         return status
     r.set(keys.status(job_id), Status.CANCELLED, keepttl=True)
     app = client_app(broker_url)
-    raw_spec = r.get(keys.spec(job_id))
-    if raw_spec is not None:  # its chunks still in line are never sent; its window goes to the others
+    spec = load_spec(r, job_id)
+    if spec is not None:  # its chunks still in line are never sent; its window goes to the others
         from evalq.orchestrator import dispatch
 
-        dispatch.send_now(app, r, dispatch.drop(r, job_id, json.loads(raw_spec)))
+        dispatch.send_now(app, r, dispatch.drop(r, job_id, spec))
     # the final callback writes what was recorded; chunks in flight may still finish
     fire_callback(app, r, job_id, METRICS_STAGE, force=True)
     return Status.CANCELLED
@@ -45,13 +45,12 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
     if not status:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     info: dict = {"job_id": job_id, "status": status}
-    raw_spec = r.get(keys.spec(job_id))
-    if status == Status.INVALID or raw_spec is None:
+    spec = load_spec(r, job_id)
+    if status == Status.INVALID or spec is None:
         raw_error = r.get(keys.error(job_id))
         if raw_error:
             info["errors"] = json.loads(raw_error)
         return info
-    spec = json.loads(raw_spec)
     info.update({"source": spec["source"], "submitted_at": spec.get("submitted_at"), "out": spec.get("out"),
                  "request_id": spec.get("request_id"), "n_instances": spec["n_instances"]})
     error = r.get(keys.error(job_id))
@@ -71,7 +70,7 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
         if entry.get("name"):
             row["name"] = entry["name"]
         if acct:
-            from evalq.orchestrator.finalize import judge_accounting
+            from evalq.results.summary import judge_accounting
 
             row["judge"] = judge_accounting(acct)
         entries.append(row)
@@ -149,7 +148,7 @@ def recent(r: redis.Redis, limit: int = 20) -> list[dict]:
         if not status:
             r.zrem(keys.JOBS, job_id)
             continue
-        spec = json.loads(r.get(keys.spec(job_id)) or "{}")
+        spec = load_spec(r, job_id) or {}
         rows.append({"job_id": job_id, "status": status, "submitted": time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(at)), "source": spec.get("source"),
             "n_instances": spec.get("n_instances"), "scheduling": spec.get("scheduling")})

@@ -29,7 +29,6 @@ fails is logged once (until it answers again) and left out of that scrape.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from evalq.orchestrator.backlog import backlogs
 from evalq.orchestrator.watch import items_done, server_time
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import env_number
-from evalq.shared.cluster.spec import run_keys
+from evalq.shared.cluster.spec import load_spec, run_keys
 from evalq.shared.cluster.status import FINAL, Status
 
 log = logging.getLogger("evalq.metrics")
@@ -53,10 +52,9 @@ DEFAULT_STALL_SECONDS = 900
 
 def stalled(r: redis.Redis, job_id: str, now: float, stall_seconds: float) -> bool:
     """No item of the running job has finished for ``stall_seconds`` (Redis server time)."""
-    raw = r.get(keys.spec(job_id))
-    if raw is None:
+    spec = load_spec(r, job_id)
+    if spec is None:
         return False  # expired since
-    spec = json.loads(raw)
     done = sum(items_done(r, job_id, run_keys(spec)).values())
     seen = {k.decode(): v.decode() for k, v in r.hgetall(keys.watch(job_id)).items()}
     if "changed_at" in seen:
@@ -95,6 +93,7 @@ def job_counts(r: redis.Redis, stall_seconds: float) -> tuple[dict[str, int], in
 
 MAX_SUITES_ENV, SUITE_AGE_ENV, MAX_VALUES_ENV = ("EVALQ_METRICS_MAX_SUITES", "EVALQ_METRICS_SUITE_MAX_AGE",
                                                   "EVALQ_METRICS_MAX_SUITE_VALUES")
+SUITE_AGE = 30 * 86400  # EVALQ_METRICS_SUITE_MAX_AGE unset
 
 
 @dataclass(frozen=True)
@@ -103,12 +102,12 @@ class SuiteBounds:
     every message would add series to the operator's Prometheus for ever."""
 
     max_suites: int = 100        # the suites whose last run ended most recently
-    max_age: float = 30 * 86400  # seconds since a suite's last run after which it is dropped
+    max_age: float = SUITE_AGE  # seconds since a suite's last run after which it is dropped
     max_values: int = 50         # evalq_suite_value series per suite (its entries' fields in job order)
 
     @classmethod
     def from_env(cls) -> "SuiteBounds":
-        return cls(int(env_number(MAX_SUITES_ENV, 100)), float(env_number(SUITE_AGE_ENV, 30 * 86400)),
+        return cls(int(env_number(MAX_SUITES_ENV, 100)), float(env_number(SUITE_AGE_ENV, SUITE_AGE)),
                    int(env_number(MAX_VALUES_ENV, 50)))
 
 

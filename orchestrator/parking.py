@@ -22,7 +22,7 @@ import logging
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.core.config import Settings
+from evalq.shared.cluster.spec import load_spec, retention
 from evalq.shared.cluster.status import FINAL, status_of
 
 log = logging.getLogger("evalq.parking")
@@ -37,7 +37,7 @@ def park(app, r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     entry = {"chunk": [metric_key, start, stop, deployment], "queue": queue, "waits": digests}
     pipe = r.pipeline(transaction=False)
     pipe.hset(keys.parked(job_id), field, json.dumps(entry))
-    pipe.expire(keys.parked(job_id), Settings.from_env().result_ttl)
+    pipe.expire(keys.parked(job_id), retention(load_spec(r, job_id)))
     pipe.execute()
     slot_freed(app, r, queue)
     if not waiting(r, job_id, digests):  # answered while its items were being asked

@@ -27,6 +27,7 @@ from evalq.shared.cluster import keys
 from evalq.shared.core.config import CONTROL_QUEUE, JOBS_QUEUE, TENANT_QUEUE_PREFIX, Settings, tenant_of_queue
 from evalq.shared.policy.egress import Reach
 from evalq.shared.core.errors import InfraError, JobError
+from evalq.shared.cluster.spec import load_spec
 from evalq.shared.cluster.status import FINAL, Status
 from evalq.orchestrator.tenancy import tenant_policy
 
@@ -132,14 +133,13 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
         if request_id is not None and owner is not None and owner.decode() != message_id and \
                 bound is not None and bound.decode() != fingerprint:
             return _answer_conflict(r, idem, message_id, request_id, reply_to, ttl)
-        spec_raw = r.get(keys.spec(job_id))
+        spec = load_spec(r, job_id)
         status = (r.get(keys.status(job_id)) or b"").decode()
         if status == Status.INVALID or (owner is not None and owner.decode() != message_id):
             # another request with the same id (the first may still be storing its job):
             # answered with the first job when it ends, never started again
             return _answer_duplicate(r, job_id, message_id, {**request, "reply_to": reply_to})
-        if spec_raw is not None:
-            spec = json.loads(spec_raw)
+        if spec is not None:
             if request_id is not None and spec.get("message_id") != message_id:
                 # another request with the same id: answered with the first job, not started again
                 return _answer_duplicate(r, job_id, message_id, {**request, "reply_to": reply_to})
@@ -186,7 +186,7 @@ def _answer_ended(r: redis.Redis, job_id: str, message_id: str, request_id, repl
     """A request that ended before its job started (``invalid``, or ``failed`` to be stored): its
     status and reasons, and its answer on ``reply_to``, marked so that a redelivery of the message
     gets nothing more."""
-    from evalq.orchestrator.finalize import reply_document, reply_ops, request_key
+    from evalq.orchestrator.replies import reply_document, reply_ops, request_key
 
     # one transaction: a reader never sees the status without its reasons
     pipe = r.pipeline(transaction=True)
@@ -220,7 +220,7 @@ def _answer_conflict(r: redis.Redis, idem: str, message_id: str, request_id, rep
     """A request whose request_id is bound to a different request (another job, suite,
     scheduling): nothing starts, and its reply_to is answered ``conflict``, once, with nothing
     of the other job (neither its id nor its results)."""
-    from evalq.orchestrator.finalize import push_reply, reply_document
+    from evalq.orchestrator.replies import push_reply, reply_document
 
     error = (f"request.request_id: {str(request_id)[:200]!r} is already bound to a different request (another "
              "job, suite or scheduling was sent with it first); nothing was started for this one: use a new "
@@ -250,7 +250,7 @@ def _answer_duplicate(r: redis.Redis, job_id: str, message_id: str, request: dic
     """A second request with a known ``request_id``: no new job. Its ``reply_to``
     (whichever list, the first's too) gets the end document: now if the job has
     ended, else when it ends; a redelivery of this message gets nothing more."""
-    from evalq.orchestrator.finalize import reply_targets_add, replay
+    from evalq.orchestrator.replies import reply_targets_add, replay
 
     reply_to = request.get("reply_to")
     if reply_to:
@@ -342,7 +342,7 @@ def answer_refused(r: redis.Redis, refused, queue: str) -> None:
     """A message on request queue ``queue`` that is not a request (``evalq.orchestrator.intake``'s
     ``Refused``): logged, counted, and answered ``invalid`` on its ``reply_to`` where that is a list
     its tenant may be answered on (nothing else is)."""
-    from evalq.orchestrator.finalize import push_reply, reply_document
+    from evalq.orchestrator.replies import push_reply, reply_document
     from evalq.shared.cluster import telemetry
     from evalq.shared.cluster.scheduling import Tenants
 

@@ -25,7 +25,6 @@ after all the same.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -38,7 +37,7 @@ from evalq.orchestrator.stages import callback_running, fire_callback
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import CONTROL_QUEUE, Settings
 from evalq.shared.core.errors import InfraError
-from evalq.shared.cluster.spec import current_stage, job_queues, run_keys, stage_items, stage_runs
+from evalq.shared.cluster.spec import current_stage, job_queues, load_spec, retention, run_keys, stage_items, stage_runs
 from evalq.shared.cluster.status import FINAL, status_of
 
 log = logging.getLogger("evalq.sweeper")
@@ -86,7 +85,7 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
     from evalq.orchestrator.app import client_app
 
     now = server_time(r) if now is None else now
-    key, ttl = keys.watch(job_id), int(spec.get("ttl") or Settings.from_env().result_ttl)
+    key, ttl = keys.watch(job_id), retention(spec)
     done = sum(counts.values())
     seen = {k.decode(): v.decode() for k, v in r.hgetall(key).items()}
     if seen.get("done") != str(done):
@@ -146,10 +145,9 @@ def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     if status in FINAL:
         return {"job_id": job_id, "status": status, "stage": None, "sent": 0, "callback": None}
-    raw_spec = r.get(keys.spec(job_id))
-    if raw_spec is None:
+    spec = load_spec(r, job_id)
+    if spec is None:
         raise InfraError(f"job {job_id}: its spec is gone from Redis; it cannot be resumed")
-    spec = json.loads(raw_spec)
     app = client_app(broker_url)
     stage = current_stage(spec, status)
     if stage_complete(r, job_id, stage):
@@ -206,10 +204,9 @@ def sweep(r: redis.Redis, broker_url: str, timing: Timing, now: float | None = N
 
     dispatch.refill_all(client_app(broker_url), r, lambda queues: out_counts(r, queues))
     for job_id, status in running:
-        raw = r.get(keys.spec(job_id))
-        if raw is None:
+        spec = load_spec(r, job_id)
+        if spec is None:
             continue  # expired since
-        spec = json.loads(raw)
         try:
             actions += look_after(r, broker_url, job_id, spec, status, items_done(r, job_id, run_keys(spec)),
                                   timing, now, refill=False)

@@ -8,9 +8,12 @@ room imports only rooms below it; ``tests/unit/test_layers.py`` checks it):
 - ``metrics``: the metric registry, evalq's own metrics' parameters and entries, BERTScore models;
 - ``cluster``: Redis keys, leases, status, the stored spec, tenants and windows, telemetry;
 - ``agents``: agent runs and conversations (a family of metrics);
+- ``traces``: OpenTelemetry spans read as instances, and an item's result as evaluation events;
 - ``data``: datasets, instances, storage, job documents, log lines;
 - ``model``: the model under test;
 - ``fmeval``: fmeval's evaluation algorithms (a family of metrics);
+- ``pairwise``: two answers compared by a judge, in both orders (a family of metrics);
+- ``store``: the job store, a job's bulk (instances, item records) as Parquet parts outside Redis;
 - ``job``: a job read and validated whole, and every metric it may name.
 
 Nothing here imports Celery or metric libraries, nor any other room of evalq: the CLI and the

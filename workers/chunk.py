@@ -21,14 +21,14 @@ from evalq.shared.cluster import keys, telemetry
 from evalq.shared.scores.aggregate import chunk_part
 from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
 from evalq.workers.judge.panel import Panel
-from evalq.shared.store import instances as stored_instances, records as stored_records
+from evalq.shared.store import instances as stored_instances
 from evalq.shared.store.place import StoreUnavailable
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.metrics.registry import MetricSpec
 from evalq.workers import keeping, prefetch
 from evalq.workers.item_budget import bounded
 from evalq.shared.cluster.spec import companions, variants_key
-from evalq.shared.core.jsonio import decode_many, encode
+from evalq.shared.core.jsonio import decode_many
 from evalq.shared.core.memo import shared_reading
 from evalq.workers.context import ChunkContext
 
@@ -71,7 +71,7 @@ def endpoint_client(ctx: ChunkContext, deployment: str | None, keeper: keeping.I
 
         return python_runner(config)
     client = JudgeClient(ctx.r, ctx.job_id, ctx.key, ctx.endpoint_name, config, options, preferred=deployment,
-                         memo=ctx.memo, keeper=keeper, tenant=ctx.tenant)
+                         memo=ctx.memo, keeper=keeper, tenant=ctx.tenant, ttl=ctx.ttl)
     if not ctx.model_run:  # what the entry asks its judge, as a digest: part of its judge identity
         from evalq.workers.judge.identity import note_prompt
 
@@ -103,7 +103,7 @@ def panel_client(ctx: ChunkContext, deployment: str | None, keeper: Any, options
             members[name] = Refused(str(exc))
             continue
         member = JudgeClient(ctx.r, ctx.job_id, ctx.key, name, config, options, preferred=deployment,
-                             memo=ctx.memo, keeper=keeper, tenant=ctx.tenant)
+                             memo=ctx.memo, keeper=keeper, tenant=ctx.tenant, ttl=ctx.ttl)
         member.batch = batch_lines(ctx, config, options, member.deployments, name)  # its lines: its judge's
         members[name] = member
     return Panel({name: members[name] for name in ctx.params.panel}, ctx.params.panel_aggregate,
@@ -134,7 +134,7 @@ def batch_lines(ctx: ChunkContext, config: Any, options: Any, deployments: list,
     if mode == "sync" or not config.batch_deployments:
         return None
     deadline = auto_deadline(ctx.spec) if mode == "auto" else None
-    return BatchLines(ctx.r, ctx.job_id, ctx.key, name or ctx.endpoint_name, config, deployments, deadline)
+    return BatchLines(ctx.r, ctx.job_id, ctx.key, name or ctx.endpoint_name, config, deployments, deadline, ttl=ctx.ttl)
 
 
 def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: Any = None,
@@ -257,7 +257,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     if spec.calls_endpoint:
         # A re-scheduled or redelivered chunk pays for no item already recorded
         # or kept, nor again for a call of an item that was answered.
-        recorded, kept = keeping.earlier(r, ctx.spec, job_id, metric_key, positions)
+        recorded, kept = keeping.earlier(r, ctx.records, job_id, metric_key, positions)
         positions = [p for p in positions if p not in recorded and "record" not in kept.get(p, {})]
     if metric_key == GENERATE:  # only instances without an output are generated
         instances = _instances(ctx, positions)
@@ -385,7 +385,7 @@ def _with_generated(ctx: ChunkContext, positions: list[int], instances: list[dic
     wanted = [(p, inst) for p, inst in zip(positions, instances) if "actual-output" not in inst]
     if not wanted:
         return
-    raw = stored_records.get_many(ctx.r, ctx.spec, ctx.job_id, GENERATE, [p for p, _ in wanted], complete=True)
+    raw = ctx.records.get_many(ctx.r, GENERATE, [p for p, _ in wanted], complete=True)
     for (_, inst), rec in zip(wanted, raw):
         record = json.loads(rec) if rec is not None else {"error": "no output was recorded"}
         if "result" in record:
@@ -401,7 +401,7 @@ def _with_variants(ctx: ChunkContext, positions: list[int], instances: list[dict
     entry's variants run; one without them is recorded with the reason instead."""
     if not positions:
         return
-    raw = stored_records.get_many(ctx.r, ctx.spec, ctx.job_id, variants_key(ctx.key), positions, complete=True)
+    raw = ctx.records.get_many(ctx.r, variants_key(ctx.key), positions, complete=True)
     for inst, rec in zip(instances, raw):
         record = json.loads(rec) if rec is not None else {"error": "nothing was recorded"}
         if "result" in record:
@@ -418,7 +418,7 @@ def _chunk_records(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict
     are left out."""
     earlier = [p for p in range(start, stop) if p not in new]
     if earlier:
-        for p, raw in zip(earlier, stored_records.get_many(ctx.r, ctx.spec, ctx.job_id, ctx.key, earlier)):
+        for p, raw in zip(earlier, ctx.records.get_many(ctx.r, ctx.key, earlier)):
             if raw is not None:
                 new[p] = json.loads(raw)
     return [(p, new[p]) for p in sorted(new)]
@@ -431,18 +431,12 @@ def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: flo
     (``evalq.shared.store.records`` writes them to ``res:{M}`` or as the chunk's part)."""
     job_id, metric_key = ctx.job_id, ctx.key
     pipe = ctx.r.pipeline(transaction=True)
-    # with a job store the history's values and the report's view ride in the chunk's part, not in
-    # Redis: what Redis keeps of a job does not grow with its items
-    stored_records.write(pipe, ctx.spec, job_id, metric_key, start, records, whole, values, view)
-    if stored_records.in_parts(ctx.spec) and whole is not None:
-        values = view = None
+    # the records, and the history's values and the report's view (with a job store they ride in the
+    # chunk's part, not in Redis: what Redis keeps of a job does not grow with its items)
+    ctx.records.write(pipe, metric_key, start, records, whole, values, view)
     if kept:  # the chunk's records are written: what was kept of its items goes
         pipe.hdel(keys.kept(job_id, metric_key), *(str(p) for p in kept))
     if part is not None:  # likewise by chunk
         pipe.hset(keys.parts(job_id, metric_key), str(start), json.dumps(part))
-    if view is not None:
-        pipe.hset(keys.views(job_id, metric_key), str(start), encode(view))
-    if values is not None:
-        pipe.hset(keys.values(job_id, metric_key), str(start), encode(values))
     pipe.hincrbyfloat(keys.timings(job_id, metric_key), str(start), elapsed)
     pipe.execute()

@@ -17,8 +17,7 @@ from typing import Any
 import redis
 
 import evalq.shared.job.catalogue  # noqa: F401  (registers every metric a job may name)
-from evalq.shared.cluster.spec import entry_of, is_model_run, is_variants, span, stored_spec
-from evalq.shared.core.config import Settings
+from evalq.shared.cluster.spec import entry_of, is_model_run, is_variants, retention, span, stored_spec
 from evalq.shared.metrics.registry import REGISTRY, MetricSpec
 from evalq.shared.model.runners import GENERATE, GENERATE_SPEC
 
@@ -64,7 +63,7 @@ class ChunkContext:
 
     @property
     def ttl(self) -> int:
-        return self.spec.get("ttl") or Settings.from_env().result_ttl
+        return retention(self.spec)
 
     @property
     def span(self) -> int:
@@ -79,6 +78,13 @@ class ChunkContext:
     def endpoint_name(self) -> str:
         """The judge the entry calls, or ``generate`` for the model under test."""
         return GENERATE if self.model_run else self.params.judge
+
+    @cached_property
+    def records(self) -> Any:
+        """Where the job's item records are kept (``evalq.shared.store.records``), chosen once."""
+        from evalq.shared.store.records import records_of
+
+        return records_of(self.spec, self.job_id)
 
     @cached_property
     def endpoint(self) -> tuple[Any, Any]:

@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from typing import Iterable
+from typing import Any, Iterable
 
 import redis
 
@@ -152,21 +152,12 @@ class WriteBehind:
 WRITE_BEHIND = WriteBehind()
 
 
-def earlier(r: redis.Redis, spec: dict, job_id: str, metric_key: str,
+def earlier(r: redis.Redis, records: Any, job_id: str, metric_key: str,
             positions: list[int]) -> tuple[set[int], dict[int, dict]]:
-    """What earlier runs of a chunk left: the positions recorded (``res:{M}``, or the chunk's
-    part in the job store), and what is kept of the others (in Redis, or held by this process)."""
-    from evalq.shared.store import records
-
+    """What earlier runs of a chunk left: the positions ``records`` (the job's, ``ChunkContext.records``)
+    has, and what is kept of the others (in Redis, or held by this process)."""
     fields = [str(p) for p in positions]
-    if records.in_parts(spec):
-        recorded_raw = records.get_many(r, spec, job_id, metric_key, positions)
-        kept_raw = r.hmget(keys.kept(job_id, metric_key), fields)
-    else:  # in one round trip
-        pipe = r.pipeline(transaction=False)
-        pipe.hmget(keys.results(job_id, metric_key), fields)
-        pipe.hmget(keys.kept(job_id, metric_key), fields)
-        recorded_raw, kept_raw = pipe.execute()
+    recorded_raw, kept_raw = records.get_many_beside(r, metric_key, positions, keys.kept(job_id, metric_key))
     held = WRITE_BEHIND.held(keys.kept(job_id, metric_key), fields)
     recorded = {p for p, raw in zip(positions, recorded_raw) if raw is not None}
     kept = {}

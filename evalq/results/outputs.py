@@ -22,7 +22,6 @@ from typing import Iterator
 
 import redis
 
-from evalq.shared.cluster import keys
 from evalq.shared.store import instances as stored_instances, records as stored_records
 from evalq.shared.job.schema import entry_head as head
 from evalq.shared.data.loglines import log_head
@@ -61,15 +60,9 @@ def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], 
 
 
 def _views(r: redis.Redis, spec: dict, job_id: str, key: str) -> Iterator[dict | None]:
-    """Each chunk's report view (None for a chunk that left none): from its part's metadata, a part at
-    a time, where records are parts; else from Redis."""
-    if stored_records.in_parts(spec):
-        for _, raw in stored_records.chunk_meta(spec, r, job_id, key, stored_records.VIEW_KEY):
-            yield json.loads(raw) if raw is not None else None
-        return
-    raw = r.hgetall(keys.views(job_id, key))
-    for k in sorted(raw, key=int):
-        yield json.loads(raw[k])
+    """Each chunk's report view (None for a chunk that left none), in start order."""
+    for raw in stored_records.records_of(spec, job_id).views(r, key):
+        yield json.loads(raw) if raw is not None else None
 
 
 def _instances_at(r: redis.Redis, spec: dict, job_id: str, positions: list[int]) -> dict[int, dict]:
@@ -126,6 +119,7 @@ def _log_entries(r: redis.Redis, spec: dict, job_id: str,
     per (metric entry, instance), entry by entry in job order, instances in job order."""
     missing = {"skipped": "the job was cancelled"} if cancelled else {"error": "no result recorded"}
     runs = all_runs(spec)
+    kept = stored_records.records_of(spec, job_id)
     slots = {key: slot for slot, key in enumerate(spec["metrics"])}
     for key, entry in runs:
         n = span(spec, entry) if key != GENERATE else spec["n_instances"]
@@ -138,10 +132,10 @@ def _log_entries(r: redis.Redis, spec: dict, job_id: str,
             head_obj = log_head(entry, slots.get(key), key != GENERATE and spec.get("log_parameters", True))
         head_json = json.dumps(head_obj, ensure_ascii=False)[1:-1]
         # a chunk's part at a time where the records are parts (each read once), else LOG_BATCH of them
-        step = entry["chunk_size"] if stored_records.in_parts(spec) else LOG_BATCH
+        step = kept.read_step(key, LOG_BATCH)
         for start in range(0, n, step):
             stop = min(start + step, n)
-            records = stored_records.get_many(r, spec, job_id, key, list(range(start, stop)))
+            records = kept.get_many(r, key, list(range(start, stop)))
             if None in records:  # rare: look the instances up once per batch
                 instances = [json.loads(raw) for raw in stored_instances.lines(r, job_id, spec, start, stop)]
             for i, raw in enumerate(records):

@@ -228,7 +228,7 @@ def entry_series(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
         if seen == chunks:
             return {field: ((ids, values), moments) for field, (ids, values, moments) in fields.items()}
     found: dict[str, tuple[list[tuple[int, str, float]], Moments]] = {}
-    for position, raw in stored_records.scan(r, spec or {}, job_id, key):
+    for position, raw in stored_records.records_of(spec or {}, job_id).scan(r, key):
         record = json.loads(raw)
         if record.get("variant") is not None:
             continue
@@ -248,13 +248,8 @@ def entry_series(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
 
 
 def _chunks_values(r: redis.Redis, job_id: str, key: str, spec: dict | None):
-    """(start, values) of each recorded chunk, in start order, one at a time from the parts' metadata;
-    from Redis where records are kept there."""
-    if stored_records.in_parts(spec or {}):
-        yield from stored_records.chunk_values(spec, r, job_id, key)
-        return
-    kept = r.hgetall(keys.values(job_id, key))
-    yield from sorted(((int(start), raw) for start, raw in kept.items()), key=lambda item: item[0])
+    """(start, values) of each recorded chunk that left them, in start order, one at a time."""
+    yield from stored_records.records_of(spec or {}, job_id).values(r, key)
 
 
 def one_series(slot: int, entry: dict, name: str, field: str, kind: str, result: dict, items: Items,

@@ -60,13 +60,33 @@ def has_model_stage(spec: dict) -> bool:
     return GENERATE in spec or bool(spec.get("variants"))
 
 
+def retention(spec: dict | None) -> int:
+    """Seconds the job's keys live in Redis: what it was stamped with at submission (the cluster's
+    ``EVALQ_RESULT_TTL`` then), else, for a spec stored without one, this process's setting. The one
+    rule every writer of a job's keys follows."""
+    stamped = (spec or {}).get("ttl")
+    if stamped:
+        return int(stamped)
+    from evalq.shared.core.config import Settings
+
+    return int(Settings.from_env().result_ttl)
+
+
+def load_spec(r, job_id: str, get=None) -> dict | None:
+    """The job's spec as Redis holds it now, None where it has none (expired, never submitted, or
+    not stored yet): the one way a spec is read (``get``: how to GET its key, ``r.get`` unless the
+    caller rides out an outage). ``stored_spec`` keeps what it read for the process."""
+    raw = (get or r.get)(keys.spec(job_id))
+    return json.loads(raw) if raw is not None else None
+
+
 @lru_cache(maxsize=64)
 def stored_spec(r, job_id: str) -> dict:
     """The job's spec from Redis, cached per process (a spec never changes once submitted)."""
-    raw = r.get(keys.spec(job_id))
-    if raw is None:
+    spec = load_spec(r, job_id)
+    if spec is None:
         raise LookupError(f"job {job_id} has no spec in Redis (expired or never submitted)")
-    return json.loads(raw)
+    return spec
 
 
 class Chunk(NamedTuple):

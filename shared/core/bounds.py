@@ -52,6 +52,7 @@ MAX_MAX_TOKENS = 131_072     # completion tokens per call (the longest outputs m
 MAX_TIMEOUT = 600.0          # seconds per HTTP call
 MAX_RETRIES = 10             # retries after 429, 408, 5xx and timeouts
 MAX_CACHE_TTL = 365 * 86400  # seconds a cached judge reply lives
+CACHE_TTL = 30 * 86400  # ... unless a job says (judging.cache_ttl)
 MAX_ENQUEUED_TOKENS = 10_000_000_000  # a deployment's Batch API quota (Azure's largest is 5 billion)
 
 # --- runtime (workers) ---------------------------------------------------------------

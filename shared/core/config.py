@@ -48,6 +48,9 @@ def env_number(name: str, default: int | float) -> int | float:
     return value
 
 
+RESULT_TTL = 7 * 24 * 3600  # EVALQ_RESULT_TTL unset: seconds an ended job's keys stay in Redis
+
+
 @dataclass(frozen=True)
 class Settings:
     broker_url: str | None
@@ -75,7 +78,7 @@ class Settings:
         return cls(
             broker_url=os.environ.get("EVALQ_BROKER_URL") or None,
             visibility_timeout=env_number("EVALQ_VISIBILITY_TIMEOUT", 3600),
-            result_ttl=env_number("EVALQ_RESULT_TTL", 7 * 24 * 3600),
+            result_ttl=env_number("EVALQ_RESULT_TTL", RESULT_TTL),
             sweep_interval=env_number("EVALQ_SWEEP_INTERVAL", 5.0),
             callback_grace=env_number("EVALQ_CALLBACK_GRACE", 10.0),
             resume_after=env_number("EVALQ_RESUME_AFTER", 15.0),

@@ -132,14 +132,11 @@ def resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
                 check_key_env(judges[member].api_key_env, f"judges.{member}.api_key_env", problems)
                 check_endpoints(judges[member], f"judges.{member}", problems)
                 checked_env.add(member)
-        if getattr(run.params, "panel", None) and not run.spec.impl.startswith(PANEL_METRICS):
+        if getattr(run.params, "panel", None) and not run.spec.panel:
             problems.add(f"{run.where}.parameters.panel", "a panel scores the rated quality metrics and rubric "
                          "(one score and a reason per item); this metric takes one judge")
         resolved.append(dataclasses.replace(run, judge=judge))
     return resolved
-
-
-PANEL_METRICS = "evalq.workers.metrics.quality:"  # what a panel of judges may score (evalq.shared.judging.panel)
 
 
 def check_cost_cap(judging: JudgingOptions, runs: list[MetricRun], model: Any, problems: Problems) -> None:

@@ -2,7 +2,7 @@
 ``"capacity": "adaptive"`` mean, how a provider's rate-limit headers are read, and where the
 learned values live in Redis. The learning itself is the workers' (``evalq.workers.judge.learning``
 for TPM/RPM, ``evalq.workers.judge.concurrency`` for the concurrency limit); the history of the
-limits is read for run.json by ``evalq.orchestrator.limits``.
+limits is read for run.json by ``evalq.results.limits``.
 
 Two modes, either or both on one deployment:
 
@@ -184,5 +184,6 @@ def rate_headers(headers, window: float) -> dict[str, float]:
 # -- the learned values and their history, in Redis ---------------------------------------------
 
 HISTORY_KEEP = 500  # changes of a deployment's limits kept (a list per deployment)
+KEPT_SECONDS = 30 * 86400  # what a deployment learned (limits, their history) lives after its last change
 
 

@@ -250,7 +250,7 @@ def deployment_id(judge: EndpointConfig, d: Deployment) -> str:
 
 class JudgingOptions(Strict):
     cache: bool = Field(default=True, description="answer identical requests from the Redis cache")
-    cache_ttl: int = Field(default=30 * 24 * 3600, gt=0, le=bounds.MAX_CACHE_TTL, description="seconds a cached reply lives")
+    cache_ttl: int = Field(default=bounds.CACHE_TTL, gt=0, le=bounds.MAX_CACHE_TTL, description="seconds a cached reply lives")
     token_cap: int | None = Field(default=None, gt=0,
                                   description="stop sending judge calls once the job reserved this many tokens")
     cost_cap: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True,

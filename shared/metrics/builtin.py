@@ -95,11 +95,11 @@ _JUDGE_METRICS = [
 for _id, _needs, _description in _JUDGE_METRICS:
     REGISTRY.register(MetricSpec(
         id=_id, params=JudgeParams, impl=f"evalq.workers.metrics.quality:{_id}", queue="judge",
-        requires=_needs, aggregation="rating", chunk_size=4, description=_description))
+        requires=_needs, aggregation="rating", chunk_size=4, description=_description, panel=True))
 
 REGISTRY.register(MetricSpec(
     id="rubric", params=RubricParams, impl="evalq.workers.metrics.quality:rubric", queue="judge",
-    requires=("actual-output",), aggregation="rating", chunk_size=4,
+    requires=("actual-output",), aggregation="rating", chunk_size=4, panel=True,
     description="Your criteria on your low-precision scale, with optional few-shot examples per score.",
 ))
 

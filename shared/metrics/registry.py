@@ -122,6 +122,9 @@ class MetricSpec:
     # entry's items need (a model, a tokenizer, the device's kernels) before a chunk asks for
     # them, and says what it loaded: a worker started with ``EVALQ_PRELOAD`` calls it at start.
     warm: str | None = None
+    # A panel of judges may score it (``parameters.panel``; evalq.shared.judging.panel): one score
+    # and a reason per item, which the members' scores combine into.
+    panel: bool = False
     _loaded: list = field(default_factory=list, repr=False, compare=False)
     _variants: list = field(default_factory=list, repr=False, compare=False)
 

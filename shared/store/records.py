@@ -9,6 +9,11 @@ chunk's transaction by a script that replaces the chunk's count, so progress, ``
 the sweeper read one number, whatever the job's size. A job without a store keeps its records in
 ``res:{M}`` as before (and the same counts).
 
+The two are one interface (``RedisRecords``, ``PartRecords``: write a chunk, read records by
+position or all of them, each chunk's report view and history values), chosen once from the
+job's spec by ``records_of`` and carried by whoever reads the job (a chunk's context, the final
+callback): no caller asks which it has.
+
 Parts have the columns ``position`` (int64, the instance's place in the job), ``instance_id``,
 ``category``, ``outcome`` (scored, error, skipped or not_applicable) and ``record`` (the item's
 record as the log line carries it, JSON). A chunk's positions are ``[start, start + chunk_size)``
@@ -24,7 +29,7 @@ from collections import OrderedDict
 from typing import Any, Iterable, Iterator
 
 from evalq.shared.cluster import keys
-from evalq.shared.cluster.spec import entry_of
+from evalq.shared.cluster.spec import runs
 from evalq.shared.core.jsonio import encode
 from evalq.shared.scores.results import outcome
 from evalq.shared.store.place import Place
@@ -49,54 +54,163 @@ def part_name(key: str, start: int) -> str:
     return f"records/entry={quote(key, safe='')}/chunk-{start:09d}.parquet"
 
 
+def records_of(spec: dict, job_id: str) -> "RedisRecords | PartRecords":
+    """The job's records where its spec says they are kept, chosen once (a chunk's context, the final
+    callback hold it): no caller asks which."""
+    if in_parts(spec):
+        return PartRecords(job_id, Place.from_json(spec["instances"]),
+                           {key: entry["chunk_size"] for key, entry in runs(spec)})
+    return RedisRecords(job_id)
+
+
+class RedisRecords:
+    """A job's item records in Redis: ``res:{M}`` by position, each chunk's history values and report
+    view in hashes of their own."""
+
+    def __init__(self, job_id: str):
+        self.job_id = job_id
+
+    def write(self, pipe: Any, key: str, start: int, new: dict[int, dict], whole: list[tuple[int, dict]] | None,
+              values: dict | None = None, view: dict | None = None) -> None:
+        """Queue on ``pipe`` (the chunk's MULTI transaction) the records this run made (``new``), the
+        chunk's ``values`` (what the history store needs of it) and ``view`` (what the report needs),
+        and, once the chunk has ended (``whole``: every record it holds), its count."""
+        if new:  # HSET by instance position: a redelivered chunk overwrites, it never adds
+            pipe.hset(keys.results(self.job_id, key), mapping={str(p): encode(rec) for p, rec in new.items()})
+        _side_hashes(pipe, self.job_id, key, start, values, view)
+        if whole is not None:
+            _count_ops(pipe, self.job_id, key, start, len(whole))
+
+    def get_many(self, r: Any, key: str, positions: list[int], complete: bool = False) -> list:
+        """The stored records (JSON, bytes) at ``positions``, None where none was written."""
+        return r.hmget(keys.results(self.job_id, key), [str(p) for p in positions]) if positions else []
+
+    def get_many_beside(self, r: Any, key: str, positions: list[int], other: str) -> tuple[list, list]:
+        """``get_many`` and the same positions of hash ``other`` (what was kept of the items), in one
+        round trip."""
+        fields = [str(p) for p in positions]
+        pipe = r.pipeline(transaction=False)
+        pipe.hmget(keys.results(self.job_id, key), fields)
+        pipe.hmget(other, fields)
+        recorded, kept = pipe.execute()
+        return recorded, kept
+
+    def scan(self, r: Any, key: str) -> Iterator[tuple[int, Any]]:
+        """(position, record JSON) of every record of the run, in no order."""
+        for position, raw in r.hscan_iter(keys.results(self.job_id, key), count=5000):
+            yield int(position), raw
+
+    def views(self, r: Any, key: str) -> Iterator[bytes | None]:
+        """Each chunk's report view (JSON), in start order."""
+        raw = r.hgetall(keys.views(self.job_id, key))
+        for k in sorted(raw, key=int):
+            yield raw[k]
+
+    def values(self, r: Any, key: str) -> Iterator[tuple[int, bytes | None]]:
+        """(start, history values JSON) of each chunk that left them, in start order."""
+        kept = r.hgetall(keys.values(self.job_id, key))
+        yield from sorted(((int(start), raw) for start, raw in kept.items()), key=lambda item: item[0])
+
+    def read_step(self, key: str, default: int) -> int:
+        """How many positions a reader of every record takes at a time."""
+        return default
+
+
+class PartRecords:
+    """A job's item records as one immutable Parquet part per chunk in its job store folder
+    (``place``); ``sizes``: each run's chunk size (a chunk's positions are ``[start, start + size)``)."""
+
+    def __init__(self, job_id: str, place: Place, sizes: dict[str, int]):
+        self.job_id, self.place, self.sizes = job_id, place, sizes
+
+    def write(self, pipe: Any, key: str, start: int, new: dict[int, dict], whole: list[tuple[int, dict]] | None,
+              values: dict | None = None, view: dict | None = None) -> None:
+        """In this order: the chunk's part (every record it holds, ``whole``, with its ``values`` and
+        ``view`` in the part's metadata) is written to the store now, whole; its count is queued on
+        ``pipe``, the chunk's transaction, which the caller executes after. So a count never stands
+        for a part that is not there, and a chunk written again (redelivered) writes the same name
+        and replaces its count: nothing is counted twice. ``whole`` None (the chunk has not ended):
+        no part, no count; what it has of values and view waits in Redis."""
+        if whole:
+            self.place.put(part_name(key, start), _encode(whole, {VALUES_KEY: values, VIEW_KEY: view}))
+        elif whole is None:
+            _side_hashes(pipe, self.job_id, key, start, values, view)
+        if whole is not None:
+            _count_ops(pipe, self.job_id, key, start, len(whole))
+
+    def get_many(self, r: Any, key: str, positions: list[int], complete: bool = False) -> list:
+        """``complete``: the run has ended (its parts will not change), so parts may come from this
+        process's cache (the generation stage's outputs, read by every metric chunk)."""
+        if not positions:
+            return []
+        size = self.sizes[key]
+        found: dict[int, str] = {}
+        for start in sorted({p - p % size for p in positions}):
+            found.update(_read_part(self.place, key, start, cached=complete))
+        return [found.get(p) for p in positions]
+
+    def get_many_beside(self, r: Any, key: str, positions: list[int], other: str) -> tuple[list, list]:
+        return self.get_many(r, key, positions), r.hmget(other, [str(p) for p in positions])
+
+    def scan(self, r: Any, key: str) -> Iterator[tuple[int, Any]]:
+        """(position, record JSON) of every record of the run: a part at a time, in chunk order."""
+        for start in self._starts(r, key):
+            yield from sorted(_read_part(self.place, key, start).items())
+
+    def views(self, r: Any, key: str) -> Iterator[bytes | None]:
+        for _, raw in self._meta(r, key, VIEW_KEY):
+            yield raw
+
+    def values(self, r: Any, key: str) -> Iterator[tuple[int, bytes | None]]:
+        return self._meta(r, key, VALUES_KEY)
+
+    def read_step(self, key: str, default: int) -> int:
+        return self.sizes[key]  # a chunk's part at a time: each read once
+
+    def _starts(self, r: Any, key: str) -> list[int]:
+        return sorted(int(s) for s in r.hkeys(keys.recorded(self.job_id, key)))
+
+    def _meta(self, r: Any, key: str, name: bytes) -> Iterator[tuple[int, bytes | None]]:
+        """(chunk start, what its part carries under ``name``, or None) of every chunk recorded so
+        far, in start order, a part at a time."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for start in self._starts(r, key):
+            data = self.place.get(part_name(key, start), missing_ok=True)
+            meta = pq.read_schema(pa.BufferReader(data)).metadata if data is not None else None
+            packed = (meta or {}).get(name)
+            yield start, zlib.decompress(packed) if packed is not None else None
+
+
+def _side_hashes(pipe: Any, job_id: str, key: str, start: int, values: dict | None, view: dict | None) -> None:
+    if view is not None:
+        pipe.hset(keys.views(job_id, key), str(start), encode(view))
+    if values is not None:
+        pipe.hset(keys.values(job_id, key), str(start), encode(values))
+
+
+def _count_ops(pipe: Any, job_id: str, key: str, start: int, n: int) -> None:
+    pipe.eval(_COUNT, 2, keys.recorded(job_id, key), keys.recorded_total(job_id, key), start, n)
+
+
+# -- the module's functions: a job's records from its spec (tests, one-off readers) ------------------
+
 def write(pipe: Any, spec: dict, job_id: str, key: str, start: int, new: dict[int, dict],
           whole: list[tuple[int, dict]] | None, values: dict | None = None, view: dict | None = None) -> None:
-    """Queue on ``pipe`` (the chunk's MULTI transaction) what the chunk recorded: ``new`` (the
-    records made by this run) into ``res:{M}``, or ``whole`` (every record of the chunk, earlier
-    runs' included) as its part, written to the store now, with ``values`` (what the history
-    store needs of the chunk, ``evalq.results.recording.chunk_values``) and ``view`` (what the
-    report needs of it, ``evalq.results.report.chunk_view``) in the part's metadata; and the
-    chunk's count. ``whole`` None: the chunk has not ended (a deferred run), nothing is counted."""
-    if in_parts(spec):
-        if whole:
-            meta = {VALUES_KEY: values, VIEW_KEY: view}
-            Place.from_json(spec["instances"]).put(part_name(key, start), _encode(whole, meta))
-    elif new:
-        # HSET by instance position: a redelivered chunk overwrites, it never adds.
-        pipe.hset(keys.results(job_id, key), mapping={str(p): encode(rec) for p, rec in new.items()})
-    if whole is not None:
-        pipe.eval(_COUNT, 2, keys.recorded(job_id, key), keys.recorded_total(job_id, key), start, len(whole))
+    records_of(spec, job_id).write(pipe, key, start, new, whole, values, view)
 
 
 def count(r: Any, job_id: str, key: str) -> int:
     return int(r.get(keys.recorded_total(job_id, key)) or 0)
 
 
-def get_many(r: Any, spec: dict, job_id: str, key: str, positions: list[int],
-             complete: bool = False) -> list:
-    """The stored records (JSON, str or bytes) at ``positions``, None where none was written.
-    ``complete``: the run has ended (its parts will not change), so parts may come from this
-    process's cache (the generation stage's outputs, read by every metric chunk)."""
-    if not positions:
-        return []
-    if not in_parts(spec):
-        return r.hmget(keys.results(job_id, key), [str(p) for p in positions])
-    size = entry_of(spec, key)["chunk_size"]
-    found: dict[int, str] = {}
-    for start in sorted({p - p % size for p in positions}):
-        found.update(read_part(spec, key, start, cached=complete))
-    return [found.get(p) for p in positions]
+def get_many(r: Any, spec: dict, job_id: str, key: str, positions: list[int], complete: bool = False) -> list:
+    return records_of(spec, job_id).get_many(r, key, positions, complete)
 
 
 def scan(r: Any, spec: dict, job_id: str, key: str) -> Iterator[tuple[int, Any]]:
-    """(position, record JSON) of every record of the run: a part at a time, in chunk order
-    (from Redis: in no order)."""
-    if not in_parts(spec):
-        for position, raw in r.hscan_iter(keys.results(job_id, key), count=5000):
-            yield int(position), raw
-        return
-    for start in sorted(int(s) for s in r.hkeys(keys.recorded(job_id, key))):
-        yield from sorted(read_part(spec, key, start).items())
+    return records_of(spec, job_id).scan(r, key)
 
 
 _CACHE: "OrderedDict[tuple[str, str], dict[int, str]]" = OrderedDict()
@@ -104,9 +218,9 @@ _CACHED = 64  # parts of ended runs a process keeps (a generation stage's chunks
 _LOCK = threading.Lock()
 
 
-def read_part(spec: dict, key: str, start: int, cached: bool = False) -> dict[int, str]:
+def _read_part(place: Place, key: str, start: int, cached: bool = False) -> dict[int, str]:
     """The chunk's records by position ({} where the chunk wrote no part)."""
-    place, name = Place.from_json(spec["instances"]), part_name(key, start)
+    name = part_name(key, start)
     if cached:
         with _LOCK:
             hit = _CACHE.get((place.uri, name))
@@ -125,25 +239,6 @@ def read_part(spec: dict, key: str, start: int, cached: bool = False) -> dict[in
 
 VALUES_KEY = b"evalq.values"  # the part's metadata key of the chunk's history values (JSON, zlib'd)
 VIEW_KEY = b"evalq.view"  # and of its report view (JSON, zlib'd)
-
-
-def chunk_values(spec: dict, r: Any, job_id: str, key: str) -> Iterator[tuple[int, bytes | None]]:
-    """(chunk start, the history values its part carries, or None) of every chunk recorded so far."""
-    return chunk_meta(spec, r, job_id, key, VALUES_KEY)
-
-
-def chunk_meta(spec: dict, r: Any, job_id: str, key: str, name: bytes) -> Iterator[tuple[int, bytes | None]]:
-    """(chunk start, what its part carries under ``name`` (``VALUES_KEY``, ``VIEW_KEY``), or None) of
-    every chunk recorded so far, in start order, a part at a time."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    place = Place.from_json(spec["instances"])
-    for start in sorted(int(s) for s in r.hkeys(keys.recorded(job_id, key))):
-        data = place.get(part_name(key, start), missing_ok=True)
-        meta = pq.read_schema(pa.BufferReader(data)).metadata if data is not None else None
-        packed = (meta or {}).get(name)
-        yield start, zlib.decompress(packed) if packed is not None else None
 
 
 def _encode(records: Iterable[tuple[int, dict]], meta: dict[bytes, dict | None] | None = None) -> bytes:

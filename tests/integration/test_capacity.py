@@ -20,7 +20,7 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.errors import Deferred
-from evalq.orchestrator.limits import history
+from evalq.results.limits import history
 from evalq.shared.judging.capacity import Concurrency
 from evalq.shared.judging.deployments import CATALOGUE_ENV
 from evalq.shared.judging.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id

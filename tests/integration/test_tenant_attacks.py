@@ -427,7 +427,7 @@ def test_a_tenants_user_pops_its_replies_and_cannot_push_onto_them(tmp_path, mon
     noeviction a full Redis stops every tenant. On Redis 7 the reply lists are a selector of their
     own: popped, never pushed; what the cluster writes there is trimmed and expires."""
     from evalq.cli.embedded import EmbeddedRedis
-    from evalq.orchestrator.finalize import REPLIES_KEPT, push_reply
+    from evalq.orchestrator.replies import REPLIES_KEPT, push_reply
 
     monkeypatch.setenv("EVALQ_REDIS_SERVER", redis7())
     server = EmbeddedRedis(tmp_path)

@@ -10,7 +10,7 @@ import json
 import pytest
 import redis
 
-from evalq.orchestrator.finalize import judge_accounting
+from evalq.results.summary import judge_accounting
 from evalq.orchestrator.parking import batch_view, park, waits_for_batches, wake, waiting
 from evalq.shared.cluster import keys
 from evalq.shared.core.errors import MetricError, Pending

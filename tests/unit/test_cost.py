@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from evalq.orchestrator.finalize import endpoint_priced, judge_accounting
+from evalq.results.summary import endpoint_priced, judge_accounting
 from evalq.results.outputs import job_cost
 from evalq.shared.core.errors import JobError
 from evalq.shared.job.schema import parse_job

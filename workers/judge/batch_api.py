@@ -401,9 +401,6 @@ class BatchClient:
 
         return self._call("read file", read)
 
-    def delete_file(self, file_id: str) -> None:
-        self._call("delete file", self.sdk.files.delete, file_id)
-
     def results(self, status: BatchStatus, expected: Iterable[str] | None = None) -> dict[str, Reply | LineError]:
         """The outcome of each line of an ended batch, read from its output and error
         files. With ``expected`` (the custom_ids sent), exactly those: a line in neither

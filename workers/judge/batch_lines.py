@@ -27,7 +27,7 @@ import time
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.core.config import Settings
+from evalq.shared.cluster.spec import retention
 from evalq.shared.judging.judges import Deployment, EndpointConfig
 from evalq.workers.judge.batch_api import estimate_tokens
 
@@ -50,8 +50,9 @@ class BatchLines:
     """The batch lines of one (job, entry) through one endpoint (a judge, or the model under test)."""
 
     def __init__(self, r: redis.Redis, job_id: str, entry_key: str, name: str, config: EndpointConfig,
-                 deployments: list[Deployment], deadline: float | None = None):
+                 deployments: list[Deployment], deadline: float | None = None, ttl: int | None = None):
         self.r, self.job_id, self.entry_key, self.name, self.config = r, job_id, entry_key, name, config
+        self.ttl = ttl or retention(None)  # the job's retention (its chunk's)
         batchable = [d for d in deployments if d.batch is not None]
         if not batchable:
             raise ValueError(f"{name!r} has no deployment that declares 'batch'")
@@ -89,7 +90,7 @@ class BatchLines:
         or sent synchronously meanwhile (either way the caller gives its holds back)."""
         line = {"e": self.entry_key, "j": self.name, "i": item, "b": request, "t": self.tokens(request),
                 "h": held.json() if held is not None else 0, "k": counted, "n": 0, "r": self.deployment.region, "d": self.deadline}
-        ttl = Settings.from_env().result_ttl
+        ttl = self.ttl
         self.r.sadd(keys.BATCH_JOBS, self.job_id)  # before the line: the manager finds what exists
         return int(self.r.eval(_REGISTER, 5, keys.batch(self.job_id, "line"),
                           keys.batch(self.job_id, f"queued:{self.deployment.region}"),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.core.config import Settings, env_number
+from evalq.shared.core.config import env_number
 from evalq.shared.judging.judges import Deployment, EndpointConfig, JudgingOptions
 from evalq.workers.judge.client import accounting_ops
 from evalq.workers.judge.cost import release_ops
@@ -78,11 +78,11 @@ def spend_keys(job_id: str, spec: dict) -> dict[str, list[str]]:
             for kind, cap in (("cost", options.cost_cap), ("tokens", options.token_cap))}
 
 
-def to_sync(pipe, job_id: str, digest: str, line: dict, why: str, spent: dict[str, list[str]]) -> None:
+def to_sync(pipe, job_id: str, digest: str, line: dict, why: str, spent: dict[str, list[str]], ttl: int) -> None:
     """The line is sent synchronously by its chunk; its holds of the caps (on ``spent``, the job's
-    ``spend_keys``) go back."""
+    ``spend_keys``) go back. ``ttl``: the job's retention."""
     pipe.hset(keys.batch(job_id, "sync"), digest, why)
-    pipe.expire(keys.batch(job_id, "sync"), Settings.from_env().result_ttl)
+    pipe.expire(keys.batch(job_id, "sync"), ttl)
     pipe.hdel(keys.batch(job_id, "line"), digest)
     if line.get("h"):
         release_ops(pipe, spent["cost"], line["h"])

@@ -38,7 +38,7 @@ import uuid
 import redis
 
 from evalq.shared.cluster import keys, leases, telemetry
-from evalq.shared.core.config import Settings
+from evalq.shared.cluster.spec import load_spec, retention
 from evalq.shared.judging.judge_reply import Reply
 from evalq.shared.judging.judges import JudgingOptions, deployment_id
 from evalq.shared.model.runners import endpoint_config as endpoint
@@ -99,8 +99,7 @@ class Manager:
 
     def job_tick(self, job_id: str, region: str, now: float) -> None:
         status = status_of(self.r, job_id)
-        raw = self.r.get(keys.spec(job_id))
-        spec = json.loads(raw) if raw is not None else None
+        spec = load_spec(self.r, job_id)
         if spec is None or status in (*FINAL, ""):
             self.wind_up(job_id, region, spec)
             return
@@ -156,10 +155,10 @@ class Manager:
         if rest:
             pipe.lpush(queued, *reversed(rest))
         for digest, line in late:
-            to_sync(pipe, job_id, digest, line, "the auto deadline passed", spent)
+            to_sync(pipe, job_id, digest, line, "the auto deadline passed", spent, retention(spec))
         for digest, line in too_big:
             to_sync(pipe, job_id, digest, line, f"~{line['t']} tokens never fit the deployment's "
-                                                      "enqueued-token quota", spent)
+                                                      "enqueued-token quota", spent, retention(spec))
         rec = None
         if chosen:
             rec = {"id": uuid.uuid4().hex[:16], "judge": name, "region": region, "dep": deployment_id(config, d),
@@ -167,9 +166,9 @@ class Manager:
                    "polls": 0, "provider": None, "file": None, "tried": False, "completed": 0, "failed": 0,
                    "deadline": deadline}
             pipe.hset(keys.batch(job_id, "open"), rec["id"], json.dumps(rec))
-            pipe.expire(keys.batch(job_id, "open"), Settings.from_env().result_ttl)
+            pipe.expire(keys.batch(job_id, "open"), retention(spec))
             pipe.rpush(keys.batch(job_id, f"members:{rec['id']}"), *chosen)
-            pipe.expire(keys.batch(job_id, f"members:{rec['id']}"), Settings.from_env().result_ttl)
+            pipe.expire(keys.batch(job_id, f"members:{rec['id']}"), retention(spec))
         pipe.execute()
         if late or too_big:
             self.wake(job_id, now)
@@ -233,7 +232,7 @@ class Manager:
         spent = spend_keys(job_id, spec)
         pipe = self.r.pipeline(transaction=True)
         for digest, line in self._members(job_id, rec):
-            to_sync(pipe, job_id, digest, line, f"not sent as a batch: {why}", spent)
+            to_sync(pipe, job_id, digest, line, f"not sent as a batch: {why}", spent, retention(spec))
         rec.update(state="not_sent", error=why)
         pipe.hset(keys.batch(job_id, "open"), rec["id"], json.dumps(rec))
         pipe.delete(keys.batch(job_id, f"members:{rec['id']}"))
@@ -287,7 +286,7 @@ class Manager:
                                   "model": getattr(outcome, "model", None),
                                   "usage": outcome.usage})
                 pipe.hset(keys.judge_memo(job_id), digest, raw)
-                pipe.expire(keys.judge_memo(job_id), Settings.from_env().result_ttl)
+                pipe.expire(keys.judge_memo(job_id), retention(spec))
                 pipe.hdel(keys.batch(job_id, "line"), digest)
                 prompt = outcome.usage.get("prompt_tokens") or 0
                 completion = outcome.usage.get("completion_tokens") or 0
@@ -312,7 +311,7 @@ class Manager:
             else:
                 why = "the auto deadline passed" if late else \
                     f"{outcome.kind} in {line['n']} batch(es) ({outcome.code}: {outcome.message[:200]})"
-                to_sync(pipe, job_id, digest, line, why, spent)
+                to_sync(pipe, job_id, digest, line, why, spent, retention(spec))
         if retried:  # the next batch goes after the settle time, with lines that joined since
             pipe.hset(keys.batch(job_id, "touched"), rec["region"], repr(now))
         rec.update(state=status.state, completed=status.completed, failed=status.failed, total=status.total,

@@ -32,6 +32,7 @@ import redis
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from evalq.shared.cluster import keys, telemetry
+from evalq.shared.cluster.spec import retention
 from evalq.shared.core.errors import Deferred, Pending
 from evalq.shared.judging.judge_reply import Reply, reply_from_completion
 from evalq.shared.judging.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id, model_identity
@@ -58,8 +59,9 @@ class JudgeClient:
 
     def __init__(self, r: redis.Redis, job_id: str, metric_key: str, name: str, judge: JudgeConfig,
                  options: JudgingOptions, preferred: str | None = None, memo: bool = False,
-                 keeper: ItemKeeper | None = None, tenant: str | None = None):
+                 keeper: ItemKeeper | None = None, tenant: str | None = None, ttl: int | None = None):
         self.r = r
+        self.ttl = ttl or retention(None)  # the job's retention (its chunk's)
         self.batch: Any = None  # a BatchLines in batch mode: unanswered calls wait for a provider batch
         self.memo = memo
         self.keeper = keeper
@@ -200,10 +202,8 @@ class JudgeClient:
 
     def _keep(self, digest: str, raw: str | bytes, memo: bool = True) -> None:
         if self.memo and memo:  # at once: other threads and workers may be waiting for this reply
-            from evalq.shared.core.config import Settings
-
             memo = keys.judge_memo(self.job_id)
-            self._write([("hset", (memo, digest, raw)), ("expire", (memo, Settings.from_env().result_ttl))],
+            self._write([("hset", (memo, digest, raw)), ("expire", (memo, self.ttl))],
                         now=True)
         elif self.keeper is not None:
             self.keeper.answered(digest, raw if isinstance(raw, str) else raw.decode())

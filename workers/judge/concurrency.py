@@ -53,13 +53,12 @@ from dataclasses import dataclass
 import redis
 
 from evalq.shared.cluster import keys, telemetry
-from evalq.shared.judging.capacity import HISTORY_KEEP, Concurrency
+from evalq.shared.judging.capacity import HISTORY_KEEP, KEPT_SECONDS, Concurrency
 
 MIN_ROUND = 4
-KEEP_DAYS = 30 * 86400
 
 # KEYS: conc, adapt, tenant conc (or conc again), history; ARGV: lease, hold seconds, start, share (0: none).
-ACQUIRE_LUA = """
+ACQUIRE_LUA = f"local KEPT = {KEPT_SECONDS}\n" + """
 local conc, adapt, mine = KEYS[1], KEYS[2], KEYS[3]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -67,9 +66,9 @@ local limit = tonumber(redis.call('HGET', adapt, 'limit') or '0')
 if limit == 0 then
   limit = tonumber(ARGV[3])
   redis.call('HSET', adapt, 'limit', limit, 'epoch', 0, 'phase', 'start', 'n', 0, 'peak', 0)
-  redis.call('EXPIRE', adapt, 2592000)
+  redis.call('EXPIRE', adapt, KEPT)
   redis.call('RPUSH', KEYS[4], cjson.encode({t = now, concurrency = limit, reason = 'start'}))
-  redis.call('EXPIRE', KEYS[4], 2592000)
+  redis.call('EXPIRE', KEYS[4], KEPT)
 end
 redis.call('ZREMRANGEBYSCORE', conc, '-inf', now)
 local n = redis.call('ZCARD', conc)
@@ -91,7 +90,7 @@ return {1, n + 1, limit, tonumber(redis.call('HGET', adapt, 'epoch') or '0')}
 # timeout/none), min, max, tolerance, keep, class, the call's timeout. Returns {limit, changed (0/1)}.
 # A round's latencies are judged against the least of their own class (``class``: the tenant and the
 # settings it chose that make a call slower, its max_tokens), never against another tenant's calls.
-RELEASE_LUA = """
+RELEASE_LUA = f"local KEPT = {KEPT_SECONDS}\n" + """
 local conc, adapt, lat, hist, mine, base = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 redis.call('ZREM', conc, ARGV[1])
 redis.call('ZREM', mine, ARGV[1])
@@ -118,7 +117,7 @@ local function change(new, reason)
   redis.call('HSET', adapt, 'limit', new, 'last', reason)
   redis.call('RPUSH', hist, cjson.encode({t = now, concurrency = new, reason = reason}))
   redis.call('LTRIM', hist, -tonumber(ARGV[8]), -1)
-  redis.call('EXPIRE', hist, 2592000)
+  redis.call('EXPIRE', hist, KEPT)
   return {new, 1}
 end
 local function cut(reason)
@@ -130,7 +129,7 @@ local function cut(reason)
 end
 if outcome == 'overload' then return cut('refused') end
 redis.call('RPUSH', lat, class .. '\t' .. ARGV[3])
-redis.call('EXPIRE', lat, 2592000)
+redis.call('EXPIRE', lat, KEPT)
 local n = redis.call('HINCRBY', adapt, 'n', 1)
 if n < math.max(limit, 4) then return {limit, 0} end
 -- each class's median this round, and the least of its round medians seen (its base)
@@ -152,7 +151,7 @@ for c, xs in pairs(by) do
   end
   for _, x in ipairs(xs) do table.insert(ratios, x / math.max(least, 1e-6)) end
 end
-redis.call('EXPIRE', base, 2592000)
+redis.call('EXPIRE', base, KEPT)
 table.sort(ratios)
 local median = ratios[math.floor((#ratios + 1) / 2)]
 if median > tolerance then

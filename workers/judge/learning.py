@@ -24,7 +24,7 @@ Per limit (tokens, requests), what decides it, first that applies:
 
 Every value is held between the floor (only for what AIMD decides: a provider's number is taken
 even below it) and the ceiling (always). Changes go into the deployment's history
-(``evalq.orchestrator.limits.history``), which run.json shows per job.
+(``evalq.results.limits.history``), which run.json shows per job.
 
 Keys (``D``: the deployment id):
 
@@ -42,7 +42,7 @@ import time
 import redis
 
 from evalq.shared.cluster import keys, telemetry
-from evalq.shared.judging.capacity import AUTO, HISTORY_KEEP, rate_headers
+from evalq.shared.judging.capacity import AUTO, HISTORY_KEEP, KEPT_SECONDS, rate_headers
 
 CACHE_SECONDS = 0.5   # how long a process uses the learned values it read
 PRESSED_EVERY = 1.0   # a process tells the learner its budget held calls back at most this often
@@ -57,7 +57,7 @@ SMOOTH = 0.5          # weight of a new remaining-based estimate
 # cut: the share of what was served, the least share of the limit; grow: the factors before and after the
 # first cut), then a reply's counted/reserved ratio or '', then (cut) the most share of a limit reached.
 # op: limit (value: the stated limit), remaining, cut (value: the refused call's own tokens or request), grow.
-LEARN_LUA = """
+LEARN_LUA = f"local KEPT = {KEPT_SECONDS}\n" + """
 local learn, hist, usage = KEYS[1], KEYS[2], KEYS[3]
 local axis, op, value = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local floor, ceiling, start, window = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -131,7 +131,7 @@ end
 new = math.floor(math.min(new, ceiling))
 if new < 1 then new = 1 end
 redis.call('HSET', learn, axis .. '_how', how)
-redis.call('EXPIRE', learn, 30 * 86400)
+redis.call('EXPIRE', learn, KEPT)
 local before = redis.call('HGET', learn, axis)
 if before ~= false and math.abs(new - tonumber(before)) <= math.max(1, 0.005 * tonumber(before)) then
   return {before, 0}
@@ -139,7 +139,7 @@ end
 redis.call('HSET', learn, axis, new)
 redis.call('RPUSH', hist, cjson.encode({t = now, [axis] = new, reason = how .. (op == 'cut' and ' 429' or '')}))
 redis.call('LTRIM', hist, -keep, -1)
-redis.call('EXPIRE', hist, 30 * 86400)
+redis.call('EXPIRE', hist, KEPT)
 return {tostring(new), 1}
 """
 

@@ -32,6 +32,7 @@ from functools import lru_cache
 import redis
 
 from evalq.shared.cluster import keys, telemetry
+from evalq.shared.cluster.spec import retention
 from evalq.shared.store import records as stored_records
 from evalq.shared.traces.events import Evaluation, evaluations
 
@@ -140,17 +141,13 @@ def judged(entry: dict) -> bool:
     return entry["id"] in REGISTRY and REGISTRY.get(entry["id"]).queue == "judge"
 
 
-def _ttl(spec: dict) -> int:
-    return spec.get("ttl") or 7 * 24 * 3600
-
-
 def _refused(r: redis.Redis, job_id: str, spec: dict, sink: Sink, entry_key: str, n: int, answer: str,
              cannot: bool) -> None:
     pipe = r.pipeline(transaction=False)
     pipe.hincrby(keys.sink(job_id, sink.name), "refused", n)
     pipe.hincrby(keys.sink(job_id, sink.name), f"refused:{entry_key}", n)
     pipe.hset(keys.sink(job_id, sink.name), mapping={"answer": answer[:500], **({"cannot": 1} if cannot else {})})
-    pipe.expire(keys.sink(job_id, sink.name), _ttl(spec))
+    pipe.expire(keys.sink(job_id, sink.name), retention(spec))
     pipe.execute()
     telemetry.scores_exported(sink.name, "refused", n)
 
@@ -162,7 +159,7 @@ def _mark(r: redis.Redis, job_id: str, spec: dict, sink: Sink, entry_key: str, t
                            (keys.sink_none(job_id, entry_key, sink.name), nothing)):
         if positions:
             pipe.sadd(key, *(str(p) for p in positions))
-            pipe.expire(key, _ttl(spec))
+            pipe.expire(key, retention(spec))
     pipe.execute()
 
 
@@ -231,7 +228,7 @@ class _Claim:
     def __init__(self, r: redis.Redis, job_id: str, spec: dict, entry_key: str, sink: Sink):
         import secrets
 
-        self.r, self.job_id, self.sink, self.ttl = r, job_id, sink, _ttl(spec)
+        self.r, self.job_id, self.sink, self.ttl = r, job_id, sink, retention(spec)
         self.key = keys.sink_pending(job_id, entry_key, sink.name)
         self.who = secrets.token_hex(6)
 
@@ -286,7 +283,7 @@ def export_rest(r: redis.Redis, sink: Sink, job_id: str, spec: dict) -> dict:
             left = iter(())  # every record handled as its chunk ended (the usual night): no part read again
         else:
             marked = {int(p) for p in r.smembers(keys.exported(job_id, key, sink.name))}
-            left = (item for item in stored_records.scan(r, spec, job_id, key) if item[0] not in marked)
+            left = (item for item in stored_records.records_of(spec, job_id).scan(r, key) if item[0] not in marked)
         while not cannot(r, job_id, sink):
             batch = list(itertools.islice(left, REST_BATCH))
             if not batch:

@@ -1,0 +1,194 @@
+"""What a run of a job's entry sums up to (results.json's entries): its aggregate, merged from its
+chunks' parts or read over its item records, per category, its agreement with people, and what its
+endpoint calls cost (judge accounting, money, the limits its deployments learned meanwhile)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import redis
+
+from evalq.shared.cluster import keys
+from evalq.shared.cluster.spec import is_model_run, stored_spec, variants_key
+from evalq.shared.job.schema import entry_head
+from evalq.shared.judging.judges import NANO, JudgeConfig
+from evalq.shared.metrics.registry import MetricSpec
+from evalq.shared.model.runners import GENERATE, parse_model_config
+from evalq.shared.scores.aggregate import AGGREGATORS, AGREEMENT_KINDS, Agreement, aggregator_for, merge_parts
+from evalq.shared.store import records as stored_records
+
+log = logging.getLogger("evalq.worker")
+
+ACCOUNTING_FIELDS = ("calls", "cache_hits", "reused", "prompt_tokens", "completion_tokens", "reserved_tokens",
+                     "rate_limited", "failed_calls")
+COST_FIELD = "cost_nano"  # the accounting hash's integer cost; outputs show it as ``cost``
+BATCH_COST_FIELD = "batch_cost_nano"  # of it, what batch lines cost (evalq.workers.judge.batches)
+BATCH_FIELDS = ("calls", "prompt_tokens", "completion_tokens", "failed_lines")
+
+
+# aggregations whose score is means (beside what they add), with an interval beside the score
+MEAN_LIKE = ("mean", "distribution", "classification", "toxicity", "robustness")
+
+
+def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: MetricSpec, total: int,
+              priced: bool = False) -> dict:
+    """One metric's (or the generation stage's) aggregate: merged from its
+    chunks' parts when every item is covered by one, else over the item records.
+    ``priced``: its endpoint has a price (``endpoint_priced``), so its spend has a cost."""
+    params = entry["parameters"]
+    overall, by_category, seen = None, {}, 0
+    agreement = Agreement(metric.aggregation, params) if metric.aggregation in AGREEMENT_KINDS else None
+    if AGGREGATORS[metric.aggregation].mergeable:
+        # in chunk order, whatever order the chunks finished in: the sums are then the same
+        # floats on every run of the job
+        raw_parts = r.hgetall(keys.parts(job_id, key))
+        parts = (json.loads(raw_parts[k]) for k in sorted(raw_parts, key=int))
+        overall, by_category, seen = merge_parts(metric.aggregation, params, parts, agreement)
+        if seen < total:  # a chunk without its part (never expected): read the items instead
+            overall = None
+            agreement = Agreement(metric.aggregation, params) if agreement is not None else None
+    if overall is None:
+        overall, by_category, seen = aggregator_for(metric.aggregation, params), {}, 0
+        for _, raw in stored_records.records_of(stored_spec(r, job_id), job_id).scan(r, key):
+            record = json.loads(raw)
+            overall.add(record)
+            if agreement is not None:
+                agreement.add(record)
+            category = record.get("category")
+            if category is not None:
+                by_category.setdefault(category, aggregator_for(metric.aggregation, params)).add(record)
+            seen += 1
+    elapsed = sum(float(v) for v in r.hvals(keys.timings(job_id, key)))
+    counts = _counts(overall)
+    out = {**entry_head(entry), "score": counts.pop("score")}
+    if metric.aggregation in MEAN_LIKE and overall.n:
+        out["ci95"] = overall.intervals(metric.bounds)  # beside the score (ratings and defect rates carry theirs inside it)
+    out.update({"elapsed_time": round(elapsed, 6), **counts})
+    if by_category:
+        out["categories"] = {c: _counts(by_category[c]) for c in sorted(by_category)}
+    if agreement is not None and agreement.result() is not None:
+        out["agreement"] = agreement.result()
+    if metric.calls_endpoint:
+        judge = judge_accounting(r.hgetall(keys.accounting(job_id, key)), priced)
+        if seen:  # what one item cost: paid calls and tokens
+            judge["calls_per_item"] = round(judge["calls"] / seen, 3)
+            judge["tokens_per_item"] = round((judge["prompt_tokens"] + judge["completion_tokens"]) / seen, 1)
+        name = (entry.get("parameters") or {}).get("judge")
+        spec = stored_spec(r, job_id)  # (read once: the identity and the learned limits both need it)
+        judges = (spec.get("judges") or {}) if isinstance(name, str) and key != GENERATE else {}
+        if name in judges:  # who judged, as the history compares runs by it
+            from evalq.shared.judging.judges import judge_identity, panel_identity
+
+            try:
+                said, asked = r.hgetall(keys.judge_seen(job_id, key)), entry.get("parameters") or {}
+                judge["identity"] = (panel_identity(judges, said, asked) if asked.get("panel")
+                                     else judge_identity(judges[name], said, asked, name))
+            except (ValueError, KeyError) as exc:  # a spec an older evalq stored: recorded without one
+                log.warning("job %s %s: no judge identity: %s", job_id, key, exc)
+        _learned_limits(r, spec, job_id, key, judge, name)
+        out["judge"] = judge
+    if seen < total:
+        out["n_missing"] = total - seen
+        log.error("job %s %s: %d of %d items have no record", job_id, key, total - seen, total)
+    return out
+
+
+def _learned_limits(r: redis.Redis, spec: dict, job_id: str, key: str, judge: dict, name) -> None:
+    """``judge.limits``: how the learned limits of the entry's deployments moved during the job
+    (``evalq.shared.judging.capacity``; as Inspect keeps its connection limit's history)."""
+    from datetime import datetime
+
+    from evalq.results.limits import limits_during
+
+    if is_model_run(key):
+        configs = [spec.get("model")]
+    else:
+        judges = spec.get("judges") or {}
+        configs = [judges.get(n) for n in (name if isinstance(name, list) else [name]) if isinstance(n, str)]
+    limits: dict = {}
+    try:
+        since = datetime.fromisoformat(spec["submitted_at"]).timestamp() - 1 if spec.get("submitted_at") else 0.0
+        for config in configs:
+            if isinstance(config, dict):
+                limits.update(limits_during(r, config, job_id, since))
+    except (ValueError, KeyError) as exc:
+        log.warning("job %s %s: no limit history: %s", job_id, key, exc)
+        return
+    if limits:
+        judge["limits"] = limits
+
+
+def with_variants(r: redis.Redis, job_id: str, key: str, summary: dict) -> dict:
+    """An entry whose items needed variants from the model shows what they cost under ``variants``:
+    the variants run's counts, time and model accounting (calls, tokens, cost)."""
+    raw = r.get(keys.stage_summary(job_id, variants_key(key)))
+    if raw is not None:
+        variants = json.loads(raw)
+        summary["variants"] = {k: variants[k] for k in ("n", "n_errors", "n_skipped", "n_missing", "elapsed_time",
+                                                       "judge") if k in variants}
+    return summary
+
+
+def judge_accounting(acct: dict[bytes, bytes], priced: bool | None = None) -> dict:
+    """A metric entry's judge accounting hash as results and ``evalq status`` show it:
+    the totals, and under ``regions`` the ``<region>/<field>`` counts of each deployment.
+    When its endpoint has a price (``priced``; None: when a call cost something), the
+    totals and each region carry ``cost`` (the hash's integer ``cost_nano``, in units)."""
+    judge: dict = {f: int(float(acct.get(f.encode(), 0))) for f in ACCOUNTING_FIELDS}
+    regions: dict[str, dict[str, int]] = {}
+    for k, v in acct.items():
+        region, _, field = k.decode().rpartition("/")
+        if region:
+            regions.setdefault(region, {})[field] = int(float(v))
+    costed = priced or (priced is None and COST_FIELD.encode() in acct)
+    if costed:
+        judge["cost"] = money(int(float(acct.get(COST_FIELD.encode(), 0))))
+    by_path = _by_path(acct, judge, costed)
+    if by_path is not None:
+        judge["by_path"] = by_path
+    for counts in regions.values():
+        cost, batch_cost = counts.pop(COST_FIELD, 0), counts.pop(BATCH_COST_FIELD, 0)
+        if costed:
+            counts["cost"] = money(cost)
+            if by_path is not None:  # without batch lines the regions read as before
+                counts["batch_cost"] = money(batch_cost)
+    if regions:
+        judge["regions"] = dict(sorted(regions.items()))
+    return judge
+
+
+def _by_path(acct: dict[bytes, bytes], judge: dict, costed: bool) -> dict | None:
+    """Calls, tokens (and cost) by path, sync and batch, for an entry that used the Batch API
+    (None otherwise): the totals count both; the batch path's ``failed_lines`` are lines a
+    batch did not answer (each went into another batch, or synchronously)."""
+    batch = {f: int(float(acct.get(f"batch_{f}".encode(), 0))) for f in BATCH_FIELDS}
+    if not any(batch.values()):
+        return None
+    sync = {f: judge[f] - batch[f] for f in ("calls", "prompt_tokens", "completion_tokens")}
+    if costed:
+        total, cheap = int(float(acct.get(COST_FIELD.encode(), 0))), int(float(acct.get(BATCH_COST_FIELD.encode(), 0)))
+        sync["cost"], batch["cost"] = money(total - cheap), money(cheap)
+    return {"sync": sync, "batch": batch}
+
+
+def money(nano: int) -> float:
+    """Billionths of the prices' currency as the outputs show money: rounded to 6 decimals."""
+    return round(nano / NANO, 6)
+
+
+def endpoint_priced(spec: dict, key: str, entry: dict) -> bool:
+    """Whether the endpoint a run calls (its judge, or the model under test) has a price."""
+    if is_model_run(key):
+        return bool(getattr(parse_model_config(spec["model"]), "priced", False)) if "model" in spec else False
+    names = entry["parameters"].get("panel") or [entry["parameters"].get("judge")]  # a panel: any member's
+    return any(n in spec.get("judges", {}) and JudgeConfig.model_validate(spec["judges"][n]).priced for n in names)
+
+
+def _counts(agg) -> dict:
+    out = {"score": agg.score(), "n": agg.n, "n_errors": agg.n_errors}
+    if agg.n_skipped:
+        out["n_skipped"] = agg.n_skipped
+    if getattr(agg, "n_not_applicable", 0):  # items the metric had nothing to score in: not errors
+        out["n_not_applicable"] = agg.n_not_applicable
+    return out
