@@ -157,7 +157,8 @@ def _type_name(annotation) -> str:
                    "the device busy while the other does its host-side work).")
 @click.option("--pool", type=click.Choice(["prefork", "solo", "threads"]), default=None,
               help="Celery pool [default: prefork for cpu, solo for gpu (prefork with --gpu-processes 2+)].")
-@click.option("--hostname", "-n", default=None, help="Worker node name (Celery's -n).")
+@click.option("--hostname", "-n", default=None,
+              help="Worker node name (Celery's -n) [default: evalq-<queue kinds>-<pid>@<host>, unique on its host].")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @click.option("--no-control", is_flag=True,
               help="Do not consume the control queue (job aggregation callbacks).")
@@ -167,7 +168,7 @@ def worker(queues: str, broker: str | None, concurrency: int | None, gpu_process
     if not broker:
         raise InfraError("evalq worker needs --broker or EVALQ_BROKER_URL")
     from evalq.cli.nodemetrics import prepare_node
-    from evalq.cli.workerargs import gpu_environment, worker_argv
+    from evalq.cli.workerargs import gpu_environment, node_name, worker_argv
 
     os.environ["EVALQ_BROKER_URL"] = broker
     from evalq.shared.judging.deployments import WORKER_ENV
@@ -185,7 +186,8 @@ def worker(queues: str, broker: str | None, concurrency: int | None, gpu_process
 
     parse_preload(os.environ.get(PRELOAD_ENV, ""))  # a bad setting: exit 2 now, not a warning in a log later
 
-    argv = worker_argv(consumed, concurrency=concurrency, pool=pool, hostname=hostname, loglevel=loglevel,
+    argv = worker_argv(consumed, concurrency=concurrency, pool=pool, hostname=hostname or node_name(consumed),
+                       loglevel=loglevel,
                        control=not no_control, gpu_processes=gpu_processes)
     if "gpu" in {q.split(".", 1)[0] for q in consumed}:  # inherited by the pool's processes
         processes = int(argv[argv.index("-c") + 1]) if argv[argv.index("-P") + 1] == "prefork" else 1

@@ -161,12 +161,19 @@ def _warn_missing_workers(broker_url: str, queues: list[str]) -> None:
 
     app = client_app(broker_url)
     try:
-        active = app.control.inspect(timeout=1.0).active_queues() or {}
+        # every reply on its own (inspect() merges them by node name: workers sharing one, as
+        # Celery's default celery@<host> makes them, would read as one)
+        replies = app.control.broadcast("active_queues", reply=True, timeout=1.0) or []
     except Exception as exc:  # inspection is advisory only
         from evalq.shared.core.config import safe_url
 
         raise InfraError(f"cannot inspect workers on {safe_url(broker_url)}: {exc}") from None
-    consumed = {q["name"] for qs in active.values() for q in qs}
+    names = [name for reply in replies for name in reply]
+    shared = sorted({name for name in names if names.count(name) > 1})
+    if shared:
+        print(f"evalq: {', '.join(f'{names.count(n)} workers answer as {n}' for n in shared)}: give each its own "
+              "name (evalq worker --hostname NAME@%h), or Celery's control and Flower mix them up", file=sys.stderr)
+    consumed = {q["name"] for reply in replies for qs in reply.values() for q in (qs or [])}
     missing = [q for q in queues if q not in consumed]
     if missing:
         print(f"evalq: no worker is consuming {', '.join(missing)} yet; tasks wait on the queue "

@@ -39,6 +39,15 @@ def gpu_environment(processes: int, env: dict[str, str] | None = None) -> dict[s
     return out
 
 
+def node_name(queues: list[str], pid: int | None = None) -> str:
+    """A worker's node name where ``--hostname`` does not give one: ``evalq-<queue kinds>-<pid>@%h``
+    (Celery expands ``%h`` to the host), unique on its host. Celery's own default, ``celery@<host>``,
+    is the same for every worker of a host, and the replies of workers that share a name are merged
+    into one: the docs' three workers on one host read as one (issue 74)."""
+    kinds = sorted({q.split(".", 1)[0] for q in queues if q}) or ["worker"]
+    return f"evalq-{'-'.join(kinds)}-{os.getpid() if pid is None else pid}@%h"
+
+
 def worker_argv(queues: list[str], concurrency: int | None = None, pool: str | None = None,
                 hostname: str | None = None, loglevel: str = "INFO", control: bool = True,
                 gpu_processes: int = 1) -> list[str]:

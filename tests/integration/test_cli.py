@@ -381,3 +381,43 @@ def test_a_metric_whose_model_is_not_installed_is_a_validation_error(tmp_path):
     assert "the default toxicity classifier is not installed here: pip install --no-deps " \
            "toxic-comment-classifier==0.3.0" in said.stderr, said.stderr
     assert evalq("validate", str(ROOT / "examples" / "monitoring.json")).returncode == 0
+
+
+def test_workers_on_one_host_get_names_of_their_own_and_are_all_counted(redis_url, tmp_path, capsys):
+    """Issue 74, item 1: three `evalq worker --queues ...` on one host, as the cluster how-to writes
+    them (no -n), all answered as celery@<host>: Celery merged their replies, and `evalq run` said
+    no worker consumed a queue that one did. Now a worker without --hostname names itself
+    evalq-<kinds>-<pid>@<host>, and the check counts every reply, also of workers that were given
+    one name by hand (and says so)."""
+    from evalq.cli.run import _warn_missing_workers
+    from evalq.orchestrator.app import client_app
+    from tests.conftest import start_worker, stop_worker
+
+    tag = uuid.uuid4().hex[:6]
+    queues = [f"judge.own{tag}", f"judge.same{tag}a", f"judge.same{tag}b"]
+    log = open(tmp_path / "own.log", "ab")
+    own = subprocess.Popen([sys.executable, "-m", "evalq.cli", "worker", "--broker", redis_url, "--queues", queues[0],
+                            "--loglevel", "WARNING", "--no-control"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    name = f"same{tag}"
+    twins = [start_worker(redis_url, q, tmp_path, name=name) for q in queues[1:]]
+    app = client_app(redis_url)
+    try:
+        deadline, seen = time.monotonic() + 60, {}
+        while time.monotonic() < deadline:  # every worker up: each reply on its own
+            replies = app.control.broadcast("active_queues", reply=True, timeout=1.0) or []
+            seen = {q["name"]: node for reply in replies for node, qs in reply.items() for q in qs}
+            if all(q in seen for q in queues):
+                break
+        assert all(q in seen for q in queues), seen
+        assert seen[queues[0]].startswith(f"evalq-judge-{own.pid}@"), seen  # named by itself, uniquely
+        capsys.readouterr()
+        _warn_missing_workers(redis_url, queues + [f"judge.nobody{tag}"])
+        said = capsys.readouterr().err
+        assert f"no worker is consuming judge.nobody{tag} yet" in said, said
+        assert not any(f"consuming {q}" in said or f"{q}," in said for q in queues), said
+        assert f"2 workers answer as {name}@" in said and "--hostname" in said, said
+        assert "DuplicateNodenameWarning" not in said and "site-packages" not in said, said
+    finally:
+        for proc in [own, *twins]:
+            stop_worker(proc)
