@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,12 @@ class Problems:
             raise JobError(self.items)
 
 
+# how pydantic names the kinds of a union in an error's location ("tpm.constrained-int",
+# "tpm.literal['auto']"): not a field of the job, so not where the problem is
+_UNION_MEMBER = re.compile(r"^(?:literal\[.*\]|constrained-\w+|int|float|str|bool|none|(?:function|json-or-python|"
+                           r"lax-or-strict|nullable|list|dict|tagged-union)[-\w]*\[.*\])$")
+
+
 def parse_section(model: type[BaseModel], raw: Any, where: str, problems: Problems):
     if not isinstance(raw, dict):
         problems.add(where, f"expected an object, got {kind(raw)}")
@@ -45,15 +52,21 @@ def parse_section(model: type[BaseModel], raw: Any, where: str, problems: Proble
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
+        union: dict[str, list[str]] = {}  # a field that may be one of several kinds: its kinds' problems
         for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
+            loc = ".".join(str(p) for p in err["loc"] if not _UNION_MEMBER.match(str(p)))
+            at = f"{where}.{loc}" if loc else where
             if err["type"] == "extra_forbidden":
                 name = str(err["loc"][-1])
                 hint = did_you_mean(name, model.model_fields)
-                problems.add(f"{where}.{loc}" if loc else where, f"unknown field{hint}")
+                problems.add(at, f"unknown field{hint}")
+            elif any(_UNION_MEMBER.match(str(p)) for p in err["loc"]):
+                union.setdefault(at, []).append(err["msg"].removeprefix("Value error, "))
             else:
-                msg = err["msg"].removeprefix("Value error, ")
-                problems.add(f"{where}.{loc}" if loc else where, msg)
+                problems.add(at, err["msg"].removeprefix("Value error, "))
+        for at, said in union.items():  # "should be <= 200000000, or 'auto'": once, without pydantic's names
+            rest = [m.removeprefix("Input should be ") for m in said[1:]]
+            problems.add(at, ", or ".join([said[0], *rest]))
         return None
 
 

@@ -110,8 +110,11 @@ def parse_judges(raw: Any, problems: Problems) -> dict[str, JudgeConfig]:
 
 
 def resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
-                    problems: Problems) -> list[MetricRun]:
-    """Attach each judge metric's judge; a judge in use must have its key variable set."""
+                    problems: Problems, declared: Any = None) -> list[MetricRun]:
+    """Attach each judge metric's judge; a judge in use must have its key variable set. ``declared``:
+    the job's ``judges`` as written: a judge there that did not parse has said what is wrong with
+    it, and is not called missing again by every entry that names it."""
+    broken = set(declared) - set(judges) if isinstance(declared, dict) else set()
     resolved = []
     checked_env = set()
     for run in runs:
@@ -120,12 +123,14 @@ def resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
             resolved.append(run)
             continue
         judge = judges.get(name)
-        if judge is None:
+        if judge is None and name not in broken:
             known = ", ".join(sorted(judges)) or "none defined"
             problems.add(f"{run.where}.parameters.judge",
                          f"no judge named {name!r}{did_you_mean(name, judges)} (judges: {known})")
             continue
         for member in getattr(run.params, "panel", None) or [name]:
+            if member in broken:
+                continue
             if member not in judges:
                 problems.add(f"{run.where}.parameters.panel", f"no judge named {member!r}{did_you_mean(member, judges)}")
             elif member not in checked_env:
@@ -135,6 +140,8 @@ def resolve_judges(runs: list[MetricRun], judges: dict[str, JudgeConfig],
         if getattr(run.params, "panel", None) and not run.spec.panel:
             problems.add(f"{run.where}.parameters.panel", "a panel scores the rated quality metrics and rubric "
                          "(one score and a reason per item); this metric takes one judge")
+        if judge is None:  # its judge did not parse (said above): nothing later checks it against one
+            continue
         resolved.append(dataclasses.replace(run, judge=judge))
     return resolved
 

@@ -133,7 +133,7 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None, 
     if output is not None:
         _s3_allowed(output, "output", problems)
     metrics = parse_metrics(raw.get("metrics"), problems)
-    metrics = resolve_judges(metrics, judges, problems)
+    metrics = resolve_judges(metrics, judges, problems, raw.get("judges"))
     check_cost_cap(judging, metrics, model, problems)
     check_batch(judging, metrics, model, problems)
     if isinstance(model, EndpointModel):

@@ -247,3 +247,22 @@ def test_cpu_entries_over_the_same_instances_are_planned_together(monkeypatch):
     spec = job_spec(job)
     assert not any({"companions", "led_by"} & e.keys() for e in spec["metrics"].values())
     assert len(list(plan_spec(spec, "metrics"))) == stage_total(spec, "metrics")
+
+
+@pytest.mark.parametrize("tpm, said", [
+    (10 ** 12, "Input should be less than or equal to 200000000, or 'auto'"),
+    ("lots", "Input should be a valid integer, unable to parse string as an integer, or 'auto'"),
+])
+def test_a_judge_field_of_several_kinds_is_one_problem_and_its_entries_say_nothing_more(tpm, said):
+    """Issue 74, item 6: a TPM above the maximum read `tpm.constrained-int: ...`, then
+    `tpm.literal['auto']: Input should be 'auto'`, then `no judge named 'sim' (judges: none defined)`
+    for the entry that names the judge. Now: the field, once, with what each of its kinds expects."""
+    judge = {"provider": "openai", "model": "m", "api_key_env": "TEST_UNIT_API_KEY",
+             "deployments": [{"region": "lab", "base_url": "http://127.0.0.1:9/v1", "tpm": tpm, "rpm": 100}]}
+    text = problems({"instances": [GOOD_INSTANCE], "judges": {"sim": judge},
+                     "metrics": [{"id": "fluency", "parameters": {"judge": "sim"}},
+                                 {"id": "coherence", "parameters": {"judge": "sim", "panel": ["sim", "other"]}}]})
+    assert text.splitlines()[0] == f"job.json: judges.sim.deployments.0.tpm: {said}", text
+    assert "constrained-int" not in text and "literal[" not in text, text
+    assert "no judge named 'sim'" not in text, text
+    assert "no judge named 'other'" in text, text  # a judge never declared is still named
