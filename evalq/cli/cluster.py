@@ -160,6 +160,8 @@ def results(job_id: str, broker: str | None, as_json: bool) -> None:
     except LookupError:
         raise JobError(f"job {job_id}: not known to this broker (never submitted, or its keys expired)") from None
     where = {"job_id": job_id, "out": spec.get("out"), **locations(spec)}
+    if where["store"] is not None and not _still_there(spec):
+        where = {"job_id": job_id, "out": where["out"], "store": where["store"], "removed": True}
     if as_json:
         click.echo(json.dumps(where, indent=2))
         return
@@ -168,6 +170,9 @@ def results(job_id: str, broker: str | None, as_json: bool) -> None:
     if where["store"] is None:
         click.echo("  parts:     none: the job was submitted without a job store (EVALQ_STORE); its instances and "
                    "item records are in Redis until its keys expire")
+        return
+    if where.get("removed"):
+        click.echo(f"  store:     {where['store']} (removed: evalq gc, or by hand; the outputs above remain)")
         return
     click.echo(f"  store:     {where['store']}")
     click.echo(f"  instances: {where['instances']}")
@@ -210,9 +215,35 @@ def gc(broker: str | None, days: float | None, dry_run: bool) -> None:
                    f"{status or 'expired from Redis'})")
         if not dry_run:
             place.delete()
+            _drop_empty_suite(place)
         removed, freed = removed + 1, freed + nbytes
     click.echo(f"evalq gc: {'would remove' if dry_run else 'removed'} {removed} job folder(s), {size(freed)}; "
                f"kept {kept} (running, or newer than the cutoff)", err=True)
+
+
+def _still_there(spec: dict) -> bool:
+    """Whether the job's store folder still holds its first instance part (``evalq gc`` removes it
+    whole); a job of no instances has none, and is taken as there."""
+    from evalq.shared.store.instances import part_name
+    from evalq.shared.store.place import Place
+
+    staged = spec["instances"]
+    return not staged.get("n") or Place.from_json(staged).exists(part_name(0))
+
+
+def _drop_empty_suite(place) -> None:
+    """A local store's ``suite=`` folder that its last job's removal left empty goes too (never the
+    tenant's folder above it, which may be a mount of the tenant's own)."""
+    from pathlib import Path
+
+    if place.is_s3:  # S3 has no folders: nothing is left behind
+        return
+    suite = Path(place.uri).parent
+    if suite.name.startswith("suite=") and not suite.is_symlink():
+        try:
+            suite.rmdir()  # only when empty
+        except OSError:
+            pass
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

@@ -40,9 +40,11 @@ class Limits:
 
 
 def size(n: int) -> str:
+    """``n`` bytes as a person reads them: three figures at most ("3.06 MiB", "97.7 KiB", "512 MiB")."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
         if n >= scale:
-            return f"{n / scale:g} {unit}"
+            value = n / scale
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
     return f"{n} bytes"
 
 

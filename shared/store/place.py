@@ -134,6 +134,24 @@ class Place:
                 return None
             raise StoreUnavailable(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
 
+    def exists(self, name: str) -> bool:
+        """Whether something is written under ``name`` (without reading it)."""
+        target = self.path_of(name)
+        if self.is_s3:
+            from botocore.exceptions import ClientError
+
+            bucket, key = _split(target)
+            with _s3_errors(target):
+                try:
+                    self._s3().head_object(Bucket=bucket, Key=key)
+                    return True
+                except ClientError as exc:
+                    if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                        return False
+                    raise
+        self._folders(Path(target).parent)
+        return os.path.lexists(target)
+
     def delete(self) -> None:
         """Remove everything under this folder (nothing there is no error)."""
         if self.is_s3:

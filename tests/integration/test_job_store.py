@@ -149,6 +149,14 @@ def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster,
     assert listed.returncode == 0 and "without a job store (EVALQ_STORE)" in listed.stdout, listed.stderr
     unknown = evalq("results", "0123456789abcdef", "--broker", cluster)
     assert unknown.returncode == 2 and "not known to this broker" in unknown.stderr
+    # its folder removed (as evalq gc removes it): no globs of parts that are gone (issue 74)
+    import shutil
+
+    shutil.rmtree(folder)
+    gone = evalq("results", staged, "--broker", cluster)
+    assert gone.returncode == 0 and f"store:     {folder} (removed: evalq gc" in gone.stdout, gone.stdout
+    assert "records:" not in gone.stdout and "duckdb" not in gone.stdout, gone.stdout
+    assert json.loads(evalq("results", staged, "--broker", cluster, "--json").stdout)["removed"] is True
 
 
 def test_instances_staged_in_s3_score_as_those_kept_in_redis(cluster, tmp_path, night_bucket):
@@ -163,6 +171,11 @@ def test_instances_staged_in_s3_score_as_those_kept_in_redis(cluster, tmp_path, 
     names = sorted(o["Key"] for o in listed["Contents"])
     assert len(names) > 3 and names[0].endswith("part-00000.parquet")
     assert not redis.Redis.from_url(cluster).exists(keys.instances(staged))
+    # evalq results asks S3 whether the parts are still there (HEAD), and says when they are not
+    there = json.loads(evalq("results", staged, "--broker", cluster, "--json", env=env).stdout)
+    assert "removed" not in there and there["store"].startswith("s3://night/evalq/"), there
+    client.delete_object(Bucket="night", Key=names[0])
+    assert json.loads(evalq("results", staged, "--broker", cluster, "--json", env=env).stdout)["removed"] is True
 
 
 def test_a_store_that_refuses_fails_the_submission_with_one_line_and_leaves_nothing(cluster, tmp_path):
@@ -290,6 +303,9 @@ def test_gc_removes_ended_jobs_parts_past_the_cutoff_and_never_a_running_ones(pr
     assert done.returncode == 0 and "removed 2 job folder(s), 2 KiB; kept 2" in done.stderr, done.stderr
     assert sorted(p.name for p in store.glob("*/*/job=*")) == ["job=recent000000001", "job=running000000001"]
     assert "job expired from Redis" in done.stdout and "job done" in done.stdout
+    # the suite folder its last job left empty goes too (issue 74), the tenant's folder stays
+    assert not (store / "search" / "suite=nightly").exists() and (store / "search").is_dir()
+    assert (store / "ads" / "suite=nightly").is_dir()
     none = evalq("gc", "--broker", private_redis)
     assert none.returncode == 2 and "no job store is named (EVALQ_STORE)" in none.stderr
 

@@ -145,7 +145,7 @@ def rss_mib(pid: int) -> float:
 def test_an_inline_job_is_held_to_the_job_size_limit(cluster):
     big = [{"id": f"i{n}", "actual-output": "x" * 1000, "expected-output": ["x"]} for n in range(300)]
     doc = ask(cluster, job={"instances": big, "metrics": EXACT}, out=str(cluster["roots"] / "out-c"))
-    assert_invalid(doc, "request.job: larger than 97.6562 KiB (EVALQ_MAX_JOB_BYTES)")
+    assert_invalid(doc, "request.job: larger than 97.7 KiB (EVALQ_MAX_JOB_BYTES)")
 
 
 def test_a_gzip_bomb_job_uri_stops_at_the_limit(cluster):

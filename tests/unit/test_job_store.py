@@ -180,3 +180,13 @@ def test_a_tenants_per_job_size_is_the_operators_setting():
         spool.append(inst)
     # what a stored instance takes: its JSON line's bytes, as the spool holds it and as it is staged
     assert staged_bytes(inline) == staged_bytes(spool) == sum(len(line.encode()) + 1 for line in spool.json_lines())
+
+
+@pytest.mark.parametrize("n, said", [(0, "0 bytes"), (1023, "1023 bytes"), (2048, "2 KiB"), (100_000, "97.7 KiB"),
+                                     (3_205_136, "3.06 MiB"), (512 << 20, "512 MiB"), (1023 << 20, "1023 MiB"),
+                                     (3 << 30, "3 GiB")])
+def test_a_size_reads_as_a_person_says_it(n, said):
+    """Issue 74: evalq gc said it freed "3.05666 MiB"."""
+    from evalq.shared.core.limits import size
+
+    assert size(n) == said
