@@ -24,6 +24,36 @@ def _region_param(ctx: click.Context, param: click.Parameter, values: tuple[str,
     return values
 
 
+def _bias_param(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> Any:
+    """``--bias`` values as ``JudgeSim``'s ``biases``: one ``Biases`` for every model, or one per model."""
+    from evalq.sim.pairwise import Biases
+
+    kinds = {"first": float, "longer": float, "noise": float, "leniency": int}
+    found: dict[str | None, Biases] = {}
+    for value in values:
+        model, _, text = value.rpartition(":") if ":" in value.split("=", 1)[0] else ("", "", value)
+        fields = {}
+        for pair in text.split(","):
+            key, eq, number = pair.partition("=")
+            if not eq or key.strip() not in kinds:
+                raise click.BadParameter(f"{pair!r}: expected KEY=VALUE with KEY one of {', '.join(kinds)}")
+            try:
+                fields[key.strip()] = kinds[key.strip()](number)
+            except ValueError:
+                raise click.BadParameter(f"{pair!r}: {key.strip()} takes a number") from None
+        try:
+            found[model or None] = Biases(**fields)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    if not found:
+        return None
+    if set(found) == {None}:
+        return found[None]
+    if None in found:
+        raise click.BadParameter("give every --bias a MODEL:, or none of them")
+    return found
+
+
 @click.command("judge-sim", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--region", "regions", multiple=True, default=("lab:20000:120",), show_default=True,
               callback=_region_param, metavar="NAME:TPM:RPM[:PORT][:KEY=VALUE...]",
@@ -65,13 +95,21 @@ def _region_param(ctx: click.Context, param: click.Parameter, values: tuple[str,
 @click.option("--rate-headers", type=click.Choice(["openai", "azure", "none"]), default="openai", show_default=True,
               help="What replies say of the limits: x-ratelimit limit/remaining/reset (openai), remaining "
               "only (azure), or nothing.")
+@click.option("--slots", type=click.IntRange(min=1), default=None,
+              help="Serve at most this many calls of a region at once, the rest waiting (a self-hosted "
+                   "server's queue) [default: no limit].")
+@click.option("--bias", "biases", multiple=True, callback=_bias_param, metavar="[MODEL:]KEY=VALUE[,KEY=VALUE...]",
+              help="A judge's biases (repeatable; without MODEL: every model): first and longer (P of the "
+                   "first seat / the longer answer winning a pairwise call), noise (P of the worse answer "
+                   "winning; of a rating a point off), leniency (points added to a rating carrying "
+                   "[[sim:score=N]]).")
 @click.option("-v", "--verbose", is_flag=True, help="Log one line per request to stderr.")
 def judge_sim_command(regions: tuple[str, ...], latency: float, jitter: float, fail_rate: float,
                       timeout_rate: float, malformed_rate: float, timeout_seconds: float,
                       timeout_action: str, window: float, seed: int, models: tuple[str, ...],
                       max_tokens_default: int, api_key: str | None, batch_delay: float,
                       batch_fail_fraction: float, batch_expire_after: float, enqueued_tokens: int,
-                      rate_headers: str, verbose: bool) -> None:
+                      rate_headers: str, slots: int | None, biases: Any, verbose: bool) -> None:
     """Serve simulated OpenAI / Azure OpenAI chat, Files and Batches endpoints on loopback,
     one port per region, until SIGINT or SIGTERM. Prints `NAME BASE_URL` per region."""
     batch = {"batch_delay": batch_delay, "batch_fail_fraction": batch_fail_fraction,
@@ -83,7 +121,7 @@ def judge_sim_command(regions: tuple[str, ...], latency: float, jitter: float, f
         sim = JudgeSim(parsed, latency=latency, jitter=jitter, fault_rates=faults,
                        window_seconds=window, seed=seed, api_key=api_key, models=models,
                        default_max_tokens=max_tokens_default, log=sys.stderr if verbose else None,
-                       rate_headers=rate_headers)
+                       rate_headers=rate_headers, slots=slots, biases=biases)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:

@@ -724,3 +724,36 @@ def test_slots_serve_that_many_calls_at_once_and_queue_the_rest():
         stats = sim.stats("s")
     assert stats["ok"] == 4 and stats["peak_in_flight"] == 4  # all four were in flight ...
     assert elapsed >= 0.6  # ... and served two at a time: two rounds of 0.3 s
+
+
+def test_cli_takes_biases_and_slots():
+    """Issue 74, item 5: biases and slots were Python-only (JudgeSim(biases=..., slots=...))."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evalq.sim", "--region", "lab:0:0", "--latency", "0.2", "--slots", "1",
+         "--bias", "judge-x:leniency=1", "--bias", "judge-y:noise=0,first=0.7"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        url = proc.stdout.readline().split(" ")[1].strip()
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+
+        def score(model: str) -> str:
+            r = client.chat.completions.create(model=model, messages=user("grade this [[sim:score=3]]"))
+            return PLAIN.match(r.choices[0].message.content)["score"]
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(2) as pool:  # two at once through one slot: served one after the other
+            got = list(pool.map(score, ["judge-x", "judge-y"]))
+        elapsed = time.monotonic() - t0
+        assert got == ["4", "3"]  # the lenient judge a point up, the other as the marker says
+        stats = raw(url.removesuffix("/v1") + "/stats")[2]
+        assert stats["peak_in_flight"] == 2 and stats["ok"] == 2 and elapsed >= 0.4, (stats, elapsed)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
+    for bad, said in ((["--bias", "leniency=one"], "leniency takes a number"),
+                      (["--bias", "kindness=1"], "KEY one of first, longer, noise, leniency"),
+                      (["--bias", "first=2"], "first must be in [0, 1]"),
+                      (["--bias", "m:noise=0.1", "--bias", "noise=0.2"], "give every --bias a MODEL:"),
+                      (["--slots", "0"], "--slots")):
+        result = CliRunner().invoke(judge_sim_command, bad)
+        assert result.exit_code == 2 and said in result.output, (bad, result.output)
