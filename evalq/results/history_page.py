@@ -78,9 +78,12 @@ def when(run: dict) -> str:
     return stamp[:16].replace("T", " ") if isinstance(stamp, str) else "?"
 
 
-def tick_label(run: dict, same_year: bool) -> str:
+def tick_label(run: dict, same_year: bool, with_time: bool = False) -> str:
+    """A run's label on a chart's axis: its day ('11-29'), with the year where the runs span several,
+    and with the time ('11-29 08:15') where two runs share a day."""
     stamp = when(run)
-    return stamp[5:10] if same_year and len(stamp) >= 10 else stamp[:10]
+    day = stamp[5:10] if same_year and len(stamp) >= 10 else stamp[:10]
+    return f"{day} {stamp[11:16]}" if with_time and len(stamp) >= 16 else day
 
 
 def status_of(run: dict) -> str:
@@ -163,9 +166,12 @@ class Frame:
                        f'<text x={LEFT - 4} y="{y + 3:.1f}" text-anchor=end class=tick>{esc(label(v))}</text>')
         same_year = len({when(r)[:4] for r in runs}) == 1
         every = max(1, math.ceil(self.n / MAX_TICKS))
-        for i in range(0, self.n, every):
+        labelled = range(0, self.n, every)
+        days = [when(runs[i])[:10] for i in labelled]
+        with_time = len(set(days)) < len(days)  # two labelled runs of one day: say which is which
+        for i in labelled:
             out.append(f'<text x="{self.x(i):.1f}" y={base + 15} text-anchor=middle class=tick>'
-                       f'{esc(tick_label(runs[i], same_year))}</text>')
+                       f'{esc(tick_label(runs[i], same_year, with_time))}</text>')
         for i, run in enumerate(runs):  # failed and cancelled runs: a grey stripe (bars: a grey bar)
             if status_of(run) in ("failed", "cancelled") and not self.bars:
                 w = max(4.0, min(self.step * 0.6, 14.0))

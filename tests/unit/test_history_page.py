@@ -254,3 +254,15 @@ def test_no_runs_and_one_run():
     assert "no run recorded" in render({"suite": "empty", "runs": []})
     page = Page(render({"suite": "s", "runs": [run(1, [entry("bleu", "mean", 0.5, [0.4, 0.6])])]}))
     assert len(page.all("svg", "chart")) == 1 and len(page.all("circle", "pt")) == 1
+
+
+def test_two_runs_of_one_day_are_told_apart_on_the_axis():
+    """Issue 74, item 6: two runs of 11-29 were both labelled '11-29'."""
+    first, second = run(29, [entry("bleu", "score", 0.5)]), run(29, [entry("bleu", "score", 0.6)], job_id="again")
+    second["finished_at"] = "2026-11-29T18:05:00+00:00"
+    ticks = re.findall(r"class=tick>([^<]*)</text>",
+                       render({"suite": "s", "runs": [run(28, [entry("bleu", "score", 0.4)]), first, second]}))
+    assert {"11-28 01:42", "11-29 01:42", "11-29 18:05"} <= set(ticks), ticks
+    days = re.findall(r"class=tick>([^<]*)</text>",
+                      render({"suite": "s", "runs": [run(d, [entry("bleu", "score", 0.5)]) for d in (27, 28)]}))
+    assert {"11-27", "11-28"} <= set(days) and not any(":" in t for t in days), days  # one a day: the day
