@@ -22,10 +22,19 @@ import logging
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.cluster.spec import load_spec, retention
+from evalq.shared.cluster.spec import retention, stored_spec
 from evalq.shared.cluster.status import FINAL, status_of
 
 log = logging.getLogger("evalq.parking")
+
+
+def _retention(r: redis.Redis, job_id: str) -> int:
+    """The job's retention from this process's copy of its spec (the worker parking a chunk has read
+    it already: no round trip), the cluster's setting where it has none."""
+    try:
+        return retention(stored_spec(r, job_id))
+    except LookupError:
+        return retention(None)
 
 
 def park(app, r: redis.Redis, job_id: str, metric_key: str, start: int, stop: int,
@@ -37,7 +46,7 @@ def park(app, r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     entry = {"chunk": [metric_key, start, stop, deployment], "queue": queue, "waits": digests}
     pipe = r.pipeline(transaction=False)
     pipe.hset(keys.parked(job_id), field, json.dumps(entry))
-    pipe.expire(keys.parked(job_id), retention(load_spec(r, job_id)))
+    pipe.expire(keys.parked(job_id), _retention(r, job_id))
     pipe.execute()
     slot_freed(app, r, queue)
     if not waiting(r, job_id, digests):  # answered while its items were being asked

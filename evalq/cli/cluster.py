@@ -152,6 +152,7 @@ def results(job_id: str, broker: str | None, as_json: bool) -> None:
     """Where a job's results are: its outputs, and its instance and record parts in the job store
     (Parquet, for DuckDB, Spark or Athena)."""
     from evalq.shared.cluster.spec import stored_spec
+    from evalq.shared.store.instances import still_staged
     from evalq.shared.store.records import locations
 
     broker = need_broker(broker)
@@ -160,7 +161,7 @@ def results(job_id: str, broker: str | None, as_json: bool) -> None:
     except LookupError:
         raise JobError(f"job {job_id}: not known to this broker (never submitted, or its keys expired)") from None
     where = {"job_id": job_id, "out": spec.get("out"), **locations(spec)}
-    if where["store"] is not None and not _still_there(spec):
+    if where["store"] is not None and not still_staged(spec["instances"]):
         where = {"job_id": job_id, "out": where["out"], "store": where["store"], "removed": True}
     if as_json:
         click.echo(json.dumps(where, indent=2))
@@ -219,16 +220,6 @@ def gc(broker: str | None, days: float | None, dry_run: bool) -> None:
         removed, freed = removed + 1, freed + nbytes
     click.echo(f"evalq gc: {'would remove' if dry_run else 'removed'} {removed} job folder(s), {size(freed)}; "
                f"kept {kept} (running, or newer than the cutoff)", err=True)
-
-
-def _still_there(spec: dict) -> bool:
-    """Whether the job's store folder still holds its first instance part (``evalq gc`` removes it
-    whole); a job of no instances has none, and is taken as there."""
-    from evalq.shared.store.instances import part_name
-    from evalq.shared.store.place import Place
-
-    staged = spec["instances"]
-    return not staged.get("n") or Place.from_json(staged).exists(part_name(0))
 
 
 def _drop_empty_suite(place) -> None:

@@ -168,10 +168,12 @@ def _warn_missing_workers(broker_url: str, queues: list[str]) -> None:
         from evalq.shared.core.config import safe_url
 
         raise InfraError(f"cannot inspect workers on {safe_url(broker_url)}: {exc}") from None
-    names = [name for reply in replies for name in reply]
-    shared = sorted({name for name in names if names.count(name) > 1})
+    from collections import Counter
+
+    answering = Counter(name for reply in replies for name in reply)
+    shared = sorted(name for name, n in answering.items() if n > 1)
     if shared:
-        print(f"evalq: {', '.join(f'{names.count(n)} workers answer as {n}' for n in shared)}: give each its own "
+        print(f"evalq: {', '.join(f'{answering[n]} workers answer as {n}' for n in shared)}: give each its own "
               "name (evalq worker --hostname NAME@%h), or Celery's control and Flower mix them up", file=sys.stderr)
     consumed = {q["name"] for reply in replies for qs in reply.values() for q in (qs or [])}
     missing = [q for q in queues if q not in consumed]

@@ -89,6 +89,12 @@ def part_name(index: int) -> str:
     return f"instances/part-{index:05d}.parquet"
 
 
+def still_staged(staged: dict) -> bool:
+    """Whether a staged job's folder still holds its first part (``evalq gc`` removes a folder whole,
+    a lifecycle rule its parts): asked without reading it. A job of no instances has none."""
+    return not staged.get("n") or Place.from_json(staged).exists(part_name(0))
+
+
 def stage(place: Place, lines: Iterable[str], part_bytes: int | None = None, part_rows: int = PART_ROWS) -> dict:
     """Write ``lines`` (one instance's JSON each, in job order) as parts under ``place``;
     returns what the spec keeps of them (``spec["instances"]``). ``part_bytes``: about how much
