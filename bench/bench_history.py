@@ -46,7 +46,7 @@ def main() -> None:
     from evalq.results.outputs import run_info, write_outputs
     from evalq.results.recording import entries_of, run_row
     from evalq.shared.cluster import keys
-    from evalq.shared.cluster.spec import stored_spec
+    from evalq.shared.job.stored import stored_job as stored_spec
     from evalq.shared.data.storage import Destination
     from evalq.shared.job.nightly import Regression
 

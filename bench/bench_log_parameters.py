@@ -49,7 +49,7 @@ def main() -> None:
 
     from evalq.results.outputs import run_info, write_outputs
     from evalq.shared.cluster import keys
-    from evalq.shared.cluster.spec import stored_spec
+    from evalq.shared.job.stored import stored_job as stored_spec
     from evalq.shared.data.storage import Destination
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300

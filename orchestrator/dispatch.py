@@ -41,7 +41,8 @@ import redis
 from evalq.orchestrator import holding, pricing
 from evalq.shared.cluster import keys, leases
 from evalq.shared.cluster.scheduling import PRIORITIES, Tenants, Window
-from evalq.shared.cluster.spec import entry_queues, plan, retention, stored_spec
+from evalq.shared.cluster.spec import entry_queues, plan
+from evalq.shared.job.stored import StoredJob, as_stored, stored_job
 from evalq.shared.cluster.status import FINAL
 
 log = logging.getLogger("evalq.dispatch")
@@ -54,11 +55,13 @@ PUSH_BATCH = 1000
 
 # --- putting a stage's chunks in line ------------------------------------------------------
 
-def enqueue(r: redis.Redis, job_id: str, spec: dict, stage: str, skip_done: bool = False) -> tuple[set[str], int]:
+def enqueue(r: redis.Redis, job_id: str, spec: StoredJob | dict, stage: str,
+            skip_done: bool = False) -> tuple[set[str], int]:
     """Put the stage's chunks into the job's pending lists, from where an earlier call stopped
     (``S:sent`` counts chunks put in line); returns the queues touched and how many chunks
     were put in line. With ``skip_done``
     (resume) the pending lists are rebuilt from every chunk not finished."""
+    spec = as_stored(spec, job_id)
     pkey = keys.plan(job_id)
     already = 0 if skip_done else int(r.hget(pkey, f"{stage}:sent") or 0)
     done = r.smembers(keys.chunks_done(job_id, stage)) if skip_done else set()
@@ -74,7 +77,7 @@ def enqueue(r: redis.Redis, job_id: str, spec: dict, stage: str, skip_done: bool
         for q in {c.queue for c in batch}:
             pipe.sadd(keys.sched(q, "jobs"), job_id)
             pipe.sadd(keys.SCHED_QUEUES, q)
-            pipe.expire(keys.pending(job_id, q), retention(spec))
+            pipe.expire(keys.pending(job_id, q), spec.ttl)
         pipe.hset(pkey, f"{stage}:sent", max(position, int(r.hget(pkey, f"{stage}:sent") or 0)))
         pipe.execute()
         queues.update(c.queue for c in batch)
@@ -303,10 +306,9 @@ def _candidates(r: redis.Redis, queue: str, tenants: Tenants, room: int) -> list
                 _leave(r, queue, job_id)
             continue
         try:
-            spec = stored_spec(r, job_id)
+            sched = stored_job(r, job_id).scheduling
         except LookupError:
             continue
-        sched = spec.get("scheduling") or {}
         out.append(_Candidate(job_id, PRIORITIES.index(sched.get("priority", "normal")),
                               sched.get("tenant", "default"), float(sched.get("weight", 1.0)),
                               [json.loads(p) for p in pending]))

@@ -14,11 +14,11 @@ import redis
 
 from evalq.orchestrator.replies import reply
 from evalq.results.recording import record_job
-from evalq.results.summary import endpoint_priced, summarize, with_variants
+from evalq.results.summary import summarize, with_variants
 from evalq.shared.cluster import keys
-from evalq.shared.cluster.spec import (METRICS_STAGE, load_spec, retention, run_keys, span, stage_runs, stored_spec,
-                                       variants_key)
+from evalq.shared.cluster.spec import METRICS_STAGE, run_keys, span, stage_runs, variants_key
 from evalq.shared.cluster.status import Status, status_of
+from evalq.shared.job.stored import StoredJob, load_job, stored_job
 from evalq.shared.metrics.registry import REGISTRY
 from evalq.shared.model.runners import GENERATE, GENERATE_SPEC
 
@@ -30,11 +30,11 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     content, write the outputs to the job's ``out`` (when it has one), set the
     final status and answer ``reply_to``. Idempotent: a second run rewrites the
     same files, and the reply is pushed once."""
-    spec = stored_spec(r, job_id)
+    spec = stored_job(r, job_id)
     if status_of(r, job_id) == Status.CANCELLED:
         status = Status.CANCELLED
-    summary = [with_variants(r, job_id, key, summarize(r, job_id, key, entry, REGISTRY.get(entry["id"]),
-                                                       span(spec, entry), endpoint_priced(spec, key, entry)))
+    summary = [with_variants(r, job_id, key,
+                             summarize(r, spec, key, entry, REGISTRY.get(entry["id"]), span(spec, entry)))
                for key, entry in stage_runs(spec, METRICS_STAGE)]
     if status != Status.CANCELLED:  # scores no chunk could send to the job's sinks (evalq.results.sinks)
         from evalq.results.sinks import export_rest, with_exports
@@ -42,7 +42,7 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
         with_exports(summary, stage_runs(spec, METRICS_STAGE), export_rest(r, job_id, spec))
     r.set(keys.summary(job_id), json.dumps(summary))
     errors: list[str] = []
-    if spec.get("out"):
+    if spec.destination is not None:
         errors = _write(r, spec, job_id, summary, status)
     final = Status.FAILED if errors else status
     # in the history store before the status says so: whoever sees the job end finds it there
@@ -59,7 +59,7 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
 
 def fail(r: redis.Redis, job_id: str, error: str) -> dict:
     """End a job as failed (its outputs could not be made), answering ``reply_to``."""
-    spec = load_spec(r, job_id) or {}
+    spec = load_job(r, job_id) or StoredJob({}, job_id)
     record_job(r, job_id, spec, Status.FAILED, None, error)
     pipe = r.pipeline(transaction=True)
     pipe.set(keys.error(job_id), error)
@@ -80,15 +80,15 @@ def _end(pipe, job_id: str, status: str) -> None:
     pipe.expire(keys.ended(job_id), 3600)  # until _expire's TTL, where the job's keys get one
 
 
-def _expire(pipe, job_id: str, spec: dict) -> None:
+def _expire(pipe, job_id: str, spec: StoredJob) -> None:
     """An ended job's keys stay ``EVALQ_RESULT_TTL`` seconds (for ``evalq status``,
     a duplicate request, ``evalq report``'s inputs), then Redis forgets them."""
-    ttl = retention(spec)
-    for key in keys.all_job_keys(job_id, run_keys(spec), spec.get("sinks") or []):
+    ttl = spec.ttl
+    for key in keys.all_job_keys(job_id, run_keys(spec), spec.sinks):
         pipe.expire(key, ttl)
 
 
-def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status: str) -> list[str]:
+def _write(r: redis.Redis, spec: StoredJob, job_id: str, summary: list[dict], status: str) -> list[str]:
     """Write the outputs; a destination that fails, or that the operator's lists do not
     allow (the stored spec is not trusted: it is checked again here), gets them in the
     operator's fallback directory instead: the work is never lost to it."""
@@ -99,8 +99,8 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
 
     stage = r.get(keys.stage_summary(job_id, GENERATE))
     run = run_info(spec, job_id, json.loads(stage) if stage else None, status, summary)
-    dest = Destination(spec["out"], spec.get("out_endpoint_url"))
-    refused = destination_problem(dest.uri, dest.endpoint_url, tenant=spec.get("namespace"))
+    dest = spec.destination
+    refused = destination_problem(dest.uri, dest.endpoint_url, tenant=spec.namespace)
     try:
         if refused:
             raise EvalqError(f"not written there: {refused}")
@@ -123,20 +123,18 @@ def _write(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], status:
 def generated(r: redis.Redis, job_id: str) -> dict:
     """Callback of the generation stage: its summary, then status ``generated``
     (the orchestrator submits the metrics on seeing it)."""
-    spec = stored_spec(r, job_id)
+    spec = stored_job(r, job_id)
     pipe = r.pipeline(transaction=True)
-    if GENERATE in spec:
-        entry = spec[GENERATE]
-        summary = summarize(r, job_id, GENERATE, entry, GENERATE_SPEC, entry["n_items"],
-                            endpoint_priced(spec, GENERATE, entry))
+    entry = spec.generate
+    if entry is not None:
+        summary = summarize(r, spec, GENERATE, entry, GENERATE_SPEC, entry["n_items"])
         score = summary.pop("score") or {}  # means over the outputs: only log probabilities are numbers
         if score.get("log_probability") is not None:
             summary["mean_log_probability"] = score["log_probability"]
         pipe.set(keys.stage_summary(job_id, GENERATE), json.dumps(summary))
-    for key, entry in (spec.get("variants") or {}).items():
+    for key, entry in spec.variants.items():
         vkey = variants_key(key)
-        summary = summarize(r, job_id, vkey, entry, REGISTRY.get(entry["id"]).variants_spec(), span(spec, entry),
-                            endpoint_priced(spec, vkey, entry))
+        summary = summarize(r, spec, vkey, entry, REGISTRY.get(entry["id"]).variants_spec(), span(spec, entry))
         summary.pop("score", None)
         pipe.set(keys.stage_summary(job_id, vkey), json.dumps(summary))
     pipe.set(keys.status(job_id), Status.GENERATED)

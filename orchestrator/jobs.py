@@ -10,7 +10,8 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.errors import InfraError
-from evalq.shared.cluster.spec import entry_queues, load_spec, run_items, runs as all_runs
+from evalq.shared.cluster.spec import entry_queues, run_items, runs as all_runs
+from evalq.shared.job.stored import load_job
 from evalq.shared.cluster.status import FINAL, Status, status_of
 
 
@@ -28,7 +29,7 @@ def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
         return status
     r.set(keys.status(job_id), Status.CANCELLED, keepttl=True)
     app = client_app(broker_url)
-    spec = load_spec(r, job_id)
+    spec = load_job(r, job_id)
     if spec is not None:  # its chunks still in line are never sent; its window goes to the others
         from evalq.orchestrator import dispatch
 
@@ -45,14 +46,14 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
     if not status:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     info: dict = {"job_id": job_id, "status": status}
-    spec = load_spec(r, job_id)
+    spec = load_job(r, job_id)
     if status == Status.INVALID or spec is None:
         raw_error = r.get(keys.error(job_id))
         if raw_error:
             info["errors"] = json.loads(raw_error)
         return info
-    info.update({"source": spec["source"], "submitted_at": spec.get("submitted_at"), "out": spec.get("out"),
-                 "request_id": spec.get("request_id"), "n_instances": spec["n_instances"]})
+    info.update({"source": spec.source, "submitted_at": spec.submitted_at, "out": spec.out,
+                 "request_id": spec.request_id, "n_instances": spec.n_instances})
     error = r.get(keys.error(job_id))
     if error:
         info["error"] = error.decode()
@@ -84,15 +85,13 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
                               "sent": int(plan.get(f"{stage}:sent", 0)),
                               "finished": r.scard(keys.chunks_done(job_id, stage))}
                       for stage in ("generate", "metrics") if f"{stage}:total" in plan}
-    if spec.get("submitted_at") and status not in FINAL:
-        from datetime import datetime, timezone
-
-        elapsed = (datetime.now(timezone.utc) - datetime.fromisoformat(spec["submitted_at"])).total_seconds()
+    if spec.submitted_at and status not in FINAL:
+        elapsed = time.time() - spec.submitted_epoch
         rate = done_total / elapsed if elapsed > 0 else 0.0
         info["rate_items_per_s"] = round(rate, 2)
         info["eta_s"] = round((items_total - done_total) / rate) if rate > 0 else None
     info["queues"] = {q: r.llen(q) for q in sorted(queues)}
-    info["scheduling"] = spec.get("scheduling") or {"priority": "normal", "tenant": "default", "weight": 1.0}
+    info["scheduling"] = spec.scheduling
     if status not in FINAL:
         info["dispatch"] = dispatch_view(r, job_id, sorted(queues))
     from evalq.orchestrator.parking import batch_view
@@ -148,10 +147,10 @@ def recent(r: redis.Redis, limit: int = 20) -> list[dict]:
         if not status:
             r.zrem(keys.JOBS, job_id)
             continue
-        spec = load_spec(r, job_id) or {}
+        spec = load_job(r, job_id)
         rows.append({"job_id": job_id, "status": status, "submitted": time.strftime(
-            "%Y-%m-%d %H:%M:%S", time.localtime(at)), "source": spec.get("source"),
-            "n_instances": spec.get("n_instances"), "scheduling": spec.get("scheduling")})
+            "%Y-%m-%d %H:%M:%S", time.localtime(at)), "source": spec.source if spec else None,
+            "n_instances": spec.n_instances if spec else None, "scheduling": spec.scheduling if spec else None})
         if len(rows) == limit:
             break
     return rows

@@ -41,7 +41,8 @@ from evalq.orchestrator.backlog import backlogs
 from evalq.orchestrator.watch import items_done, server_time
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import env_number
-from evalq.shared.cluster.spec import load_spec, run_keys
+from evalq.shared.cluster.spec import run_keys
+from evalq.shared.job.stored import load_job
 from evalq.shared.cluster.status import FINAL, Status
 
 log = logging.getLogger("evalq.metrics")
@@ -52,7 +53,7 @@ DEFAULT_STALL_SECONDS = 900
 
 def stalled(r: redis.Redis, job_id: str, now: float, stall_seconds: float) -> bool:
     """No item of the running job has finished for ``stall_seconds`` (Redis server time)."""
-    spec = load_spec(r, job_id)
+    spec = load_job(r, job_id)
     if spec is None:
         return False  # expired since
     done = sum(items_done(r, job_id, run_keys(spec)).values())
@@ -61,8 +62,8 @@ def stalled(r: redis.Redis, job_id: str, now: float, stall_seconds: float) -> bo
         if seen.get("done") != str(done):
             return False  # items finished since the last look
         since = float(seen["changed_at"])
-    elif done == 0 and spec.get("submitted_at"):
-        since = _epoch(spec["submitted_at"])
+    elif done == 0 and spec.submitted_at:
+        since = spec.submitted_epoch
     else:
         return False  # never looked at, and moving
     if now - since <= stall_seconds:

@@ -22,7 +22,7 @@ import logging
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.cluster.spec import retention, stored_spec
+from evalq.shared.job.stored import default_retention, stored_job
 from evalq.shared.cluster.status import FINAL, status_of
 
 log = logging.getLogger("evalq.parking")
@@ -32,9 +32,9 @@ def _retention(r: redis.Redis, job_id: str) -> int:
     """The job's retention from this process's copy of its spec (the worker parking a chunk has read
     it already: no round trip), the cluster's setting where it has none."""
     try:
-        return retention(stored_spec(r, job_id))
+        return stored_job(r, job_id).ttl
     except LookupError:
-        return retention(None)
+        return default_retention()
 
 
 def park(app, r: redis.Redis, job_id: str, metric_key: str, start: int, stop: int,

@@ -9,7 +9,8 @@ import time
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.cluster.spec import companions, entry_of, queue_of, stored_spec
+from evalq.shared.cluster.spec import companions, entry_of, queue_of
+from evalq.shared.job.stored import stored_job
 
 SHARE_WINDOW = 60.0  # seconds over which shares (and tenant caps) are measured
 PROMPT_ESTIMATE = 400  # tokens per judge call assumed before any was measured
@@ -21,7 +22,7 @@ def chunk_cost(r: redis.Redis, job_id: str, desc: list, cache: dict[str, float])
     metric_key, start, stop = desc[0], desc[1], desc[2]
     key = f"{job_id}|{metric_key}"
     if key not in cache:
-        spec = stored_spec(r, job_id)
+        spec = stored_job(r, job_id)
         entry = entry_of(spec, metric_key)
         done = int(r.get(keys.recorded_total(job_id, metric_key)) or 0)
         if entry.get("regions"):  # judge or endpoint model: tokens
@@ -32,8 +33,8 @@ def chunk_cost(r: redis.Redis, job_id: str, desc: list, cache: dict[str, float])
             elif calls and int(calls) and reserved:  # calls made, no item finished yet: what they reserved
                 unit = int(reserved) / int(calls)
             else:
-                judge = (spec.get("judges") or {}).get((entry.get("parameters") or {}).get("judge"), {})
-                unit = float(judge.get("max_tokens") or (spec.get("model") or {}).get("max_tokens") or 256)
+                judge = spec.judges.get((entry.get("parameters") or {}).get("judge"), {})
+                unit = float(judge.get("max_tokens") or (spec.model or {}).get("max_tokens") or 256)
                 unit += PROMPT_ESTIMATE
         else:  # cpu, gpu, a local model: seconds (one timing per chunk: a few hundred at most),
             unit = 0.0  # of the entry and of those its chunks score with it
@@ -80,7 +81,7 @@ def queue_tpm(r: redis.Redis, queue: str, job_ids: list[str]) -> float:
         return total
 
     for job_id in job_ids:
-        for _, entry in runs(stored_spec(r, job_id)):
+        for _, entry in runs(stored_job(r, job_id)):
             for region, tpm in entry.get("regions") or []:
                 if queue_of(entry, region) == queue and isinstance(tpm, (int, float)):
                     return float(tpm)

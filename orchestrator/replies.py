@@ -10,28 +10,29 @@ import json
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.cluster.spec import load_spec, retention
 from evalq.shared.cluster.status import Status
+from evalq.shared.job.stored import StoredJob, default_retention, load_job
 
 
-def reply(r: redis.Redis, job_id: str, spec: dict, status: str, errors: list[str],
+def reply(r: redis.Redis, job_id: str, spec: StoredJob, status: str, errors: list[str],
           results: list[dict] | None, request_id: str | None = None) -> int:
     """Push the end document to the ``reply_to`` of every request of the job (the
     first, whose list is in the spec, and each duplicate): exactly one per request,
     whatever runs twice (a re-run callback, a redelivered message). Two requests
     naming the same list get two documents. Returns how many were pushed."""
-    targets = ([(FIRST_REQUEST, spec["reply_to"])] if spec.get("reply_to") else []) + \
+    targets = ([(FIRST_REQUEST, spec.reply_to)] if spec.reply_to else []) + \
         sorted(_reply_target(m) for m in r.smembers(keys.reply_targets(job_id)))
     if not targets:
         return 0
-    doc = json.dumps(reply_document(spec.get("request_id", request_id), job_id, status, spec.get("out"),
+    first_id = spec.request_id if spec.request_id is not None else request_id
+    doc = json.dumps(reply_document(first_id, job_id, status, spec.out,
                                     errors, results), ensure_ascii=False)
     pushed = 0
     for request, target in targets:
         if r.sadd(keys.replied(job_id), request):
-            push_reply(r, target, doc, retention(spec))
+            push_reply(r, target, doc, spec.ttl)
             pushed += 1
-    r.expire(keys.replied(job_id), retention(spec))
+    r.expire(keys.replied(job_id), spec.ttl)
     return pushed
 
 
@@ -57,12 +58,12 @@ def reply_targets_add(r: redis.Redis, job_id: str, message_id: str, target: str)
     """Answer the duplicate request carried by message ``message_id`` on ``target``
     when the job ends (a redelivery of that message adds nothing new)."""
     r.sadd(keys.reply_targets(job_id), json.dumps([message_id, target]))
-    r.expire(keys.reply_targets(job_id), retention(None))  # this cluster's setting, as the request's
+    r.expire(keys.reply_targets(job_id), default_retention())  # this cluster's setting, as the request's
 
 
 def replay(r: redis.Redis, job_id: str, request_id: str | None, status: str) -> int:
     """Answer reply lists added after the job ended (duplicate requests)."""
-    spec = load_spec(r, job_id) or {}
+    spec = load_job(r, job_id) or StoredJob({}, job_id)
     raw_error = (r.get(keys.error(job_id)) or b"").decode()
     if status == Status.INVALID:
         errors = json.loads(raw_error) if raw_error else []
@@ -91,7 +92,7 @@ def reply_ops(pipe, target: str, doc: str, ttl: int | None = None) -> None:
     answered in the same step)."""
     pipe.rpush(target, doc)
     pipe.ltrim(target, -REPLIES_KEPT, -1)
-    pipe.expire(target, int(ttl) if ttl else retention(None))
+    pipe.expire(target, int(ttl) if ttl else default_retention())
 
 
 def reply_document(request_id: str | None, job_id: str | None, status: str, out: str | None,

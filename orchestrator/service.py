@@ -27,7 +27,7 @@ from evalq.shared.cluster import keys
 from evalq.shared.core.config import CONTROL_QUEUE, JOBS_QUEUE, TENANT_QUEUE_PREFIX, Settings, tenant_of_queue
 from evalq.shared.policy.egress import Reach
 from evalq.shared.core.errors import InfraError, JobError
-from evalq.shared.cluster.spec import load_spec
+from evalq.shared.job.stored import load_job
 from evalq.shared.cluster.status import FINAL, Status
 from evalq.orchestrator.tenancy import tenant_policy
 
@@ -133,14 +133,14 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
         if request_id is not None and owner is not None and owner.decode() != message_id and \
                 bound is not None and bound.decode() != fingerprint:
             return _answer_conflict(r, idem, message_id, request_id, reply_to, ttl)
-        spec = load_spec(r, job_id)
+        spec = load_job(r, job_id)
         status = (r.get(keys.status(job_id)) or b"").decode()
         if status == Status.INVALID or (owner is not None and owner.decode() != message_id):
             # another request with the same id (the first may still be storing its job):
             # answered with the first job when it ends, never started again
             return _answer_duplicate(r, job_id, message_id, {**request, "reply_to": reply_to})
         if spec is not None:
-            if request_id is not None and spec.get("message_id") != message_id:
+            if request_id is not None and spec.message_id != message_id:
                 # another request with the same id: answered with the first job, not started again
                 return _answer_duplicate(r, job_id, message_id, {**request, "reply_to": reply_to})
             # this very message, redelivered: carry on where the first delivery stopped
@@ -156,15 +156,13 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
         from evalq.orchestrator.once import only_unscored
 
         only_unscored(r, job, job_id, tenant)  # a trace dataset: the spans no earlier run of the suite took
-        spec = _readable(submit.job_spec, job, request.get("chunk_size"), out, request_id, reply_to)
-        if tenant is not None:
-            spec["namespace"] = tenant  # the final callback writes only into this tenant's places
+        # namespace: the final callback writes only into this tenant's places
+        spec = _readable(submit.job_spec, job, request.get("chunk_size"), out, request_id, reply_to, tenant, message_id)
     except JobError as exc:
         errors = list(exc.problems)
         _answer_ended(r, job_id, message_id, request_id, reply_to, request.get("out"), Status.INVALID, errors, ttl)
         log.warning("request %s: invalid job: %s", request_id or message_id, "; ".join(errors[:3]))
         return {"job_id": job_id, "status": Status.INVALID, "errors": errors}
-    spec["message_id"] = message_id
     try:
         submit.store_job(r, job, spec, job_id=job_id)
     except StoreUnavailable as exc:
@@ -176,8 +174,7 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
         log.warning("request %s: not stored: %s", request_id or message_id, exc)
         return {"job_id": job_id, "status": Status.FAILED, "errors": errors}
     submit.start(r, broker_url, job_id, spec)
-    log.info("job %s: submitted (%d instances, %d metric entries)", job_id, spec["n_instances"],
-             len(spec["metrics"]))
+    log.info("job %s: submitted (%d instances, %d metric entries)", job_id, len(job.instances), len(job.metrics))
     return {"job_id": job_id, "status": Status.RUNNING}
 
 

@@ -26,13 +26,14 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import CONTROL_QUEUE
-from evalq.shared.cluster.spec import GENERATE_STAGE, METRICS_STAGE, chunk_ids, stage_of, stage_total, stored_spec
+from evalq.shared.cluster.spec import GENERATE_STAGE, METRICS_STAGE, chunk_ids, stage_of, stage_total
+from evalq.shared.job.stored import StoredJob, stored_job  # noqa: F401  (StoredJob: a hint)
 from evalq.shared.cluster.status import Status, status_of
 
 CALLBACKS = {GENERATE_STAGE: "evalq.generated", METRICS_STAGE: "evalq.finalize"}
 
 
-def send_stage(app, r: redis.Redis, job_id: str, spec: dict, stage: str,
+def send_stage(app, r: redis.Redis, job_id: str, spec: "StoredJob | dict", stage: str,
                skip_done: bool = False) -> int:
     """Put the stage's chunks in line (``evalq.orchestrator.dispatch``) from where an earlier
     sender stopped, and fill the room its queues have; returns how many chunks were put in line.
@@ -75,7 +76,7 @@ def chunk_finished(app, r: redis.Redis, job_id: str, metric_key: str, start: int
     A chunk that also scored its entry's companions counts for each of them, in the same step."""
     stage = stage_of(metric_key)
     try:
-        ids = chunk_ids(stored_spec(r, job_id), metric_key, start)
+        ids = chunk_ids(stored_job(r, job_id), metric_key, start)
     except LookupError:  # the job's keys are gone: nothing left to count
         ids = [f"{metric_key}:{start}"]
     fired = r.eval(_FINISH, 2, keys.chunks_done(job_id, stage), keys.plan(job_id),

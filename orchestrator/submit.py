@@ -23,6 +23,7 @@ from evalq.shared.core.config import Settings
 from evalq.shared.core.errors import InfraError
 from evalq.shared.data.instances import json_lines, stored_bytes
 from evalq.shared.job.schema import Job, MetricRun
+from evalq.shared.job.stored import VERSION, StoredJob, as_stored, store as store_document
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.metrics.registry import device_chunk, sized_chunk
 from evalq.shared.data.storage import Destination
@@ -119,11 +120,11 @@ def outline(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | Non
     """What the plan reads of the job's spec (chunk sizes, queues, entries scored together),
     without the rest ``job_spec`` makes (idf tables, judges): for counting and showing the plan."""
     runs = job.metrics if runs is None else runs
-    spec = {"n_instances": len(job.instances),
-            "metrics": {m.key: {**run_entry(m, chunk_size, job.span(m)), "span": job.span(m)}
-                        for m in runs if not is_model_run(m.key)}}
-    size_cheap(spec["metrics"], runs, job.instances, chunk_size)
-    group_entries(spec["metrics"], runs, len(job.instances))
+    metrics = {m.key: {**run_entry(m, chunk_size, job.span(m)), "span": job.span(m)}
+               for m in runs if not is_model_run(m.key)}
+    size_cheap(metrics, runs, job.instances, chunk_size)
+    group_entries(metrics, runs, len(job.instances))
+    spec = {"n_instances": len(job.instances), "metrics": metrics}
     gen = [m for m in runs if m.key == GENERATE]
     if gen:
         spec[GENERATE] = run_entry(gen[0], chunk_size, len(job.instances))
@@ -133,7 +134,11 @@ def outline(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | Non
 
 
 def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | None = None,
-             request_id: str | None = None, reply_to: str | None = None) -> dict:
+             request_id: str | None = None, reply_to: str | None = None, namespace: str | None = None,
+             message_id: str | None = None) -> dict:
+    """The job's stored document (``evalq.shared.job.stored``: read back as a ``StoredJob``), built once:
+    ``namespace``, the tenant of the request queue it came through (the final callback writes only into
+    its places); ``message_id``, the queue message that carried it."""
     ttl = Settings.from_env().result_ttl
     metrics = {}
     for m in job.metrics:
@@ -150,7 +155,7 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
     group_entries(metrics, job.metrics, len(job.instances))
     used = {m.params.judge for m in job.metrics if m.judge is not None}
     used |= {member for m in job.metrics if m.judge is not None for member in getattr(m.params, "panel", None) or ()}
-    spec = {"source": job.source, "n_instances": len(job.instances), "metrics": metrics,
+    spec = {"version": VERSION, "source": job.source, "n_instances": len(job.instances), "metrics": metrics,
             # judge and model configurations name the key's environment variable, never the key
             "judges": {name: job.judges[name].model_dump(mode="json") for name in sorted(used)},
             "judging": job.judging.model_dump(mode="json"), "categories": job.categories,
@@ -174,14 +179,19 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
         spec["request_id"] = request_id
     if reply_to is not None:
         spec["reply_to"] = reply_to
+    if namespace is not None:
+        spec["namespace"] = namespace
+    if message_id is not None:
+        spec["message_id"] = message_id
     if job.dataset is not None:
-        spec["dataset"] = {"uri": job.dataset.uri, "format": job.dataset.format, "read_as": job.mapping,
-                           "bad_records_skipped": job.bad_records.count}
+        dataset = {"uri": job.dataset.uri, "format": job.dataset.format, "read_as": job.mapping,
+                   "bad_records_skipped": job.bad_records.count}
         if job.bad_records.shown:
-            spec["dataset"]["bad_records"] = job.bad_records.shown
+            dataset["bad_records"] = job.bad_records.shown
         if job.spans is not None:  # OTLP traces: spans read, passed by, filtered, sampled; instances made
-            spec["dataset"]["spans"] = job.spans
-            spec["dataset"]["traces"] = job.dataset.traces.model_dump(mode="json")  # since/until as resolved
+            dataset["spans"] = job.spans
+            dataset["traces"] = job.dataset.traces.model_dump(mode="json")  # since/until as resolved
+        spec["dataset"] = dataset
     if job.jailbreak is not None:
         spec["jailbreak"] = {"n_clean": job.n_clean, "n_injected": len(job.instances) - job.n_clean,
                              **({"template": job.jailbreak.template} if job.jailbreak.template is not None
@@ -230,18 +240,19 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
     from evalq.shared.store.place import job_place, store_root
 
     job_id = job_id or new_job_id()
-    ttl = spec["ttl"]
+    stored = StoredJob(spec, job_id)
+    ttl = stored.ttl
     root = store_root() if store is FROM_ENV else store
     shared: dict[str, str] = {}
     if root is not None:
         # the tenant's part of the store: the request queue's tenant, else the one the job names
-        tenant = spec.get("namespace") or (spec.get("scheduling") or {}).get("tenant")
-        place = job_place(root, job_id, tenant, spec.get("suite"))
+        place = job_place(root, job_id, stored.store_tenant, stored.suite)
         try:
-            spec["instances"] = staged.stage(place, json_lines(job.instances, shared))
+            kept = staged.stage(place, json_lines(job.instances, shared))
             if staged.stage_shared(place, shared):  # what the instances share, beside them: none of it in Redis
-                spec["instances"]["shared"] = True
+                kept["shared"] = True
                 shared = {}
+            spec["instances"] = kept
             spec["records"] = PARTS  # and the item records as parts beside them (evalq.shared.store.records)
         except Exception:
             place.delete()  # nothing half-staged is left behind
@@ -260,13 +271,13 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
             pipe.hset(keys.shared_values(job_id), mapping=shared)
             pipe.expire(keys.shared_values(job_id), ttl)
         # the spec last: a job with a spec has all its instances
-        pipe.set(keys.spec(job_id), json.dumps(spec), ex=ttl)
+        store_document(pipe, job_id, spec, ttl)
         pipe.set(keys.status(job_id), Status.RUNNING, ex=ttl)
         pipe.zadd(keys.JOBS, {job_id: time.time()})
         pipe.execute()
     except redis.RedisError as exc:
         delete_job(r, job_id, [m.key for m in job.runs])
-        staged.drop(spec)
+        StoredJob(spec, job_id).instances.drop()
         if "maxmemory" in str(exc) and root is None:
             raise InfraError(f"storing job {job_id} failed: Redis is full (its maxmemory) with the job's instances; "
                              f"a job store (EVALQ_STORE) keeps them out of Redis") from None
@@ -285,8 +296,9 @@ def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-def start(r: redis.Redis, broker_url: str, job_id: str, spec: dict) -> None:
+def start(r: redis.Redis, broker_url: str, job_id: str, spec: "StoredJob | dict") -> None:
     """Send the job's first stage; the cluster does the rest."""
+    spec = as_stored(spec, job_id)
     import redis
 
     from evalq.orchestrator.app import client_app

@@ -16,7 +16,7 @@ from evalq.orchestrator import finalize as aggregation
 from evalq.orchestrator import stages
 from evalq.orchestrator.app import app, app_redis
 from evalq.shared.core.config import JOBS_QUEUE, Settings
-from evalq.shared.cluster.spec import stored_spec
+from evalq.shared.job.stored import stored_job
 from evalq.shared.cluster.status import Status, status_of
 
 log = logging.getLogger("evalq.jobs")
@@ -62,7 +62,7 @@ def generated(self, job_id: str) -> dict:
     """The generation stage is complete: summarize it, then send the metrics stage."""
     def work(r: redis.Redis) -> dict:
         out = aggregation.generated(r, job_id)
-        spec = stored_spec(r, job_id)
+        spec = stored_job(r, job_id)
         if status_of(r, job_id) == Status.CANCELLED:
             return aggregation.finalize(r, job_id, status=Status.CANCELLED)
         stages.send_stage(self.app, r, job_id, spec, stages.METRICS_STAGE)

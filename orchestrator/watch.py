@@ -37,7 +37,8 @@ from evalq.orchestrator.stages import callback_running, fire_callback
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import CONTROL_QUEUE, Settings
 from evalq.shared.core.errors import InfraError
-from evalq.shared.cluster.spec import current_stage, job_queues, load_spec, retention, run_keys, stage_items, stage_runs
+from evalq.shared.cluster.spec import current_stage, job_queues, run_keys, stage_items, stage_runs
+from evalq.shared.job.stored import StoredJob, as_stored, load_job
 from evalq.shared.cluster.status import FINAL, status_of
 
 log = logging.getLogger("evalq.sweeper")
@@ -76,7 +77,7 @@ def server_time(r: redis.Redis) -> float:
     return seconds + micros / 1e6
 
 
-def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status: str,
+def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: StoredJob | dict, status: str,
                counts: dict[str, int], timing: Timing, now: float | None = None,
                refill: bool = True) -> list[str]:
     """One look at a running job: records its progress and takes the step it needs,
@@ -84,8 +85,9 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: dict, status:
     it stalls (the sweep has just filled every queue, so it passes False)."""
     from evalq.orchestrator.app import client_app
 
+    spec = as_stored(spec, job_id)
     now = server_time(r) if now is None else now
-    key, ttl = keys.watch(job_id), retention(spec)
+    key, ttl = keys.watch(job_id), spec.ttl
     done = sum(counts.values())
     seen = {k.decode(): v.decode() for k, v in r.hgetall(key).items()}
     if seen.get("done") != str(done):
@@ -145,7 +147,7 @@ def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     if status in FINAL:
         return {"job_id": job_id, "status": status, "stage": None, "sent": 0, "callback": None}
-    spec = load_spec(r, job_id)
+    spec = load_job(r, job_id)
     if spec is None:
         raise InfraError(f"job {job_id}: its spec is gone from Redis; it cannot be resumed")
     app = client_app(broker_url)
@@ -204,7 +206,7 @@ def sweep(r: redis.Redis, broker_url: str, timing: Timing, now: float | None = N
 
     dispatch.refill_all(client_app(broker_url), r, lambda queues: out_counts(r, queues))
     for job_id, status in running:
-        spec = load_spec(r, job_id)
+        spec = load_job(r, job_id)
         if spec is None:
             continue  # expired since
         try:

@@ -21,7 +21,6 @@ from evalq.shared.cluster import keys, telemetry
 from evalq.shared.scores.aggregate import chunk_part
 from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
 from evalq.workers.judge.panel import Panel
-from evalq.shared.store import instances as stored_instances
 from evalq.shared.store.place import StoreUnavailable
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.metrics.registry import MetricSpec
@@ -89,7 +88,6 @@ def endpoint_client(ctx: ChunkContext, deployment: str | None, keeper: keeping.I
 def panel_client(ctx: ChunkContext, deployment: str | None, keeper: Any, options: Any, first: Any) -> Any:
     """A panel's members' clients (``evalq.workers.judge.panel``): the first member's is ``first``; a
     member the operator's catalogue or inline policy refuses answers every item with why."""
-    from evalq.shared.model.runners import endpoint_config
     from evalq.workers.judge.client import JudgeClient
     from evalq.workers.judge.panel import Panel
 
@@ -98,7 +96,7 @@ def panel_client(ctx: ChunkContext, deployment: str | None, keeper: Any, options
         if name in members:
             continue
         try:
-            config = endpoint_config(ctx.spec, name, ctx.job_id)
+            config = ctx.job.endpoint(name, ctx.job_id)
         except ValueError as exc:
             members[name] = Refused(str(exc))
             continue
@@ -128,12 +126,11 @@ def batch_lines(ctx: ChunkContext, config: Any, options: Any, deployments: list,
     ``judging.mode``; generation follows ``judging.mode`` where the model has a batch
     deployment), else None. ``auto`` carries its deadline."""
     from evalq.workers.judge.batch_lines import BatchLines
-    from evalq.workers.judge.batch_records import auto_deadline
 
     mode = options.mode if ctx.model_run else ctx.params.effective_mode(options)
     if mode == "sync" or not config.batch_deployments:
         return None
-    deadline = auto_deadline(ctx.spec) if mode == "auto" else None
+    deadline = ctx.job.auto_deadline if mode == "auto" else None
     return BatchLines(ctx.r, ctx.job_id, ctx.key, name or ctx.endpoint_name, config, deployments, deadline, ttl=ctx.ttl)
 
 
@@ -357,7 +354,7 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
     if not ctx.model_run:  # to the job's sinks: OTLP, Phoenix, MLflow, where the operator configured them
         from evalq.results.sinks import export_chunk
 
-        export_chunk(ctx.r, ctx.job_id, ctx.spec, ctx.key, ctx.entry, spec.aggregation, items)
+        export_chunk(ctx.r, ctx.job_id, ctx.job, ctx.key, ctx.entry, spec.aggregation, items)
 
 
 def _entry_instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:
@@ -375,9 +372,9 @@ def _instances(ctx: ChunkContext, positions: list[int]) -> list[dict]:
     if not positions:
         return []
     lo, hi = positions[0], positions[-1]
-    raw = stored_instances.lines(ctx.r, ctx.job_id, ctx.spec, lo, hi + 1)
+    raw = ctx.instances.lines(ctx.r, lo, hi + 1)
     picked = raw if len(raw) == len(positions) else [raw[p - lo] for p in positions]
-    return stored_instances.with_shared(ctx.r, ctx.job_id, ctx.spec, decode_many(picked))
+    return ctx.instances.with_shared(ctx.r, decode_many(picked))
 
 
 def _with_generated(ctx: ChunkContext, positions: list[int], instances: list[dict]) -> None:

@@ -67,13 +67,14 @@ def wait(job_id: str, broker: str | None, stall_timeout: float | None) -> None:
     from evalq.cli.run import finished
 
     from evalq.cli.progress import progress
-    from evalq.shared.cluster.spec import run_items, runs, stored_spec
+    from evalq.shared.cluster.spec import run_items, runs
+    from evalq.shared.job.stored import stored_job
 
     broker = need_broker(broker)
     outage = Outage(broker, stall_timeout or 300)
     r = waiting.connect(broker, outage)
     try:
-        spec = outage.call(stored_spec, r, job_id)
+        spec = outage.call(stored_job, r, job_id)
         total = sum(run_items(spec, key, entry) for key, entry in runs(spec))
     except LookupError:  # not known (yet): wait says so
         total = 0
@@ -151,17 +152,16 @@ def status(job_id: str | None, broker: str | None, as_json: bool, limit: int, st
 def results(job_id: str, broker: str | None, as_json: bool) -> None:
     """Where a job's results are: its outputs, and its instance and record parts in the job store
     (Parquet, for DuckDB, Spark or Athena)."""
-    from evalq.shared.cluster.spec import stored_spec
-    from evalq.shared.store.instances import still_staged
+    from evalq.shared.job.stored import stored_job
     from evalq.shared.store.records import locations
 
     broker = need_broker(broker)
     try:
-        spec = stored_spec(waiting.connect(broker), job_id)
+        job = stored_job(waiting.connect(broker), job_id)
     except LookupError:
         raise JobError(f"job {job_id}: not known to this broker (never submitted, or its keys expired)") from None
-    where = {"job_id": job_id, "out": spec.get("out"), **locations(spec)}
-    if where["store"] is not None and not still_staged(spec["instances"]):
+    where = {"job_id": job_id, "out": job.out, **locations(job.records)}
+    if where["store"] is not None and not job.instances.still_there():
         where = {"job_id": job_id, "out": where["out"], "store": where["store"], "removed": True}
     if as_json:
         click.echo(json.dumps(where, indent=2))

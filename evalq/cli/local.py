@@ -60,6 +60,7 @@ def validate(job_file: Path, offline: bool) -> None:
     from evalq.cli.capacity import key_variables, render_keys
     from evalq.orchestrator.submit import chunks_of, outline
     from evalq.cli.common import read_job
+    from evalq.shared.cluster.spec import METRICS_STAGE, stage_runs
 
     job = read_job(job_file, keys_needed=not offline)
     describe(job, job_file, err=False)
@@ -71,7 +72,7 @@ def validate(job_file: Path, offline: bool) -> None:
     tasks = ", ".join(f"{n} on {q}" for q, n in sorted(per_queue.items()))
     labels = {m.key: m.label for m in job.metrics}
     together = "".join(f"; scored together: {', '.join(labels[k] for k in [key, *entry['companions']])}"
-                       for key, entry in spec["metrics"].items() if entry.get("companions"))
+                       for key, entry in stage_runs(spec, METRICS_STAGE) if entry.get("companions"))
     click.echo(f"{job_file}: valid: {len(job.instances)} instances; metrics: {metrics}; tasks: {tasks}{together}")
     if offline:
         for line in render_keys(key_variables(job)):

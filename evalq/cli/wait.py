@@ -57,10 +57,10 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     """
     from evalq.orchestrator.parking import waits_for_batches
     from evalq.orchestrator.watch import Timing
-    from evalq.shared.cluster.spec import load_spec
+    from evalq.shared.job.stored import load_job
 
     outage = outage or Outage(broker_url, stall_timeout or 300)
-    spec = load_spec(r, job_id, get=lambda key: outage.call(r.get, key))
+    spec = load_job(r, job_id, get=lambda key: outage.call(r.get, key))
     if spec is None:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     timing = Timing.from_env()

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import redis
 
-from evalq.shared.store import instances as stored_instances, records as stored_records
+from evalq.shared.job.stored import StoredJob
 from evalq.shared.job.schema import entry_head as head
 from evalq.shared.data.loglines import log_head
 from evalq.shared.model.runners import GENERATE
@@ -33,7 +33,7 @@ from evalq.shared.cluster.spec import entry_chunks, is_variants, runs as all_run
 LOG_BATCH = 2000
 
 
-def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], run: dict,
+def write_outputs(r: redis.Redis, spec: StoredJob, job_id: str, summary: list[dict], run: dict,
                   dest: Destination) -> None:
     from evalq.results.report import ReportBuilder
 
@@ -42,13 +42,13 @@ def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], 
     # Entries whose chunks all left a view (workers make one per chunk) are reported from
     # those; the others (a chunk given up, a cancelled job) from their log lines.
     streamed = set()
-    for slot, (key, entry) in enumerate(spec["metrics"].items()):
-        if not report.add_views(slot, _views(r, spec, job_id, key), expect=entry_chunks(spec, entry)):
+    for slot, (key, entry) in enumerate(spec.metrics.items()):
+        if not report.add_views(slot, _views(r, spec, key), expect=entry_chunks(spec, entry)):
             streamed.add(key)
     with dest.open_text("results.json") as f:
         f.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     with dest.open_text("log.jsonl") as f:
-        for line, position, key in _log_entries(r, spec, job_id, cancelled):
+        for line, position, key in _log_entries(r, spec, cancelled):
             f.write(line)
             f.write("\n")
             if key in streamed:
@@ -56,44 +56,43 @@ def write_outputs(r: redis.Redis, spec: dict, job_id: str, summary: list[dict], 
     with dest.open_text("run.json") as f:
         f.write(json.dumps(run, indent=2, ensure_ascii=False) + "\n")
     with dest.open_text("report.html") as f:
-        f.write(report.html(_instances_at(r, spec, job_id, report.worst_positions())))
+        f.write(report.html(_instances_at(r, spec, report.worst_positions())))
 
 
-def _views(r: redis.Redis, spec: dict, job_id: str, key: str) -> Iterator[dict | None]:
+def _views(r: redis.Redis, spec: StoredJob, key: str) -> Iterator[dict | None]:
     """Each chunk's report view (None for a chunk that left none), in start order."""
-    for raw in stored_records.records_of(spec, job_id).views(r, key):
+    for raw in spec.records.views(r, key):
         yield json.loads(raw) if raw is not None else None
 
 
-def _instances_at(r: redis.Redis, spec: dict, job_id: str, positions: list[int]) -> dict[int, dict]:
-    found = {p: json.loads(raw) for p, raw in zip(positions, stored_instances.lines_at(r, job_id, spec, positions))
-             if raw is not None}
-    return dict(zip(found, stored_instances.with_shared(r, job_id, spec, list(found.values()))))
+def _instances_at(r: redis.Redis, spec: StoredJob, positions: list[int]) -> dict[int, dict]:
+    found = {p: json.loads(raw) for p, raw in zip(positions, spec.instances.lines_at(r, positions)) if raw is not None}
+    return dict(zip(found, spec.instances.with_shared(r, list(found.values()))))
 
 
-def run_info(spec: dict, job_id: str, generation: dict | None, status: str = Status.DONE,
+def run_info(spec: StoredJob, job_id: str, generation: dict | None, status: str = Status.DONE,
              summary: list[dict] | None = None) -> dict:
     from importlib.metadata import version
 
-    info: dict = {"job_id": job_id, "status": status, "source": spec["source"],
+    info: dict = {"job_id": job_id, "status": status, "source": spec.source,
                   "evalq_version": version("evalq")}
-    started = spec.get("submitted_at")
+    started = spec.submitted_at
     finished = datetime.now(timezone.utc)
     if started:
         info["started_at"] = started
     info["finished_at"] = finished.isoformat(timespec="seconds")
     if started:
         info["wall_time"] = round((finished - datetime.fromisoformat(started)).total_seconds(), 3)
-    info["n_instances"] = spec["n_instances"]
-    if spec.get("jailbreak"):
-        info["jailbreak"] = spec["jailbreak"]
-    info["metrics"] = [head(entry) for entry in spec["metrics"].values()]
-    if spec.get("categories"):
-        info["categories"] = spec["categories"]
-    if spec.get("dataset"):
-        info["dataset"] = spec["dataset"]
-    if spec.get("request_id"):
-        info["request_id"] = spec["request_id"]
+    info["n_instances"] = spec.n_instances
+    if spec.jailbreak:
+        info["jailbreak"] = spec.jailbreak
+    info["metrics"] = [head(entry) for entry in spec.metrics.values()]
+    if spec.categories:
+        info["categories"] = spec.categories
+    if spec.dataset:
+        info["dataset"] = spec.dataset
+    if spec.request_id:
+        info["request_id"] = spec.request_id
     if generation is not None:
         info["generation"] = generation
     info["cost"] = job_cost(summary or [], generation)
@@ -113,23 +112,22 @@ def job_cost(summary: list[dict], generation: dict | None) -> float | None:
     return round(sum(costs), 6) if costs else None
 
 
-def _log_entries(r: redis.Redis, spec: dict, job_id: str,
-                 cancelled: bool = False) -> Iterator[tuple[str, int, str]]:
+def _log_entries(r: redis.Redis, spec: StoredJob, cancelled: bool = False) -> Iterator[tuple[str, int, str]]:
     """(log line, instance position, run key): generated outputs first, then one JSON line
     per (metric entry, instance), entry by entry in job order, instances in job order."""
     missing = {"skipped": "the job was cancelled"} if cancelled else {"error": "no result recorded"}
     runs = all_runs(spec)
-    kept = stored_records.records_of(spec, job_id)
-    slots = {key: slot for slot, key in enumerate(spec["metrics"])}
+    kept = spec.records
+    slots = {key: slot for slot, key in enumerate(spec.metrics)}
     for key, entry in runs:
-        n = span(spec, entry) if key != GENERATE else spec["n_instances"]
+        n = span(spec, entry) if key != GENERATE else spec.n_instances
         if is_variants(key):
             # what the model answered to an entry's variants: "stage": "variants" and the entry's
             # place (``variants_for``), never ``entry``: readers of scores pass these lines by
             head_obj = {**log_head(entry, None, False), "stage": "variants", "variants_for": slots[variants_of(key)]}
         else:
             # generated outputs' lines name no parameters: run.json's generation holds the model's
-            head_obj = log_head(entry, slots.get(key), key != GENERATE and spec.get("log_parameters", True))
+            head_obj = log_head(entry, slots.get(key), key != GENERATE and spec.log_parameters)
         head_json = json.dumps(head_obj, ensure_ascii=False)[1:-1]
         # a chunk's part at a time where the records are parts (each read once), else LOG_BATCH of them
         step = kept.read_step(key, LOG_BATCH)
@@ -137,7 +135,7 @@ def _log_entries(r: redis.Redis, spec: dict, job_id: str,
             stop = min(start + step, n)
             records = kept.get_many(r, key, list(range(start, stop)))
             if None in records:  # rare: look the instances up once per batch
-                instances = [json.loads(raw) for raw in stored_instances.lines(r, job_id, spec, start, stop)]
+                instances = [json.loads(raw) for raw in spec.instances.lines(r, start, stop)]
             for i, raw in enumerate(records):
                 if raw is not None:
                     yield _with_head(raw if isinstance(raw, str) else raw.decode("utf-8"), head_json), start + i, key

@@ -29,17 +29,16 @@ from evalq.shared.cluster import keys
 from evalq.shared.core.config import env_number
 from evalq.shared.core.jsonio import pack_floats, unpack_floats
 from evalq.shared.model.runners import GENERATE
-from evalq.shared.job.nightly import Regression, suite_of
+from evalq.shared.job.stored import StoredJob, as_stored
 from evalq.shared.metrics.registry import REGISTRY
 from evalq.shared.scores.results import entry_keys, read
 from evalq.shared.cluster.spec import METRICS_STAGE, entry_chunks, stage_runs
 from evalq.shared.scores.stats import Items, columns, score_interval
-from evalq.shared.store import records as stored_records
 
 log = logging.getLogger("evalq.history")
 
 
-def record_job(r: redis.Redis, job_id: str, spec: dict, status: str, summary: list[dict] | None,
+def record_job(r: redis.Redis, job_id: str, spec: StoredJob, status: str, summary: list[dict] | None,
                error: str | None = None) -> list[dict] | None:
     """Record the ended job (once, whatever runs twice); returns its regressions, or None
     when history is off or the store could not be written."""
@@ -52,7 +51,7 @@ def record_job(r: redis.Redis, job_id: str, spec: dict, status: str, summary: li
         store = open_store(url)
         entry_rows, series = entries_of(r, job_id, spec, summary or [])
         run = run_row(r, job_id, spec, status, summary or [], error)
-        recorded = store.record(run, entry_rows, series, Regression.model_validate(spec.get("regression") or {}).resolved())
+        recorded = store.record(run, entry_rows, series, spec.regression)
     except Exception as exc:  # noqa: BLE001  (a database of any kind, down or refusing: the job stands)
         log.error("job %s: not recorded in the history store %s: %s: %s", job_id, safe(url), type(exc).__name__,
                   str(exc).splitlines()[0] if str(exc) else "")
@@ -64,7 +63,7 @@ def record_job(r: redis.Redis, job_id: str, spec: dict, status: str, summary: li
     return recorded.regressions
 
 
-def run_row(r: redis.Redis, job_id: str, spec: dict, status: str, summary: list[dict], error: str | None) -> dict:
+def run_row(r: redis.Redis, job_id: str, spec: StoredJob, status: str, summary: list[dict], error: str | None) -> dict:
     from evalq.results.history import utc
     from datetime import datetime, timezone
 
@@ -75,22 +74,22 @@ def run_row(r: redis.Redis, job_id: str, spec: dict, status: str, summary: list[
     generation = json.loads(stage) if stage else None
     if generation and isinstance(generation.get("judge"), dict):
         judge_blocks.append(generation["judge"])
-    model = spec.get("model") or {}
+    model = spec.model or {}
     return {
-        "job_id": job_id, "suite": spec.get("suite") or suite_of(spec.get("source", "")),
-        "request_id": str(spec["request_id"]) if spec.get("request_id") is not None else None,
-        "tenant": (spec.get("scheduling") or {}).get("tenant"), "status": str(status),
-        "started_at": utc(spec.get("submitted_at")), "finished_at": datetime.now(timezone.utc).replace(tzinfo=None),
-        "source": spec.get("source"), "dataset": (spec.get("dataset") or {}).get("uri"),
-        "model": model.get("model") or model.get("runner"), "out": spec.get("out"),
-        "n_instances": spec.get("n_instances"),
+        "job_id": job_id, "suite": spec.series,
+        "request_id": str(spec.request_id) if spec.request_id is not None else None,
+        "tenant": spec.tenant, "status": str(status),
+        "started_at": utc(spec.submitted_at), "finished_at": datetime.now(timezone.utc).replace(tzinfo=None),
+        "source": spec.source, "dataset": (spec.dataset or {}).get("uri"),
+        "model": model.get("model") or model.get("runner"), "out": spec.out,
+        "n_instances": spec.n_instances,
         "calls": sum(int(b.get("calls", 0)) for b in judge_blocks),
         "tokens": sum(int(b.get("prompt_tokens", 0)) + int(b.get("completion_tokens", 0)) for b in judge_blocks),
         "cost": job_cost(summary, generation), "error": error,
     }
 
 
-def entries_of(r: redis.Redis, job_id: str, spec: dict, summary: list[dict]) -> tuple[list[dict], list[dict]]:
+def entries_of(r: redis.Redis, job_id: str, spec: StoredJob, summary: list[dict]) -> tuple[list[dict], list[dict]]:
     """(entry rows, series) of a run: per entry its head and spend; per (entry, field) its
     value, interval, n, the items' standard deviation and per-instance values (a sample of a
     big entry's: ``sample_rate``)."""
@@ -118,11 +117,11 @@ def entries_of(r: redis.Redis, job_id: str, spec: dict, summary: list[dict]) -> 
     return entry_rows, series
 
 
-def sample_rate(spec: dict) -> float:
+def sample_rate(spec: StoredJob | dict) -> float:
     """The share of a run's instances whose values the history keeps for pairing: all of them up
     to ``EVALQ_HISTORY_MAX_ITEMS`` instances, about that many of a bigger run."""
     limit = int(env_number("EVALQ_HISTORY_MAX_ITEMS", 100_000))
-    n = int(spec.get("n_instances") or 0)
+    n = as_stored(spec).n_instances
     return 1.0 if n <= limit else max(limit, 1) / n
 
 
@@ -189,7 +188,7 @@ def chunk_values(items: list[tuple[int, dict]], readings: list) -> dict:
 
 
 def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
-                chunks: int | None = None, spec: dict | None = None, rate: float = 1.0) -> dict[str, Items]:
+                chunks: int | None = None, spec: StoredJob | None = None, rate: float = 1.0) -> dict[str, Items]:
     """Per field, the entry's scored items as columns (instance ids, values): ``entry_series``'
     kept items."""
     return {field: items for field, (items, _) in entry_series(r, job_id, key, kind, params, chunks, spec,
@@ -197,7 +196,7 @@ def item_fields(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
 
 
 def entry_series(r: redis.Redis, job_id: str, key: str, kind: str, params: dict, chunks: int | None = None,
-                 spec: dict | None = None, rate: float = 1.0) -> dict[str, tuple[Items, Moments]]:
+                 spec: StoredJob | None = None, rate: float = 1.0) -> dict[str, tuple[Items, Moments]]:
     """Per field, the entry's scored items in ``rate``'s sample (``in_sample``) as columns (instance
     ids, values), with the moments of every scored item: from the values its ``chunks`` chunks kept
     (``chunk_values``), read a chunk at a time, when every one of them did, else from its item
@@ -228,7 +227,7 @@ def entry_series(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
         if seen == chunks:
             return {field: ((ids, values), moments) for field, (ids, values, moments) in fields.items()}
     found: dict[str, tuple[list[tuple[int, str, float]], Moments]] = {}
-    for position, raw in stored_records.records_of(spec or {}, job_id).scan(r, key):
+    for position, raw in as_stored(spec, job_id).records.scan(r, key):
         record = json.loads(raw)
         if record.get("variant") is not None:
             continue
@@ -247,9 +246,9 @@ def entry_series(r: redis.Redis, job_id: str, key: str, kind: str, params: dict,
     return out
 
 
-def _chunks_values(r: redis.Redis, job_id: str, key: str, spec: dict | None):
+def _chunks_values(r: redis.Redis, job_id: str, key: str, spec: StoredJob | None):
     """(start, values) of each recorded chunk that left them, in start order, one at a time."""
-    yield from stored_records.records_of(spec or {}, job_id).values(r, key)
+    yield from as_stored(spec, job_id).records.values(r, key)
 
 
 def one_series(slot: int, entry: dict, name: str, field: str, kind: str, result: dict, items: Items,

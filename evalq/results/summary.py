@@ -10,13 +10,13 @@ import logging
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.cluster.spec import is_model_run, stored_spec, variants_key
+from evalq.shared.cluster.spec import is_model_run, variants_key
 from evalq.shared.job.schema import entry_head
-from evalq.shared.judging.judges import NANO, JudgeConfig
+from evalq.shared.job.stored import StoredJob
+from evalq.shared.judging.judges import NANO
 from evalq.shared.metrics.registry import MetricSpec
-from evalq.shared.model.runners import GENERATE, parse_model_config
+from evalq.shared.model.runners import GENERATE
 from evalq.shared.scores.aggregate import AGGREGATORS, AGREEMENT_KINDS, Agreement, aggregator_for, merge_parts
-from evalq.shared.store import records as stored_records
 
 log = logging.getLogger("evalq.worker")
 
@@ -31,11 +31,11 @@ BATCH_FIELDS = ("calls", "prompt_tokens", "completion_tokens", "failed_lines")
 MEAN_LIKE = ("mean", "distribution", "classification", "toxicity", "robustness")
 
 
-def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: MetricSpec, total: int,
-              priced: bool = False) -> dict:
+def summarize(r: redis.Redis, job: StoredJob, key: str, entry: dict, metric: MetricSpec, total: int) -> dict:
     """One metric's (or the generation stage's) aggregate: merged from its
-    chunks' parts when every item is covered by one, else over the item records.
-    ``priced``: its endpoint has a price (``endpoint_priced``), so its spend has a cost."""
+    chunks' parts when every item is covered by one, else over the item records. Its spend has
+    a cost where its endpoint has a price (``StoredJob.priced``)."""
+    job_id = job.job_id
     params = entry["parameters"]
     overall, by_category, seen = None, {}, 0
     agreement = Agreement(metric.aggregation, params) if metric.aggregation in AGREEMENT_KINDS else None
@@ -50,7 +50,7 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
             agreement = Agreement(metric.aggregation, params) if agreement is not None else None
     if overall is None:
         overall, by_category, seen = aggregator_for(metric.aggregation, params), {}, 0
-        for _, raw in stored_records.records_of(stored_spec(r, job_id), job_id).scan(r, key):
+        for _, raw in job.records.scan(r, key):
             record = json.loads(raw)
             overall.add(record)
             if agreement is not None:
@@ -70,13 +70,12 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     if agreement is not None and agreement.result() is not None:
         out["agreement"] = agreement.result()
     if metric.calls_endpoint:
-        judge = judge_accounting(r.hgetall(keys.accounting(job_id, key)), priced)
+        judge = judge_accounting(r.hgetall(keys.accounting(job_id, key)), job.priced(key, entry))
         if seen:  # what one item cost: paid calls and tokens
             judge["calls_per_item"] = round(judge["calls"] / seen, 3)
             judge["tokens_per_item"] = round((judge["prompt_tokens"] + judge["completion_tokens"]) / seen, 1)
         name = (entry.get("parameters") or {}).get("judge")
-        spec = stored_spec(r, job_id)  # (read once: the identity and the learned limits both need it)
-        judges = (spec.get("judges") or {}) if isinstance(name, str) and key != GENERATE else {}
+        judges = job.judges if isinstance(name, str) and key != GENERATE else {}
         if name in judges:  # who judged, as the history compares runs by it
             from evalq.shared.judging.judges import judge_identity, panel_identity
 
@@ -86,7 +85,7 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
                                      else judge_identity(judges[name], said, asked, name))
             except (ValueError, KeyError) as exc:  # a spec an older evalq stored: recorded without one
                 log.warning("job %s %s: no judge identity: %s", job_id, key, exc)
-        _learned_limits(r, spec, job_id, key, judge, name)
+        _learned_limits(r, job, key, judge, name)
         out["judge"] = judge
     if seen < total:
         out["n_missing"] = total - seen
@@ -94,26 +93,23 @@ def summarize(r: redis.Redis, job_id: str, key: str, entry: dict, metric: Metric
     return out
 
 
-def _learned_limits(r: redis.Redis, spec: dict, job_id: str, key: str, judge: dict, name) -> None:
+def _learned_limits(r: redis.Redis, job: StoredJob, key: str, judge: dict, name) -> None:
     """``judge.limits``: how the learned limits of the entry's deployments moved during the job
     (``evalq.shared.judging.capacity``; as Inspect keeps its connection limit's history)."""
-    from datetime import datetime
-
     from evalq.results.limits import limits_during
 
     if is_model_run(key):
-        configs = [spec.get("model")]
+        configs = [job.model]
     else:
-        judges = spec.get("judges") or {}
-        configs = [judges.get(n) for n in (name if isinstance(name, list) else [name]) if isinstance(n, str)]
+        configs = [job.judges.get(n) for n in (name if isinstance(name, list) else [name]) if isinstance(n, str)]
     limits: dict = {}
     try:
-        since = datetime.fromisoformat(spec["submitted_at"]).timestamp() - 1 if spec.get("submitted_at") else 0.0
+        since = job.submitted_epoch - 1 if job.submitted_at else 0.0
         for config in configs:
             if isinstance(config, dict):
-                limits.update(limits_during(r, config, job_id, since))
+                limits.update(limits_during(r, config, job.job_id, since))
     except (ValueError, KeyError) as exc:
-        log.warning("job %s %s: no limit history: %s", job_id, key, exc)
+        log.warning("job %s %s: no limit history: %s", job.job_id, key, exc)
         return
     if limits:
         judge["limits"] = limits
@@ -175,14 +171,6 @@ def _by_path(acct: dict[bytes, bytes], judge: dict, costed: bool) -> dict | None
 def money(nano: int) -> float:
     """Billionths of the prices' currency as the outputs show money: rounded to 6 decimals."""
     return round(nano / NANO, 6)
-
-
-def endpoint_priced(spec: dict, key: str, entry: dict) -> bool:
-    """Whether the endpoint a run calls (its judge, or the model under test) has a price."""
-    if is_model_run(key):
-        return bool(getattr(parse_model_config(spec["model"]), "priced", False)) if "model" in spec else False
-    names = entry["parameters"].get("panel") or [entry["parameters"].get("judge")]  # a panel: any member's
-    return any(n in spec.get("judges", {}) and JudgeConfig.model_validate(spec["judges"][n]).priced for n in names)
 
 
 def _counts(agg) -> dict:

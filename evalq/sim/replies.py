@@ -77,11 +77,11 @@ def build_choice(body: dict, model: str, messages: list, markers: Markers, malfo
     fmt = body.get("response_format")
     ftype = fmt.get("type") if isinstance(fmt, dict) else None
     if ftype == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, dict):
+        wanted = fmt.get("json_schema")
+        if not isinstance(wanted, dict):
             raise BadRequest("Missing required parameter: 'response_format.json_schema'.",
                               "response_format.json_schema")
-        schema = spec.get("schema", {"type": "object", "properties": {
+        schema = wanted.get("schema", {"type": "object", "properties": {
             "score": {"type": "integer"}, "reason": {"type": "string"}}, "required": ["score", "reason"]})
         try:
             content = json.dumps(SchemaValues(schema, digest, score, reason, markers.fields, markers.plain).generate(),

@@ -1,8 +1,9 @@
-"""A job's spec as stored in Redis, read one way: its runs per stage, the instance
-positions each covers, its chunks and the queues they go to. The orchestrator plans
-and looks after stages with it, workers find their entry with it, the client shows
-progress with it; queue names are made here and nowhere else (a job's ``MetricRun``
-asks ``queue_of`` too).
+"""A job's runs as its stored document holds them, read one way: its runs per stage, the instance
+positions each covers, its chunks and the queues they go to (the document itself, and everything
+else it says, is ``evalq.shared.job.stored.StoredJob``'s: these take one, or the outline of a job
+not yet submitted, as a mapping). The orchestrator plans and looks after stages with it, workers
+find their entry with it, the client shows progress with it; queue names are made here and
+nowhere else (a job's ``MetricRun`` asks ``queue_of`` too).
 
 The spec (``evalq.orchestrator.submit.job_spec``) is a JSON object: ``metrics`` (metric
 key -> entry: ``id``, ``parameters``, ``chunk_size``, ``queue``, ``regions`` for judge
@@ -21,12 +22,9 @@ items, parts and timings, and its chunk still counts on its own towards the stag
 
 from __future__ import annotations
 
-import json
 import math
-from functools import lru_cache
 from typing import Iterator, NamedTuple
 
-from evalq.shared.cluster import keys
 from evalq.shared.cluster.status import Status
 
 GENERATE = "generate"  # the generation stage's run key (and metric id)
@@ -58,35 +56,6 @@ def is_model_run(key: str) -> bool:
 def has_model_stage(spec: dict) -> bool:
     """Whether the job starts with the generation stage (outputs to generate, or variants)."""
     return GENERATE in spec or bool(spec.get("variants"))
-
-
-def retention(spec: dict | None) -> int:
-    """Seconds the job's keys live in Redis: what it was stamped with at submission (the cluster's
-    ``EVALQ_RESULT_TTL`` then), else, for a spec stored without one, this process's setting. The one
-    rule every writer of a job's keys follows."""
-    stamped = (spec or {}).get("ttl")
-    if stamped:
-        return int(stamped)
-    from evalq.shared.core.config import Settings
-
-    return int(Settings.from_env().result_ttl)
-
-
-def load_spec(r, job_id: str, get=None) -> dict | None:
-    """The job's spec as Redis holds it now, None where it has none (expired, never submitted, or
-    not stored yet): the one way a spec is read (``get``: how to GET its key, ``r.get`` unless the
-    caller rides out an outage). ``stored_spec`` keeps what it read for the process."""
-    raw = (get or r.get)(keys.spec(job_id))
-    return json.loads(raw) if raw is not None else None
-
-
-@lru_cache(maxsize=64)
-def stored_spec(r, job_id: str) -> dict:
-    """The job's spec from Redis, cached per process (a spec never changes once submitted)."""
-    spec = load_spec(r, job_id)
-    if spec is None:
-        raise LookupError(f"job {job_id} has no spec in Redis (expired or never submitted)")
-    return spec
 
 
 class Chunk(NamedTuple):

@@ -143,20 +143,6 @@ def parse_model_config(raw: dict) -> EndpointModel | PythonModel:
     return (PythonModel if "runner" in raw else EndpointModel).model_validate(raw)
 
 
-def endpoint_config(spec: dict, name: str, job_id: str | None = None) -> "EndpointConfig | PythonModel":
-    """What a stored spec's judge ``name`` is, or its model under test (``generate``); with the
-    ``job_id`` of a worker that calls it, governed by the operator's catalogue and inline policy
-    (``evalq.shared.judging.deployments.govern``: ValueError when it may not run here)."""
-    from evalq.shared.judging.judges import JudgeConfig
-
-    config = parse_model_config(spec["model"]) if name == GENERATE else JudgeConfig.model_validate(spec["judges"][name])
-    if job_id is None or isinstance(config, PythonModel):
-        return config
-    from evalq.shared.judging.deployments import govern
-
-    return govern(config, job_id)
-
-
 def runner_class(model: PythonModel) -> type:
     """The ``module:Class`` a job names; ValueError saying why when it cannot be
     had. The orchestrator checks it at validation, workers build it.

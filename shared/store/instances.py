@@ -4,7 +4,7 @@ At submission the instances (validated, in their stored form: one JSON text each
 as references, ``evalq.shared.data.instances.json_lines``) are cut into parts of about
 ``PART_BYTES`` of JSON (at most ``PART_ROWS`` instances) and written as
 ``instances/part-<n>.parquet`` in the job's folder (columns ``position`` int64 and ``instance``
-string, zstd, row groups of ``ROW_GROUP``). The job's spec says where (``spec["instances"]``:
+string, zstd, row groups of ``ROW_GROUP``). The stored job says where (``StoredJob.staged``:
 the folder, and the first position of each part), so a chunk task carries only its positions and
 a worker reads the parts that hold them. Redis keeps none of it.
 
@@ -13,8 +13,9 @@ holds it): consecutive chunks of a job mostly fall in one part, so a part is fet
 worker process, not once per chunk. Parts are never rewritten under the same name with other
 content (a redelivered submission stages the same instances again), so the cache is never stale.
 
-Without a store (no ``EVALQ_STORE``) the instances stay in the job's Redis list, as before:
-``lines`` and ``lines_at`` read either.
+Without a store (no ``EVALQ_STORE``) the instances stay in the job's Redis list, as before. The
+two are one interface (``RedisInstances``, ``PartInstances``: lines by range or by position, shared
+values put back, dropped), chosen once by the stored job (``instances_of``).
 """
 
 from __future__ import annotations
@@ -68,23 +69,6 @@ def stage_shared(place: Place, shared: dict[str, str]) -> bool:
     return True
 
 
-def shared_fetch(r: Any, job_id: str, spec: dict):
-    """What ``with_shared`` fetches the job's shared values with: their part in the job store where
-    the job was staged there with some, else the job's Redis hash."""
-    staged = spec.get("instances")
-    if staged and staged.get("shared"):
-        def from_store(digests: list[str]) -> list:
-            from evalq.shared.store.columns import read
-
-            table = read(Place.from_json(staged).get(SHARED_PART))
-            values = dict(zip(table.column("digest").to_pylist(), table.column("value").to_pylist()))
-            return [values.get(d) for d in digests]
-        return from_store
-    from evalq.shared.cluster import keys
-
-    return lambda digests: r.hmget(keys.shared_values(job_id), digests)
-
-
 def part_name(index: int) -> str:
     return f"instances/part-{index:05d}.parquet"
 
@@ -97,7 +81,7 @@ def still_staged(staged: dict) -> bool:
 
 def stage(place: Place, lines: Iterable[str], part_bytes: int | None = None, part_rows: int = PART_ROWS) -> dict:
     """Write ``lines`` (one instance's JSON each, in job order) as parts under ``place``;
-    returns what the spec keeps of them (``spec["instances"]``). ``part_bytes``: about how much
+    returns what the stored job keeps of them (``StoredJob.staged``). ``part_bytes``: about how much
     JSON a part holds (``EVALQ_STORE_PART_BYTES``, 8 MiB by default)."""
     if part_bytes is None:
         from evalq.shared.core.config import env_number
@@ -194,23 +178,92 @@ def staged_lines(staged: dict, lo: int, hi: int) -> list[str]:
     return out
 
 
-def lines(r: Any, job_id: str, spec: dict, lo: int, hi: int) -> list:
-    """The stored JSON (str or bytes) of the job's instances ``lo`` to ``hi - 1``: from its
-    parts where it was staged in the store, else from its Redis list."""
-    staged = spec.get("instances")
-    if staged:
-        return staged_lines(staged, lo, hi)
-    if hi <= lo:
-        return []
-    from evalq.shared.cluster import keys
-
-    return r.lrange(keys.instances(job_id), lo, hi - 1)
+_DECODED: "OrderedDict[str, Any]" = OrderedDict()  # digest -> decoded value (content-addressed: any job's)
+_DECODED_MAX = 64
 
 
-def lines_at(r: Any, job_id: str, spec: dict, positions: list[int]) -> list:
-    """The stored JSON of the instances at ``positions`` (None where there is none), in that order."""
-    staged = spec.get("instances")
-    if staged:
+def instances_of(staged: dict | None, job_id: str | None) -> "RedisInstances | PartInstances":
+    """A job's instances: its parts where the store holds them (``staged``: where, as the stored job
+    keeps it), else its Redis list. Chosen once, by the stored job: no caller asks which."""
+    return PartInstances(job_id, staged) if staged else RedisInstances(job_id)
+
+
+class _Instances:
+    job_id: str | None
+
+    def with_shared(self, r: Any, instances: list[dict]) -> list[dict]:
+        """Instances read back from storage with their shared values in place: each value is fetched
+        (``shared_values``) and decoded once per process (a worker scores chunk after chunk of the
+        same job)."""
+        from evalq.shared.data.instances import shared_refs, unshare
+
+        wanted = {digest for inst in instances for digest in shared_refs(inst)}
+        if not wanted:
+            return instances
+        missing = [d for d in wanted if d not in _DECODED]
+        if missing:
+            for digest, text in zip(missing, self.shared_values(r, missing)):
+                if text is None:
+                    raise LookupError(f"job {self.job_id}: a shared instance value ({digest}) is gone from where "
+                                      "it was kept")
+                _DECODED[digest] = json.loads(text)
+        values = {d: _DECODED[d] for d in wanted}
+        for d in wanted:
+            _DECODED.move_to_end(d)
+        while len(_DECODED) > _DECODED_MAX:
+            _DECODED.popitem(last=False)
+        return [unshare(inst, values) for inst in instances]
+
+    def shared_values(self, r: Any, digests: list[str]) -> list:
+        """The JSON of the values the instances share, by digest (None where there is none): the
+        job's Redis hash."""
+        from evalq.shared.cluster import keys
+
+        return r.hmget(keys.shared_values(self.job_id), digests)
+
+
+class RedisInstances(_Instances):
+    """A job's instances in its Redis list (no job store)."""
+
+    def __init__(self, job_id: str | None):
+        self.job_id = job_id
+
+    def lines(self, r: Any, lo: int, hi: int) -> list:
+        """The stored JSON (str or bytes) of the job's instances ``lo`` to ``hi - 1``."""
+        if hi <= lo:
+            return []
+        from evalq.shared.cluster import keys
+
+        return r.lrange(keys.instances(self.job_id), lo, hi - 1)
+
+    def lines_at(self, r: Any, positions: list[int]) -> list:
+        """The stored JSON of the instances at ``positions`` (None where there is none), in that order."""
+        from evalq.shared.cluster import keys
+
+        pipe = r.pipeline(transaction=False)
+        for p in positions:
+            pipe.lindex(keys.instances(self.job_id), p)
+        return pipe.execute()
+
+    def drop(self) -> None:
+        """Nothing outside Redis to remove (the job's keys expire with it)."""
+
+    def still_there(self) -> bool:
+        return True
+
+
+class PartInstances(_Instances):
+    """A job's instances as Parquet parts in the job store (``staged``: the folder, and the first
+    position of each part)."""
+
+    def __init__(self, job_id: str | None, staged: dict):
+        self.job_id, self.staged = job_id, staged
+
+    def lines(self, r: Any, lo: int, hi: int) -> list:
+        return staged_lines(self.staged, lo, hi)
+
+    def lines_at(self, r: Any, positions: list[int]) -> list:
+        staged = self.staged
         by_part: dict[int, list[int]] = {}
         for p in set(positions):
             if 0 <= p < staged["n"]:
@@ -219,43 +272,20 @@ def lines_at(r: Any, job_id: str, spec: dict, positions: list[int]) -> list:
         for index, wanted in by_part.items():
             found.update(_rows(staged, index, wanted))
         return [found.get(p) for p in positions]
-    from evalq.shared.cluster import keys
 
-    pipe = r.pipeline(transaction=False)
-    for p in positions:
-        pipe.lindex(keys.instances(job_id), p)
-    return pipe.execute()
+    def shared_values(self, r: Any, digests: list[str]) -> list:
+        """Their part in the job store where the job was staged there with some, else the Redis hash."""
+        if not self.staged.get("shared"):
+            return super().shared_values(r, digests)
+        from evalq.shared.store.columns import read
 
+        table = read(Place.from_json(self.staged).get(SHARED_PART))
+        values = dict(zip(table.column("digest").to_pylist(), table.column("value").to_pylist()))
+        return [values.get(d) for d in digests]
 
-def drop(spec: dict) -> None:
-    """Remove a job's staged instances (a submission that failed, an embedded run's end)."""
-    staged = spec.get("instances")
-    if staged:
-        Place.from_json(staged).delete()
+    def drop(self) -> None:
+        """Remove the staged parts (a submission that failed, an embedded run's end)."""
+        Place.from_json(self.staged).delete()
 
-
-_DECODED: "OrderedDict[str, Any]" = OrderedDict()  # digest -> decoded value (content-addressed: any job's)
-_DECODED_MAX = 64
-
-
-def with_shared(r: Any, job_id: str, spec: dict, instances: list[dict]) -> list[dict]:
-    """Instances read back from storage with their shared values in place: each value is fetched
-    (``shared_fetch``: from the job store where the job was staged there, else the job's Redis hash)
-    and decoded once per process (a worker scores chunk after chunk of the same job)."""
-    from evalq.shared.data.instances import shared_refs, unshare
-
-    wanted = {digest for inst in instances for digest in shared_refs(inst)}
-    if not wanted:
-        return instances
-    missing = [d for d in wanted if d not in _DECODED]
-    if missing:
-        for digest, text in zip(missing, shared_fetch(r, job_id, spec)(missing)):
-            if text is None:
-                raise LookupError(f"job {job_id}: a shared instance value ({digest}) is gone from where it was kept")
-            _DECODED[digest] = json.loads(text)
-    values = {d: _DECODED[d] for d in wanted}
-    for d in wanted:
-        _DECODED.move_to_end(d)
-    while len(_DECODED) > _DECODED_MAX:
-        _DECODED.popitem(last=False)
-    return [unshare(inst, values) for inst in instances]
+    def still_there(self) -> bool:
+        return still_staged(self.staged)

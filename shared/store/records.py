@@ -1,6 +1,6 @@
 """A run's item records: one immutable Parquet part per chunk in the job store, or a Redis hash.
 
-A job staged in the store (``spec["records"] == "parts"``) keeps its item records there too: a
+A job staged in the store (its stored document's ``records`` is ``parts``) keeps its item records there too: a
 chunk writes every record it holds as ``records/entry=<run key>/chunk-<start>.parquet`` in the job's
 folder, whole, before its Redis transaction; a redelivered chunk writes the same name again, so
 nothing is counted twice. Redis keeps only how many records each chunk wrote
@@ -11,8 +11,9 @@ the sweeper read one number, whatever the job's size. A job without a store keep
 
 The two are one interface (``RedisRecords``, ``PartRecords``: write a chunk, read records by
 position or all of them, each chunk's report view and history values), chosen once from the
-job's spec by ``records_of`` and carried by whoever reads the job (a chunk's context, the final
-callback): no caller asks which it has.
+job's stored document (``evalq.shared.job.stored.StoredJob.records``, through ``records_of``: a
+place and each run's chunk size, never the document) and carried by the job: no caller asks which
+it has.
 
 Parts have the columns ``position`` (int64, the instance's place in the job), ``instance_id``,
 ``category``, ``outcome`` (scored, error, skipped or not_applicable) and ``record`` (the item's
@@ -29,12 +30,11 @@ from collections import OrderedDict
 from typing import Any, Iterable, Iterator
 
 from evalq.shared.cluster import keys
-from evalq.shared.cluster.spec import runs
 from evalq.shared.core.jsonio import encode
 from evalq.shared.scores.results import outcome
 from evalq.shared.store.place import Place
 
-PARTS = "parts"  # spec["records"] of a job whose records are parts
+PARTS = "parts"  # the stored document's ``records`` where they are parts
 
 # the chunk's count replaced, the total moved by the difference: a chunk written again changes nothing
 _COUNT = """
@@ -44,22 +44,18 @@ return redis.call('INCRBY', KEYS[2], tonumber(ARGV[2]) - old)
 """
 
 
-def in_parts(spec: dict) -> bool:
-    return spec.get("records") == PARTS and bool(spec.get("instances"))
-
-
 def part_name(key: str, start: int) -> str:
     from urllib.parse import quote
 
     return f"records/entry={quote(key, safe='')}/chunk-{start:09d}.parquet"
 
 
-def records_of(spec: dict, job_id: str) -> "RedisRecords | PartRecords":
-    """The job's records where its spec says they are kept, chosen once (a chunk's context, the final
-    callback hold it): no caller asks which."""
-    if in_parts(spec):
-        return PartRecords(job_id, Place.from_json(spec["instances"]),
-                           {key: entry["chunk_size"] for key, entry in runs(spec)})
+def records_of(job_id: str, staged: dict | None, chunk_sizes: dict[str, int]) -> "RedisRecords | PartRecords":
+    """The job's records: parts beside its instances where the store holds them (``staged``: where,
+    as the stored job keeps it; ``chunk_sizes``: each run's), else Redis. Chosen once, by the stored
+    job: no caller asks which."""
+    if staged:
+        return PartRecords(job_id, Place.from_json(staged), chunk_sizes)
     return RedisRecords(job_id)
 
 
@@ -122,6 +118,13 @@ class PartRecords:
 
     def __init__(self, job_id: str, place: Place, sizes: dict[str, int]):
         self.job_id, self.place, self.sizes = job_id, place, sizes
+
+    def locations(self) -> dict:
+        """Its folder, and a glob per part kind and run (``evalq results``)."""
+        folder = self.place.uri.rstrip("/")
+        return {"store": folder, "instances": f"{folder}/instances/part-*.parquet",
+                "records": {key: f"{folder}/{part_name(key, 0).rsplit('/', 1)[0]}/chunk-*.parquet"
+                            for key in self.sizes}}
 
     def write(self, pipe: Any, key: str, start: int, new: dict[int, dict], whole: list[tuple[int, dict]] | None,
               values: dict | None = None, view: dict | None = None) -> None:
@@ -194,23 +197,9 @@ def _count_ops(pipe: Any, job_id: str, key: str, start: int, n: int) -> None:
     pipe.eval(_COUNT, 2, keys.recorded(job_id, key), keys.recorded_total(job_id, key), start, n)
 
 
-# -- the module's functions: a job's records from its spec (tests, one-off readers) ------------------
-
-def write(pipe: Any, spec: dict, job_id: str, key: str, start: int, new: dict[int, dict],
-          whole: list[tuple[int, dict]] | None, values: dict | None = None, view: dict | None = None) -> None:
-    records_of(spec, job_id).write(pipe, key, start, new, whole, values, view)
-
-
 def count(r: Any, job_id: str, key: str) -> int:
+    """How many records the run's chunks wrote (either backend keeps the same count in Redis)."""
     return int(r.get(keys.recorded_total(job_id, key)) or 0)
-
-
-def get_many(r: Any, spec: dict, job_id: str, key: str, positions: list[int], complete: bool = False) -> list:
-    return records_of(spec, job_id).get_many(r, key, positions, complete)
-
-
-def scan(r: Any, spec: dict, job_id: str, key: str) -> Iterator[tuple[int, Any]]:
-    return records_of(spec, job_id).scan(r, key)
 
 
 _CACHE: "OrderedDict[tuple[str, str], dict[int, str]]" = OrderedDict()
@@ -271,12 +260,8 @@ def _decode(data: bytes) -> dict[int, str]:
     return dict(zip(table.column("position").to_pylist(), table.column("record").to_pylist()))
 
 
-def locations(spec: dict) -> dict:
+def locations(records: "RedisRecords | PartRecords") -> dict:
     """Where a job's parts are (``evalq results``): its folder, and a glob per part kind and run."""
-    from evalq.shared.cluster.spec import runs
-
-    if not in_parts(spec):
+    if not isinstance(records, PartRecords):
         return {"store": None}
-    folder = spec["instances"]["uri"].rstrip("/")
-    return {"store": folder, "instances": f"{folder}/instances/part-*.parquet",
-            "records": {key: f"{folder}/{part_name(key, 0).rsplit('/', 1)[0]}/chunk-*.parquet" for key, _ in runs(spec)}}
+    return records.locations()

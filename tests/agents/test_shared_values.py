@@ -13,6 +13,7 @@ from evalq.orchestrator import submit
 from evalq.shared.cluster import keys
 from evalq.shared.data.instances import SHARED, SpooledInstances, json_lines
 from evalq.shared.job.schema import load_job
+from evalq.shared.job.stored import StoredJob
 from evalq.shared.store import instances as stored_instances
 from evalq.shared.store.place import Place
 from tests.agents.test_agent_runs import chat_log
@@ -45,11 +46,12 @@ def test_a_stored_agent_dataset_holds_its_tools_once(redis_url, tmp_path, staged
     job_id = submit.store_job(r, job, spec, store=Place(str(tmp_path / "store")) if staged else None)
     try:
         assert bool(r.exists(keys.instances(job_id))) is not staged
-        stored = [json.loads(raw) for raw in stored_instances.lines(r, job_id, spec, 0, len(CASES) + 5)]
+        kept = StoredJob(spec, job_id).instances
+        stored = [json.loads(raw) for raw in kept.lines(r, 0, len(CASES) + 5)]
         # issue 70: a job staged in the store keeps its shared values there too, none in Redis
         assert r.hlen(keys.shared_values(job_id)) == (0 if staged else 1) and len(stored) == len(CASES)
         assert all('"parameters"' not in json.dumps(inst) for inst in stored)
-        whole = stored_instances.with_shared(r, job_id, spec, stored)
+        whole = kept.with_shared(r, stored)
         assert [inst["tool_definitions"] for inst in whole] == [TOOLS] * len(CASES)
         if staged:
             assert spec["instances"]["shared"] and (Path(spec["instances"]["uri"]) / stored_instances.SHARED_PART).exists()

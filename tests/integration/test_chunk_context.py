@@ -27,8 +27,8 @@ def test_a_chunk_reads_its_jobs_context_once(redis_url, monkeypatch):
                      "metrics": [{"id": "bleu"}, {"id": "exact_match", "name": "em"}]})
     job_id = submit.store_job(r, job, submit.job_spec(job))
     reads = []
-    real = context.stored_spec
-    monkeypatch.setattr(context, "stored_spec", lambda *a: reads.append(a) or real(*a))
+    real = context.stored_job
+    monkeypatch.setattr(context, "stored_job", lambda *a: reads.append(a) or real(*a))
     context._read.cache_clear()
     for key in ("bleu@0", "exact_match@1"):
         out = chunk.run_chunk(r, job_id, key, 0, 4)

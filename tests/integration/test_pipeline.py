@@ -109,7 +109,7 @@ def test_summary_from_chunk_parts_equals_summary_from_items(redis_url, cpu_worke
     import redis
 
     from evalq.orchestrator.finalize import finalize
-    from evalq.shared.cluster.spec import stored_spec as job_spec
+    from evalq.shared.job.stored import stored_job as job_spec
 
     instances = [{**inst, "category": "xy"[i % 2]} for i, inst in enumerate(synthetic(23, seed=4))]
     instances[5]["actual-output"] = "FAIL here"
@@ -200,7 +200,8 @@ def test_history_values_kept_by_the_workers_equal_those_read_from_the_records(re
 
     from evalq.results.recording import item_fields
     from evalq.shared.metrics.registry import REGISTRY
-    from evalq.shared.cluster.spec import entry_chunks, stored_spec
+    from evalq.shared.cluster.spec import entry_chunks
+    from evalq.shared.job.stored import stored_job as stored_spec
 
     instances = synthetic(31, seed=9)
     instances[4]["actual-output"] = "FAIL here"

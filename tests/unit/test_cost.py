@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from evalq.results.summary import endpoint_priced, judge_accounting
+from evalq.results.summary import judge_accounting
+from evalq.shared.job.stored import StoredJob
 from evalq.results.outputs import job_cost
 from evalq.shared.core.errors import JobError
 from evalq.shared.job.schema import parse_job
@@ -156,10 +157,10 @@ def test_endpoint_priced_reads_the_stored_spec():
                                          "output": "text"}).model_dump(mode="json")
     spec = {"judges": {"a": judge(), "b": priced},
             "model": {**judge({"input_per_1k": 1, "output_per_1k": 1}), "prompt_template": "$model_input"}}
-    assert not endpoint_priced(spec, "fluency@0", {"parameters": {"judge": "a"}})
-    assert endpoint_priced(spec, "fluency@1", {"parameters": {"judge": "b"}})
-    assert endpoint_priced(spec, "generate", {"parameters": {}})
-    assert not endpoint_priced({"model": {"runner": "m:C"}}, "generate", {"parameters": {}})
+    assert not StoredJob(spec).priced("fluency@0", {"parameters": {"judge": "a"}})
+    assert StoredJob(spec).priced("fluency@1", {"parameters": {"judge": "b"}})
+    assert StoredJob(spec).priced("generate", {"parameters": {}})
+    assert not StoredJob({"model": {"runner": "m:C"}}).priced("generate", {"parameters": {}})
 
 
 def test_job_cost_sums_judges_and_generation():

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from evalq.shared.core.errors import InfraError
+from evalq.shared.job.stored import StoredJob
 from evalq.shared.store import instances as staged
 from evalq.shared.store.place import Place, job_place, store_root
 
@@ -37,15 +38,15 @@ def test_any_range_and_any_positions_read_back_across_parts(tmp_path):
     lines = lines_of(700)
     spec = staged.stage(Place(str(tmp_path / "job")), iter(lines), part_bytes=5000)
     for lo, hi in [(0, 700), (0, 1), (699, 700), (spec["starts"][2] - 3, spec["starts"][4] + 2), (650, 900)]:
-        assert staged.lines(None, "j", {"instances": spec}, lo, hi) == lines[lo:min(hi, 700)]
+        assert staged.instances_of(spec, "j").lines(None, lo, hi) == lines[lo:min(hi, 700)]
     positions = [698, 3, spec["starts"][3], 3, 701, -1, 350]
-    assert staged.lines_at(None, "j", {"instances": spec}, positions) == \
+    assert staged.instances_of(spec, "j").lines_at(None, positions) == \
         [lines[698], lines[3], lines[spec["starts"][3]], lines[3], None, None, lines[350]]
 
 
 def test_an_empty_job_stages_no_part(tmp_path):
     spec = staged.stage(Place(str(tmp_path / "job")), iter([]))
-    assert spec["n"] == 0 and spec["starts"] == [] and staged.lines(None, "j", {"instances": spec}, 0, 5) == []
+    assert spec["n"] == 0 and spec["starts"] == [] and staged.instances_of(spec, "j").lines(None, 0, 5) == []
 
 
 def test_a_part_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
@@ -79,7 +80,7 @@ def test_a_worker_reads_a_part_once_for_consecutive_chunks(tmp_path, monkeypatch
     monkeypatch.setattr(Place, "get", lambda self, name: reads.append(name) or original(self, name))
     staged._PARTS.clear()
     for lo in range(0, 400, 50):  # eight chunks of one part
-        assert staged.lines(None, "j", {"instances": spec}, lo, lo + 50) == lines[lo:lo + 50]
+        assert staged.instances_of(spec, "j").lines(None, lo, lo + 50) == lines[lo:lo + 50]
     assert reads == ["instances/part-00000.parquet"]
 
 
@@ -92,11 +93,9 @@ def records_spec(tmp_path, chunk_size=4, parts=True) -> dict:
 
 
 def write_chunk(r, spec, job, start, records):
-    from evalq.shared.store import records as stored
-
     pipe = r.pipeline(transaction=True)
     whole = sorted(records.items())
-    stored.write(pipe, spec, job, "m@0", start, records, whole)
+    StoredJob(spec, job).records.write(pipe, "m@0", start, records, whole)
     pipe.execute()
 
 
@@ -117,9 +116,9 @@ def test_records_are_counted_once_however_often_a_chunk_is_written(redis_url, tm
         write_chunk(r, spec, job, 4, {p: made[p] for p in range(4, 8)})  # redelivered: the same again
         write_chunk(r, spec, job, 8, {8: made[8]})  # position 9 had nothing to record
         assert stored.count(r, job, "m@0") == 9
-        got = stored.get_many(r, spec, job, "m@0", [9, 0, 5, 8, 3])
+        got = StoredJob(spec, job).records.get_many(r, "m@0", [9, 0, 5, 8, 3])
         assert [json.loads(g) if g is not None else None for g in got] == [None, made[0], made[5], made[8], made[3]]
-        scanned = sorted((p, json.loads(raw)) for p, raw in stored.scan(r, spec, job, "m@0"))
+        scanned = sorted((p, json.loads(raw)) for p, raw in StoredJob(spec, job).records.scan(r, "m@0"))
         assert scanned == [(p, made[p]) for p in range(9)]
         assert bool(r.exists(keys.results(job, "m@0"))) is not parts
         if parts:
@@ -137,7 +136,6 @@ def test_the_history_values_of_a_chunk_ride_in_its_part_not_in_redis(redis_url, 
     from evalq.results.recording import item_fields
     from evalq.shared.cluster import keys
     from evalq.shared.core.jsonio import pack_floats
-    from evalq.shared.store import records as stored
 
     r = redis.Redis.from_url(redis_url)
     job = f"val{uuid.uuid4().hex[:8]}"
@@ -149,14 +147,15 @@ def test_the_history_values_of_a_chunk_ride_in_its_part_not_in_redis(redis_url, 
             whole = [(p, {"instance_id": f"i{p}", "result": p / 10}) for p in range(start, stop)]
             values = {"ids": [f"i{p}" for p in range(start, stop)], "fields": {},
                       "fields_f64": {"mean": pack_floats([p / 10 for p in range(start, stop)])}}
-            stored.write(pipe, spec, job, "m@0", start, dict(whole), whole, values)
+            StoredJob(spec, job).records.write(pipe, "m@0", start, dict(whole), whole, values)
             pipe.execute()
         ids, got = item_fields(r, job, "m@0", "mean", {}, chunks=3, spec=spec)["mean"]
         assert ids == [f"i{p}" for p in range(10)] and got == [p / 10 for p in range(10)]
         assert not r.exists(keys.values(job, "m@0"))
         # a chunk whose part lacks them (an older evalq's): the items are read from the records instead
         pipe = r.pipeline(transaction=True)
-        stored.write(pipe, spec, job, "m@0", 4, {}, [(p, {"instance_id": f"i{p}", "result": p / 10}) for p in range(4, 8)])
+        StoredJob(spec, job).records.write(pipe, "m@0", 4, {},
+                                           [(p, {"instance_id": f"i{p}", "result": p / 10}) for p in range(4, 8)])
         pipe.execute()
         ids, got = item_fields(r, job, "m@0", "mean", {}, chunks=3, spec=spec)["mean"]
         assert ids == [f"i{p}" for p in range(10)] and got == [p / 10 for p in range(10)]

@@ -46,7 +46,7 @@ SHARED_ALLOWED = {
     "fmeval": {"core", "policy", "judging", "scores", "metrics", "model"},
     "pairwise": {"core", "judging", "scores", "metrics"},  # two answers compared by a judge (issue 61)
     "job": {"core", "policy", "judging", "scores", "metrics", "cluster", "agents", "data", "model", "fmeval",
-            "pairwise"},
+            "pairwise", "store"},  # the stored job chooses where its instances and records live (issue 71)
     "store": {"core", "policy", "scores", "data", "cluster"},  # the job store: a job's bulk as parts, outside Redis
 }
 

@@ -1,5 +1,5 @@
 """A job's item records through one interface whichever backend keeps them (issue 71): a Redis hash or a
-Parquet part per chunk in the job store, chosen once from the spec by ``records_of``."""
+Parquet part per chunk in the job store, chosen once by the stored job (``StoredJob.records``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.store.records import PartRecords, RedisRecords, records_of
+from evalq.shared.job.stored import StoredJob
+from evalq.shared.store.records import PartRecords, RedisRecords
 from tests.unit.test_job_store import records_spec
 
 
@@ -22,7 +23,7 @@ def r(redis_url):
 @pytest.mark.parametrize("parts", [True, False], ids=["parts", "redis"])
 def test_every_reader_gets_the_same_from_either_backend(r, tmp_path, parts):
     job = f"rs{uuid.uuid4().hex[:8]}"
-    records = records_of(records_spec(tmp_path, parts=parts), job)
+    records = StoredJob(records_spec(tmp_path, parts=parts), job).records
     assert isinstance(records, PartRecords if parts else RedisRecords)
     try:
         for start in (8, 0, 4):  # in any order
@@ -46,7 +47,7 @@ def test_every_reader_gets_the_same_from_either_backend(r, tmp_path, parts):
 
 def test_a_chunk_that_has_not_ended_leaves_its_view_in_redis_and_counts_nothing(r, tmp_path):
     job = f"rs{uuid.uuid4().hex[:8]}"
-    records = records_of(records_spec(tmp_path), job)
+    records = StoredJob(records_spec(tmp_path), job).records
     try:
         pipe = r.pipeline(transaction=True)
         records.write(pipe, "m@0", 0, {0: {"instance_id": "i0", "result": 1}}, None, view={"seen": 0})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from evalq.shared.cluster.spec import retention
+from evalq.shared.job.stored import StoredJob, default_retention
 from evalq.shared.core.config import RESULT_TTL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_stamp_wins_then_the_setting_then_the_default(monkeypatch):
     monkeypatch.setenv("EVALQ_RESULT_TTL", "1234")
-    assert retention({"ttl": 99}) == 99
-    assert retention({"ttl": None}) == 1234
-    assert retention({}) == 1234 and retention(None) == 1234
+    assert StoredJob({"ttl": 99}).ttl == 99
+    assert StoredJob({"ttl": None}).ttl == 1234
+    assert StoredJob({}).ttl == 1234 and default_retention() == 1234
     monkeypatch.delenv("EVALQ_RESULT_TTL")
-    assert retention({}) == RESULT_TTL == 7 * 24 * 3600
+    assert StoredJob({}).ttl == RESULT_TTL == 7 * 24 * 3600
 
 
 # a week or a month of seconds, however spelled

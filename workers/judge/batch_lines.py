@@ -27,7 +27,7 @@ import time
 import redis
 
 from evalq.shared.cluster import keys
-from evalq.shared.cluster.spec import retention
+from evalq.shared.job.stored import default_retention
 from evalq.shared.judging.judges import Deployment, EndpointConfig
 from evalq.workers.judge.batch_api import estimate_tokens
 
@@ -52,7 +52,7 @@ class BatchLines:
     def __init__(self, r: redis.Redis, job_id: str, entry_key: str, name: str, config: EndpointConfig,
                  deployments: list[Deployment], deadline: float | None = None, ttl: int | None = None):
         self.r, self.job_id, self.entry_key, self.name, self.config = r, job_id, entry_key, name, config
-        self.ttl = ttl or retention(None)  # the job's retention (its chunk's)
+        self.ttl = ttl or default_retention()  # the job's retention (its chunk's)
         batchable = [d for d in deployments if d.batch is not None]
         if not batchable:
             raise ValueError(f"{name!r} has no deployment that declares 'batch'")

@@ -12,7 +12,8 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.shared.core.config import env_number
-from evalq.shared.judging.judges import Deployment, EndpointConfig, JudgingOptions
+from evalq.shared.job.stored import StoredJob, as_stored
+from evalq.shared.judging.judges import Deployment, EndpointConfig
 from evalq.workers.judge.client import accounting_ops
 from evalq.workers.judge.cost import release_ops
 
@@ -39,18 +40,6 @@ class BatchTiming:
                    lock=env_number("EVALQ_BATCH_LOCK", 60.0))
 
 
-def auto_deadline(spec: dict) -> float:
-    """When the job's ``auto`` calls go synchronously (Unix time): ``judging.deadline`` from its
-    submission (0.0, at once, for a spec without a submission time)."""
-    from datetime import datetime
-
-    submitted = spec.get("submitted_at")
-    if not submitted:
-        return 0.0
-    options = JudgingOptions.model_validate(spec.get("judging") or {})
-    return options.deadline_at(datetime.fromisoformat(submitted)).timestamp()
-
-
 def deployment_in(config: EndpointConfig, region: str) -> Deployment:
     return next(d for d in config.deployments if d.region == region)
 
@@ -66,14 +55,13 @@ def count(pipe, job_id: str, entry: str, region: str, fields: dict[str, int]) ->
         getattr(pipe, method)(*args)
 
 
-def spend_keys(job_id: str, spec: dict) -> dict[str, list[str]]:
+def spend_keys(job_id: str, spec: StoredJob | dict) -> dict[str, list[str]]:
     """The counters a batch line's holds are on (``evalq.workers.judge.cost``): the job's caps and
     its tenant's daily limits, as the judge client that registered the line held them."""
-    from evalq.shared.judging.judges import JudgingOptions
     from evalq.workers.judge.cost import counters
 
-    options = JudgingOptions.model_validate(spec.get("judging") or {})
-    tenant = (spec.get("scheduling") or {}).get("tenant")
+    job = as_stored(spec, job_id)
+    options, tenant = job.judging, job.tenant
     return {kind: [c.key for c in counters(job_id, tenant, kind, cap)]
             for kind, cap in (("cost", options.cost_cap), ("tokens", options.token_cap))}
 

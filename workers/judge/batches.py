@@ -38,13 +38,12 @@ import uuid
 import redis
 
 from evalq.shared.cluster import keys, leases, telemetry
-from evalq.shared.cluster.spec import load_spec, retention
+from evalq.shared.job.stored import StoredJob, as_stored, load_job
 from evalq.shared.judging.judge_reply import Reply
-from evalq.shared.judging.judges import JudgingOptions, deployment_id
-from evalq.shared.model.runners import endpoint_config as endpoint
+from evalq.shared.judging.judges import deployment_id
 from evalq.shared.cluster.status import FINAL, status_of
-from evalq.workers.judge.batch_records import (MAX_TRIES, UNFINISHED, BatchTiming, auto_deadline, count,
-                                                deployment_in, records, spend_keys, to_sync)
+from evalq.workers.judge.batch_records import (MAX_TRIES, UNFINISHED, BatchTiming, count, deployment_in, records,
+                                                spend_keys, to_sync)
 from evalq.workers.judge.batch_api import BatchApiError, BatchClient, BatchStatus, custom_id, input_file, poll_delay
 from evalq.workers.judge.client import JudgeError
 from evalq.workers.judge.cost import settle_ops
@@ -99,7 +98,7 @@ class Manager:
 
     def job_tick(self, job_id: str, region: str, now: float) -> None:
         status = status_of(self.r, job_id)
-        spec = load_spec(self.r, job_id)
+        spec = load_job(self.r, job_id)
         if spec is None or status in (*FINAL, ""):
             self.wind_up(job_id, region, spec)
             return
@@ -117,7 +116,8 @@ class Manager:
         wake(self.app, self.r, job_id)
 
     # -- submitting ---------------------------------------------------------------------------
-    def submit(self, job_id: str, spec: dict, region: str, now: float) -> None:
+    def submit(self, job_id: str, spec: StoredJob | dict, region: str, now: float) -> None:
+        spec = as_stored(spec, job_id)
         queued = keys.batch(job_id, f"queued:{region}")
         n = self.r.llen(queued)
         if not n:
@@ -131,7 +131,7 @@ class Manager:
         chosen, rest, late, too_big, tokens, deadline = [], [], [], [], 0, None
         if lines:
             name = lines[0][1]["j"]
-            config = endpoint(spec, name, job_id)  # this worker's catalogue: the quota is the operator's
+            config = spec.endpoint(name, job_id)  # this worker's catalogue: the quota is the operator's
             d = deployment_in(config, region)
             limit = d.batch.enqueued_tokens
             room = limit - self.enqueued(deployment_id(config, d))
@@ -155,10 +155,10 @@ class Manager:
         if rest:
             pipe.lpush(queued, *reversed(rest))
         for digest, line in late:
-            to_sync(pipe, job_id, digest, line, "the auto deadline passed", spent, retention(spec))
+            to_sync(pipe, job_id, digest, line, "the auto deadline passed", spent, spec.ttl)
         for digest, line in too_big:
             to_sync(pipe, job_id, digest, line, f"~{line['t']} tokens never fit the deployment's "
-                                                      "enqueued-token quota", spent, retention(spec))
+                                                      "enqueued-token quota", spent, spec.ttl)
         rec = None
         if chosen:
             rec = {"id": uuid.uuid4().hex[:16], "judge": name, "region": region, "dep": deployment_id(config, d),
@@ -166,9 +166,9 @@ class Manager:
                    "polls": 0, "provider": None, "file": None, "tried": False, "completed": 0, "failed": 0,
                    "deadline": deadline}
             pipe.hset(keys.batch(job_id, "open"), rec["id"], json.dumps(rec))
-            pipe.expire(keys.batch(job_id, "open"), retention(spec))
+            pipe.expire(keys.batch(job_id, "open"), spec.ttl)
             pipe.rpush(keys.batch(job_id, f"members:{rec['id']}"), *chosen)
-            pipe.expire(keys.batch(job_id, f"members:{rec['id']}"), retention(spec))
+            pipe.expire(keys.batch(job_id, f"members:{rec['id']}"), spec.ttl)
         pipe.execute()
         if late or too_big:
             self.wake(job_id, now)
@@ -184,11 +184,11 @@ class Manager:
                     total += rec["tokens"]
         return total
 
-    def client(self, job_id: str, spec: dict, rec: dict) -> BatchClient:
-        config = endpoint(spec, rec["judge"], job_id)  # this worker's catalogue: endpoint and price
+    def client(self, job_id: str, spec: StoredJob, rec: dict) -> BatchClient:
+        config = spec.endpoint(rec["judge"], job_id)  # this worker's catalogue: endpoint and price
         return BatchClient(config, deployment_in(config, rec["region"]), self.policy)
 
-    def send(self, job_id: str, spec: dict, rec: dict, now: float) -> None:
+    def send(self, job_id: str, spec: StoredJob, rec: dict, now: float) -> None:
         """Upload and create a recorded batch (again, after a cut-short attempt: found, not doubled)."""
         try:
             client = self.client(job_id, spec, rec)
@@ -225,14 +225,14 @@ class Manager:
         found = self.r.hmget(keys.batch(job_id, "line"), digests) if digests else []
         return [(d, json.loads(raw)) for d, raw in zip(digests, found) if raw is not None]
 
-    def _give_up(self, job_id: str, spec: dict, rec: dict, why: str) -> None:
+    def _give_up(self, job_id: str, spec: StoredJob, rec: dict, why: str) -> None:
         """A batch the provider will not take: its lines go synchronously (where the same
         refusal, if any, becomes each item's error)."""
         log.warning("batch: job %s: batch %s not sent, its lines go synchronously: %s", job_id, rec["id"], why)
         spent = spend_keys(job_id, spec)
         pipe = self.r.pipeline(transaction=True)
         for digest, line in self._members(job_id, rec):
-            to_sync(pipe, job_id, digest, line, f"not sent as a batch: {why}", spent, retention(spec))
+            to_sync(pipe, job_id, digest, line, f"not sent as a batch: {why}", spent, spec.ttl)
         rec.update(state="not_sent", error=why)
         pipe.hset(keys.batch(job_id, "open"), rec["id"], json.dumps(rec))
         pipe.delete(keys.batch(job_id, f"members:{rec['id']}"))
@@ -240,7 +240,8 @@ class Manager:
         self.wake(job_id)
 
     # -- polling and harvesting -----------------------------------------------------------------
-    def advance(self, job_id: str, spec: dict, rec: dict, now: float) -> None:
+    def advance(self, job_id: str, spec: StoredJob | dict, rec: dict, now: float) -> None:
+        spec = as_stored(spec, job_id)
         if now < rec["next"]:
             return
         if rec["provider"] is None:
@@ -268,14 +269,14 @@ class Manager:
         rec.update(next=now + self._delay(rec["polls"]), polls=rec["polls"] + 1)
         self._save(job_id, rec)
 
-    def harvest(self, job_id: str, spec: dict, rec: dict, client: BatchClient, status: BatchStatus,
+    def harvest(self, job_id: str, spec: StoredJob, rec: dict, client: BatchClient, status: BatchStatus,
                 now: float) -> None:
         members = self._members(job_id, rec)
         by_id = {custom_id(job_id, line["e"], line["i"], d): (d, line) for d, line in members}
         outcomes = client.results(status, expected=by_id)
         price = client.judge.price_of(client.deployment)
         price = price.batch() if price is not None else None
-        options = JudgingOptions.model_validate(spec.get("judging") or {})
+        options = spec.judging
         spent = spend_keys(job_id, spec)
         pipe = self.r.pipeline(transaction=True)
         cached, counted, retried = [], [], 0
@@ -286,7 +287,7 @@ class Manager:
                                   "model": getattr(outcome, "model", None),
                                   "usage": outcome.usage})
                 pipe.hset(keys.judge_memo(job_id), digest, raw)
-                pipe.expire(keys.judge_memo(job_id), retention(spec))
+                pipe.expire(keys.judge_memo(job_id), spec.ttl)
                 pipe.hdel(keys.batch(job_id, "line"), digest)
                 prompt = outcome.usage.get("prompt_tokens") or 0
                 completion = outcome.usage.get("completion_tokens") or 0
@@ -311,7 +312,7 @@ class Manager:
             else:
                 why = "the auto deadline passed" if late else \
                     f"{outcome.kind} in {line['n']} batch(es) ({outcome.code}: {outcome.message[:200]})"
-                to_sync(pipe, job_id, digest, line, why, spent, retention(spec))
+                to_sync(pipe, job_id, digest, line, why, spent, spec.ttl)
         if retried:  # the next batch goes after the settle time, with lines that joined since
             pipe.hset(keys.batch(job_id, "touched"), rec["region"], repr(now))
         rec.update(state=status.state, completed=status.completed, failed=status.failed, total=status.total,
@@ -331,7 +332,7 @@ class Manager:
         self.wake(job_id, now)
 
     # -- a job that ended -------------------------------------------------------------------------
-    def wind_up(self, job_id: str, region: str, spec: dict | None) -> None:
+    def wind_up(self, job_id: str, region: str, spec: StoredJob | None) -> None:
         """Cancel the job's unfinished batches in ``region`` at the provider (``spec``: None once
         the job's keys are gone), drop its queue; once nothing of it is unfinished anywhere, it
         leaves ``evalq:batch:jobs``."""
@@ -366,9 +367,9 @@ class Manager:
         return poll_delay(attempt, self.timing.poll_first, self.timing.poll_max)
 
     @staticmethod
-    def _past(spec: dict, now: float) -> bool:
+    def _past(spec: StoredJob, now: float) -> bool:
         """Whether the job's auto deadline has passed (its queued auto lines go synchronously)."""
-        return bool(spec.get("submitted_at")) and auto_deadline(spec) <= now
+        return bool(spec.submitted_at) and spec.auto_deadline <= now
 
 
 class BatchManager(threading.Thread):

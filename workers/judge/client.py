@@ -32,7 +32,7 @@ import redis
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from evalq.shared.cluster import keys, telemetry
-from evalq.shared.cluster.spec import retention
+from evalq.shared.job.stored import default_retention
 from evalq.shared.core.errors import Deferred, Pending
 from evalq.shared.judging.judge_reply import Reply, reply_from_completion
 from evalq.shared.judging.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id, model_identity
@@ -61,7 +61,7 @@ class JudgeClient:
                  options: JudgingOptions, preferred: str | None = None, memo: bool = False,
                  keeper: ItemKeeper | None = None, tenant: str | None = None, ttl: int | None = None):
         self.r = r
-        self.ttl = ttl or retention(None)  # the job's retention (its chunk's)
+        self.ttl = ttl or default_retention()  # the job's retention (its chunk's)
         self.batch: Any = None  # a BatchLines in batch mode: unanswered calls wait for a provider batch
         self.memo = memo
         self.keeper = keeper

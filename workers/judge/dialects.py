@@ -54,16 +54,16 @@ def shape(request: dict, dialect: str) -> dict:
     fmt = request.get("response_format") or {}
     if fmt.get("type") != "json_schema" or dialect == "json_schema":
         return dict(request)
-    spec = fmt["json_schema"]
+    wanted = fmt["json_schema"]
     body = {k: v for k, v in request.items() if k != "response_format"}
     if dialect == "tools":
         body["tools"] = [{"type": "function", "function": {
-            "name": spec["name"], "description": "Submit the evaluation.", "parameters": spec["schema"]}}]
-        body["tool_choice"] = {"type": "function", "function": {"name": spec["name"]}}
+            "name": wanted["name"], "description": "Submit the evaluation.", "parameters": wanted["schema"]}}]
+        body["tool_choice"] = {"type": "function", "function": {"name": wanted["name"]}}
         return body
-    body["messages"] = _instructed(request["messages"], spec["schema"])
+    body["messages"] = _instructed(request["messages"], wanted["schema"])
     if dialect == "json_object":
-        body["response_format"] = {"type": "json_object", "schema": spec["schema"]}
+        body["response_format"] = {"type": "json_object", "schema": wanted["schema"]}
     return body
 
 

@@ -16,16 +16,16 @@ import redis
 from evalq.results.sinks.keeping import Sink, export_items
 from evalq.results.sinks.keeping import export_rest as _rest
 from evalq.results.sinks.otlp import sink_for as otlp_sink
+from evalq.shared.job.stored import StoredJob, as_stored
 
 
-def named_sink(spec: dict, name: str) -> Sink | None:
+def named_sink(spec: StoredJob | dict, name: str) -> Sink | None:
     """The operator's sink ``name`` for this job, or None where the operator has none of that
     name, or it is another tenant's (the stored spec is not trusted to have been checked)."""
     from evalq.shared.core.config import exporter_problem, score_sinks
 
     found = score_sinks().get(name)
-    tenant = (spec.get("scheduling") or {}).get("tenant")
-    if found is None or exporter_problem(name, tenant, "output.sinks", "EVALQ_SINKS"):
+    if found is None or exporter_problem(name, as_stored(spec).tenant, "output.sinks", "EVALQ_SINKS"):
         return None
     kind, base = found
     if kind == "phoenix":
@@ -39,15 +39,16 @@ def named_sink(spec: dict, name: str) -> Sink | None:
     return None
 
 
-def sinks_for(spec: dict) -> list[Sink]:
+def sinks_for(spec: StoredJob | dict) -> list[Sink]:
     """Every sink the job's scores go to (none for a model run's records)."""
+    job = as_stored(spec)
     out: list[Sink] = []
-    if spec.get("otel_export") is not False:
-        otlp = otlp_sink(spec)
+    if job.otel_export is not False:
+        otlp = otlp_sink(job)
         if otlp is not None:
             out.append(otlp)
-    for name in spec.get("sinks") or ():
-        sink = named_sink(spec, name)
+    for name in job.sinks:
+        sink = named_sink(job, name)
         if sink is not None:
             out.append(sink)
     return out

@@ -32,7 +32,7 @@ from functools import lru_cache
 import redis
 
 from evalq.shared.cluster import keys, telemetry
-from evalq.shared.cluster.spec import retention
+from evalq.shared.job.stored import as_stored
 from evalq.shared.store import records as stored_records
 from evalq.shared.traces.events import Evaluation, evaluations
 
@@ -147,7 +147,7 @@ def _refused(r: redis.Redis, job_id: str, spec: dict, sink: Sink, entry_key: str
     pipe.hincrby(keys.sink(job_id, sink.name), "refused", n)
     pipe.hincrby(keys.sink(job_id, sink.name), f"refused:{entry_key}", n)
     pipe.hset(keys.sink(job_id, sink.name), mapping={"answer": answer[:500], **({"cannot": 1} if cannot else {})})
-    pipe.expire(keys.sink(job_id, sink.name), retention(spec))
+    pipe.expire(keys.sink(job_id, sink.name), as_stored(spec).ttl)
     pipe.execute()
     telemetry.scores_exported(sink.name, "refused", n)
 
@@ -159,7 +159,7 @@ def _mark(r: redis.Redis, job_id: str, spec: dict, sink: Sink, entry_key: str, t
                            (keys.sink_none(job_id, entry_key, sink.name), nothing)):
         if positions:
             pipe.sadd(key, *(str(p) for p in positions))
-            pipe.expire(key, retention(spec))
+            pipe.expire(key, as_stored(spec).ttl)
     pipe.execute()
 
 
@@ -228,7 +228,7 @@ class _Claim:
     def __init__(self, r: redis.Redis, job_id: str, spec: dict, entry_key: str, sink: Sink):
         import secrets
 
-        self.r, self.job_id, self.sink, self.ttl = r, job_id, sink, retention(spec)
+        self.r, self.job_id, self.sink, self.ttl = r, job_id, sink, as_stored(spec).ttl
         self.key = keys.sink_pending(job_id, entry_key, sink.name)
         self.who = secrets.token_hex(6)
 
@@ -283,7 +283,7 @@ def export_rest(r: redis.Redis, sink: Sink, job_id: str, spec: dict) -> dict:
             left = iter(())  # every record handled as its chunk ended (the usual night): no part read again
         else:
             marked = {int(p) for p in r.smembers(keys.exported(job_id, key, sink.name))}
-            left = (item for item in stored_records.records_of(spec, job_id).scan(r, key) if item[0] not in marked)
+            left = (item for item in as_stored(spec, job_id).records.scan(r, key) if item[0] not in marked)
         while not cannot(r, job_id, sink):
             batch = list(itertools.islice(left, REST_BATCH))
             if not batch:

@@ -28,6 +28,7 @@ from typing import Any
 
 from evalq.results.sinks.keeping import Refused, Sink
 from evalq.shared.core.config import exporter_problem, otel_exporters, safe_url
+from evalq.shared.job.stored import StoredJob, as_stored
 from evalq.shared.traces.events import EVENT_NAME, Evaluation
 
 # answers that say the place takes no OTLP logs at all (Phoenix answers POST /v1/logs 405): found on
@@ -64,14 +65,14 @@ def default_endpoint() -> str | None:
     return base.rstrip("/") + "/v1/logs" if base else None
 
 
-def endpoint_for(spec: dict) -> str | None:
+def endpoint_for(spec: "StoredJob | dict") -> str | None:
     """Where a job's events go: its ``output.otel`` among what the operator configured for its tenant."""
-    choice = spec.get("otel_export")  # the job's output.otel: None, False or an exporter's name
+    job = as_stored(spec)
+    choice = job.otel_export  # the job's output.otel: None, False or an exporter's name
     if choice is False:
         return None
     if isinstance(choice, str):
-        tenant = (spec.get("scheduling") or {}).get("tenant")
-        return None if exporter_problem(choice, tenant) else otel_exporters().get(choice)
+        return None if exporter_problem(choice, job.tenant) else otel_exporters().get(choice)
     return default_endpoint()
 
 
@@ -127,7 +128,7 @@ class OtlpSink(Sink):
         return {}
 
 
-def sink_for(spec: dict) -> OtlpSink | None:
+def sink_for(spec: "StoredJob | dict") -> OtlpSink | None:
     """The job's OTLP sink, or None when its scores go to no collector."""
     url = endpoint_for(spec)
-    return None if url is None else OtlpSink(url, isinstance(spec.get("otel_export"), str))
+    return None if url is None else OtlpSink(url, isinstance(as_stored(spec).otel_export, str))
