@@ -51,7 +51,9 @@ def test_a_local_causal_lm_scores_each_pair(tmp_path):
     model = {"runner": "evalq.workers.runners.hf:HFCausalLM",
              "parameters": {"model_name": str(smollm2_dir()), "gguf_file": GGUF}}
     out = tmp_path / "out"
-    refused = evalq("validate", str(job_file(tmp_path, model)))  # not enabled: a job cannot load a model
+    # not enabled: a job cannot load a model. In a process of its own: what another test imported into
+    # this one (the runner's module, by a unit test) counts as loaded by the operator there
+    refused = evalq("validate", str(job_file(tmp_path, model)), timeout=120)
     assert refused.returncode == 2 and "model.runner" in refused.stderr and "not an allowed model runner" in \
         refused.stderr and "Traceback" not in refused.stderr
     proc = evalq("run", str(job_file(tmp_path, model)), "--out", str(out), "-q", timeout=400,
