@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import redis
 from celery import Celery
-from celery.backends.redis import RedisBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
 
-from evalq.shared.core.config import CONTROL_QUEUE, Settings, redis_tls
+from evalq.shared.core.config import CONTROL_QUEUE, Settings, is_sentinel, redis_tls, sentinel_master
 
 
-class SubmitOnlyRedisBackend(RedisBackend):
+class _SubmitOnly:
     """Result backend of the orchestrator's client app.
 
     The orchestrator polls job state in Redis and never joins on a task
@@ -31,9 +31,19 @@ class SubmitOnlyRedisBackend(RedisBackend):
         pass  # nothing was subscribed, so nothing to cancel
 
 
-def _transport_options(settings: Settings) -> dict:
+class SubmitOnlyRedisBackend(_SubmitOnly, RedisBackend):
+    pass
+
+
+class SubmitOnlySentinelBackend(_SubmitOnly, SentinelBackend):
+    """The same over a Sentinel-managed Redis (``sentinel://``)."""
+
+
+def _transport_options(settings: Settings, url: str | None = None) -> dict:
     vt = settings.visibility_timeout
+    sentinel = {"master_name": sentinel_master()} if is_sentinel(url) else {}
     return {
+        **sentinel,
         "visibility_timeout": vt,
         # kombu sweeps for messages of dead consumers every interval x
         # throttle seconds (100 s by default); keep that well under the
@@ -48,7 +58,7 @@ def _transport_options(settings: Settings) -> dict:
 
 
 def _conf(settings: Settings, broker_url: str | None) -> dict:
-    transport = _transport_options(settings)
+    transport = _transport_options(settings, broker_url)
     tls = redis_tls(broker_url)
     return dict(
         # rediss://: broker and result backend verify the server's certificate
@@ -103,7 +113,8 @@ def client_app(broker_url: str) -> Celery:
     if broker_url not in _clients:
         _clients[broker_url] = Celery("evalq", set_as_current=False)
         _clients[broker_url].conf.update(_conf(Settings.from_env(), broker_url))
-        _clients[broker_url].conf.result_backend = f"evalq.orchestrator.app:SubmitOnlyRedisBackend+{broker_url}"
+        backend = "SubmitOnlySentinelBackend" if is_sentinel(broker_url) else "SubmitOnlyRedisBackend"
+        _clients[broker_url].conf.result_backend = f"evalq.orchestrator.app:{backend}+{broker_url}"
     return _clients[broker_url]
 
 

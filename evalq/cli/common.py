@@ -12,7 +12,7 @@ from evalq.shared.core.errors import InfraError
 
 # the schemes both redis-py and Celery's Redis transport (kombu) read: kombu has no ``unix://``
 # (a socket path redis-py would take), so it would pass here and fail later, at Celery's first send
-BROKER_SCHEMES = ("redis://", "rediss://")
+BROKER_SCHEMES = ("redis://", "rediss://", "sentinel://")
 
 
 def _broker_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -24,7 +24,7 @@ def _broker_url(ctx: click.Context, param: click.Parameter, value: str | None) -
         from_env = ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
         source = "EVALQ_BROKER_URL" if from_env else "--broker"
         raise InfraError(f"{source} {safe_url(value)!r} is not a Redis URL: expected one starting with "
-                         f"{' or '.join(BROKER_SCHEMES)}")
+                         f"{', '.join(BROKER_SCHEMES[:-1])} or {BROKER_SCHEMES[-1]}")
     return value
 
 

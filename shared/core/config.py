@@ -181,10 +181,53 @@ def redis_tls(url: str | None) -> dict | None:
     return options
 
 
+SENTINEL_SCHEME = "sentinel://"
+SENTINEL_MASTER_ENV = "EVALQ_SENTINEL_MASTER"  # the monitored primary's name (Celery's ``master_name``)
+DEFAULT_SENTINEL_MASTER = "mymaster"
+
+
+def is_sentinel(url: str | None) -> bool:
+    """A Sentinel-managed Redis: ``sentinel://[[user]:password@]host:port[/db];sentinel://host:port;...``
+    (the form Celery and kombu document), the primary named by ``EVALQ_SENTINEL_MASTER``."""
+    return bool(url) and url.lower().startswith(SENTINEL_SCHEME)
+
+
+def sentinel_master() -> str:
+    return os.environ.get(SENTINEL_MASTER_ENV) or DEFAULT_SENTINEL_MASTER
+
+
+def sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str | None, str | None, int]:
+    """(sentinels' host and port, the primary's user and password, its database) of a Sentinel URL:
+    the credentials and database are the first part's (or any part's that names them)."""
+    from urllib.parse import unquote, urlsplit
+
+    hosts, username, password, db = [], None, None, 0
+    for part in url.split(";"):
+        if not part.strip():
+            continue
+        split = urlsplit(part.strip())
+        hosts.append((split.hostname or "127.0.0.1", split.port or 26379))
+        username = username or (unquote(split.username) if split.username else None)
+        password = password or (unquote(split.password) if split.password else None)
+        if split.path.strip("/").isdigit():
+            db = int(split.path.strip("/"))
+    return hosts, username, password, db
+
+
 def redis_client(url: str, **kwargs):
-    """A redis-py client for ``url`` (``redis://`` or ``rediss://``, with AUTH in the URL)."""
+    """A redis-py client for ``url`` (``redis://`` or ``rediss://``, with AUTH in the URL; or a
+    Sentinel URL: a client of the current primary, which finds the new one after a failover and
+    never writes on a demoted one: a READONLY reply drops the connection and asks the sentinels)."""
     import redis
 
+    if is_sentinel(url):
+        from redis.sentinel import Sentinel
+
+        hosts, username, password, db = sentinel_parts(url)
+        timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
+        sentinel = Sentinel(hosts, sentinel_kwargs={"socket_timeout": 5, "socket_connect_timeout": 5, **timeouts})
+        return sentinel.master_for(sentinel_master(), redis_class=redis.Redis, username=username, password=password,
+                                   db=db, **kwargs)
     return redis.Redis.from_url(url, **kwargs, **(redis_tls(url) or {}))
 
 

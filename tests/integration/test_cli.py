@@ -221,7 +221,7 @@ def test_a_broker_that_is_not_a_redis_url_is_one_line_and_exit_1(tmp_path, how):
         assert "Traceback" not in proc.stderr and "SECRET" not in proc.stderr, proc.stderr
         named = "--broker" if how == "option" else "EVALQ_BROKER_URL"
         assert proc.stderr.strip() == (f"evalq: {named} 'http://***@localhost:1/' is not a Redis URL: expected "
-                                       "one starting with redis:// or rediss://"), proc.stderr
+                                       "one starting with redis://, rediss:// or sentinel://"), proc.stderr
     assert not (tmp_path / "out").exists()
     # a socket path redis-py would read, but Celery's Redis transport has no unix:// (KeyError later)
     proc = evalq("status", "abc", "--broker", "unix:///tmp/evalq.sock", timeout=60)
