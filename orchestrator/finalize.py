@@ -53,6 +53,7 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     _end(pipe, job_id, final)
     _expire(pipe, job_id, spec)
     pipe.execute()
+    _unmark(spec, job_id)
     reply(r, job_id, spec, final, errors, summary)
     return {"job": job_id, "status": final}
 
@@ -67,9 +68,23 @@ def fail(r: redis.Redis, job_id: str, error: str) -> dict:
     if spec:
         _expire(pipe, job_id, spec)
     pipe.execute()
+    _unmark(spec, job_id)
     if spec:
         reply(r, job_id, spec, Status.FAILED, [error], None)
     return {"job": job_id, "status": Status.FAILED}
+
+
+def _unmark(spec: StoredJob, job_id: str) -> None:
+    """The job has ended: the store no longer says it runs (``evalq.shared.store.ledger``), so no
+    cluster that loses its Redis later rebuilds it."""
+    if spec.running:
+        from evalq.shared.store.ledger import ended
+        from evalq.shared.store.place import StoreUnavailable
+
+        try:
+            ended(spec.running, job_id)
+        except StoreUnavailable as exc:  # the job's end stands; a later rebuild finds every chunk done
+            log.error("job %s: its marker in the job store could not be removed: %s", job_id, exc)
 
 
 def _end(pipe, job_id: str, status: str) -> None:

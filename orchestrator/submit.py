@@ -236,7 +236,7 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
     """
     import redis
 
-    from evalq.shared.store import instances as staged
+    from evalq.shared.store import instances as staged, ledger
     from evalq.shared.store.place import job_place, store_root
 
     job_id = job_id or new_job_id()
@@ -244,6 +244,7 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
     ttl = stored.ttl
     root = store_root() if store is FROM_ENV else store
     shared: dict[str, str] = {}
+    place = running = None
     if root is not None:
         # the tenant's part of the store: the request queue's tenant, else the one the job names
         place = job_place(root, job_id, stored.store_tenant, stored.suite)
@@ -254,8 +255,12 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
                 shared = {}
             spec["instances"] = kept
             spec["records"] = PARTS  # and the item records as parts beside them (evalq.shared.store.records)
+            # and the job itself, so that a cluster whose Redis lost it rebuilds it (evalq.shared.store.ledger)
+            running = ledger.running_place(root)
+            spec["running"] = running.as_json()
+            ledger.keep(place, running, job_id, StoredJob(spec).to_json())
         except Exception:
-            place.delete()  # nothing half-staged is left behind
+            _unstage(place, running, job_id)  # nothing half-staged is left behind
             raise
     try:
         if r.exists(keys.instances(job_id)):
@@ -277,12 +282,26 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
         pipe.execute()
     except redis.RedisError as exc:
         delete_job(r, job_id, [m.key for m in job.runs])
-        StoredJob(spec, job_id).instances.drop()
+        _unstage(place, running, job_id)
         if "maxmemory" in str(exc) and root is None:
             raise InfraError(f"storing job {job_id} failed: Redis is full (its maxmemory) with the job's instances; "
                              f"a job store (EVALQ_STORE) keeps them out of Redis") from None
         raise InfraError(f"storing job {job_id} failed: {exc}") from None
     return job_id
+
+
+def _unstage(place: Place | None, running: Place | None, job_id: str) -> None:
+    """Remove what a submission that failed staged in the store: its marker first, then its folder."""
+    import contextlib
+
+    from evalq.shared.store.ledger import marker_name
+    from evalq.shared.store.place import StoreUnavailable
+
+    with contextlib.suppress(StoreUnavailable):
+        if running is not None:
+            running.remove(marker_name(job_id))
+        if place is not None:
+            place.delete()
 
 
 def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -150,6 +150,9 @@ def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
     spec = load_job(r, job_id)
     if spec is None:
         raise InfraError(f"job {job_id}: its spec is gone from Redis; it cannot be resumed")
+    from evalq.orchestrator.rebuild import reconcile
+
+    reconcile(r, spec)  # a Redis behind the store (a failover lost its last writes): parts are done
     app = client_app(broker_url)
     stage = current_stage(spec, status)
     if stage_complete(r, job_id, stage):
@@ -193,14 +196,18 @@ def idle(r: redis.Redis, spec: dict, job_id: str) -> bool:
 
 
 def sweep(r: redis.Redis, broker_url: str, timing: Timing, now: float | None = None) -> list[str]:
-    """Look after every running job once (those submitted within the result TTL)."""
+    """Look after every running job once (those submitted within the result TTL), after rebuilding
+    from the job store those Redis has lost (``evalq.orchestrator.rebuild``)."""
+    from evalq.orchestrator.rebuild import rebuild_lost
+
+    rebuilt = rebuild_lost(r, broker_url)
     now = server_time(r) if now is None else now
     ids = [j.decode() for j in r.zrangebyscore(keys.JOBS, now - Settings.from_env().result_ttl, "+inf")]
     pipe = r.pipeline(transaction=False)
     for job_id in ids:
         pipe.get(keys.status(job_id))
     running = [(j, s.decode()) for j, s in zip(ids, pipe.execute()) if s is not None and s.decode() not in FINAL]
-    actions: list[str] = []
+    actions: list[str] = list(rebuilt)
     from evalq.orchestrator import dispatch
     from evalq.orchestrator.app import client_app
 
@@ -235,8 +242,14 @@ class Sweeper(threading.Thread):
         from evalq.orchestrator import dispatch, holding
         from evalq.orchestrator.app import client_app
 
+        from evalq.shared.store.place import store_root
+
         r = redis_client(self.broker_url, socket_timeout=30)
         log.info("sweeper: looking after running jobs every %.1f s", self.interval)
+        if store_root() is None:
+            log.warning("sweeper: no job store (EVALQ_STORE): a running job whose state Redis loses (flushed, "
+                        "restarted without persistence, failed over) cannot be rebuilt; set EVALQ_STORE "
+                        "(docs/how-to/cluster.md)")
         next_sweep = time.monotonic() + self.interval
         while True:
             # between sweeps, it wakes when a job held off a queue may go again (evalq.orchestrator.holding)

@@ -53,7 +53,10 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     does (``evalq.orchestrator.watch``): a stage whose callback was lost gets
     it again, a job whose messages were lost gets its unfinished chunks again.
     Every Redis access rides out an outage (``outage``; by default up to the
-    stall timeout, else 300 s), which does not count as a stall.
+    stall timeout, else 300 s), which does not count as a stall. A job whose state Redis lost
+    (flushed, restarted without persistence, failed over) is waited for while the cluster's
+    sweeper rebuilds it from the job store (``evalq.orchestrator.rebuild``), up to the same bound,
+    and the client says so once.
     """
     from evalq.orchestrator.parking import waits_for_batches
     from evalq.orchestrator.watch import Timing
@@ -64,14 +67,27 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     if spec is None:
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     timing = Timing.from_env()
-    last_done, last_change = -1, time.monotonic()
+    last_done, last_change, lost_since = -1, time.monotonic(), None
     while True:
         done, status, actions = outage.call(_look, r, broker_url, job_id, spec, timing)
+        if not status:  # Redis lost the job: the sweeper rebuilds it from the job store, if it has one
+            if lost_since is None:
+                lost_since = time.monotonic()
+                print(f"evalq: job {job_id}: the cluster's Redis has lost the job's state; waiting for it to "
+                      "be rebuilt from the job store", file=sys.stderr)
+            elif time.monotonic() - lost_since > (stall_timeout or 300):
+                raise InfraError(f"job {job_id}: its keys are gone from Redis (expired or deleted) and it was not "
+                                 "rebuilt (only a cluster with a job store, EVALQ_STORE, rebuilds a running job)")
+            check()
+            outage.call(_until_ended, r, job_id, poll)
+            last_change = time.monotonic()  # no stall meanwhile
+            continue
+        if lost_since is not None:
+            lost_since = None
+            print(f"evalq: job {job_id}: rebuilt from the job store; going on", file=sys.stderr)
         on_progress(done)
         if status in FINAL:
             return status
-        if not status:
-            raise InfraError(f"job {job_id}: its keys are gone from Redis (expired or deleted)")
         check()
         for action in actions:
             print(f"evalq: {action}", file=sys.stderr)

@@ -213,6 +213,11 @@ def watch(job_id: str) -> str:
     return f"{job_prefix(job_id)}:watch"
 
 
+def rebuild_lock(job_id: str) -> str:
+    """Held by the jobs worker rebuilding the job from the store (``evalq.orchestrator.rebuild``)."""
+    return f"{job_prefix(job_id)}:rebuilding"
+
+
 def request(request_id: str) -> str:
     return f"{PREFIX}:request:{request_id}"
 

@@ -268,6 +268,19 @@ class StoredJob(Mapping):
         where they are in Redis."""
         return self._doc.get("instances") or None
 
+    @property
+    def place(self):
+        """Its folder in the job store (``Place``), None where it was not staged there."""
+        from evalq.shared.store.place import Place
+
+        return Place.from_json(self.staged) if self.staged else None
+
+    @property
+    def running(self) -> dict | None:
+        """Where the store keeps the marker that it runs (``evalq.shared.store.ledger``), None for a
+        job outside the store."""
+        return self._doc.get("running") or None
+
     @cached_property
     def instances(self):
         """Its instances' store (``evalq.shared.store.instances``), chosen once."""
@@ -305,6 +318,11 @@ def load_job(r, job_id: str, get=None) -> StoredJob | None:
     the caller rides out an outage). ``stored_job`` keeps what it read for the process."""
     raw = (get or r.get)(keys.spec(job_id))
     return StoredJob(json.loads(raw), job_id) if raw is not None else None
+
+
+def is_stored(r, job_id: str) -> bool:
+    """Whether Redis holds the job's document now (without reading it)."""
+    return bool(r.exists(keys.spec(job_id)))
 
 
 @lru_cache(maxsize=64)

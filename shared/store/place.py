@@ -134,6 +134,30 @@ class Place:
                 return None
             raise StoreUnavailable(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
 
+    def tail(self, name: str, n: int) -> bytes | None:
+        """The last ``n`` bytes of ``name`` (all of it where it is shorter), None where there is none:
+        a Parquet file's footer without reading the file."""
+        target = self.path_of(name)
+        if self.is_s3:
+            bucket, key = _split(target)
+            with _s3_errors(target):
+                try:
+                    return self._s3().get_object(Bucket=bucket, Key=key, Range=f"bytes=-{n}")["Body"].read()
+                except self._s3().exceptions.NoSuchKey:
+                    return None
+        try:
+            self._folders(Path(target).parent)
+            fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - n))
+                return f.read()
+        except StoreRefused:
+            raise
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreUnavailable(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
+
     def exists(self, name: str) -> bool:
         """Whether something is written under ``name`` (without reading it)."""
         target = self.path_of(name)
@@ -151,6 +175,47 @@ class Place:
                     raise
         self._folders(Path(target).parent)
         return os.path.lexists(target)
+
+    def names(self, folder: str = "") -> list[str]:
+        """The names of the files directly in ``folder`` (below this place), sorted; none where there
+        is no such folder."""
+        target = self.path_of(folder).rstrip("/") if folder else self.uri.rstrip("/")
+        if self.is_s3:
+            bucket, prefix = _split(target + "/")
+            found: list[str] = []
+            with _s3_errors(target):
+                for page in self._s3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix,
+                                                                                  Delimiter="/"):
+                    found += [o["Key"][len(prefix):] for o in page.get("Contents", [])]
+            return sorted(found)
+        try:
+            self._folders(Path(target))
+            return sorted(e.name for e in os.scandir(target) if e.is_file(follow_symlinks=False)
+                          and not e.name.startswith("."))
+        except FileNotFoundError:
+            return []
+        except StoreRefused:
+            raise
+        except OSError as exc:
+            raise StoreUnavailable(f"{target}: cannot list the job store: {exc.strerror or exc}") from None
+
+    def remove(self, name: str) -> None:
+        """Remove the file ``name`` (nothing there is no error)."""
+        target = self.path_of(name)
+        if self.is_s3:
+            bucket, key = _split(target)
+            with _s3_errors(target):
+                self._s3().delete_object(Bucket=bucket, Key=key)
+            return
+        try:
+            self._folders(Path(target).parent)
+            os.unlink(target)  # a link is removed, never followed
+        except FileNotFoundError:
+            pass
+        except StoreRefused:
+            raise
+        except OSError as exc:
+            raise StoreUnavailable(f"{target}: cannot remove from the job store: {exc.strerror or exc}") from None
 
     def delete(self) -> None:
         """Remove everything under this folder (nothing there is no error)."""

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from evalq.shared.cluster import keys
+from evalq.shared.store.place import Place
 from tests.conftest import evalq, read_log, running_worker, write_job
 from tests.integration.test_datasets import AWS, start_moto
 
@@ -159,7 +160,10 @@ def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster,
     assert json.loads(evalq("results", staged, "--broker", cluster, "--json").stdout)["removed"] is True
 
 
-def test_instances_staged_in_s3_score_as_those_kept_in_redis(cluster, tmp_path, night_bucket):
+def test_instances_staged_in_s3_score_as_those_kept_in_redis(cluster, tmp_path, night_bucket, monkeypatch):
+    from evalq.shared.job.stored import load_job
+    from evalq.shared.store import ledger
+
     url, client = night_bucket
     job = qa_job(tmp_path)
     run(job, tmp_path / "kept", cluster)
@@ -167,6 +171,13 @@ def test_instances_staged_in_s3_score_as_those_kept_in_redis(cluster, tmp_path, 
            "EVALQ_STORE_PART_BYTES": "3000"}
     staged = run(job, tmp_path / "staged", cluster, env=env)
     same_outputs(tmp_path / "kept", tmp_path / "staged")
+    # the job itself beside its parts, no marker left once it ended, each chunk's rows from its footer
+    for name, value in AWS.items():
+        monkeypatch.setenv(name, value)
+    stored = load_job(redis.Redis.from_url(cluster), staged)
+    assert ledger.document(stored.place) == json.loads(stored.to_json())
+    assert list(ledger.running_jobs(Place("s3://night/evalq", url))) == []
+    assert [sum(ledger.chunk_counts(stored.place, key).values()) for key in stored.metrics] == [N] * 3
     listed = client.list_objects_v2(Bucket="night", Prefix=f"evalq/default/suite=job/job={staged}/instances/")
     names = sorted(o["Key"] for o in listed["Contents"])
     assert len(names) > 3 and names[0].endswith("part-00000.parquet")

@@ -1,0 +1,87 @@
+"""The job in the store (issue 72): what a cluster needs to rebuild a running job after its Redis
+lost it, kept outside Redis.
+
+At submission, before its first chunk is sent, a job staged in the store gets two more files: its
+stored document (``job.json`` in its folder, as Redis holds it under ``keys.spec``: no secret is
+ever in it) and a marker that it runs (``<store>/_running/<job id>.json``, naming its folder; a
+tenant's name never begins with ``_``). The final callback removes the marker. A chunk is done
+when its record part exists (``evalq.shared.store.records``: written whole before the chunk's Redis
+transaction), and the part's rows are the records it counted: so the store alone says which chunks
+are done and how many items each recorded. ``evalq.orchestrator.rebuild`` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from evalq.shared.store.place import Place
+
+JOB_DOCUMENT = "job.json"
+RUNNING = "_running"  # the folder of running jobs' markers: not a tenant's (no tenant's name begins with _)
+
+
+def running_place(root: Place) -> Place:
+    """Where the store's markers of running jobs are (``{tenant}`` in the store's value is ``_running``)."""
+    from evalq.shared.policy.egress import tenant_place
+
+    return Place(tenant_place(root.uri, RUNNING), root.endpoint_url)
+
+
+def keep(place: Place, running: Place, job_id: str, document: str) -> None:
+    """The job's document in its folder, then its marker: a marker never names a folder without one."""
+    place.put(JOB_DOCUMENT, document.encode("utf-8"))
+    running.put(marker_name(job_id), json.dumps({"job_id": job_id, "place": place.as_json()}).encode("utf-8"))
+
+
+def marker_name(job_id: str) -> str:
+    return f"{job_id}.json"
+
+
+def ended(running: dict, job_id: str) -> None:
+    """The job ended: its marker goes (``running``: where the markers are, as the job's document says)."""
+    Place.from_json(running).remove(marker_name(job_id))
+
+
+def running_jobs(root: Place, wanted=None) -> Iterator[tuple[str, Place]]:
+    """(job id, its folder) of every job the store says runs (``wanted``: of those whose id it
+    accepts; a marker is read only then)."""
+    running = running_place(root)
+    for name in running.names():
+        if not name.endswith(".json") or (wanted is not None and not wanted(name[:-len(".json")])):
+            continue
+        raw = running.get(name, missing_ok=True)  # ended since it was listed: passed by
+        if raw is None:
+            continue
+        try:
+            marker = json.loads(raw)
+            yield str(marker["job_id"]), Place.from_json(marker["place"])
+        except (ValueError, KeyError, TypeError):
+            continue  # not a marker evalq wrote
+
+
+def document(place: Place) -> dict | None:
+    """The job's stored document from its folder (None where there is none)."""
+    raw = place.get(JOB_DOCUMENT, missing_ok=True)
+    return json.loads(raw) if raw is not None else None
+
+
+def chunk_counts(place: Place, key: str) -> dict[int, int]:
+    """Chunk start -> records, of every chunk of run ``key`` whose part is in the job's folder (each
+    part's rows, from its footer alone)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from evalq.shared.store.records import part_name
+
+    folder = part_name(key, 0).rsplit("/", 1)[0]
+    counts = {}
+    for name in place.names(folder):
+        if name.startswith("chunk-") and name.endswith(".parquet"):
+            tail = place.tail(f"{folder}/{name}", FOOTER_BYTES)
+            if tail is not None:
+                counts[int(name[len("chunk-"):-len(".parquet")])] = pq.read_metadata(pa.BufferReader(tail)).num_rows
+    return counts
+
+
+FOOTER_BYTES = 1 << 16  # a record part's footer (its schema and row groups) is a few kB

@@ -1,0 +1,93 @@
+"""A job whose Redis state is lost is rebuilt from the job store (issue 72): its document and a
+marker that it runs are in the store from submission, a chunk with a record part is done, and the
+sweeper's rebuild sends again exactly the chunks without one."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import redis
+
+from evalq.orchestrator import submit
+from evalq.shared.cluster import keys
+from evalq.shared.job.schema import parse_job
+from evalq.shared.job.stored import load_job
+from evalq.shared.store import ledger
+from evalq.shared.store.place import Place
+
+INSTANCES = [{"id": f"i{k}", "actual-output": f"the answer {k % 3}", "expected-output": ["the answer 1"]}
+             for k in range(10)]
+
+
+def chunks_in_line(r: redis.Redis, job_id: str) -> set[str]:
+    """Every chunk of the job waiting in its pending lists or sent to a Celery queue (its message's
+    arguments, as kombu keeps them in the queue's Redis list)."""
+    found = set()
+    for key in r.scan_iter(match=keys.pending(job_id, "*")):
+        found |= {"{}:{}".format(*json.loads(raw)[:2]) for raw in r.lrange(key, 0, -1)}
+    for queue in ("cpu", "gpu"):
+        for raw in r.lrange(queue, 0, -1):
+            args = json.loads(base64.b64decode(json.loads(raw)["body"]))[0]
+            if args[0] == job_id:
+                found.add(f"{args[1]}:{args[2]}")
+    return found
+
+
+def test_a_job_redis_lost_is_rebuilt_from_the_store_sending_only_its_undone_chunks(private_redis, tmp_path,
+                                                                                    monkeypatch):
+    from evalq.orchestrator.finalize import fail
+    from evalq.orchestrator.rebuild import rebuild_lost
+    from evalq.workers import chunk
+
+    monkeypatch.setenv("EVALQ_GROUP_ENTRIES", "0")
+    r = redis.Redis.from_url(private_redis)
+    store = Place(str(tmp_path / "store"))
+    job = parse_job({"instances": INSTANCES, "metrics": [{"id": "exact_match"}, {"id": "bleu"}]})
+    job_id = submit.store_job(r, job, submit.job_spec(job, chunk_size=4), store=store)
+    stored = load_job(r, job_id)
+    assert ledger.document(stored.place) == json.loads(stored.to_json())  # the job itself, beside its parts
+    assert [j for j, _ in ledger.running_jobs(store)] == [job_id]
+    plan = [c for c in submit.plan(job, chunk_size=4)]
+    ran = plan[:1] + plan[-2:]  # some chunks of each entry done before the loss
+    for c in ran:
+        chunk.run_chunk(r, job_id, c.metric_key, c.start, c.stop)
+    counted = {key: int(r.get(keys.recorded_total(job_id, key))) for key in stored.metrics}
+    assert sum(counted.values()) == sum(c.stop - c.start for c in ran)
+
+    r.flushall()  # Redis restarted without persistence, or a replica promoted empty
+    monkeypatch.setenv("EVALQ_STORE", store.uri)
+    (action,) = rebuild_lost(r, private_redis)
+    assert "rebuilt from the job store" in action and f"{len(ran)} chunks" in action
+    again = load_job(r, job_id)
+    assert again is not None and again.to_json() == stored.to_json()
+    assert r.get(keys.status(job_id)) == b"running" and r.zscore(keys.JOBS, job_id) is not None
+    assert {key: int(r.get(keys.recorded_total(job_id, key)) or 0) for key in stored.metrics} == counted
+    assert {m.decode() for m in r.smembers(keys.chunks_done(job_id, "metrics"))} == {c.id for c in ran}
+    assert chunks_in_line(r, job_id) == {c.id for c in plan} - {c.id for c in ran}  # exactly those undone
+    assert rebuild_lost(r, private_redis) == []  # in Redis again: nothing more to do
+
+    fail(r, job_id, "ended here")  # a job that ended leaves the store's running jobs
+    assert list(ledger.running_jobs(store)) == []
+    r.flushall()
+    assert rebuild_lost(r, private_redis) == []
+
+
+def test_a_redis_behind_the_store_counts_the_parts_before_resending(private_redis, tmp_path, monkeypatch):
+    """A failover that lost the last writes: a chunk's part is there, its count and done mark are not;
+    ``evalq resume`` sends it no more."""
+    from evalq.orchestrator.watch import resume_job
+    from evalq.workers import chunk
+
+    monkeypatch.setenv("EVALQ_GROUP_ENTRIES", "0")
+    r = redis.Redis.from_url(private_redis)
+    job = parse_job({"instances": INSTANCES, "metrics": [{"id": "exact_match"}]})
+    job_id = submit.store_job(r, job, submit.job_spec(job, chunk_size=4), store=Place(str(tmp_path / "store")))
+    first, *rest = list(submit.plan(job, chunk_size=4))
+    chunk.run_chunk(r, job_id, first.metric_key, first.start, first.stop)
+    r.delete(keys.recorded(job_id, first.metric_key), keys.recorded_total(job_id, first.metric_key),
+             keys.chunks_done(job_id, "metrics"))  # the writes the promoted replica never had
+    outcome = resume_job(r, private_redis, job_id)
+    assert outcome["sent"] == len(rest)
+    assert chunks_in_line(r, job_id) == {c.id for c in rest}
+    assert int(r.get(keys.recorded_total(job_id, first.metric_key))) == first.stop - first.start
