@@ -34,7 +34,7 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     if status_of(r, job_id) == Status.CANCELLED:
         status = Status.CANCELLED
     summary = [with_variants(r, job_id, key,
-                             summarize(r, spec, key, entry, REGISTRY.get(entry["id"]), span(spec, entry)))
+                             summarize(r, spec, key, entry, REGISTRY.get(entry.id), span(spec, entry)))
                for key, entry in stage_runs(spec, METRICS_STAGE)]
     if status != Status.CANCELLED:  # scores no chunk could send to the job's sinks (evalq.results.sinks)
         from evalq.results.sinks import export_rest, with_exports
@@ -142,14 +142,14 @@ def generated(r: redis.Redis, job_id: str) -> dict:
     pipe = r.pipeline(transaction=True)
     entry = spec.generate
     if entry is not None:
-        summary = summarize(r, spec, GENERATE, entry, GENERATE_SPEC, entry["n_items"])
+        summary = summarize(r, spec, GENERATE, entry, GENERATE_SPEC, entry.n_items)
         score = summary.pop("score") or {}  # means over the outputs: only log probabilities are numbers
         if score.get("log_probability") is not None:
             summary["mean_log_probability"] = score["log_probability"]
         pipe.set(keys.stage_summary(job_id, GENERATE), json.dumps(summary))
     for key, entry in spec.variants.items():
         vkey = variants_key(key)
-        summary = summarize(r, spec, vkey, entry, REGISTRY.get(entry["id"]).variants_spec(), span(spec, entry))
+        summary = summarize(r, spec, vkey, entry, REGISTRY.get(entry.id).variants_spec(), span(spec, entry))
         summary.pop("score", None)
         pipe.set(keys.stage_summary(job_id, vkey), json.dumps(summary))
     pipe.set(keys.status(job_id), Status.GENERATED)

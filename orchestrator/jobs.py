@@ -67,9 +67,9 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
     for n, (key, entry) in enumerate(runs):
         done, acct = int(replies[2 * n] or 0), replies[2 * n + 1]
         total = run_items(spec, key, entry)
-        row = {"entry": key, "metric": entry["id"], "done": done, "total": total}
-        if entry.get("name"):
-            row["name"] = entry["name"]
+        row = {"entry": key, "metric": entry.id, "done": done, "total": total}
+        if entry.name:
+            row["name"] = entry.name
         if acct:
             from evalq.results.summary import judge_accounting
 

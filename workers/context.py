@@ -18,8 +18,8 @@ from typing import Any
 import redis
 
 import evalq.shared.job.catalogue  # noqa: F401  (registers every metric a job may name)
-from evalq.shared.cluster.spec import entry_of, is_model_run, is_variants, span
-from evalq.shared.job.stored import StoredJob, stored_job
+from evalq.shared.cluster.spec import is_model_run, is_variants, span
+from evalq.shared.job.stored import RunEntry, StoredJob, stored_job
 from evalq.shared.metrics.registry import REGISTRY, MetricSpec
 from evalq.shared.model.runners import GENERATE, GENERATE_SPEC
 
@@ -30,7 +30,7 @@ class ChunkContext:
     job_id: str
     key: str              # the entry's run key: a metric entry, ``generate``, or an entry's variants run
     job: StoredJob        # the stored job
-    entry: dict           # the run's entry in it
+    entry: RunEntry       # the run's entry in it
     metric: MetricSpec
     params: Any           # the entry's parameters, validated
     prepared: Any         # what the orchestrator prepared for the whole entry (bertscore's idf, ...)
@@ -61,7 +61,7 @@ class ChunkContext:
     @property
     def human(self) -> str | None:
         """The name human grades use for this entry (its ``name``, else its metric id)."""
-        return None if self.model_run else self.entry.get("name") or self.entry["id"]
+        return None if self.model_run else self.entry.human
 
     @property
     def ttl(self) -> int:
@@ -114,12 +114,12 @@ class ChunkContext:
 @lru_cache(maxsize=256)
 def _read(r: redis.Redis, job_id: str, key: str) -> ChunkContext:
     job = stored_job(r, job_id)
-    entry = entry_of(job, key)
+    entry = job.entry(key)
     if key == GENERATE:
         metric = GENERATE_SPEC
     elif is_variants(key):
-        metric = REGISTRY.get(entry["id"]).variants_spec()
+        metric = REGISTRY.get(entry.id).variants_spec()
     else:
-        metric = REGISTRY.get(entry["id"])
-    return ChunkContext(r, job_id, key, job, entry, metric, metric.params.model_validate(entry["parameters"]),
-                        entry.get("prepared"))
+        metric = REGISTRY.get(entry.id)
+    return ChunkContext(r, job_id, key, job, entry, metric, metric.params.model_validate(entry.parameters),
+                        entry.prepared)

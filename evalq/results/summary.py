@@ -12,7 +12,7 @@ import redis
 from evalq.shared.cluster import keys
 from evalq.shared.cluster.spec import is_model_run, variants_key
 from evalq.shared.job.schema import entry_head
-from evalq.shared.job.stored import StoredJob
+from evalq.shared.job.stored import RunEntry, StoredJob
 from evalq.shared.judging.judges import NANO
 from evalq.shared.metrics.registry import MetricSpec
 from evalq.shared.model.runners import GENERATE
@@ -31,12 +31,12 @@ BATCH_FIELDS = ("calls", "prompt_tokens", "completion_tokens", "failed_lines")
 MEAN_LIKE = ("mean", "distribution", "classification", "toxicity", "robustness")
 
 
-def summarize(r: redis.Redis, job: StoredJob, key: str, entry: dict, metric: MetricSpec, total: int) -> dict:
+def summarize(r: redis.Redis, job: StoredJob, key: str, entry: RunEntry, metric: MetricSpec, total: int) -> dict:
     """One metric's (or the generation stage's) aggregate: merged from its
     chunks' parts when every item is covered by one, else over the item records. Its spend has
     a cost where its endpoint has a price (``StoredJob.priced``)."""
     job_id = job.job_id
-    params = entry["parameters"]
+    params = entry.parameters
     overall, by_category, seen = None, {}, 0
     agreement = Agreement(metric.aggregation, params) if metric.aggregation in AGREEMENT_KINDS else None
     if AGGREGATORS[metric.aggregation].mergeable:
@@ -74,13 +74,13 @@ def summarize(r: redis.Redis, job: StoredJob, key: str, entry: dict, metric: Met
         if seen:  # what one item cost: paid calls and tokens
             judge["calls_per_item"] = round(judge["calls"] / seen, 3)
             judge["tokens_per_item"] = round((judge["prompt_tokens"] + judge["completion_tokens"]) / seen, 1)
-        name = (entry.get("parameters") or {}).get("judge")
+        name = entry.parameters.get("judge")
         judges = job.judges if isinstance(name, str) and key != GENERATE else {}
         if name in judges:  # who judged, as the history compares runs by it
             from evalq.shared.judging.judges import judge_identity, panel_identity
 
             try:
-                said, asked = r.hgetall(keys.judge_seen(job_id, key)), entry.get("parameters") or {}
+                said, asked = r.hgetall(keys.judge_seen(job_id, key)), entry.parameters
                 judge["identity"] = (panel_identity(judges, said, asked) if asked.get("panel")
                                      else judge_identity(judges[name], said, asked, name))
             except (ValueError, KeyError) as exc:  # a spec an older evalq stored: recorded without one

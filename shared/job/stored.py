@@ -24,9 +24,10 @@ from functools import cached_property, lru_cache
 from typing import Any, Iterator
 
 from evalq.shared.cluster import keys
-from evalq.shared.cluster.spec import GENERATE
+from evalq.shared.cluster.spec import GENERATE, variants_key
 
 VERSION = 2  # the document ``job_spec`` writes now
+RUNS = ("metrics", GENERATE, "variants")  # the document's runs, read as ``RunEntry``s
 DEFAULT_SCHEDULING = {"priority": "normal", "tenant": "default", "weight": 1.0}
 
 
@@ -46,9 +47,20 @@ class StoredJob(Mapping):
         self._doc = dict(doc._doc if isinstance(doc, StoredJob) else doc or {})
         self.job_id = job_id if job_id is not None or not isinstance(doc, StoredJob) else doc.job_id
 
-    # -- the mapping the run plan reads
+    # -- the mapping the run plan reads (its runs as ``RunEntry``s)
     def __getitem__(self, key: str) -> Any:
+        if key in RUNS:
+            return self._runs[key]
         return self._doc[key]
+
+    @cached_property
+    def _runs(self) -> dict:
+        doc = self._doc
+        runs: dict = {"metrics": {k: RunEntry(k, e) for k, e in (doc.get("metrics") or {}).items()},
+                      "variants": {k: RunEntry(variants_key(k), e) for k, e in (doc.get("variants") or {}).items()}}
+        if doc.get(GENERATE) is not None:
+            runs[GENERATE] = RunEntry(GENERATE, doc[GENERATE])
+        return {k: v for k, v in runs.items() if k in doc}
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._doc)
@@ -193,19 +205,25 @@ class StoredJob(Mapping):
 
     # -- its runs
     @property
-    def metrics(self) -> dict[str, dict]:
+    def metrics(self) -> "dict[str, RunEntry]":
         """Metric key -> entry, in job order."""
-        return self._doc.get("metrics") or {}
+        return self._runs.get("metrics") or {}
 
     @property
-    def generate(self) -> dict | None:
+    def generate(self) -> "RunEntry | None":
         """The generation stage's entry, where the model under test answers."""
-        return self._doc.get(GENERATE)
+        return self._runs.get(GENERATE)
 
     @property
-    def variants(self) -> dict[str, dict]:
+    def variants(self) -> "dict[str, RunEntry]":
         """Metric key -> its variants run's entry."""
-        return self._doc.get("variants") or {}
+        return self._runs.get("variants") or {}
+
+    def entry(self, key: str) -> "RunEntry":
+        """Any run's entry by its key (KeyError where the job has no such run)."""
+        from evalq.shared.cluster.spec import entry_of
+
+        return entry_of(self, key)
 
     # -- who it calls
     @property
@@ -297,6 +315,82 @@ class StoredJob(Mapping):
         if self._doc.get("records") != PARTS or self.staged is None:
             return records_of(self.job_id, None, {})
         return records_of(self.job_id, self.staged, {key: entry["chunk_size"] for key, entry in runs(self)})
+
+
+class RunEntry(Mapping):
+    """One run of a stored job, typed: a metric entry (``<id>@<position>``), the generation stage
+    (``generate``) or an entry's variants run (``<key>/variants``). A read-only mapping for the run
+    plan (``evalq.shared.cluster.spec``: chunk sizes, queues, regions, companions)."""
+
+    def __init__(self, key: str, doc: Mapping):
+        self.key, self._doc = key, doc
+
+    def __getitem__(self, name: str) -> Any:
+        return self._doc[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._doc)
+
+    def __len__(self) -> int:
+        return len(self._doc)
+
+    def __repr__(self) -> str:
+        return f"RunEntry({self.key!r})"
+
+    @property
+    def id(self) -> str:
+        """The metric's id (``generate`` for the generation stage)."""
+        return self._doc["id"]
+
+    @property
+    def parameters(self) -> dict:
+        """Its parameters, validated and resolved at submission (as JSON)."""
+        return self._doc.get("parameters") or {}
+
+    @property
+    def name(self) -> str | None:
+        """The name the job gave the entry, if any."""
+        return self._doc.get("name")
+
+    @property
+    def human(self) -> str:
+        """The name human grades and reports use: its name, else its metric id."""
+        return self.name or self.id
+
+    @property
+    def judge(self) -> str | None:
+        """The judge it calls (a panel's first member), if any."""
+        judge = self.parameters.get("judge")
+        return judge if isinstance(judge, str) else None
+
+    @property
+    def chunk_size(self) -> int:
+        return int(self._doc["chunk_size"])
+
+    @property
+    def queue(self) -> str:
+        """Its queue's kind (``cpu``, ``gpu``, ``judge``, ``generate``); regions make the names."""
+        return self._doc["queue"]
+
+    @property
+    def companions(self) -> list[str]:
+        """The keys of the entries its chunks also score (none for an entry run alone)."""
+        return list(self._doc.get("companions") or ())
+
+    @property
+    def led_by(self) -> str | None:
+        """The entry whose chunks score it, where it has no chunks of its own."""
+        return self._doc.get("led_by")
+
+    @property
+    def n_items(self) -> int | None:
+        """The generation stage's items (instances without an output)."""
+        return self._doc.get("n_items")
+
+    @property
+    def prepared(self) -> Any:
+        """What the orchestrator prepared for the whole entry (bertscore's idf, ...)."""
+        return self._doc.get("prepared")
 
 
 def as_stored(doc: Mapping | None, job_id: str | None = None) -> StoredJob:

@@ -106,3 +106,21 @@ def test_where_its_bulk_lives_is_chosen_once_by_the_job(tmp_path):
     assert isinstance(StoredJob({**doc, "records": None}, "j3").records, RedisRecords)
     job.instances.drop()
     assert not job.instances.still_there()
+
+
+def test_its_runs_are_typed_entries_and_still_the_mapping_the_plan_reads():
+    from evalq.shared.cluster.spec import plan, stage_runs
+    from evalq.shared.job.stored import RunEntry
+
+    raw = {"id": "bleu", "parameters": {"n": 4}, "chunk_size": 2, "queue": "cpu", "name": "b4"}
+    job = StoredJob({"n_instances": 5, "metrics": {"bleu@0": raw, "exact_match@1": {
+        "id": "exact_match", "parameters": {}, "chunk_size": 5, "queue": "cpu"}},
+        "generate": {"id": "generate", "parameters": {}, "chunk_size": 4, "queue": "generate", "n_items": 3}}, "j4")
+    bleu = job.entry("bleu@0")
+    assert isinstance(bleu, RunEntry) and bleu.key == "bleu@0" and bleu == raw  # equal to what was stored
+    assert (bleu.id, bleu.human, bleu.chunk_size, bleu.parameters, bleu.judge) == ("bleu", "b4", 2, {"n": 4}, None)
+    assert job.entry("exact_match@1").human == "exact_match" and job.generate.n_items == 3
+    assert all(isinstance(entry, RunEntry) for _, entry in stage_runs(job, "metrics"))
+    assert [c.id for c in plan(job, "metrics")] == ["bleu@0:0", "bleu@0:2", "bleu@0:4", "exact_match@1:0"]
+    with pytest.raises(KeyError):
+        job.entry("rouge@9")
