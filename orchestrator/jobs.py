@@ -214,3 +214,19 @@ def render(info, one: bool) -> str:
     for stage, at in steps.get("callbacks_resent", {}).items():
         lines.append(f"  recovery: the {stage} stage's callback re-sent at {at}")
     return "\n".join(lines)
+
+
+def resend_exports(r: redis.Redis, job_id: str) -> dict[str, dict]:
+    """``evalq resend``: the ended job's scores its sinks did not take, sent again once each
+    (``evalq.results.sinks.resend``); per sink, what it has of each entry now. InfraError for a job
+    that runs (its chunks and its final callback send its scores) or whose keys expired."""
+    import evalq.shared.job.catalogue  # noqa: F401  (every metric a job may name: an entry's kind)
+    from evalq.results.sinks import resend
+
+    status = status_of(r, job_id)
+    spec = load_job(r, job_id)
+    if not status or spec is None:
+        raise InfraError(f"job {job_id}: no such job (expired or never submitted): its scores are gone from Redis")
+    if status not in FINAL:
+        raise InfraError(f"job {job_id}: still {status}; its scores are sent as its chunks end and at its end")
+    return resend(r, job_id, spec)

@@ -120,6 +120,34 @@ def resume(job_id: str, broker: str | None) -> None:
 
 
 @cli.command()
+@click.argument("job_id")
+@broker_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def resend(job_id: str, broker: str | None, as_json: bool) -> None:
+    """Send an ended job's scores that did not reach its sinks (Phoenix, MLflow, OTLP) again.
+
+    Each score goes once, with the same identifiers: what a sink took before is not sent again.
+    Run it where the operator's sinks are configured (EVALQ_SINKS, EVALQ_OTEL_EXPORTERS, OTEL_*), as
+    a jobs worker is. Exit 1 while some are still not sent."""
+    from evalq.orchestrator.jobs import resend_exports
+
+    broker = need_broker(broker)
+    got = resend_exports(waiting.connect(broker), job_id)
+    if as_json:
+        click.echo(json.dumps(got, indent=2))
+    elif not got:
+        click.echo(f"job {job_id}: its scores go to no sink")
+    for name, sink in got.items():
+        sent = sum(e["sent"] for e in sink["entries"].values())
+        unsent = sum(e["unsent"] for e in sink["entries"].values())
+        if not as_json:
+            click.echo(f"job {job_id}: {name} ({sink['kind']}) has {sent} items' scores; {unsent} not sent"
+                       + (f" ({sink['answer']})" if unsent and sink["answer"] else ""))
+    if any(e["unsent"] for sink in got.values() for e in sink["entries"].values()):
+        raise SystemExit(1)
+
+
+@cli.command()
 @click.argument("job_id", required=False)
 @broker_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

@@ -39,7 +39,7 @@ from evalq.shared.job.schema import parse_job  # noqa: E402
 from evalq.shared.metrics.registry import REGISTRY  # noqa: E402
 from evalq.shared.traces.events import evaluations  # noqa: E402
 from evalq.sim import JudgeSim, Region  # noqa: E402
-from tests.conftest import ROOT, read_log, start_worker, stop_worker, wait_for_worker  # noqa: E402
+from tests.conftest import ROOT, evalq, read_log, start_worker, stop_worker, wait_for_worker  # noqa: E402
 from tests.integration.test_otlp_traces import chat, hexes, provider  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -512,6 +512,35 @@ def test_a_place_that_takes_no_scores_is_found_at_once_and_said(night, gates, cl
     got = run["exports"][name]
     assert (got["sent"], got["unsent"]) == (0, N) and got["answer"].startswith("405"), got
     assert f"evalq: {N} items' scores were not sent to {name} {gate.url}: 405" in capsys.readouterr().err
+
+
+def test_a_night_whose_sink_took_nothing_is_sent_again_once_with_the_same_ids(night, backends, gates, cluster,
+                                                                               sim, tmp_path):
+    """Issue 74, item 2: a night whose export failed (MLflow behind a proxy that answered 405) is sent
+    again once the operator mended it: ``evalq resend JOB``, every score once on its span, the job's own
+    identifiers; a second resend asks the backend nothing."""
+    path, spans = night
+    url, _ = cluster
+    gate = gates["mlflow"]
+    gate.answer = 405
+    try:
+        run_job(job(path, sim, ["ml-gate"], judged=False), tmp_path / "out", broker=url, chunk_size=2,
+                progress=False, stall_timeout=180)
+    finally:
+        gate.answer = None
+    job_id = job_id_of(tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["exports"]["ml-gate"]["sent"] == 0
+    again = evalq("resend", job_id, "--broker", url)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    assert f"job {job_id}: ml-gate (mlflow) has {N} items' scores; 0 not sent" in again.stdout
+    assessments = mlflow_assessments(backends["mlflow"], job_id, [t for t, _ in spans])
+    assert sorted(a["span_id"] for a in assessments) == sorted(s for _, s in spans)  # once each, on its span
+    asked = gate.asked
+    twice = evalq("resend", job_id, "--broker", url, "--json")
+    assert twice.returncode == 0 and json.loads(twice.stdout)["ml-gate"]["entries"]["slow_len@0"]["sent"] == N
+    assert gate.asked == asked and len(mlflow_assessments(backends["mlflow"], job_id, [t for t, _ in spans])) == N
+    unknown = evalq("resend", "nosuchjob", "--broker", url)
+    assert unknown.returncode == 1 and "no such job" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
 def test_sinks_are_the_operators_and_need_spans(night, cluster, sim, tmp_path):

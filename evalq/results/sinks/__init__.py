@@ -14,7 +14,7 @@ from __future__ import annotations
 import redis
 
 from evalq.results.sinks.keeping import Sink, export_items
-from evalq.results.sinks.keeping import export_rest as _rest
+from evalq.results.sinks.keeping import export_rest as _rest, try_again
 from evalq.results.sinks.otlp import sink_for as otlp_sink
 from evalq.shared.job.stored import StoredJob, as_stored
 
@@ -64,6 +64,17 @@ def export_chunk(r: redis.Redis, job_id: str, spec: dict, entry_key: str, entry:
 def export_rest(r: redis.Redis, job_id: str, spec: dict) -> dict[str, dict]:
     """At the job's end: what no chunk could send, sink by sink; what each got (``keeping.export_rest``)."""
     return {sink.name: _rest(r, sink, job_id, spec) for sink in sinks_for(spec)}
+
+
+def resend(r: redis.Redis, job_id: str, spec) -> dict[str, dict]:
+    """An ended job's scores that did not reach a sink, sent again (``evalq resend``): each sink is
+    asked again whatever it answered before, with the same identifiers (an evaluation's id is its job,
+    entry and item); what a sink took before is not sent twice. What each got, as ``export_rest``."""
+    out = {}
+    for sink in sinks_for(spec):
+        try_again(r, job_id, sink)
+        out[sink.name] = _rest(r, sink, job_id, spec)
+    return out
 
 
 def with_exports(summary: list[dict], runs: list, sinks: dict[str, dict]) -> None:

@@ -167,6 +167,13 @@ def cannot(r: redis.Redis, job_id: str, sink: Sink) -> bool:
     return bool(r.hexists(keys.sink(job_id, sink.name), "cannot"))
 
 
+def try_again(r: redis.Redis, job_id: str, sink: Sink) -> None:
+    """Forget that ``sink`` took none of the job's scores, or was away (``evalq resend``: the operator
+    mended it): the next send asks it again. What it took stays marked, so nothing goes twice."""
+    r.hdel(keys.sink(job_id, sink.name), "cannot", "answer")
+    _DOWN.pop(sink.name, None)
+
+
 def export_items(r: redis.Redis, sink: Sink, job_id: str, spec: dict, entry_key: str, entry: dict, kind: str,
                  items: list[tuple[int, dict]], force: bool = False) -> int:
     """Send the evaluations of ``items`` (position, record) the sink has not taken; returns how many
