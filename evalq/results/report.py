@@ -1,11 +1,10 @@
-"""report.html: one self-contained page people look at (no script, no network;
-charts are inline SVG), written beside results.json by every run and by
-``evalq report OUT``; and the HTML of ``evalq compare``.
+"""report.html: one self-contained page people look at (no script, no network; charts are inline
+SVG), written beside results.json by every run and by ``evalq report OUT``; and the HTML of ``evalq
+compare``. Its header says what the night did at a glance (``evalq.results.report_glance``).
 
-It embeds aggregates and the worst items, never the log: the log is streamed
-once through ``ReportBuilder`` (histograms from a seeded reservoir sample of at
-most 20,000 values per field, the worst N items kept in a heap), so a
-million-instance run gives a page of the same size as a small one.
+It embeds aggregates and the worst items, never the log: the log is streamed once through
+``ReportBuilder`` (histograms from a seeded reservoir sample of at most 20,000 values per field, the
+worst N items kept in a heap), so a million-instance run gives a page of the same size as a small one.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from evalq.shared.scores.results import read
 from evalq.shared.data.loglines import entry_index, entry_slot
 from evalq.results.markup import esc
 from evalq.results.report_agents import CSS as AGENT_CSS, trajectory_html, turns_html
+from evalq.results.report_glance import glance, panel_table
 
 RESERVOIR = 20_000
 WORST = 10
@@ -208,6 +208,7 @@ class ReportBuilder:
             meta.append(("dataset", run["dataset"].get("uri")))
         if run.get("generation"):
             meta.append(("model", run["generation"].get("parameters", {}).get("model")))
+        meta += glance(self.summary, run)  # what the night did: exports, learned limits
         parts = [_HEAD, "<h1>evalq report</h1><table class=meta>",
                  "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in meta if v is not None),
                  "</table>", self._overview(), self._spend(), self._slowest()]
@@ -319,6 +320,7 @@ class ReportBuilder:
             jb = score["jailbreak"]
             out.append(f"<p>with the jailbreak: defect rate {_num(jb['defect_rate'])} (delta {jb['delta']:+.4f}, "
                        f"{jb['n']} items)</p>")
+        out.append(panel_table(score))
         if m.get("agreement"):
             out.append("<p>agreement with people: " + ", ".join(f"{k} {_num(v)}" for k, v in m["agreement"].items())
                        + "</p>")
