@@ -340,3 +340,18 @@ def test_the_monitoring_cronjob_scores_yesterdays_traces_with_a_valid_job(overla
     assert len(parse_job(job, source="monitoring", keys_needed=False).instances) == 8
     prefixes = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "evalq-config")
     assert "s3://acme-otel/traces/" in prefixes["data"]["EVALQ_S3_PREFIXES"]
+
+
+def test_production_keeps_its_jobs_in_a_store_every_worker_reaches():
+    """Issue 72: with a job store a night whose Redis is lost is rebuilt from it; production sets one
+    (on S3), every evalq worker reads it from evalq-config and may reach S3 on 443."""
+    docs = render("production")
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "evalq-config"]
+    assert config["data"]["EVALQ_STORE"].startswith("s3://")
+    egress = [d for d in docs if d["kind"] == "NetworkPolicy" and "Egress" in d["spec"]["policyTypes"]]
+    for name, doc in evalq_workers(docs).items():
+        pod = pod_of(doc)
+        assert {"configMapRef": {"name": "evalq-config"}} in pod["spec"]["containers"][0]["envFrom"], name
+        rules = [rule for d in egress if selects(d["spec"]["podSelector"], pod["metadata"]["labels"])
+                 for rule in d["spec"]["egress"]]
+        assert any({"port": 443, "protocol": "TCP"} in rule.get("ports", []) for rule in rules), name
