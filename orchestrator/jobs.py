@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import redis
@@ -13,6 +14,8 @@ from evalq.shared.core.errors import InfraError
 from evalq.shared.cluster.spec import entry_queues, run_items, runs as all_runs
 from evalq.shared.job.stored import load_job
 from evalq.shared.cluster.status import FINAL, Status, status_of
+
+log = logging.getLogger("evalq.jobs")
 
 
 def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
@@ -30,6 +33,14 @@ def cancel_job(r: redis.Redis, broker_url: str, job_id: str) -> str:
     r.set(keys.status(job_id), Status.CANCELLED, keepttl=True)
     app = client_app(broker_url)
     spec = load_job(r, job_id)
+    if spec is not None and spec.place is not None:  # and in the store: a job rebuilt after a loss stays cancelled
+        from evalq.shared.store.ledger import cancel
+        from evalq.shared.store.place import StoreUnavailable
+
+        try:
+            cancel(spec.place)
+        except StoreUnavailable as exc:
+            log.warning("job %s: cancelled in Redis, but the job store did not take it: %s", job_id, exc)
     if spec is not None:  # its chunks still in line are never sent; its window goes to the others
         from evalq.orchestrator import dispatch
 

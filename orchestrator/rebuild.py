@@ -86,7 +86,7 @@ def rebuild(r: redis.Redis, broker_url: str, job_id: str, place) -> str | None:
     not done; a sentence for the log, or None where there was nothing to rebuild (its document
     is gone, it is in Redis again, or it is older than the retention and only its marker was left)."""
     from evalq.orchestrator.app import client_app
-    from evalq.orchestrator.stages import send_stage, stage_complete
+    from evalq.orchestrator.stages import fire_callback, send_stage, stage_complete
     from evalq.shared.store import ledger
 
     doc = ledger.document(place)
@@ -101,19 +101,27 @@ def rebuild(r: redis.Redis, broker_url: str, job_id: str, place) -> str | None:
         return None  # another jobs worker rebuilds it now
     if is_stored(r, job_id):
         return None
+    cancelled = ledger.was_cancelled(place)
     pipe = r.pipeline(transaction=True)
     store_document(pipe, job_id, doc, job.ttl)
-    pipe.set(keys.status(job_id), Status.RUNNING, ex=job.ttl, nx=True)
+    if cancelled:
+        pipe.set(keys.status(job_id), Status.CANCELLED, ex=job.ttl)
+    else:
+        pipe.set(keys.status(job_id), Status.RUNNING, ex=job.ttl, nx=True)
     pipe.zadd(keys.JOBS, {job_id: job.submitted_epoch or time.time()})
     pipe.hset(keys.watch(job_id), REBUILT, repr(time.time()))
     pipe.hincrby(keys.watch(job_id), "rebuilds", 1)
     pipe.expire(keys.watch(job_id), job.ttl)
     pipe.execute()
     chunks, items = reconcile(r, job)
+    app = client_app(broker_url)
+    if cancelled:  # cancelled before the loss: nothing more is scored, its outputs are written
+        fire_callback(app, r, job_id, METRICS_STAGE, force=True)
+        return (f"job {job_id}: Redis had lost it; rebuilt from the job store, cancelled as it was ({chunks} "
+                f"chunks, {items} items done there); its outputs are being written")
     stage = METRICS_STAGE
     if has_model_stage(job) and status_of(r, job_id) not in (Status.GENERATED, *FINAL):
         stage = GENERATE_STAGE  # complete already: its callback summarizes it and sends the metrics
-    app = client_app(broker_url)
     sent = send_stage(app, r, job_id, job, stage, skip_done=True)
     complete = stage_complete(r, job_id, stage)
     return (f"job {job_id}: Redis had lost it; rebuilt from the job store ({chunks} chunks, {items} items done "

@@ -4,7 +4,8 @@ lost it, kept outside Redis.
 At submission, before its first chunk is sent, a job staged in the store gets two more files: its
 stored document (``job.json`` in its folder, as Redis holds it under ``keys.spec``: no secret is
 ever in it) and a marker that it runs (``<store>/_running/<job id>.json``, naming its folder; a
-tenant's name never begins with ``_``). The final callback removes the marker. A chunk is done
+tenant's name never begins with ``_``). The final callback removes the marker; ``evalq cancel`` leaves
+a ``cancelled`` file beside the document, so a job rebuilt after a loss stays cancelled. A chunk is done
 when its record part exists (``evalq.shared.store.records``: written whole before the chunk's Redis
 transaction), and the part's rows are the records it counted: so the store alone says which chunks
 are done and how many items each recorded. ``evalq.orchestrator.rebuild`` reads it back.
@@ -18,6 +19,7 @@ from typing import Iterator
 from evalq.shared.store.place import Place
 
 JOB_DOCUMENT = "job.json"
+CANCELLED = "cancelled"  # in the job's folder once it was cancelled: a rebuilt job stays cancelled
 RUNNING = "_running"  # the folder of running jobs' markers: not a tenant's (no tenant's name begins with _)
 
 
@@ -58,6 +60,15 @@ def running_jobs(root: Place, wanted=None) -> Iterator[tuple[str, Place]]:
             yield str(marker["job_id"]), Place.from_json(marker["place"])
         except (ValueError, KeyError, TypeError):
             continue  # not a marker evalq wrote
+
+
+def cancel(place: Place) -> None:
+    """Say in the job's folder that it was cancelled (``evalq cancel``)."""
+    place.put(CANCELLED, b"cancelled")
+
+
+def was_cancelled(place: Place) -> bool:
+    return place.exists(CANCELLED)
 
 
 def document(place: Place) -> dict | None:

@@ -91,3 +91,28 @@ def test_a_redis_behind_the_store_counts_the_parts_before_resending(private_redi
     assert outcome["sent"] == len(rest)
     assert chunks_in_line(r, job_id) == {c.id for c in rest}
     assert int(r.get(keys.recorded_total(job_id, first.metric_key))) == first.stop - first.start
+
+
+def test_a_job_cancelled_before_the_loss_is_rebuilt_cancelled_and_only_its_outputs_written(private_redis, tmp_path,
+                                                                                          monkeypatch):
+    from evalq.orchestrator.jobs import cancel_job
+    from evalq.orchestrator.rebuild import rebuild_lost
+    from evalq.workers import chunk
+
+    monkeypatch.setenv("EVALQ_GROUP_ENTRIES", "0")
+    r = redis.Redis.from_url(private_redis)
+    store = Place(str(tmp_path / "store"))
+    job = parse_job({"instances": INSTANCES, "metrics": [{"id": "exact_match"}]})
+    job_id = submit.store_job(r, job, submit.job_spec(job, chunk_size=4), store=store)
+    first = next(iter(submit.plan(job, chunk_size=4)))
+    chunk.run_chunk(r, job_id, first.metric_key, first.start, first.stop)
+    assert cancel_job(r, private_redis, job_id) == "cancelled"
+    assert ledger.was_cancelled(load_job(r, job_id).place)
+    r.flushall()
+    monkeypatch.setenv("EVALQ_STORE", store.uri)
+    (action,) = rebuild_lost(r, private_redis)
+    assert "cancelled as it was" in action
+    assert r.get(keys.status(job_id)) == b"cancelled" and chunks_in_line(r, job_id) == set()
+    # its final callback, to write what was recorded: on the control queue
+    sent = [json.loads(raw)["headers"] for raw in r.lrange("evalq.control", 0, -1)]
+    assert [(h["task"], h["argsrepr"]) for h in sent] == [("evalq.finalize", repr((job_id,)))]
