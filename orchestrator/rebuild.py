@@ -109,6 +109,12 @@ def rebuild(r: redis.Redis, broker_url: str, job_id: str, place) -> str | None:
     else:
         pipe.set(keys.status(job_id), Status.RUNNING, ex=job.ttl, nx=True)
     pipe.zadd(keys.JOBS, {job_id: job.submitted_epoch or time.time()})
+    if job.message_id is not None:  # a queue request's: its id is bound to this job again, not to a new one
+        idem = keys.request_binding(job.namespace, job.request_id, job.message_id)
+        pipe.set(idem, job_id, nx=True, ex=job.ttl)
+        pipe.set(f"{idem}:owner", job.message_id, nx=True, ex=job.ttl)
+        if job.request_fingerprint is not None:
+            pipe.set(f"{idem}:fingerprint", job.request_fingerprint, nx=True, ex=job.ttl)
     pipe.hset(keys.watch(job_id), REBUILT, repr(time.time()))
     pipe.hincrby(keys.watch(job_id), "rebuilds", 1)
     pipe.expire(keys.watch(job_id), job.ttl)

@@ -122,8 +122,7 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
         request_id = None  # not an idempotency key: the message id is
     # a request_id (and a message id) is its tenant's: two tenants' "nightly-2026-11-25" are two
     # requests, and one tenant's message can never be taken for another's redelivered
-    scope = f"{tenant}/" if tenant else ""
-    idem = keys.request(f"{scope}{request_id}" if request_id is not None else f"message:{scope}{message_id}")
+    idem = keys.request_binding(tenant, request_id, message_id)
     job_id = submit.new_job_id()
     fingerprint = request_fingerprint(request)
     if not r.eval(_BIND, 3, idem, f"{idem}:owner", f"{idem}:fingerprint", job_id, message_id, ttl, fingerprint):
@@ -157,7 +156,8 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
 
         only_unscored(r, job, job_id, tenant)  # a trace dataset: the spans no earlier run of the suite took
         # namespace: the final callback writes only into this tenant's places
-        spec = _readable(submit.job_spec, job, request.get("chunk_size"), out, request_id, reply_to, tenant, message_id)
+        spec = _readable(submit.job_spec, job, request.get("chunk_size"), out, request_id, reply_to, tenant, message_id,
+                         fingerprint)
     except JobError as exc:
         errors = list(exc.problems)
         _answer_ended(r, job_id, message_id, request_id, reply_to, request.get("out"), Status.INVALID, errors, ttl)

@@ -135,10 +135,11 @@ def outline(job: Job, chunk_size: int | None = None, runs: list[MetricRun] | Non
 
 def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | None = None,
              request_id: str | None = None, reply_to: str | None = None, namespace: str | None = None,
-             message_id: str | None = None) -> dict:
+             message_id: str | None = None, fingerprint: str | None = None) -> dict:
     """The job's stored document (``evalq.shared.job.stored``: read back as a ``StoredJob``), built once:
     ``namespace``, the tenant of the request queue it came through (the final callback writes only into
-    its places); ``message_id``, the queue message that carried it."""
+    its places); ``message_id``, the queue message that carried it, and ``fingerprint`` what it asked
+    (``evalq.orchestrator.service``: the binding of its request id, rebuilt from it after a loss)."""
     ttl = Settings.from_env().result_ttl
     metrics = {}
     for m in job.metrics:
@@ -183,6 +184,8 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
         spec["namespace"] = namespace
     if message_id is not None:
         spec["message_id"] = message_id
+    if fingerprint is not None:
+        spec["request_fingerprint"] = fingerprint
     if job.dataset is not None:
         dataset = {"uri": job.dataset.uri, "format": job.dataset.format, "read_as": job.mapping,
                    "bad_records_skipped": job.bad_records.count}

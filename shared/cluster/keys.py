@@ -222,6 +222,13 @@ def request(request_id: str) -> str:
     return f"{PREFIX}:request:{request_id}"
 
 
+def request_binding(tenant: str | None, request_id, message_id: str | None) -> str:
+    """The key binding a queue request to its job: its tenant's request id, else its message id (a
+    request id is its tenant's: two tenants' "nightly-2026-11-25" are two requests)."""
+    scope = f"{tenant}/" if tenant else ""
+    return request(f"{scope}{request_id}" if request_id is not None else f"message:{scope}{message_id}")
+
+
 # What outlives a job (and an embedded Redis, which saves only these).
 PERSISTENT_PREFIXES = (f"{PREFIX}:judgecache:", f"{PREFIX}:budget:", f"{PREFIX}:dialect:")
 

@@ -189,6 +189,11 @@ class StoredJob(Mapping):
         return self._doc.get("message_id")
 
     @property
+    def request_fingerprint(self) -> str | None:
+        """What its queue request asked, digested (a request id sent again with another job is refused)."""
+        return self._doc.get("request_fingerprint")
+
+    @property
     def log_parameters(self) -> bool:
         """Whether log.jsonl lines carry their entry's parameters."""
         return self._doc.get("log_parameters", True) is not False

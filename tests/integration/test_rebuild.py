@@ -116,3 +116,22 @@ def test_a_job_cancelled_before_the_loss_is_rebuilt_cancelled_and_only_its_outpu
     # its final callback, to write what was recorded: on the control queue
     sent = [json.loads(raw)["headers"] for raw in r.lrange("evalq.control", 0, -1)]
     assert [(h["task"], h["argsrepr"]) for h in sent] == [("evalq.finalize", repr((job_id,)))]
+
+
+def test_a_queue_requests_id_is_bound_to_its_rebuilt_job_again(private_redis, tmp_path, monkeypatch):
+    """A request redelivered after the loss is answered with the job rebuilt, not made a second job: the
+    binding of its tenant's request id (``evalq.orchestrator.service``) comes back with the job."""
+    from evalq.orchestrator.rebuild import rebuild_lost
+
+    r = redis.Redis.from_url(private_redis)
+    store = Place(str(tmp_path / "store"))
+    job = parse_job({"instances": INSTANCES, "metrics": [{"id": "exact_match"}]})
+    doc = submit.job_spec(job, chunk_size=4, request_id="nightly-1", namespace="search", message_id="m-1",
+                          fingerprint="fp-1")
+    job_id = submit.store_job(r, job, doc, store=store)
+    r.flushall()
+    monkeypatch.setenv("EVALQ_STORE", store.uri)
+    rebuild_lost(r, private_redis)
+    idem = keys.request_binding("search", "nightly-1", "m-1")
+    assert idem == keys.request("search/nightly-1")
+    assert (r.get(idem), r.get(f"{idem}:owner"), r.get(f"{idem}:fingerprint")) == (job_id.encode(), b"m-1", b"fp-1")
