@@ -18,6 +18,7 @@ before it (results.json's ``judge`` counts only those made after; docs/how-to/cl
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -50,7 +51,7 @@ def reconcile(r: redis.Redis, job: StoredJob) -> tuple[int, int]:
     """Count in Redis what the store says is done: each run's records per chunk, and every chunk
     whose part (and its companions' parts) exists as finished. Returns (chunks, items) found done.
     A job outside the store has nothing to reconcile."""
-    from evalq.shared.store.ledger import chunk_counts
+    from evalq.shared.store.ledger import chunks_done
 
     place = job.place
     if place is None or job.job_id is None:
@@ -58,7 +59,8 @@ def reconcile(r: redis.Redis, job: StoredJob) -> tuple[int, int]:
     job_id, ttl, chunks, items = job.job_id, job.ttl, 0, 0
     for stage in (GENERATE_STAGE, METRICS_STAGE):
         runs = stage_runs(job, stage)
-        counts = {key: chunk_counts(place, key) for key, _ in runs}
+        parts = {key: chunks_done(place, key) for key, _ in runs}
+        counts = {key: {start: rows for start, (rows, _, _) in found.items()} for key, found in parts.items()}
         done: list[str] = []
         for key, entry in runs:
             if entry.get("led_by"):
@@ -74,6 +76,14 @@ def reconcile(r: redis.Redis, job: StoredJob) -> tuple[int, int]:
                 args = [v for start, n in sorted(found.items()) for v in (start, n)]
                 pipe.eval(_RECOUNT, 2, keys.recorded(job_id, key), keys.recorded_total(job_id, key), ttl, *args)
                 items += sum(found.values())
+        for key, found in parts.items():  # each chunk's aggregate and time, where Redis has none
+            for start, (_, part, seconds) in found.items():
+                if part is not None:
+                    pipe.hsetnx(keys.parts(job_id, key), str(start), json.dumps(part))
+                if seconds is not None:
+                    pipe.hsetnx(keys.timings(job_id, key), str(start), repr(seconds))
+            for name in (keys.parts(job_id, key), keys.timings(job_id, key)):
+                pipe.expire(name, ttl)
         if done:
             pipe.sadd(keys.chunks_done(job_id, stage), *done)
             pipe.expire(keys.chunks_done(job_id, stage), ttl)

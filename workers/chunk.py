@@ -430,7 +430,7 @@ def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: flo
     pipe = ctx.r.pipeline(transaction=True)
     # the records, and the history's values and the report's view (with a job store they ride in the
     # chunk's part, not in Redis: what Redis keeps of a job does not grow with its items)
-    ctx.records.write(pipe, metric_key, start, records, whole, values, view)
+    ctx.records.write(pipe, metric_key, start, records, whole, values, view, part, elapsed)
     if kept:  # the chunk's records are written: what was kept of its items goes
         pipe.hdel(keys.kept(job_id, metric_key), *(str(p) for p in kept))
     if part is not None:  # likewise by chunk

@@ -60,6 +60,7 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     """
     from evalq.orchestrator.parking import waits_for_batches
     from evalq.orchestrator.watch import Timing
+    from evalq.orchestrator.rebuild import REBUILT
     from evalq.shared.job.stored import load_job
 
     outage = outage or Outage(broker_url, stall_timeout or 300)
@@ -68,6 +69,7 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     timing = Timing.from_env()
     last_done, last_change, lost_since = -1, time.monotonic(), None
+    rebuilt = outage.call(r.hget, keys.watch(job_id), REBUILT)  # when it was last rebuilt, if ever
     while True:
         done, status, actions = outage.call(_look, r, broker_url, job_id, spec, timing)
         if not status:  # Redis lost the job: the sweeper rebuilds it from the job store, if it has one
@@ -82,9 +84,11 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
             outage.call(_until_ended, r, job_id, poll)
             last_change = time.monotonic()  # no stall meanwhile
             continue
-        if lost_since is not None:
-            lost_since = None
-            print(f"evalq: job {job_id}: rebuilt from the job store; going on", file=sys.stderr)
+        now_rebuilt = outage.call(r.hget, keys.watch(job_id), REBUILT)
+        if lost_since is not None or now_rebuilt != rebuilt:  # (a rebuild quicker than a look: said all at once)
+            print(f"evalq: job {job_id}: " + ("" if lost_since is not None else "the cluster's Redis lost the job's "
+                  "state; ") + "rebuilt from the job store; going on", file=sys.stderr)
+            lost_since, rebuilt = None, now_rebuilt
         on_progress(done)
         if status in FINAL:
             return status

@@ -78,21 +78,33 @@ def document(place: Place) -> dict | None:
 
 
 def chunk_counts(place: Place, key: str) -> dict[int, int]:
-    """Chunk start -> records, of every chunk of run ``key`` whose part is in the job's folder (each
-    part's rows, from its footer alone)."""
+    """Chunk start -> records, of every chunk of run ``key`` whose part is in the job's folder."""
+    return {start: rows for start, (rows, _, _) in chunks_done(place, key).items()}
+
+
+def chunks_done(place: Place, key: str) -> dict[int, tuple[int, dict | None, float | None]]:
+    """Chunk start -> (records, its aggregate part, its seconds), of every chunk of run ``key`` whose
+    part is in the job's folder: from each part's footer alone (an older part carries no aggregate or
+    time: None)."""
+    import zlib
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from evalq.shared.store.records import part_name
+    from evalq.shared.store.records import PART_KEY, TIME_KEY, part_name
 
     folder = part_name(key, 0).rsplit("/", 1)[0]
-    counts = {}
+    found = {}
     for name in place.names(folder):
         if name.startswith("chunk-") and name.endswith(".parquet"):
             tail = place.tail(f"{folder}/{name}", FOOTER_BYTES)
             if tail is not None:
-                counts[int(name[len("chunk-"):-len(".parquet")])] = pq.read_metadata(pa.BufferReader(tail)).num_rows
-    return counts
+                meta = pq.read_metadata(pa.BufferReader(tail))
+                kept = meta.metadata or {}
+                part = json.loads(zlib.decompress(kept[PART_KEY])) if PART_KEY in kept else None
+                spent = json.loads(zlib.decompress(kept[TIME_KEY])) if TIME_KEY in kept else {}
+                found[int(name[len("chunk-"):-len(".parquet")])] = (meta.num_rows, part, spent.get("seconds"))
+    return found
 
 
 FOOTER_BYTES = 1 << 16  # a record part's footer (its schema and row groups) is a few kB

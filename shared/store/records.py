@@ -67,7 +67,8 @@ class RedisRecords:
         self.job_id = job_id
 
     def write(self, pipe: Any, key: str, start: int, new: dict[int, dict], whole: list[tuple[int, dict]] | None,
-              values: dict | None = None, view: dict | None = None) -> None:
+              values: dict | None = None, view: dict | None = None, part: dict | None = None,
+              elapsed: float | None = None) -> None:
         """Queue on ``pipe`` (the chunk's MULTI transaction) the records this run made (``new``), the
         chunk's ``values`` (what the history store needs of it) and ``view`` (what the report needs),
         and, once the chunk has ended (``whole``: every record it holds), its count."""
@@ -127,7 +128,8 @@ class PartRecords:
                             for key in self.sizes}}
 
     def write(self, pipe: Any, key: str, start: int, new: dict[int, dict], whole: list[tuple[int, dict]] | None,
-              values: dict | None = None, view: dict | None = None) -> None:
+              values: dict | None = None, view: dict | None = None, part: dict | None = None,
+              elapsed: float | None = None) -> None:
         """In this order: the chunk's part (every record it holds, ``whole``, with its ``values`` and
         ``view`` in the part's metadata) is written to the store now, whole; its count is queued on
         ``pipe``, the chunk's transaction, which the caller executes after. So a count never stands
@@ -135,7 +137,11 @@ class PartRecords:
         and replaces its count: nothing is counted twice. ``whole`` None (the chunk has not ended):
         no part, no count; what it has of values and view waits in Redis."""
         if whole:
-            self.place.put(part_name(key, start), _encode(whole, {VALUES_KEY: values, VIEW_KEY: view}))
+            # and its aggregate and time, so that the store alone gives back what Redis held of the chunk
+            # (evalq.orchestrator.rebuild, after Redis lost the job)
+            meta = {VALUES_KEY: values, VIEW_KEY: view, PART_KEY: part,
+                    TIME_KEY: {"seconds": elapsed} if elapsed is not None else None}
+            self.place.put(part_name(key, start), _encode(whole, meta))
         elif whole is None:
             _side_hashes(pipe, self.job_id, key, start, values, view)
         if whole is not None:
@@ -228,6 +234,8 @@ def _read_part(place: Place, key: str, start: int, cached: bool = False) -> dict
 
 VALUES_KEY = b"evalq.values"  # the part's metadata key of the chunk's history values (JSON, zlib'd)
 VIEW_KEY = b"evalq.view"  # and of its report view (JSON, zlib'd)
+PART_KEY = b"evalq.part"  # and of its mergeable aggregate (what keys.parts holds of it)
+TIME_KEY = b"evalq.elapsed"  # and of its time ({"seconds": ...}: what keys.timings holds of it)
 
 
 def _encode(records: Iterable[tuple[int, dict]], meta: dict[bytes, dict | None] | None = None) -> bytes:

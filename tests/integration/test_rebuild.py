@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
 import redis
 
 from evalq.orchestrator import submit
@@ -54,6 +55,10 @@ def test_a_job_redis_lost_is_rebuilt_from_the_store_sending_only_its_undone_chun
         chunk.run_chunk(r, job_id, c.metric_key, c.start, c.stop)
     counted = {key: int(r.get(keys.recorded_total(job_id, key))) for key in stored.metrics}
     assert sum(counted.values()) == sum(c.stop - c.start for c in ran)
+    aggregates = {key: {int(k): json.loads(v) for k, v in r.hgetall(keys.parts(job_id, key)).items()}
+                  for key in stored.metrics}
+    timings = {key: {int(k): float(v) for k, v in r.hgetall(keys.timings(job_id, key)).items()}
+               for key in stored.metrics}
 
     r.flushall()  # Redis restarted without persistence, or a replica promoted empty
     monkeypatch.setenv("EVALQ_STORE", store.uri)
@@ -64,6 +69,12 @@ def test_a_job_redis_lost_is_rebuilt_from_the_store_sending_only_its_undone_chun
     assert r.get(keys.status(job_id)) == b"running" and r.zscore(keys.JOBS, job_id) is not None
     assert {key: int(r.get(keys.recorded_total(job_id, key)) or 0) for key in stored.metrics} == counted
     assert {m.decode() for m in r.smembers(keys.chunks_done(job_id, "metrics"))} == {c.id for c in ran}
+    # each done chunk's aggregate and time as Redis had them: the final callback merges parts, not records
+    assert {key: {int(k): json.loads(v) for k, v in r.hgetall(keys.parts(job_id, key)).items()}
+            for key in stored.metrics} == aggregates
+    for key in stored.metrics:
+        assert {int(k): float(v) for k, v in r.hgetall(keys.timings(job_id, key)).items()} == \
+            pytest.approx(timings[key])
     assert chunks_in_line(r, job_id) == {c.id for c in plan} - {c.id for c in ran}  # exactly those undone
     assert rebuild_lost(r, private_redis) == []  # in Redis again: nothing more to do
 
