@@ -97,7 +97,7 @@ def chunks_done(place: Place, key: str) -> dict[int, tuple[int, dict | None, flo
     found = {}
     for name in place.names(folder):
         if name.startswith("chunk-") and name.endswith(".parquet"):
-            tail = place.tail(f"{folder}/{name}", FOOTER_BYTES)
+            tail = place.get(f"{folder}/{name}", missing_ok=True, last=FOOTER_BYTES)
             if tail is not None:
                 meta = pq.read_metadata(pa.BufferReader(tail))
                 kept = meta.metadata or {}

@@ -110,14 +110,17 @@ class Place:
                 if here.is_symlink():  # made a link between the look and the mkdir
                     raise StoreRefused(f"{here}: a link in a tenant's part of the job store")
 
-    def get(self, name: str, missing_ok: bool = False) -> bytes | None:
-        """``name``'s bytes; with ``missing_ok``, None where nothing was written under it."""
+    def get(self, name: str, missing_ok: bool = False, last: int | None = None) -> bytes | None:
+        """``name``'s bytes (``last``: only its last bytes, all of it where it is shorter: a Parquet
+        file's footer without reading the file); with ``missing_ok``, None where nothing was written
+        under it."""
         target = self.path_of(name)
         if self.is_s3:
             bucket, key = _split(target)
+            ranged = {"Range": f"bytes=-{last}"} if last is not None else {}
             with _s3_errors(target):
                 try:
-                    return self._s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+                    return self._s3().get_object(Bucket=bucket, Key=key, **ranged)["Body"].read()
                 except self._s3().exceptions.NoSuchKey:
                     if missing_ok:
                         return None
@@ -126,36 +129,14 @@ class Place:
             self._folders(Path(target).parent)
             fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
             with os.fdopen(fd, "rb") as f:
+                if last is not None:
+                    f.seek(max(0, os.fstat(f.fileno()).st_size - last))
                 return f.read()
         except StoreRefused:
             raise
         except OSError as exc:
             if missing_ok and isinstance(exc, FileNotFoundError):
                 return None
-            raise StoreUnavailable(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
-
-    def tail(self, name: str, n: int) -> bytes | None:
-        """The last ``n`` bytes of ``name`` (all of it where it is shorter), None where there is none:
-        a Parquet file's footer without reading the file."""
-        target = self.path_of(name)
-        if self.is_s3:
-            bucket, key = _split(target)
-            with _s3_errors(target):
-                try:
-                    return self._s3().get_object(Bucket=bucket, Key=key, Range=f"bytes=-{n}")["Body"].read()
-                except self._s3().exceptions.NoSuchKey:
-                    return None
-        try:
-            self._folders(Path(target).parent)
-            fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-            with os.fdopen(fd, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - n))
-                return f.read()
-        except StoreRefused:
-            raise
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
             raise StoreUnavailable(f"{target}: cannot read from the job store: {exc.strerror or exc}") from None
 
     def exists(self, name: str) -> bool:
