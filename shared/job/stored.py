@@ -39,13 +39,28 @@ def default_retention() -> int:
     return int(Settings.from_env().result_ttl)
 
 
-class StoredJob(Mapping):
-    """One job's stored document, typed. A read-only mapping for the run plan
-    (``evalq.shared.cluster.spec``); everything else asks its properties."""
+class _Document(Mapping):
+    """A read-only mapping over a stored JSON object (``_doc``): what the run plan reads
+    (``evalq.shared.cluster.spec``); everything else asks the subclass's properties."""
+
+    _doc: Mapping
+
+    def __getitem__(self, key: str) -> Any:
+        return self._doc[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._doc)
+
+    def __len__(self) -> int:
+        return len(self._doc)
+
+
+class StoredJob(_Document):
+    """One job's stored document, typed."""
 
     def __init__(self, doc: Mapping | None, job_id: str | None = None):
         self._doc = dict(doc._doc if isinstance(doc, StoredJob) else doc or {})
-        self.job_id = job_id if job_id is not None or not isinstance(doc, StoredJob) else doc.job_id
+        self.job_id = job_id if job_id is not None else getattr(doc, "job_id", None)
 
     # -- the mapping the run plan reads (its runs as ``RunEntry``s)
     def __getitem__(self, key: str) -> Any:
@@ -61,12 +76,6 @@ class StoredJob(Mapping):
         if doc.get(GENERATE) is not None:
             runs[GENERATE] = RunEntry(GENERATE, doc[GENERATE])
         return {k: v for k, v in runs.items() if k in doc}
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._doc)
-
-    def __len__(self) -> int:
-        return len(self._doc)
 
     def __repr__(self) -> str:
         return f"StoredJob({self.job_id!r}, version {self.version})"
@@ -322,22 +331,13 @@ class StoredJob(Mapping):
         return records_of(self.job_id, self.staged, {key: entry["chunk_size"] for key, entry in runs(self)})
 
 
-class RunEntry(Mapping):
+class RunEntry(_Document):
     """One run of a stored job, typed: a metric entry (``<id>@<position>``), the generation stage
     (``generate``) or an entry's variants run (``<key>/variants``). A read-only mapping for the run
     plan (``evalq.shared.cluster.spec``: chunk sizes, queues, regions, companions)."""
 
     def __init__(self, key: str, doc: Mapping):
         self.key, self._doc = key, doc
-
-    def __getitem__(self, name: str) -> Any:
-        return self._doc[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._doc)
-
-    def __len__(self) -> int:
-        return len(self._doc)
 
     def __repr__(self) -> str:
         return f"RunEntry({self.key!r})"
