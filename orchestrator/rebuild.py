@@ -91,15 +91,16 @@ def reconcile(r: redis.Redis, job: StoredJob) -> tuple[int, int]:
     return chunks, items
 
 
-def rebuild(r: redis.Redis, broker_url: str, job_id: str, place) -> str | None:
+def rebuild(r: redis.Redis, broker_url: str, job_id: str, place, digest: str | None = None) -> str | None:
     """Put job ``job_id`` back into Redis from its folder in the store and send again what it had
     not done; a sentence for the log, or None where there was nothing to rebuild (its document
-    is gone, it is in Redis again, or it is older than the retention and only its marker was left)."""
+    is gone, it is in Redis again, or it is older than the retention and only its marker was left).
+    ``digest``: its marker's digest of the document (ValueError where the document was changed)."""
     from evalq.orchestrator.app import client_app
     from evalq.orchestrator.stages import fire_callback, send_stage, stage_complete
     from evalq.shared.store import ledger
 
-    doc = ledger.document(place)
+    doc = ledger.document(place, digest)
     if doc is None:
         return None
     job = StoredJob(doc, job_id)
@@ -154,10 +155,10 @@ def rebuild_lost(r: redis.Redis, broker_url: str) -> list[str]:
         return []
     actions = []
     try:
-        for job_id, place in running_jobs(root, wanted=lambda job_id: not is_stored(r, job_id)):
+        for job_id, place, digest in running_jobs(root, wanted=lambda job_id: not is_stored(r, job_id)):
             try:
-                done = rebuild(r, broker_url, job_id, place)
-            except StoreUnavailable as exc:
+                done = rebuild(r, broker_url, job_id, place, digest)
+            except (StoreUnavailable, ValueError) as exc:  # a store away, or a document changed in a tenant's folder
                 log.error("job %s: not rebuilt from the job store: %s", job_id, exc)
                 continue
             if done:

@@ -31,9 +31,20 @@ def running_place(root: Place) -> Place:
 
 
 def keep(place: Place, running: Place, job_id: str, document: str) -> None:
-    """The job's document in its folder, then its marker: a marker never names a folder without one."""
-    place.put(JOB_DOCUMENT, document.encode("utf-8"))
-    running.put(marker_name(job_id), json.dumps({"job_id": job_id, "place": place.as_json()}).encode("utf-8"))
+    """The job's document in its folder, then its marker: a marker never names a folder without one.
+    The marker, in the operator's part of the store, carries the document's digest: a tenant may write
+    its own folder (a shared mount it reads with DuckDB), and a document changed there is never taken
+    for the job (its namespace, destination and scheduling are the cluster's)."""
+    data = document.encode("utf-8")
+    place.put(JOB_DOCUMENT, data)
+    running.put(marker_name(job_id), json.dumps({"job_id": job_id, "place": place.as_json(),
+                                                 "sha256": _digest(data)}).encode("utf-8"))
+
+
+def _digest(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
 
 
 def marker_name(job_id: str) -> str:
@@ -45,9 +56,9 @@ def ended(running: dict, job_id: str) -> None:
     Place.from_json(running).remove(marker_name(job_id))
 
 
-def running_jobs(root: Place, wanted=None) -> Iterator[tuple[str, Place]]:
-    """(job id, its folder) of every job the store says runs (``wanted``: of those whose id it
-    accepts; a marker is read only then)."""
+def running_jobs(root: Place, wanted=None) -> Iterator[tuple[str, Place, str]]:
+    """(job id, its folder, its document's digest) of every job the store says runs (``wanted``: of
+    those whose id it accepts; a marker is read only then)."""
     running = running_place(root)
     for name in running.names():
         if not name.endswith(".json") or (wanted is not None and not wanted(name[:-len(".json")])):
@@ -57,7 +68,7 @@ def running_jobs(root: Place, wanted=None) -> Iterator[tuple[str, Place]]:
             continue
         try:
             marker = json.loads(raw)
-            yield str(marker["job_id"]), Place.from_json(marker["place"])
+            yield str(marker["job_id"]), Place.from_json(marker["place"]), str(marker["sha256"])
         except (ValueError, KeyError, TypeError):
             continue  # not a marker evalq wrote
 
@@ -71,9 +82,12 @@ def was_cancelled(place: Place) -> bool:
     return place.exists(CANCELLED)
 
 
-def document(place: Place) -> dict | None:
-    """The job's stored document from its folder (None where there is none)."""
+def document(place: Place, digest: str | None = None) -> dict | None:
+    """The job's stored document from its folder (None where there is none); with ``digest`` (its
+    marker's), ValueError where the document is not the one the cluster wrote."""
     raw = place.get(JOB_DOCUMENT, missing_ok=True)
+    if raw is not None and digest is not None and _digest(raw) != digest:
+        raise ValueError(f"{place.path_of(JOB_DOCUMENT)}: not the document the cluster wrote (its digest differs)")
     return json.loads(raw) if raw is not None else None
 
 

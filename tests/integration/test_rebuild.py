@@ -48,7 +48,7 @@ def test_a_job_redis_lost_is_rebuilt_from_the_store_sending_only_its_undone_chun
     job_id = submit.store_job(r, job, submit.job_spec(job, chunk_size=4), store=store)
     stored = load_job(r, job_id)
     assert ledger.document(stored.place) == json.loads(stored.to_json())  # the job itself, beside its parts
-    assert [j for j, _ in ledger.running_jobs(store)] == [job_id]
+    assert [j for j, *_ in ledger.running_jobs(store)] == [job_id]
     plan = [c for c in submit.plan(job, chunk_size=4)]
     ran = plan[:1] + plan[-2:]  # some chunks of each entry done before the loss
     for c in ran:
@@ -146,3 +146,23 @@ def test_a_queue_requests_id_is_bound_to_its_rebuilt_job_again(private_redis, tm
     idem = keys.request_binding("search", "nightly-1", "m-1")
     assert idem == keys.request("search/nightly-1")
     assert (r.get(idem), r.get(f"{idem}:owner"), r.get(f"{idem}:fingerprint")) == (job_id.encode(), b"m-1", b"fp-1")
+
+
+def test_a_document_changed_in_the_tenants_folder_is_not_taken_for_the_job(private_redis, tmp_path, monkeypatch):
+    """A tenant may write its own folder of a shared store: a job.json rewritten there (another tenant's
+    namespace, another destination) does not become the job; the marker's digest says it is not the
+    cluster's."""
+    from evalq.orchestrator.rebuild import rebuild_lost
+
+    r = redis.Redis.from_url(private_redis)
+    store = Place(str(tmp_path / "store"))
+    job = parse_job({"instances": INSTANCES, "metrics": [{"id": "exact_match"}]})
+    job_id = submit.store_job(r, job, submit.job_spec(job, chunk_size=4, namespace="ads"), store=store)
+    place = load_job(r, job_id).place
+    forged = {**ledger.document(place), "namespace": "search", "out": "/tmp/search-only"}
+    place.put(ledger.JOB_DOCUMENT, json.dumps(forged).encode())
+    r.flushall()
+    monkeypatch.setenv("EVALQ_STORE", store.uri)
+    assert rebuild_lost(r, private_redis) == [] and load_job(r, job_id) is None
+    with pytest.raises(ValueError, match="not the document the cluster wrote"):
+        ledger.document(place, next(digest for j, _, digest in ledger.running_jobs(store) if j == job_id))
