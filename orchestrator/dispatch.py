@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import redis
 
 from evalq.orchestrator import holding, pricing
-from evalq.shared.cluster import keys, leases
+from evalq.shared.cluster import journal, keys, leases
 from evalq.shared.cluster.scheduling import PRIORITIES, Tenants, Window
 from evalq.shared.cluster.spec import entry_queues, plan
 from evalq.shared.job.stored import StoredJob, as_stored, stored_job
@@ -80,6 +80,9 @@ def enqueue(r: redis.Redis, job_id: str, spec: StoredJob | dict, stage: str,
             pipe.expire(keys.pending(job_id, q), spec.ttl)
         pipe.hset(pkey, f"{stage}:sent", max(position, int(r.hget(pkey, f"{stage}:sent") or 0)))
         pipe.execute()
+        if journal.on():
+            for c in batch:
+                journal.note("enqueue", job_id, journal.chunk_id(c.metric_key, c.start), queue=c.queue)
         queues.update(c.queue for c in batch)
         batch.clear()
 

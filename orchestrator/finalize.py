@@ -82,7 +82,7 @@ def _unmark(spec: StoredJob, job_id: str) -> None:
         from evalq.shared.store.place import StoreUnavailable
 
         try:
-            ended(spec.running, job_id)
+            ended(spec.running, job_id, spec.binding)
         except StoreUnavailable as exc:  # the job's end stands; a later rebuild finds every chunk done
             log.error("job %s: its marker in the job store could not be removed: %s", job_id, exc)
 

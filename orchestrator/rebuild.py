@@ -47,6 +47,26 @@ return total
 """
 
 
+# KEYS: an entry's accounting hash; ARGV: ttl, then field, value pairs: each field no lower than the parts
+# say (the calls of chunks in flight at the loss may have counted a little there since)
+_ACCOUNT = """
+for i = 2, #ARGV, 2 do
+  if tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0') < tonumber(ARGV[i + 1]) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+"""
+# KEYS: a spend counter; ARGV: what the store says was spent, the counter's ttl (0: none)
+_AT_LEAST = """
+local now = tonumber(redis.call('GET', KEYS[1]) or '0')
+if now < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
+  if redis.call('TTL', KEYS[1]) < 0 and tonumber(ARGV[2]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+end
+"""
+
+
 def reconcile(r: redis.Redis, job: StoredJob) -> tuple[int, int]:
     """Count in Redis what the store says is done: each run's records per chunk, and every chunk
     whose part (and its companions' parts) exists as finished. Returns (chunks, items) found done.
@@ -57,10 +77,11 @@ def reconcile(r: redis.Redis, job: StoredJob) -> tuple[int, int]:
     if place is None or job.job_id is None:
         return 0, 0
     job_id, ttl, chunks, items = job.job_id, job.ttl, 0, 0
+    spent: dict[str, int] = {}
     for stage in (GENERATE_STAGE, METRICS_STAGE):
         runs = stage_runs(job, stage)
         parts = {key: chunks_done(place, key) for key, _ in runs}
-        counts = {key: {start: rows for start, (rows, _, _) in found.items()} for key, found in parts.items()}
+        counts = {key: {start: done.rows for start, done in found.items()} for key, found in parts.items()}
         done: list[str] = []
         for key, entry in runs:
             if entry.get("led_by"):
@@ -77,18 +98,42 @@ def reconcile(r: redis.Redis, job: StoredJob) -> tuple[int, int]:
                 pipe.eval(_RECOUNT, 2, keys.recorded(job_id, key), keys.recorded_total(job_id, key), ttl, *args)
                 items += sum(found.values())
         for key, found in parts.items():  # each chunk's aggregate and time, where Redis has none
-            for start, (_, part, seconds) in found.items():
-                if part is not None:
-                    pipe.hsetnx(keys.parts(job_id, key), str(start), json.dumps(part))
-                if seconds is not None:
-                    pipe.hsetnx(keys.timings(job_id, key), str(start), repr(seconds))
+            for start, done in found.items():
+                if done.part is not None:
+                    pipe.hsetnx(keys.parts(job_id, key), str(start), json.dumps(done.part))
+                if done.seconds is not None:
+                    pipe.hsetnx(keys.timings(job_id, key), str(start), repr(done.seconds))
             for name in (keys.parts(job_id, key), keys.timings(job_id, key)):
                 pipe.expire(name, ttl)
+            accounted = _summed(done.counts for done in found.values())
+            if accounted:  # the entry's accounting (results.json's judge counts), where Redis lost it
+                pipe.eval(_ACCOUNT, 1, keys.accounting(job_id, key), ttl, *[v for kv in accounted.items() for v in kv])
+                spent["cost_nano"] = spent.get("cost_nano", 0) + accounted.get("cost_nano", 0)
+                spent["reserved_tokens"] = spent.get("reserved_tokens", 0) + accounted.get("reserved_tokens", 0)
         if done:
             pipe.sadd(keys.chunks_done(job_id, stage), *done)
             pipe.expire(keys.chunks_done(job_id, stage), ttl)
         pipe.execute()
+    # the job's own caps count from what its landed calls spent, never from nothing
+    for counter, amount in ((keys.job_cost(job_id), spent.get("cost_nano")),
+                            (keys.job_tokens(job_id), spent.get("reserved_tokens"))):
+        if amount:
+            at_least(r, counter, amount, ttl)
     return chunks, items
+
+
+def at_least(r: redis.Redis, counter: str, amount: int, ttl: int) -> None:
+    """A spend counter no lower than ``amount`` (what the store says was spent): a Redis that lost it
+    starts from there, one that has more keeps it."""
+    r.eval(_AT_LEAST, 1, counter, int(amount), int(ttl))
+
+
+def _summed(counted) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for counts in counted:
+        for name, value in (counts or {}).items():
+            total[name] = total.get(name, 0) + int(value)
+    return total
 
 
 def rebuild(r: redis.Redis, broker_url: str, job_id: str, place, digest: str | None = None) -> str | None:
@@ -106,7 +151,7 @@ def rebuild(r: redis.Redis, broker_url: str, job_id: str, place, digest: str | N
     job = StoredJob(doc, job_id)
     if job.submitted_epoch is not None and time.time() - job.submitted_epoch > job.ttl:
         if job.running:  # its keys would have expired by now: a marker its end failed to remove
-            ledger.ended(job.running, job_id)
+            ledger.ended(job.running, job_id, job.binding)
         return None
     if not r.set(keys.rebuild_lock(job_id), "1", nx=True, ex=LOCK_SECONDS):
         return None  # another jobs worker rebuilds it now
@@ -120,12 +165,8 @@ def rebuild(r: redis.Redis, broker_url: str, job_id: str, place, digest: str | N
     else:
         pipe.set(keys.status(job_id), Status.RUNNING, ex=job.ttl, nx=True)
     pipe.zadd(keys.JOBS, {job_id: job.submitted_epoch or time.time()})
-    if job.message_id is not None:  # a queue request's: its id is bound to this job again, not to a new one
-        idem = keys.request_binding(job.namespace, job.request_id, job.message_id)
-        pipe.set(idem, job_id, nx=True, ex=job.ttl)
-        pipe.set(f"{idem}:owner", job.message_id, nx=True, ex=job.ttl)
-        if job.request_fingerprint is not None:
-            pipe.set(f"{idem}:fingerprint", job.request_fingerprint, nx=True, ex=job.ttl)
+    if job.binding is not None:  # a queue request's: its id is bound to this job again, not to a new one
+        bind(pipe, job, nx=True)
     pipe.hset(keys.watch(job_id), REBUILT, repr(time.time()))
     pipe.hincrby(keys.watch(job_id), "rebuilds", 1)
     pipe.expire(keys.watch(job_id), job.ttl)
@@ -143,6 +184,45 @@ def rebuild(r: redis.Redis, broker_url: str, job_id: str, place, digest: str | N
     complete = stage_complete(r, job_id, stage)
     return (f"job {job_id}: Redis had lost it; rebuilt from the job store ({chunks} chunks, {items} items done "
             f"there; {sent} chunks sent again{'; its stage is complete' if complete else ''})")
+
+
+def bind(pipe, job: StoredJob, nx: bool) -> None:
+    """Bind the job's queue request to it (``nx``: unless the request is bound already)."""
+    pipe.set(job.binding, job.job_id, nx=nx, ex=job.ttl)
+    pipe.set(f"{job.binding}:owner", job.message_id, nx=nx, ex=job.ttl)
+    if job.request_fingerprint is not None:
+        pipe.set(f"{job.binding}:fingerprint", job.request_fingerprint, nx=nx, ex=job.ttl)
+
+
+def rebound(r: redis.Redis, broker_url: str, binding: str) -> StoredJob | None:
+    """The running job the store says a queue request made, where Redis has lost it (its request was
+    redelivered, or sent again, between the loss and the sweeper's rebuild): bound to the request
+    again and rebuilt now, so the request never makes a second job. None where the store knows no
+    running job of the request (``EVALQ_STORE`` unset: none)."""
+    from evalq.shared.store.ledger import document, requested
+    from evalq.shared.store.place import StoreUnavailable, store_root
+
+    root = store_root()
+    if root is None:
+        return None
+    try:
+        found = requested(root, binding)
+        if found is None:
+            return None
+        job_id, place, digest = found
+        doc = document(place, digest)
+    except (StoreUnavailable, ValueError) as exc:
+        log.error("request %s: its job in the job store could not be read: %s", binding, exc)
+        return None
+    if doc is None:
+        return None
+    job = StoredJob(doc, job_id)
+    pipe = r.pipeline(transaction=True)
+    bind(pipe, job, nx=False)  # over the fresh job id the request was just given
+    pipe.execute()
+    done = rebuild(r, broker_url, job_id, place, digest)  # None: another jobs worker rebuilds it now
+    log.warning("request %s: %s", binding, done or f"job {job_id} is being rebuilt from the job store")
+    return job
 
 
 def rebuild_lost(r: redis.Redis, broker_url: str) -> list[str]:

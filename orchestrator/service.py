@@ -125,7 +125,14 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
     idem = keys.request_binding(tenant, request_id, message_id)
     job_id = submit.new_job_id()
     fingerprint = request_fingerprint(request)
-    if not r.eval(_BIND, 3, idem, f"{idem}:owner", f"{idem}:fingerprint", job_id, message_id, ttl, fingerprint):
+    fresh = r.eval(_BIND, 3, idem, f"{idem}:owner", f"{idem}:fingerprint", job_id, message_id, ttl, fingerprint)
+    if fresh:  # unknown to Redis: a job store may know it (Redis lost the job, not yet rebuilt)
+        from evalq.orchestrator.rebuild import rebound
+
+        earlier = rebound(r, broker_url, idem)
+        if earlier is not None:
+            return _answer_rebound(r, earlier, idem, message_id, fingerprint, ttl, {**request, "reply_to": reply_to})
+    else:
         job_id = r.get(idem).decode()
         owner = r.get(f"{idem}:owner")
         bound = r.get(f"{idem}:fingerprint")
@@ -176,6 +183,17 @@ def handle_request(app, r: redis.Redis, message_id: str, broker_url: str, queue:
     submit.start(r, broker_url, job_id, spec)
     log.info("job %s: submitted (%d instances, %d metric entries)", job_id, len(job.instances), len(job.metrics))
     return {"job_id": job_id, "status": Status.RUNNING}
+
+
+def _answer_rebound(r: redis.Redis, job, idem: str, message_id: str, fingerprint: str, ttl: int,
+                    request: dict) -> dict:
+    """A request whose job the store knew (rebuilt just now): the same message is the job's own,
+    another with its request id a duplicate (or a conflict), as if Redis had never lost it."""
+    if job.message_id != message_id:
+        if job.request_fingerprint is not None and job.request_fingerprint != fingerprint:
+            return _answer_conflict(r, idem, message_id, request.get("request_id"), request.get("reply_to"), ttl)
+        return _answer_duplicate(r, job.job_id, message_id, request)
+    return {"job_id": job.job_id, "status": (r.get(keys.status(job.job_id)) or b"").decode() or Status.RUNNING}
 
 
 def _answer_ended(r: redis.Redis, job_id: str, message_id: str, request_id, reply_to: str | None, out,

@@ -261,9 +261,9 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
             # and the job itself, so that a cluster whose Redis lost it rebuilds it (evalq.shared.store.ledger)
             running = ledger.running_place(root)
             spec["running"] = running.as_json()
-            ledger.keep(place, running, job_id, StoredJob(spec).to_json())
+            ledger.keep(place, running, job_id, StoredJob(spec).to_json(), stored.binding)
         except Exception:
-            _unstage(place, running, job_id)  # nothing half-staged is left behind
+            _unstage(place, running, job_id, stored.binding)  # nothing half-staged is left behind
             raise
     try:
         if r.exists(keys.instances(job_id)):
@@ -285,7 +285,7 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
         pipe.execute()
     except redis.RedisError as exc:
         delete_job(r, job_id, [m.key for m in job.runs])
-        _unstage(place, running, job_id)
+        _unstage(place, running, job_id, stored.binding)
         if "maxmemory" in str(exc) and root is None:
             raise InfraError(f"storing job {job_id} failed: Redis is full (its maxmemory) with the job's instances; "
                              f"a job store (EVALQ_STORE) keeps them out of Redis") from None
@@ -293,16 +293,16 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
     return job_id
 
 
-def _unstage(place: Place | None, running: Place | None, job_id: str) -> None:
-    """Remove what a submission that failed staged in the store: its marker first, then its folder."""
+def _unstage(place: Place | None, running: Place | None, job_id: str, binding: str | None = None) -> None:
+    """Remove what a submission that failed staged in the store: its markers first, then its folder."""
     import contextlib
 
-    from evalq.shared.store.ledger import marker_name
+    from evalq.shared.store.ledger import ended
     from evalq.shared.store.place import StoreUnavailable
 
     with contextlib.suppress(StoreUnavailable):
         if running is not None:
-            running.remove(marker_name(job_id))
+            ended(running.as_json(), job_id, binding)
         if place is not None:
             place.delete()
 

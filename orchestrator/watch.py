@@ -200,7 +200,9 @@ def sweep(r: redis.Redis, broker_url: str, timing: Timing, now: float | None = N
     from the job store those Redis has lost (``evalq.orchestrator.rebuild``)."""
     from evalq.orchestrator.rebuild import rebuild_lost
 
-    rebuilt = rebuild_lost(r, broker_url)
+    from evalq.orchestrator.spend import keep_spend
+
+    rebuilt = rebuild_lost(r, broker_url) + keep_spend(r)
     now = server_time(r) if now is None else now
     ids = [j.decode() for j in r.zrangebyscore(keys.JOBS, now - Settings.from_env().result_ttl, "+inf")]
     pipe = r.pipeline(transaction=False)

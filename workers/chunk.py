@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from evalq.shared.cluster import keys, telemetry
+from evalq.shared.cluster import journal, keys, telemetry
 from evalq.shared.scores.aggregate import chunk_part
 from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
 from evalq.workers.judge.panel import Panel
@@ -265,7 +265,9 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     keeper = judge = None
     if spec.calls_endpoint:
         keeper = keeping.ItemKeeper(r, job_id, metric_key, positions,
-                                    {p: k["replies"] for p, k in kept.items() if "replies" in k}, ctx.ttl)
+                                    {p: k["replies"] for p, k in kept.items() if "replies" in k}, ctx.ttl,
+                                    chunk=journal.chunk_id(metric_key, start),
+                                    accounts={p: k["acct"] for p, k in kept.items() if "acct" in k})
         judge = endpoint_client(ctx, deployment, keeper)
         if ctx.variants_run:  # the model asked through the job's prompt template
             from evalq.shared.model.runners import PromptedModel
@@ -282,7 +284,11 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
             keeper.flush()  # the counters of an item cut short
     elapsed = time.perf_counter() - t0
     new = {p: k["record"] for p, k in kept.items() if "record" in k} | dict(zip(positions, records))
-    _record_chunk(ctx, start, stop, new, elapsed, queue, kept=range(start, stop) if spec.calls_endpoint else range(0))
+    acct = None
+    if keeper is not None:  # what its calls counted rides in its part (an earlier landing's with it)
+        acct = ctx.records.accounting(metric_key, start, keeper.chunk_accounting(kept), bool(recorded))
+    _record_chunk(ctx, start, stop, new, elapsed, queue, kept=range(start, stop) if spec.calls_endpoint else range(0),
+                  acct=acct)
     # A small, deterministic summary: a redelivered run returns the very same one.
     return {"metric": metric_key, "start": start, "n": stop - start}
 
@@ -329,7 +335,7 @@ def _read_ahead(ctx: ChunkContext, start: int, stop: int, queue: str | None, pos
 
 
 def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict], elapsed: float,
-                  queue: str | None, kept: range = range(0)) -> None:
+                  queue: str | None, kept: range = range(0), acct: dict | None = None) -> None:
     """Write what the chunk made of an entry: its new records, its aggregate part, and what
     report.html and the history store read of it; then send its scores to the job's sinks
     (``evalq.results.sinks``: OpenTelemetry evaluation events, Phoenix span annotations, MLflow
@@ -347,7 +353,7 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
         readings = [read(spec.aggregation, dumped, record) for _, record in items]  # each record read once
         view = chunk_view(items, readings, ctx.span, start)
         values = chunk_values(items, readings)
-    _write(ctx, start, new, elapsed, part, view, values, kept=kept, whole=items)
+    _write(ctx, start, new, elapsed, part, view, values, kept=kept, whole=items, acct=acct)
     # every record in ``new`` was recorded just now (one kept by a deferred run of the
     # chunk was never written there), so each item counts once, as results.json counts it
     telemetry.items_recorded(spec.id, queue, new.values())
@@ -423,14 +429,14 @@ def _chunk_records(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict
 
 def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: float, part: dict | None = None,
            view: dict | None = None, values: dict | None = None, kept: range = range(0),
-           whole: list[tuple[int, dict]] | None = None) -> None:
+           whole: list[tuple[int, dict]] | None = None, acct: dict | None = None) -> None:
     """``records``: those this run made; ``whole``: every record of the chunk, once it has ended
     (``evalq.shared.store.records`` writes them to ``res:{M}`` or as the chunk's part)."""
     job_id, metric_key = ctx.job_id, ctx.key
     pipe = ctx.r.pipeline(transaction=True)
     # the records, and the history's values and the report's view (with a job store they ride in the
     # chunk's part, not in Redis: what Redis keeps of a job does not grow with its items)
-    ctx.records.write(pipe, metric_key, start, records, whole, values, view, part, elapsed)
+    ctx.records.write(pipe, metric_key, start, records, whole, values, view, part, elapsed, acct)
     if kept:  # the chunk's records are written: what was kept of its items goes
         pipe.hdel(keys.kept(job_id, metric_key), *(str(p) for p in kept))
     if part is not None:  # likewise by chunk

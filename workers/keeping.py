@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 import redis
 
-from evalq.shared.cluster import keys
+from evalq.shared.cluster import journal, keys
 
 log = logging.getLogger("evalq.worker")
 
@@ -180,11 +180,17 @@ class ItemKeeper:
     """
 
     def __init__(self, r: redis.Redis, job_id: str, metric_key: str, positions: list[int],
-                 replies: dict[int, dict[str, str]], ttl: int, write_behind: WriteBehind | None = None):
+                 replies: dict[int, dict[str, str]], ttl: int, write_behind: WriteBehind | None = None,
+                 chunk: str = "", accounts: dict[int, dict[str, int]] | None = None):
         self.r = r
+        self.job_id, self.chunk, self.run = job_id, chunk, journal.current()  # for the cluster's journal
         self.write_behind = write_behind or WRITE_BEHIND
         self.key = keys.kept(job_id, metric_key)
         self.expiring = [self.key, keys.accounting(job_id, metric_key)]
+        # what each item's calls counted on the entry's accounting (an earlier run's too: ``accounts``),
+        # kept with the item and summed into the chunk's part (what a rebuild counts again)
+        self.earlier_accounts = accounts or {}
+        self.accounts: dict[int | None, dict[str, int]] = {}
         self.positions = positions
         self.earlier = replies  # position -> {sha: reply} an earlier run kept
         self.ttl = ttl
@@ -197,6 +203,8 @@ class ItemKeeper:
     def begin(self, index: int) -> None:
         self.position = self.positions[index]
         self.replies = dict(self.earlier.get(self.position, {}))
+        if self.position in self.earlier_accounts:
+            self.accounts[self.position] = dict(self.earlier_accounts[self.position])
         self.unkept = False
 
     def reply(self, digest: str) -> str | None:
@@ -212,30 +220,55 @@ class ItemKeeper:
 
     def before_call(self) -> None:
         """The item's answered calls are kept before it pays for another."""
+        journal.note("call", self.job_id, self.chunk, item=self.position, run=self.run)
         with self._lock:
             if self.unkept:
-                self._keep({"replies": self.replies})
+                self._keep({"replies": self.replies, **self._counted()})
                 self.flush()
 
     def add(self, ops: list[Op]) -> None:
         with self._lock:
             self.ops += ops
+            self._account(ops)
 
     def done(self, record: dict) -> None:
         if self.position is None:
             return
-        self._keep({"record": record})
+        self._keep({"record": record, **self._counted()})
         self.flush()
         self.position = None
 
     def flush(self, *ops: Op) -> bool:
         """Write what waits (and ``ops``) in one round trip, or have it held; True when written now."""
         with self._lock:
+            self._account(ops)
             batch, self.ops = self.ops + list(ops), []
         if not batch:
             return True
         batch += [("expire", (key, self.ttl)) for key in self.expiring]
         return self.write_behind.write(self.r, batch)
+
+    def chunk_accounting(self, kept: dict[int, dict]) -> dict[str, int]:
+        """What every call of the chunk's items counted, this run's and earlier runs' (``kept``: what
+        they kept, ``earlier``'s), summed: the chunk's part carries it."""
+        total: dict[str, int] = {}
+        counted = [k["acct"] for k in kept.values() if "record" in k and isinstance(k.get("acct"), dict)]
+        with self._lock:
+            counted += list(self.accounts.values())
+        for counts in counted:
+            for name, value in counts.items():
+                total[name] = total.get(name, 0) + int(value)
+        return total
+
+    def _account(self, ops: Iterable[Op]) -> None:
+        for name, args in ops:
+            if name == "hincrby" and args[0] == self.expiring[1]:
+                mine = self.accounts.setdefault(self.position, {})
+                mine[args[1]] = mine.get(args[1], 0) + int(args[2])
+
+    def _counted(self) -> dict:
+        counts = self.accounts.get(self.position)
+        return {"acct": dict(counts)} if counts else {}
 
     def _keep(self, value: dict) -> None:
         self.ops.append(("hset", (self.key, str(self.position), json.dumps(value, ensure_ascii=False))))

@@ -13,7 +13,7 @@ from evalq.orchestrator import holding
 from evalq.orchestrator.parking import park
 from evalq.orchestrator.stages import chunk_finished, slot_freed
 from evalq.shared.core.errors import Deferred
-from evalq.shared.cluster import telemetry
+from evalq.shared.cluster import journal, telemetry
 from evalq.shared.cluster.spec import is_model_run
 from evalq.shared.cluster.status import Status, status_of
 from evalq.workers import chunk, cores, keeping, prefetch, preload
@@ -40,6 +40,8 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         log.info("job %s %s[%d:%d] dropped: the job is cancelled or gone", job_id, metric_key, start, stop)
         slot_freed(self.app, r, queue)
         return {"metric": metric_key, "start": start, "n": 0, "dropped": True}
+    journal.begin(job_id, journal.chunk_id(metric_key, start), n=stop - start, task=self.request.id,
+                  worker=self.request.hostname)
     try:
         with cores.scoring():
             out = chunk.run_chunk(r, job_id, metric_key, start, stop, deployment, queue=queue)
@@ -83,6 +85,7 @@ def score_chunk(self, job_id: str, metric_key: str, start: int, stop: int,
         chunk_finished(self.app, r, job_id, metric_key, start, queue)
         raise
     chunk_finished(self.app, r, job_id, metric_key, start, queue)
+    journal.note("done", job_id, journal.chunk_id(metric_key, start))
     return out
 
 

@@ -18,14 +18,35 @@ BROKER_SCHEMES = ("redis://", "rediss://", "sentinel://")
 def _broker_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A broker that is not a Redis URL (``http://...``, a host without a scheme) is one line and
     exit 1, as every other unreachable broker, not redis-py's traceback at the first connection."""
-    if value is not None and not value.lower().startswith(BROKER_SCHEMES):
+    if value is None:
+        return value
+    wrong = None
+    if not value.lower().startswith(BROKER_SCHEMES):
+        wrong = f"expected one starting with {', '.join(BROKER_SCHEMES[:-1])} or {BROKER_SCHEMES[-1]}"
+    else:
+        wrong = _bad_port(value)
+    if wrong:
         from evalq.shared.core.config import safe_url
 
         from_env = ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
         source = "EVALQ_BROKER_URL" if from_env else "--broker"
-        raise InfraError(f"{source} {safe_url(value)!r} is not a Redis URL: expected one starting with "
-                         f"{', '.join(BROKER_SCHEMES[:-1])} or {BROKER_SCHEMES[-1]}")
+        raise InfraError(f"{source} {safe_url(value)!r} is not a Redis URL: {wrong}")
     return value
+
+
+def _bad_port(url: str) -> str | None:
+    """What is wrong with a port of the URL (each ``;``-separated host of a sentinel URL), or None."""
+    from urllib.parse import urlsplit
+
+    for part in url.split(";"):
+        try:
+            port = urlsplit(part.strip()).port
+        except ValueError:
+            port = -1
+        if port == -1 or port == 0:
+            host = part.split("://", 1)[-1].rsplit("@", 1)[-1].split("/", 1)[0]
+            return f"the port of {host!r} is not a number from 1 to 65535"
+    return None
 
 
 def _broker_option(help_text: str):

@@ -238,6 +238,9 @@ def tenant_spend(tenant: str, kind: str, day: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:{kind}:{day}"
 
 
+TENANT_SPEND_TTL = 3 * 86400  # seconds a tenant's counter of a day lives
+
+
 def dialect(dep_id: str) -> str:
     """How a deployment is asked for structured output (``evalq.workers.judge.dialects``)."""
     return f"{PREFIX}:dialect:{dep_id}"

@@ -203,6 +203,11 @@ class StoredJob(_Document):
         return self._doc.get("request_fingerprint")
 
     @property
+    def binding(self) -> str | None:
+        """The key binding its queue request to it (None for a job submitted otherwise)."""
+        return keys.request_binding(self.namespace, self.request_id, self.message_id) if self.message_id else None
+
+    @property
     def log_parameters(self) -> bool:
         """Whether log.jsonl lines carry their entry's parameters."""
         return self._doc.get("log_parameters", True) is not False

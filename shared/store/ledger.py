@@ -14,13 +14,14 @@ are done and how many items each recorded. ``evalq.orchestrator.rebuild`` reads 
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from evalq.shared.store.place import Place
 
 JOB_DOCUMENT = "job.json"
 CANCELLED = "cancelled"  # in the job's folder once it was cancelled: a rebuilt job stays cancelled
 RUNNING = "_running"  # the folder of running jobs' markers: not a tenant's (no tenant's name begins with _)
+REQUESTS = "requests"  # in it: the markers of queue requests whose jobs run (by their binding's digest)
 
 
 def running_place(root: Place) -> Place:
@@ -30,15 +31,37 @@ def running_place(root: Place) -> Place:
     return Place(tenant_place(root.uri, RUNNING), root.endpoint_url)
 
 
-def keep(place: Place, running: Place, job_id: str, document: str) -> None:
+def keep(place: Place, running: Place, job_id: str, document: str, binding: str | None = None) -> None:
     """The job's document in its folder, then its marker: a marker never names a folder without one.
     The marker, in the operator's part of the store, carries the document's digest: a tenant may write
     its own folder (a shared mount it reads with DuckDB), and a document changed there is never taken
-    for the job (its namespace, destination and scheduling are the cluster's)."""
+    for the job (its namespace, destination and scheduling are the cluster's). A queue request's job
+    (``binding``: its request's key, ``keys.request_binding``) is found by it too (``requested``)."""
     data = document.encode("utf-8")
     place.put(JOB_DOCUMENT, data)
-    running.put(marker_name(job_id), json.dumps({"job_id": job_id, "place": place.as_json(),
-                                                 "sha256": _digest(data)}).encode("utf-8"))
+    marker = json.dumps({"job_id": job_id, "place": place.as_json(), "sha256": _digest(data)}).encode("utf-8")
+    if binding is not None:
+        running.put(request_name(binding), marker)
+    running.put(marker_name(job_id), marker)
+
+
+def request_name(binding: str) -> str:
+    """Where a request's marker is, beside the running jobs' (not among them: ``running_jobs`` reads
+    only the folder's own files)."""
+    return f"{REQUESTS}/{_digest(binding.encode('utf-8'))}.json"
+
+
+def requested(root: Place, binding: str) -> tuple[str, Place, str] | None:
+    """(job id, its folder, its document's digest) of the running job a queue request made, or None
+    (no store marker for it, or its job has ended)."""
+    running = running_place(root)
+    raw = running.get(request_name(binding), missing_ok=True)
+    try:
+        marker = json.loads(raw) if raw is not None else None
+        found = (str(marker["job_id"]), Place.from_json(marker["place"]), str(marker["sha256"])) if marker else None
+    except (ValueError, KeyError, TypeError):
+        return None  # not a marker evalq wrote
+    return found if found is not None and running.exists(marker_name(found[0])) else None
 
 
 def _digest(data: bytes) -> str:
@@ -51,9 +74,13 @@ def marker_name(job_id: str) -> str:
     return f"{job_id}.json"
 
 
-def ended(running: dict, job_id: str) -> None:
-    """The job ended: its marker goes (``running``: where the markers are, as the job's document says)."""
-    Place.from_json(running).remove(marker_name(job_id))
+def ended(running: dict, job_id: str, binding: str | None = None) -> None:
+    """The job ended: its marker goes, and its request's (``running``: where the markers are, as the
+    job's document says)."""
+    place = Place.from_json(running)
+    place.remove(marker_name(job_id))
+    if binding is not None:
+        place.remove(request_name(binding))
 
 
 def running_jobs(root: Place, wanted=None) -> Iterator[tuple[str, Place, str]]:
@@ -93,19 +120,30 @@ def document(place: Place, digest: str | None = None) -> dict | None:
 
 def chunk_counts(place: Place, key: str) -> dict[int, int]:
     """Chunk start -> records, of every chunk of run ``key`` whose part is in the job's folder."""
-    return {start: rows for start, (rows, _, _) in chunks_done(place, key).items()}
+    return {start: done.rows for start, done in chunks_done(place, key).items()}
 
 
-def chunks_done(place: Place, key: str) -> dict[int, tuple[int, dict | None, float | None]]:
-    """Chunk start -> (records, its aggregate part, its seconds), of every chunk of run ``key`` whose
-    part is in the job's folder: from each part's footer alone (an older part carries no aggregate or
-    time: None)."""
+class Done(NamedTuple):
+    """What a chunk's part says of it (an older part carries no aggregate, time or accounting: None)."""
+
+    rows: int  # the records it counted
+    part: dict | None  # its mergeable aggregate (keys.parts)
+    seconds: float | None  # its time (keys.timings)
+    counts: dict[str, int] | None  # what its calls added to its entry's accounting (keys.accounting)
+
+
+def chunks_done(place: Place, key: str) -> dict[int, Done]:
+    """Chunk start -> what its part says, of every chunk of run ``key`` whose part is in the job's
+    folder: from each part's footer alone."""
     import zlib
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from evalq.shared.store.records import PART_KEY, TIME_KEY, part_name
+    from evalq.shared.store.records import ACCOUNT_KEY, PART_KEY, TIME_KEY, part_name
+
+    def meta(kept: dict, name: bytes) -> dict | None:
+        return json.loads(zlib.decompress(kept[name])) if name in kept else None
 
     folder = part_name(key, 0).rsplit("/", 1)[0]
     found = {}
@@ -113,11 +151,11 @@ def chunks_done(place: Place, key: str) -> dict[int, tuple[int, dict | None, flo
         if name.startswith("chunk-") and name.endswith(".parquet"):
             tail = place.get(f"{folder}/{name}", missing_ok=True, last=FOOTER_BYTES)
             if tail is not None:
-                meta = pq.read_metadata(pa.BufferReader(tail))
-                kept = meta.metadata or {}
-                part = json.loads(zlib.decompress(kept[PART_KEY])) if PART_KEY in kept else None
-                spent = json.loads(zlib.decompress(kept[TIME_KEY])) if TIME_KEY in kept else {}
-                found[int(name[len("chunk-"):-len(".parquet")])] = (meta.num_rows, part, spent.get("seconds"))
+                footer = pq.read_metadata(pa.BufferReader(tail))
+                kept = footer.metadata or {}
+                found[int(name[len("chunk-"):-len(".parquet")])] = Done(
+                    footer.num_rows, meta(kept, PART_KEY), (meta(kept, TIME_KEY) or {}).get("seconds"),
+                    (meta(kept, ACCOUNT_KEY) or {}).get("counts"))
     return found
 
 

@@ -29,7 +29,7 @@ import zlib
 from collections import OrderedDict
 from typing import Any, Iterable, Iterator
 
-from evalq.shared.cluster import keys
+from evalq.shared.cluster import journal, keys
 from evalq.shared.core.jsonio import encode
 from evalq.shared.scores.results import outcome
 from evalq.shared.store.place import Place
@@ -68,7 +68,7 @@ class RedisRecords:
 
     def write(self, pipe: Any, key: str, start: int, new: dict[int, dict], whole: list[tuple[int, dict]] | None,
               values: dict | None = None, view: dict | None = None, part: dict | None = None,
-              elapsed: float | None = None) -> None:
+              elapsed: float | None = None, acct: dict | None = None) -> None:
         """Queue on ``pipe`` (the chunk's MULTI transaction) the records this run made (``new``), the
         chunk's ``values`` (what the history store needs of it) and ``view`` (what the report needs),
         and, once the chunk has ended (``whole``: every record it holds), its count."""
@@ -112,6 +112,9 @@ class RedisRecords:
         """How many positions a reader of every record takes at a time."""
         return default
 
+    def accounting(self, key: str, start: int, counts: dict[str, int], landed: bool) -> None:
+        return None  # Redis holds the job's accounting; nothing rebuilds it
+
 
 class PartRecords:
     """A job's item records as one immutable Parquet part per chunk in its job store folder
@@ -129,7 +132,7 @@ class PartRecords:
 
     def write(self, pipe: Any, key: str, start: int, new: dict[int, dict], whole: list[tuple[int, dict]] | None,
               values: dict | None = None, view: dict | None = None, part: dict | None = None,
-              elapsed: float | None = None) -> None:
+              elapsed: float | None = None, acct: dict | None = None) -> None:
         """In this order: the chunk's part (every record it holds, ``whole``, with its ``values`` and
         ``view`` in the part's metadata) is written to the store now, whole; its count is queued on
         ``pipe``, the chunk's transaction, which the caller executes after. So a count never stands
@@ -140,8 +143,9 @@ class PartRecords:
             # and its aggregate and time, so that the store alone gives back what Redis held of the chunk
             # (evalq.orchestrator.rebuild, after Redis lost the job)
             meta = {VALUES_KEY: values, VIEW_KEY: view, PART_KEY: part,
-                    TIME_KEY: {"seconds": elapsed} if elapsed is not None else None}
+                    TIME_KEY: {"seconds": elapsed} if elapsed is not None else None, ACCOUNT_KEY: acct}
             self.place.put(part_name(key, start), _encode(whole, meta))
+            journal.note("part", self.job_id, journal.chunk_id(key, start), n=len(whole))
         elif whole is None:
             _side_hashes(pipe, self.job_id, key, start, values, view)
         if whole is not None:
@@ -175,6 +179,17 @@ class PartRecords:
 
     def read_step(self, key: str, default: int) -> int:
         return self.sizes[key]  # a chunk's part at a time: each read once
+
+    def accounting(self, key: str, start: int, counts: dict[str, int], landed: bool) -> dict:
+        """What a chunk's part carries of its calls' accounting: ``counts`` (this run's and the runs'
+        before it that did not land), plus, where the chunk had landed before (``landed``: a part is
+        there), that part's."""
+        if landed:
+            data = self.place.get(part_name(key, start), missing_ok=True)
+            earlier = part_meta(data, ACCOUNT_KEY) if data is not None else None
+            for name, value in (earlier or {}).get("counts", {}).items():
+                counts[name] = counts.get(name, 0) + int(value)
+        return {"counts": counts}
 
     def _starts(self, r: Any, key: str) -> list[int]:
         return sorted(int(s) for s in r.hkeys(keys.recorded(self.job_id, key)))
@@ -236,6 +251,18 @@ VALUES_KEY = b"evalq.values"  # the part's metadata key of the chunk's history v
 VIEW_KEY = b"evalq.view"  # and of its report view (JSON, zlib'd)
 PART_KEY = b"evalq.part"  # and of its mergeable aggregate (what keys.parts holds of it)
 TIME_KEY = b"evalq.elapsed"  # and of its time ({"seconds": ...}: what keys.timings holds of it)
+ACCOUNT_KEY = b"evalq.accounting"  # and of its calls' accounting ({"counts": what keys.accounting adds up})
+
+
+def part_meta(data: bytes, name: bytes) -> dict | None:
+    """What a part (or its footer alone) carries under ``name``, or None."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    packed = (pq.read_metadata(pa.BufferReader(data)).metadata or {}).get(name)
+    return json.loads(zlib.decompress(packed)) if packed is not None else None
 
 
 def _encode(records: Iterable[tuple[int, dict]], meta: dict[bytes, dict | None] | None = None) -> bytes:

@@ -49,12 +49,13 @@ def recorded(r: redis.Redis) -> int:
     return sum(r.hlen(k) for k in r.scan_iter(match=f"{keys.PREFIX}:*:res:*"))
 
 
-def private_redis(tmp_path: Path, port: int | None = None, aof: bool = False) -> tuple[subprocess.Popen, int]:
+def private_redis(tmp_path: Path, port: int | None = None, aof: bool = False,
+                  bind: str | None = None) -> tuple[subprocess.Popen, int]:
     from evalq.cli.embedded import free_port
     from tests.integration.test_redis_auth_tls import redis_binary
 
     port = port or free_port()
-    args = [redis_binary(False), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(tmp_path), "--save", ""]
+    args = [redis_binary(False), "--bind", "127.0.0.1", *([bind] if bind else []), "--port", str(port), "--dir", str(tmp_path), "--save", ""]
     args += ["--appendonly", "yes", "--appendfsync", "always"] if aof else ["--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     r = redis.Redis(port=port)

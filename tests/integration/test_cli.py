@@ -228,6 +228,17 @@ def test_a_broker_that_is_not_a_redis_url_is_one_line_and_exit_1(tmp_path, how):
     assert proc.returncode == 1 and "is not a Redis URL" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("url, host", [("redis://:pw@localhost:abc/0", "localhost:abc"),
+                                       ("rediss://localhost:70000", "localhost:70000"),
+                                       ("sentinel://h1:26379;sentinel://:pw@h2:x2", "h2:x2")])
+def test_a_broker_whose_port_is_not_a_number_is_one_line_and_exit_1(url, host):
+    """A port that is not a number was redis-py's ValueError traceback at the first connection
+    (each host of a sentinel URL is read)."""
+    proc = evalq("status", "abc", "--broker", url, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "pw" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().endswith(f"is not a Redis URL: the port of {host!r} is not a number from 1 to 65535")
+
+
 def test_judge_sim_loads_only_when_it_is_run_or_listed():
     """Every worker starts through `evalq worker`: judge-sim's server is not imported by it, and
     still listed and run as a command of its own."""

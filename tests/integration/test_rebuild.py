@@ -148,6 +148,40 @@ def test_a_queue_requests_id_is_bound_to_its_rebuilt_job_again(private_redis, tm
     assert (r.get(idem), r.get(f"{idem}:owner"), r.get(f"{idem}:fingerprint")) == (job_id.encode(), b"m-1", b"fp-1")
 
 
+def test_a_request_sent_again_before_the_rebuild_is_its_job_not_a_second_one(private_redis, tmp_path, monkeypatch):
+    """Between the loss and the sweeper's rebuild a request may come again (redelivered, or a pipeline's
+    retry): the store knows its job (a marker by the request's binding), which is bound and rebuilt at
+    once. The same message is the job; another with its request id is a duplicate; another asking for
+    something else under that id is a conflict. No second job in any case; the job's end removes both
+    markers."""
+    from evalq.orchestrator.finalize import fail
+    from evalq.orchestrator.service import handle_request
+
+    monkeypatch.setenv("EVALQ_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("EVALQ_REQUEST_ROOTS", str(tmp_path))
+    r = redis.Redis.from_url(private_redis)
+    request = {"job": {"instances": INSTANCES, "metrics": [{"id": "exact_match"}]}, "request_id": "nightly-2",
+               "out": str(tmp_path / "out")}
+    first = handle_request(None, r, "m-1", private_redis, **request)
+    job_id = first["job_id"]
+    assert first["status"] == "running"
+    r.flushall()
+    again = handle_request(None, r, "m-1", private_redis, **request)  # the same message, before any sweep
+    assert again == {"job_id": job_id, "status": "running"}
+    assert [j.decode() for j in r.zrange(keys.JOBS, 0, -1)] == [job_id] and load_job(r, job_id) is not None
+    assert chunks_in_line(r, job_id) == {f"exact_match@0:{s}" for s in (0, 4, 8)}  # sent again, once
+    r.flushall()
+    other = handle_request(None, r, "m-2", private_redis, **request)  # another message with the request's id
+    assert (other["job_id"], other.get("duplicate")) == (job_id, True)
+    r.flushall()
+    changed = handle_request(None, r, "m-3", private_redis, **{**request, "chunk_size": 2})
+    assert changed["status"] == "conflict" and [j.decode() for j in r.zrange(keys.JOBS, 0, -1)] == [job_id]
+    fail(r, job_id, "ended by the test")
+    store = Place(str(tmp_path / "store"))
+    assert list(ledger.running_jobs(store)) == [] and ledger.requested(store, keys.request("nightly-2")) is None
+    assert ledger.running_place(store).names(ledger.REQUESTS) == []
+
+
 def test_a_document_changed_in_the_tenants_folder_is_not_taken_for_the_job(private_redis, tmp_path, monkeypatch):
     """A tenant may write its own folder of a shared store: a job.json rewritten there (another tenant's
     namespace, another destination) does not become the job; the marker's digest says it is not the
@@ -166,3 +200,74 @@ def test_a_document_changed_in_the_tenants_folder_is_not_taken_for_the_job(priva
     assert rebuild_lost(r, private_redis) == [] and load_job(r, job_id) is None
     with pytest.raises(ValueError, match="not the document the cluster wrote"):
         ledger.document(place, next(digest for j, _, digest in ledger.running_jobs(store) if j == job_id))
+
+
+def test_a_judge_entrys_accounting_and_the_jobs_tokens_are_rebuilt_from_its_parts(private_redis, tmp_path,
+                                                                                  monkeypatch):
+    """What a judge chunk's calls counted rides in its part (the calls of every run of it that did not
+    land, too): after the loss, results.json's judge counts and the job's token counter start from what
+    the parts say, not from nothing (a cap is never reset)."""
+    from evalq.orchestrator.rebuild import rebuild_lost
+    from evalq.shared.store.ledger import chunks_done
+    from evalq.sim import JudgeSim, Region
+    from evalq.workers import chunk
+    from tests.faults.test_faults import KEY, KEY_ENV
+
+    monkeypatch.setenv(KEY_ENV, KEY)
+    r = redis.Redis.from_url(private_redis)
+    store = Place(str(tmp_path / "store"))
+    with JudgeSim([Region("acct")], latency=0.0, api_key=KEY, seed=7) as sim:
+        job = parse_job({"instances": [{"id": f"c{i}", "input": "q", "actual-output": f"a{i} [[sim:score=3]]"}
+                                       for i in range(12)],
+                         "judges": {"sim": {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV,
+                                            "max_retries": 0, "deployments": [{"region": "acct",
+                                                                               "base_url": sim.base_url("acct"),
+                                                                               "tpm": 10_000_000, "rpm": 100_000}]}},
+                         "judging": {"cache": False, "token_cap": 10_000_000},
+                         "metrics": [{"id": "coherence", "parameters": {"judge": "sim"}}]})
+        job_id = submit.store_job(r, job, submit.job_spec(job), store=store)
+        stored = load_job(r, job_id)
+        (key, entry), = stored.metrics.items()
+        for start in range(0, 8, entry["chunk_size"]):  # two of the three chunks done before the loss
+            chunk.run_chunk(r, job_id, key, start, start + entry["chunk_size"], "acct")
+    before = r.hgetall(keys.accounting(job_id, key))
+    tokens = int(r.get(keys.job_tokens(job_id)))
+    assert int(before[b"calls"]) == 8 == sum(sim.answered("acct").values())
+    parts = chunks_done(stored.place, key)
+    assert sorted(parts) == [0, 4] and all(done.counts["calls"] == 4 for done in parts.values())
+    r.flushall()
+    monkeypatch.setenv("EVALQ_STORE", store.uri)
+    assert rebuild_lost(r, private_redis)
+    assert r.hgetall(keys.accounting(job_id, key)) == before
+    assert int(r.get(keys.job_tokens(job_id))) == tokens == int(before[b"reserved_tokens"])
+
+
+def test_a_tenants_daily_spend_lost_with_redis_is_put_back_from_the_store(private_redis, tmp_path):
+    """The sweeper copies the tenants' daily counters into the store's operator part; a counter Redis
+    lost is put back at the next sweep (by a jobs worker that copied it, or one just started, from the
+    store), never lowered, and what was spent since is kept."""
+    import time as clock
+    from datetime import datetime, timezone
+
+    from evalq.orchestrator.spend import SpendCopy
+
+    r = redis.Redis.from_url(private_redis)
+    root = Place(str(tmp_path / "store"))
+    now = clock.time()
+    day = datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%d")
+    cost, tokens = keys.tenant_spend("search", "cost", day), keys.tenant_spend("ads", "tokens", day)
+    r.set(cost, 5_000, ex=60)
+    r.set(tokens, 700, ex=60)
+    copy = SpendCopy()
+    assert copy(r, root, now) == []
+    kept = json.loads(ledger.running_place(root).get(f"spend/{day}.json"))
+    assert kept == {cost: 5_000, tokens: 700}
+    r.flushall()
+    actions = copy(r, root, now + 5)  # the next sweep
+    assert len(actions) == 2 and (int(r.get(cost)), int(r.get(tokens))) == (5_000, 700)
+    assert r.ttl(cost) > 86_400  # a counter of its day again
+    r.incrby(cost, 250)  # spent since
+    assert copy(r, root, now + 40) == [] and int(r.get(cost)) == 5_250
+    assert json.loads(ledger.running_place(root).get(f"spend/{day}.json"))[cost] == 5_250
+    r.flushall()
+    assert len(SpendCopy()(r, root, now + 41)) == 2 and int(r.get(cost)) == 5_250  # a jobs worker just started

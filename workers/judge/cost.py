@@ -122,7 +122,7 @@ def counters(job_id: str, tenant: str | None, kind: str, job_cap: float | None) 
         if daily is not None:
             found.append(Counter(keys.tenant_spend(tenant, kind, _day()), round(daily * scale),
                                  f"tenant {tenant!r}'s daily {kind} limit of {daily:.15g} reached (EVALQ_TENANTS)",
-                                 ttl=3 * 86400))
+                                 ttl=keys.TENANT_SPEND_TTL))
     return found
 
 
