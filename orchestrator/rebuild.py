@@ -11,9 +11,14 @@ flight at it. ``reconcile`` alone serves a job whose Redis is behind the store (
 the last seconds of writes): ``evalq resume`` and the sweeper's resume count what the parts say
 before they send anything again.
 
-What Redis alone kept starts again after a loss: the judges' budgets and learned capacity (from
-the providers' headers, or their floors), the judge cache, and the job's accounting of calls made
-before it (results.json's ``judge`` counts only those made after; docs/how-to/cluster.md says so).
+What a judge chunk's calls counted rides in its part (``evalq.workers.keeping``), so the entry's
+accounting and the job's cost and token counters are put back no lower than the parts say (a cap is
+never reset; the calls of chunks in flight at the loss may go uncounted). A queue request's job is
+found by the request too (``rebound``): a request that comes again before the sweeper's rebuild is
+answered with its job, rebuilt then, never made a second job. A tenant's daily spend is kept in the
+store by ``evalq.orchestrator.spend``. What Redis alone kept starts again after a loss: the judges'
+budgets and learned capacity (from the providers' headers, or their floors), the judge cache, and
+Batch API lines' counts (docs/how-to/cluster.md says so).
 """
 
 from __future__ import annotations
@@ -98,14 +103,14 @@ def reconcile(r: redis.Redis, job: StoredJob) -> tuple[int, int]:
                 pipe.eval(_RECOUNT, 2, keys.recorded(job_id, key), keys.recorded_total(job_id, key), ttl, *args)
                 items += sum(found.values())
         for key, found in parts.items():  # each chunk's aggregate and time, where Redis has none
-            for start, done in found.items():
-                if done.part is not None:
-                    pipe.hsetnx(keys.parts(job_id, key), str(start), json.dumps(done.part))
-                if done.seconds is not None:
-                    pipe.hsetnx(keys.timings(job_id, key), str(start), repr(done.seconds))
+            for start, landed in found.items():
+                if landed.part is not None:
+                    pipe.hsetnx(keys.parts(job_id, key), str(start), json.dumps(landed.part))
+                if landed.seconds is not None:
+                    pipe.hsetnx(keys.timings(job_id, key), str(start), repr(landed.seconds))
             for name in (keys.parts(job_id, key), keys.timings(job_id, key)):
                 pipe.expire(name, ttl)
-            accounted = _summed(done.counts for done in found.values())
+            accounted = _summed(landed.counts for landed in found.values())
             if accounted:  # the entry's accounting (results.json's judge counts), where Redis lost it
                 pipe.eval(_ACCOUNT, 1, keys.accounting(job_id, key), ttl, *[v for kv in accounted.items() for v in kv])
                 spent["cost_nano"] = spent.get("cost_nano", 0) + accounted.get("cost_nano", 0)

@@ -19,7 +19,8 @@ and a drill adds its own: ``fault`` (what it did, when) and ``alive`` (a worker 
 ``check`` reads a journal and says what a fault cost: chunks lost (put in line, never landed:
 must be 0), chunks run twice, judge calls paid again and the bound they must keep (the items of
 the judge chunks in flight at the fault: started before it, not yet in a part), the time from
-the fault to progress again (the first part written by a run that began after the fault), and
+the fault to progress again (the first chunk landed by a run begun after the fault; where none had to
+begin, the first landed after it), and
 the workers that answered after it. Writes are single ``write`` calls on a file opened for
 appending, so lines of many processes never interleave.
 """
@@ -100,7 +101,7 @@ class Verdict:
     calls: int  # judge calls paid
     repaid: int  # calls paid again for an item already called
     in_flight: int  # the bound for ``repaid``: items of the judge chunks running at the fault
-    recovered_after: float | None  # seconds from the fault to the first part of a run begun after it
+    recovered_after: float | None  # seconds from the fault to the first chunk landed by a run begun after it
     alive: set[str] = field(default_factory=set)  # workers that answered after the fault
 
     @property
@@ -130,8 +131,11 @@ def check(events: Iterable[dict], job: str, fault: str = "fault") -> Verdict:
         for chunk, span in _running_at(mine, at).items():
             if chunk.rsplit(":", 1)[0] in called:
                 in_flight += span
+        # the first chunk landed by a run begun after the fault; where none had to begin (the runs
+        # in flight carried the job to its end), the first landed after it
         later = {e["run"] for e in mine if e["event"] == "start" and e["t"] > at}
-        firsts = [e["t"] for e in mine if e["event"] in ("part", "done") and e.get("run") in later]
+        firsts = [e["t"] for e in mine if e["event"] in ("part", "done") and e["t"] > at
+                  and (not later or e.get("run") in later)]
         recovered = min(firsts) - at if firsts else None
     alive = {e.get("worker", "") for e in mine if e["event"] == "alive" and (at is None or e["t"] > at)}
     return Verdict(len(enqueued), lost, {c: n for c, n in landed.items() if n > 1}, len(calls), repaid, in_flight,

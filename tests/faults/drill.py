@@ -73,8 +73,9 @@ def run(tmp_path: Path, fault: str, seed: int, n: int = 48, latency: float = 0.1
     tmp_path.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     path = tmp_path / "journal.jsonl"
-    before = os.environ.get(journal.JOURNAL_ENV)
-    os.environ[journal.JOURNAL_ENV] = str(path)  # this process's notes: the fault, the workers alive
+    # this process's: its notes (the fault, the workers alive) and the primary its pings ask the sentinels for
+    before = {name: os.environ.get(name) for name in (journal.JOURNAL_ENV, "EVALQ_SENTINEL_MASTER")}
+    os.environ.update({journal.JOURNAL_ENV: str(path), "EVALQ_SENTINEL_MASTER": MASTER})
     env = {**ENV, "EVALQ_STORE": str(tmp_path / "store"), journal.JOURNAL_ENV: str(path)}
     topology = Single(tmp_path) if fault in ("flushall", "replaced", "none") else \
         Sentinels(tmp_path, fault == "partition")
@@ -107,10 +108,11 @@ def run(tmp_path: Path, fault: str, seed: int, n: int = 48, latency: float = 0.1
         for proc in workers:
             stop_worker(proc)
         topology.close()
-        if before is None:
-            os.environ.pop(journal.JOURNAL_ENV, None)
-        else:
-            os.environ[journal.JOURNAL_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     events = journal.read(path)
     job_id = next((e["job"] for e in events if e["event"] == "enqueue"), "")
     log = read_log(tmp_path / "out") if (tmp_path / "out" / "log.jsonl").exists() else []

@@ -55,7 +55,9 @@ def private_redis(tmp_path: Path, port: int | None = None, aof: bool = False,
     from tests.integration.test_redis_auth_tls import redis_binary
 
     port = port or free_port()
-    args = [redis_binary(False), "--bind", "127.0.0.1", *([bind] if bind else []), "--port", str(port), "--dir", str(tmp_path), "--save", ""]
+    # ``bind``: an address besides loopback, which clients reach it on (then not in protected mode)
+    args = [redis_binary(False), "--bind", "127.0.0.1", *([bind, "--protected-mode", "no"] if bind else []),
+            "--port", str(port), "--dir", str(tmp_path), "--save", ""]
     args += ["--appendonly", "yes", "--appendfsync", "always"] if aof else ["--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     r = redis.Redis(port=port)

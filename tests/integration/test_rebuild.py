@@ -162,19 +162,19 @@ def test_a_request_sent_again_before_the_rebuild_is_its_job_not_a_second_one(pri
     r = redis.Redis.from_url(private_redis)
     request = {"job": {"instances": INSTANCES, "metrics": [{"id": "exact_match"}]}, "request_id": "nightly-2",
                "out": str(tmp_path / "out")}
-    first = handle_request(None, r, "m-1", private_redis, **request)
+    first = handle_request(None, r, "m-1", private_redis, "evalq.jobs", **request)
     job_id = first["job_id"]
     assert first["status"] == "running"
     r.flushall()
-    again = handle_request(None, r, "m-1", private_redis, **request)  # the same message, before any sweep
+    again = handle_request(None, r, "m-1", private_redis, "evalq.jobs", **request)  # the same message, before any sweep
     assert again == {"job_id": job_id, "status": "running"}
     assert [j.decode() for j in r.zrange(keys.JOBS, 0, -1)] == [job_id] and load_job(r, job_id) is not None
-    assert chunks_in_line(r, job_id) == {f"exact_match@0:{s}" for s in (0, 4, 8)}  # sent again, once
+    assert chunks_in_line(r, job_id) == {"exact_match@0:0"}  # its one chunk sent again, once
     r.flushall()
-    other = handle_request(None, r, "m-2", private_redis, **request)  # another message with the request's id
+    other = handle_request(None, r, "m-2", private_redis, "evalq.jobs", **request)  # another message with the request's id
     assert (other["job_id"], other.get("duplicate")) == (job_id, True)
     r.flushall()
-    changed = handle_request(None, r, "m-3", private_redis, **{**request, "chunk_size": 2})
+    changed = handle_request(None, r, "m-3", private_redis, "evalq.jobs", **{**request, "chunk_size": 2})
     assert changed["status"] == "conflict" and [j.decode() for j in r.zrange(keys.JOBS, 0, -1)] == [job_id]
     fail(r, job_id, "ended by the test")
     store = Place(str(tmp_path / "store"))
@@ -216,7 +216,7 @@ def test_a_judge_entrys_accounting_and_the_jobs_tokens_are_rebuilt_from_its_part
     monkeypatch.setenv(KEY_ENV, KEY)
     r = redis.Redis.from_url(private_redis)
     store = Place(str(tmp_path / "store"))
-    with JudgeSim([Region("acct")], latency=0.0, api_key=KEY, seed=7) as sim:
+    with JudgeSim([Region("acct")], latency=0.0, api_key=KEY, seed=7, per_request=True) as sim:
         job = parse_job({"instances": [{"id": f"c{i}", "input": "q", "actual-output": f"a{i} [[sim:score=3]]"}
                                        for i in range(12)],
                          "judges": {"sim": {"provider": "openai", "model": "judge-sim", "api_key_env": KEY_ENV,
