@@ -3,8 +3,9 @@
 of bleu and coherence (judge-sim, 0.1 s a call) on a loopback cluster with a job store, and read
 by the cluster's journal (``evalq.shared.cluster.journal``). Prints per fault: runs that ended as
 undisturbed (exit 0, every item once with its value), chunks lost (must be 0), chunks run twice,
-judge calls paid again (and the in-flight bound), the time from the fault to progress again and
-the whole job's time, p50/p95; and, measured in the same run, the same job undisturbed.
+judge calls paid again (and the in-flight bound), workers the drill's supervisor started again
+(one that exited), the time from the fault to progress again and the whole job's time, p50/p95;
+and, measured in the same run, the same job undisturbed.
 
     .venv/bin/python bench/bench_failover.py [--runs 5] [--faults flushall replaced ...] [--n 48]
 
@@ -55,21 +56,28 @@ def main() -> None:
         undisturbed = statistics.median(out.seconds for out in base)
         print(f"undisturbed: {args.n} instances x (bleu, coherence), job {undisturbed:.1f} s (median of 2), "
               f"{sum(intact(out) for out in base)}/2 intact")
-        print(f"{'fault':<10} {'intact':>6} {'lost':>5} {'twice':>5} {'repaid':>7} {'bound':>6} "
+        print(f"{'fault':<10} {'intact':>6} {'lost':>5} {'twice':>5} {'repaid':>7} {'bound':>6} {'restarts':>8} "
               f"{'recover p50':>11} {'p95':>6} {'job p50':>8} {'p95':>6}")
         for fault in faults:
-            outs = []
+            outs, failed = [], 0
             for i in range(args.runs):
-                out = drill.run(Path(tmp) / f"{fault}{i}", fault, seed=rng.randrange(1 << 30), n=args.n)
+                try:
+                    out = drill.run(Path(tmp) / f"{fault}{i}", fault, seed=rng.randrange(1 << 30), n=args.n)
+                except Exception as exc:  # a drill that could not finish (a worker that never answered again)
+                    failed += 1
+                    print(f"  {fault} run {i + 1}: FAILED: {type(exc).__name__}: {exc}", flush=True)
+                    continue
                 outs.append(out)
-                print(f"  {fault} run {i + 1} at {out.point:.0%}: {out.verdict.line()}, job {out.seconds:.1f} s"
+                print(f"  {fault} run {i + 1} at {out.point:.0%}: {out.verdict.line()}, {out.restarts} workers "
+                      f"restarted, job {out.seconds:.1f} s"
                       + ("" if intact(out) else f"  NOT INTACT (exit {out.returncode}): {out.err[-300:]}"),
                       flush=True)
             recover = [o.verdict.recovered_after for o in outs if o.verdict.recovered_after is not None]
             seconds = [o.seconds for o in outs]
-            print(f"{fault:<10} {sum(intact(o) for o in outs):>3}/{len(outs):<2} "
+            print(f"{fault:<10} {sum(intact(o) for o in outs):>3}/{len(outs) + failed:<2} "
                   f"{sum(len(o.verdict.lost) for o in outs):>5} {sum(len(o.verdict.doubled) for o in outs):>5} "
                   f"{sum(o.verdict.repaid for o in outs):>7} {sum(o.verdict.in_flight for o in outs):>6} "
+                  f"{sum(o.restarts for o in outs):>8} "
                   f"{pct(recover, 0.5):>9.1f} s {pct(recover, 0.95):>4.1f} s {pct(seconds, 0.5):>6.1f} s "
                   f"{pct(seconds, 0.95):>4.1f} s", flush=True)
 

@@ -13,7 +13,8 @@ import redis
 from celery import Celery
 from celery.backends.redis import RedisBackend, SentinelBackend
 
-from evalq.shared.core.config import CONTROL_QUEUE, Settings, is_sentinel, redis_tls, sentinel_master
+from evalq.shared.core.config import (CONTROL_QUEUE, Settings, is_sentinel, redis_tls, sentinel_kwargs,
+                                      sentinel_master)
 
 
 class _SubmitOnly:
@@ -41,7 +42,8 @@ class SubmitOnlySentinelBackend(_SubmitOnly, SentinelBackend):
 
 def _transport_options(settings: Settings, url: str | None = None) -> dict:
     vt = settings.visibility_timeout
-    sentinel = {"master_name": sentinel_master()} if is_sentinel(url) else {}
+    sentinel = {"master_name": sentinel_master(), **({"sentinel_kwargs": sentinel_kwargs(url)}
+                                                     if sentinel_kwargs(url) else {})} if is_sentinel(url) else {}
     return {
         **sentinel,
         "visibility_timeout": vt,

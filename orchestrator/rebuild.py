@@ -188,7 +188,8 @@ def rebuild(r: redis.Redis, broker_url: str, job_id: str, place, digest: str | N
     sent = send_stage(app, r, job_id, job, stage, skip_done=True)
     complete = stage_complete(r, job_id, stage)
     return (f"job {job_id}: Redis had lost it; rebuilt from the job store ({chunks} chunks, {items} items done "
-            f"there; {sent} chunks sent again{'; its stage is complete' if complete else ''})")
+            f"there; {sent} chunks sent again{'; its stage is complete' if complete else ''}); its judges' budgets "
+            "and learned capacity start again from the providers' headers (or their floors)")
 
 
 def bind(pipe, job: StoredJob, nx: bool) -> None:

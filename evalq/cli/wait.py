@@ -87,7 +87,8 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
         now_rebuilt = outage.call(r.hget, keys.watch(job_id), REBUILT)
         if lost_since is not None or now_rebuilt != rebuilt:  # (a rebuild quicker than a look: said all at once)
             print(f"evalq: job {job_id}: " + ("" if lost_since is not None else "the cluster's Redis lost the job's "
-                  "state; ") + "rebuilt from the job store; going on", file=sys.stderr)
+                  "state; ") + "rebuilt from the job store; going on (the judges' budgets and learned capacity "
+                  "start again from the providers' headers, or their floors)", file=sys.stderr)
             lost_since, rebuilt = None, now_rebuilt
         on_progress(done)
         if status in FINAL:

@@ -165,11 +165,12 @@ def cache_dir():
 
 
 def redis_tls(url: str | None) -> dict | None:
-    """TLS options for a ``rediss://`` URL (None for plain ``redis://``): the server's
-    certificate is always verified, against ``EVALQ_REDIS_CA_FILE`` when set (a
-    private CA), else the system's trust store; ``EVALQ_REDIS_CERT_FILE`` and
-    ``EVALQ_REDIS_KEY_FILE`` give a client certificate when the server asks for one."""
-    if not url or not url.startswith("rediss://"):
+    """TLS options for a ``rediss://`` URL, or a ``sentinel://`` one with ``EVALQ_SENTINEL_TLS=1``
+    (None for plain ``redis://``): the server's certificate is always verified, against
+    ``EVALQ_REDIS_CA_FILE`` when set (a private CA), else the system's trust store;
+    ``EVALQ_REDIS_CERT_FILE`` and ``EVALQ_REDIS_KEY_FILE`` give a client certificate when the server
+    asks for one. Behind sentinels, the sentinels and the primary are spoken to alike."""
+    if not url or not (url.startswith("rediss://") or (is_sentinel(url) and sentinel_tls())):
         return None
     import ssl
 
@@ -194,6 +195,19 @@ def is_sentinel(url: str | None) -> bool:
 
 def sentinel_master() -> str:
     return os.environ.get(SENTINEL_MASTER_ENV) or DEFAULT_SENTINEL_MASTER
+
+
+SENTINEL_TLS_ENV = "EVALQ_SENTINEL_TLS"  # 1: the sentinels and the primary speak TLS (as rediss://)
+
+
+def sentinel_tls() -> bool:
+    return (os.environ.get(SENTINEL_TLS_ENV) or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def sentinel_kwargs(url: str | None) -> dict:
+    """How the sentinels themselves are spoken to: with TLS where the primary is (``redis_tls``)."""
+    tls = redis_tls(url) if is_sentinel(url) else None
+    return {"ssl": True, **tls} if tls else {}
 
 
 def sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str | None, str | None, int]:
@@ -225,9 +239,11 @@ def redis_client(url: str, **kwargs):
 
         hosts, username, password, db = sentinel_parts(url)
         timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
-        sentinel = Sentinel(hosts, sentinel_kwargs={"socket_timeout": 5, "socket_connect_timeout": 5, **timeouts})
+        sentinel = Sentinel(hosts, sentinel_kwargs={"socket_timeout": 5, "socket_connect_timeout": 5, **timeouts,
+                                                    **sentinel_kwargs(url)})
+        tls = redis_tls(url)
         return sentinel.master_for(sentinel_master(), redis_class=redis.Redis, username=username, password=password,
-                                   db=db, **kwargs)
+                                   db=db, **kwargs, **({"ssl": True, **tls} if tls else {}))
     return redis.Redis.from_url(url, **kwargs, **(redis_tls(url) or {}))
 
 

@@ -16,7 +16,10 @@ by ``evalq run --broker``; and one fault at a seeded point between 20% and 80% o
                 comes back as a replica and its last writes are lost (needs root and iproute2)
 
 Nothing here is mocked: real redis-server and sentinel processes, real workers, judge-sim on
-loopback. The journal's history checker says what the fault cost."""
+loopback. The workers run under a supervisor, as a cluster's are (Kubernetes, compose's restart
+policy): one that exits is started again, and the journal says so (``restart``): kombu 5.7 can give up
+on a connection a failover broke ("Unrecoverable error") and exit. The journal's history checker says
+what the fault cost."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -59,6 +63,7 @@ class Outcome:
     verdict: journal.Verdict
     job_id: str
     seconds: float  # the client's, from submission to its exit
+    restarts: int  # workers the supervisor started again (one exited)
 
 
 def can_partition() -> str | None:
@@ -79,13 +84,11 @@ def run(tmp_path: Path, fault: str, seed: int, n: int = 48, latency: float = 0.1
     env = {**ENV, "EVALQ_STORE": str(tmp_path / "store"), journal.JOURNAL_ENV: str(path)}
     topology = Single(tmp_path) if fault in ("flushall", "replaced", "none") else \
         Sentinels(tmp_path, fault == "partition")
-    workers = []
+    workers = Supervisor(topology.url, tmp_path, env)
     try:
         with JudgeSim([Region("drill")], latency=latency, api_key=KEY, seed=seed, per_request=True) as sim:
             job = _job(tmp_path, sim, n)
-            for queues, concurrency, name in (("evalq.jobs,cpu", 1, "jobs"), ("judge.drill", THREADS, "judge")):
-                workers.append(start_worker(topology.url, queues, tmp_path, concurrency=concurrency, name=name,
-                                            env=env))
+            workers.start()
             for name in ("jobs", "judge"):
                 wait_for_worker(topology.url, name, timeout=60)
             t0 = time.monotonic()
@@ -105,8 +108,7 @@ def run(tmp_path: Path, fault: str, seed: int, n: int = 48, latency: float = 0.1
                 wait_for_worker(topology.url, name, timeout=60)
                 journal.note("alive", worker=name)
     finally:
-        for proc in workers:
-            stop_worker(proc)
+        workers.stop()
         topology.close()
         for name, value in before.items():
             if value is None:
@@ -117,7 +119,42 @@ def run(tmp_path: Path, fault: str, seed: int, n: int = 48, latency: float = 0.1
     job_id = next((e["job"] for e in events if e["event"] == "enqueue"), "")
     log = read_log(tmp_path / "out") if (tmp_path / "out" / "log.jsonl").exists() else []
     return Outcome(fault, point, waiting.returncode, err, job, log, answered, journal.check(events, job_id), job_id,
-                   seconds)
+                   seconds, workers.restarts)
+
+
+class Supervisor:
+    """The drill's two workers, each started again when it exits (as a cluster's supervisor does)."""
+
+    ROLES = (("evalq.jobs,cpu", 1, "jobs"), ("judge.drill", THREADS, "judge"))
+
+    def __init__(self, url: str, logdir: Path, env: dict):
+        self.url, self.logdir, self.env = url, logdir, env
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.restarts = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> None:
+        for queues, concurrency, name in self.ROLES:
+            self.procs[name] = start_worker(self.url, queues, self.logdir, concurrency=concurrency, name=name,
+                                            env=self.env)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(0.2):
+            for queues, concurrency, name in self.ROLES:
+                if self.procs[name].poll() is not None and not self.stopping.is_set():
+                    journal.note("restart", worker=name, exit=self.procs[name].returncode)
+                    self.restarts += 1
+                    self.procs[name] = start_worker(self.url, queues, self.logdir, concurrency=concurrency,
+                                                    name=name, env=self.env)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(5)
+        for proc in self.procs.values():
+            stop_worker(proc)
 
 
 def _job(tmp_path: Path, sim: JudgeSim, n: int) -> dict:

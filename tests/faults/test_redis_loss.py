@@ -45,7 +45,7 @@ def test_a_night_rides_its_redis_fault_and_ends_as_undisturbed(tmp_path, fault):
 
     # the history checker: nothing lost, calls paid again within the bound, workers live after it
     verdict = out.verdict
-    print(f"{fault} at {out.point:.0%} of the judging: {verdict.line()}")
+    print(f"{fault} at {out.point:.0%} of the judging: {verdict.line()}; {out.restarts} workers restarted")
     assert verdict.chunks > 0 and verdict.lost == [], verdict.line()
     assert verdict.calls >= len(by_id) and verdict.repaid <= verdict.in_flight, verdict.line()
     # judge-sim's own count of calls answered agrees with the journal's

@@ -142,3 +142,53 @@ def test_a_job_runs_on_a_redis_with_a_password_and_tls(tmp_path, tls):
     texts = outputs + [worker.log_path.read_text(errors="replace")] + \
         [p.read_text() for d in ("out", "out2") for p in (tmp_path / d).iterdir()]
     assert not any(PASSWORD in t or PASSWORD[::-1] in t for t in texts)
+
+
+def test_a_job_runs_on_a_sentinel_managed_redis_over_tls(tmp_path):
+    """``sentinel://`` with ``EVALQ_SENTINEL_TLS=1``: the sentinel and the primary (with a password)
+    speak TLS only, verified against the private CA of ``EVALQ_REDIS_CA_FILE``, as ``rediss://`` is;
+    a worker and ``evalq run`` / ``status`` go through the sentinel to the primary."""
+    binary = redis_binary(True)
+    if binary is None or shutil.which("openssl") is None:
+        pytest.skip("needs a redis-server built with TLS and openssl")
+    certs = make_certs(tmp_path)
+    tls = ["--tls-cert-file", str(certs / "server.crt"), "--tls-key-file", str(certs / "server.key"),
+           "--tls-ca-cert-file", str(certs / "ca.crt"), "--tls-auth-clients", "no"]
+    primary_port, sentinel_port = free_port(), free_port()
+    procs = [subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", "0", "--tls-port", str(primary_port), *tls,
+                               "--requirepass", PASSWORD, "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(f"bind 127.0.0.1\nport 0\ntls-port {sentinel_port}\ntls-replication yes\ndir {tmp_path}\n"
+                    + "".join(f"{tls[i][2:]} {tls[i + 1]}\n" for i in range(0, len(tls), 2))
+                    + f"sentinel monitor tlsprimary 127.0.0.1 {primary_port} 1\n"
+                    f"sentinel auth-pass tlsprimary {PASSWORD}\n")
+    procs.append(subprocess.Popen([binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL))
+    url = f"sentinel://:{PASSWORD}@127.0.0.1:{sentinel_port}/0"
+    env = {"EVALQ_BROKER_URL": url, "EVALQ_SENTINEL_TLS": "1", "EVALQ_SENTINEL_MASTER": "tlsprimary",
+           "EVALQ_REDIS_CA_FILE": str(certs / "ca.crt")}
+    name = f"stls{uuid.uuid4().hex[:6]}"
+    worker = start_worker(url, "cpu", tmp_path, concurrency=1, name=name, env=env)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            wait_for_worker(url, name, timeout=60)
+        job = tmp_path / "job.json"
+        job.write_text(json.dumps({"instances": [{"id": f"i{i}", "actual-output": "a", "expected-output": ["a"]}
+                                                 for i in range(5)], "metrics": [{"id": "exact_match"}]}))
+        proc = evalq("run", str(job), "--out", str(tmp_path / "out"), "-q", env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert [line["result"] for line in read_log(tmp_path / "out")] == [1] * 5
+        proc = evalq("status", env=env)
+        assert proc.returncode == 0 and PASSWORD not in proc.stdout + proc.stderr, proc.stderr
+        # without TLS the same sentinel is not spoken to: a one-line error, no traceback
+        proc = evalq("status", env={**env, "EVALQ_SENTINEL_TLS": "0"}, timeout=120)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    finally:
+        stop_worker(worker)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+    assert PASSWORD not in worker.log_path.read_text(errors="replace")

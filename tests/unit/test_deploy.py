@@ -342,6 +342,23 @@ def test_the_monitoring_cronjob_scores_yesterdays_traces_with_a_valid_job(overla
     assert "s3://acme-otel/traces/" in prefixes["data"]["EVALQ_S3_PREFIXES"]
 
 
+def test_dev_keeps_its_jobs_in_a_store_every_worker_mounts():
+    """Issue 72: the dev overlay sets a store too, a volume every evalq worker mounts at the path
+    EVALQ_STORE names (one claim: the pods of a one-node cluster share it)."""
+    docs = render("dev")
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "evalq-config"]
+    path = config["data"]["EVALQ_STORE"]
+    assert path.startswith("/")
+    (claim,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == "evalq-store"]
+    for name, doc in evalq_workers(docs).items():
+        spec = pod_of(doc)["spec"]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0].get("volumeMounts", [])}
+        assert path in mounts, name
+        assert volumes[mounts[path]]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"], name
+        assert {"configMapRef": {"name": "evalq-config"}} in spec["containers"][0]["envFrom"], name
+
+
 def test_production_keeps_its_jobs_in_a_store_every_worker_reaches():
     """Issue 72: with a job store a night whose Redis is lost is rebuilt from it; production sets one
     (on S3), every evalq worker reads it from evalq-config and may reach S3 on 443."""
