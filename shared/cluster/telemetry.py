@@ -186,8 +186,8 @@ def request_refused(queue: str, reason: str) -> None:
 
 
 def scores_exported(sink: str, outcome: str, events: int) -> None:
-    """``events`` evaluations a sink (``otlp``, or a name of ``EVALQ_SINKS``) took (``sent``) or did not
-    (``refused``)."""
+    """``events`` evaluations a sink (``otlp``, or a name of ``EVALQ_SINKS``) took (``sent``) or did not:
+    ``refused`` by its backend, ``unreachable`` (no backend answered)."""
     m = _metrics()
     if m is not None and events:
         m.exported.labels(sink, outcome).inc(events)

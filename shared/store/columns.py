@@ -43,8 +43,44 @@ def strings(values: Iterable[str | None]) -> Any:
     return pa.Array.from_buffers(pa.string(), n, [validity, pa.py_buffer(offsets), data], null_count=nulls)
 
 
+def _validity(values: list) -> tuple[Any, int]:
+    import pyarrow as pa
+
+    nulls = sum(v is None for v in values)
+    if not nulls:
+        return None, 0
+    bits = bytearray((len(values) + 7) // 8)
+    for i, v in enumerate(values):
+        if v is not None:
+            bits[i >> 3] |= 1 << (i & 7)
+    return pa.py_buffer(bytes(bits)), nulls
+
+
+def float64s(values: Iterable[float | None]) -> Any:
+    """A ``double`` column (None: null)."""
+    import pyarrow as pa
+
+    values = list(values)
+    validity, nulls = _validity(values)
+    buf = array.array("d", (0.0 if v is None else v for v in values))
+    return pa.Array.from_buffers(pa.float64(), len(values), [validity, pa.py_buffer(buf)], null_count=nulls)
+
+
+def bools(values: Iterable[bool | None]) -> Any:
+    """A ``bool`` column (None: null)."""
+    import pyarrow as pa
+
+    values = list(values)
+    validity, nulls = _validity(values)
+    bits = bytearray((len(values) + 7) // 8)
+    for i, v in enumerate(values):
+        if v:
+            bits[i >> 3] |= 1 << (i & 7)
+    return pa.Array.from_buffers(pa.bool_(), len(values), [validity, pa.py_buffer(bytes(bits))], null_count=nulls)
+
+
 def table(columns: dict[str, Any]) -> Any:
-    """A table of named columns (``int64s``, ``strings``)."""
+    """A table of named columns (``int64s``, ``strings``, ``float64s``, ``bools``)."""
     import pyarrow as pa
 
     return pa.Table.from_arrays(list(columns.values()), names=list(columns))

@@ -268,15 +268,21 @@ def part_meta(data: bytes, name: bytes) -> dict | None:
 def _encode(records: Iterable[tuple[int, dict]], meta: dict[bytes, dict | None] | None = None) -> bytes:
     import pyarrow.parquet as pq
 
-    from evalq.shared.store.columns import int64s, strings, table as make_table
+    from evalq.shared.store.columns import bools, float64s, int64s, strings, table as make_table
 
     rows = list(records)
+    kinds = [typed(rec) for _, rec in rows]
     table = make_table({
         "position": int64s(p for p, _ in rows),
         "instance_id": strings([str(rec.get("instance_id")) for _, rec in rows]),
         "category": strings([rec.get("category") if isinstance(rec.get("category"), str) else None
                              for _, rec in rows]),
         "outcome": strings([outcome(rec) for _, rec in rows]),  # as results.json counts it
+        # what most queries read, typed (``typed``): no json_extract and cast for them
+        "score": float64s(score for score, _, _ in kinds),
+        "label": strings([label for _, label, _ in kinds]),
+        "passed": bools(passed for _, _, passed in kinds),
+        "error": strings([rec.get("error") if isinstance(rec.get("error"), str) else None for _, rec in rows]),
         "record": strings([encode(rec) for _, rec in rows]),
     })
     kept = {name: value for name, value in (meta or {}).items() if value is not None}
@@ -286,6 +292,23 @@ def _encode(records: Iterable[tuple[int, dict]], meta: dict[bytes, dict | None] 
     out = io.BytesIO()
     pq.write_table(table, out, compression="zstd")
     return out.getvalue()
+
+
+def typed(record: dict) -> tuple[float | None, str | None, bool | None]:
+    """(score, label, passed) of a record, each where its result has one: ``score`` a result that is
+    a number, or its ``score`` field (a rating, a rubric); ``label`` a result that is a string, or its
+    ``label``; ``passed`` a result that is a boolean, or its ``passed``."""
+    result = record.get("result")
+    fields = result if isinstance(result, dict) else {}
+    score = result if _real(result) else fields.get("score")
+    label = result if isinstance(result, str) else fields.get("label")
+    passed = result if isinstance(result, bool) else fields.get("passed")
+    return (float(score) if _real(score) else None, label if isinstance(label, str) else None,
+            passed if isinstance(passed, bool) else None)
+
+
+def _real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
 
 
 def _decode(data: bytes) -> dict[int, str]:

@@ -139,6 +139,17 @@ def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster,
                    night.column("entry").to_pylist())) == {("job", staged, "exact_match@0"), ("job", staged, "f1_score@1"),
                                                            ("job", staged, "bleu@2")}
     assert night.num_rows == 3 * N
+    # ... and by DuckDB, as docs/how-to/cluster.md queries it: the typed columns, no json_extract (issue 74)
+    import duckdb
+
+    means = dict(duckdb.sql(f"""
+        SELECT entry, avg(coalesce(score, TRY_CAST(json_extract(record, '$.result.f1') AS DOUBLE)))
+        FROM read_parquet('{store}/default/suite=*/job=*/records/*/*.parquet', hive_partitioning = true)
+        WHERE outcome = 'scored' GROUP BY entry""").fetchall())
+    assert means == pytest.approx({f"{m['metric']}@{i}": m["score"]["f1"] if isinstance(m["score"], dict) else m["score"]
+                                   for i, m in enumerate(json.loads((tmp_path / "staged" / "results.json").read_text()))})
+    assert duckdb.sql(f"""SELECT count(*) FROM read_parquet('{store}/default/*/*/records/*/*.parquet')
+                          WHERE score IS NULL""").fetchall() == [(N,)]  # f1_score's records: fields, read from record
     # evalq results says where they are
     shown = evalq("results", staged, "--broker", cluster, "--json")
     assert shown.returncode == 0, shown.stderr

@@ -162,16 +162,20 @@ def night(backends, tmp_path_factory):
 
 class Gate:
     """A loopback HTTP proxy in front of a backend: answers ``answer`` to everything, or 503 to the next
-    ``refuse`` requests, and forwards the rest; counts what it was asked."""
+    ``refuse`` requests, or (``hang_up``) closes the connection without a word, and forwards the rest;
+    counts what it was asked."""
 
     def __init__(self, target: str):
-        self.target, self.refuse, self.answer, self.asked = target, 0, None, 0
+        self.target, self.refuse, self.answer, self.asked, self.hang_up = target, 0, None, 0, False
         gate = self
 
         class Handler(BaseHTTPRequestHandler):
             def _any(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 gate.asked += 1
+                if gate.hang_up:  # as a backend that is not there: no status, no answer
+                    self.close_connection = True
+                    return
                 if gate.answer or gate.refuse > 0:
                     code = gate.answer or 503
                     gate.refuse -= 0 if gate.answer else 1
@@ -512,6 +516,24 @@ def test_a_place_that_takes_no_scores_is_found_at_once_and_said(night, gates, cl
     got = run["exports"][name]
     assert (got["sent"], got["unsent"]) == (0, N) and got["answer"].startswith("405"), got
     assert f"evalq: {N} items' scores were not sent to {name} {gate.url}: 405" in capsys.readouterr().err
+
+
+def test_a_sink_no_backend_answers_for_is_counted_unreachable_not_refused(night, gates, cluster, sim, tmp_path):
+    """Issue 74: a connection no backend answered on (closed without a word, refused, a client library
+    missing) was counted with the scores a backend refused; it is counted apart, as unreachable."""
+    path, _ = night
+    url, _ = cluster
+    gate = gates["phoenix"]
+    gate.hang_up = True
+    try:
+        run_job(job(path, sim, ["phx-gate"], judged=False), tmp_path / "out", broker=url, chunk_size=2, progress=False,
+                stall_timeout=180)
+    finally:
+        gate.hang_up = False
+    got = json.loads((tmp_path / "out" / "run.json").read_text())["exports"]["phx-gate"]
+    assert (got["sent"], got["unsent"]) == (0, N) and got["unreachable"] >= N and "refused" not in got, got
+    [entry] = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert entry["exports"]["phx-gate"]["unreachable"] >= N
 
 
 def test_a_night_whose_sink_took_nothing_is_sent_again_once_with_the_same_ids(night, backends, gates, cluster,

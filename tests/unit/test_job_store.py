@@ -123,7 +123,8 @@ def test_records_are_counted_once_however_often_a_chunk_is_written(redis_url, tm
         assert bool(r.exists(keys.results(job, "m@0"))) is not parts
         if parts:
             table = pq.read_table(tmp_path / "job" / "records" / "entry=m%400" / "chunk-000000004.parquet")
-            assert table.column_names == ["position", "instance_id", "category", "outcome", "record"]
+            assert table.column_names == ["position", "instance_id", "category", "outcome", "score", "label",
+                                          "passed", "error", "record"]
             assert table.column("position").to_pylist() == [4, 5, 6, 7]
             assert table.column("category").to_pylist() == ["c", "c", None, "c"]
     finally:

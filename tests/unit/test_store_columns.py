@@ -39,6 +39,18 @@ def test_an_int64_column_equals_pyarrows_own():
     assert columns.int64s([]).equals(pa.array([], pa.int64()))
 
 
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1000])
+def test_double_and_bool_columns_equal_pyarrows_own(n):
+    rng = random.Random(n)
+    doubles = [None if rng.random() < 0.2 else rng.uniform(-1e6, 1e6) for _ in range(n)]
+    flags = [None if rng.random() < 0.2 else rng.random() < 0.5 for _ in range(n)]
+    for built, reference in ((columns.float64s(doubles), pa.array(doubles, pa.float64())),
+                             (columns.bools(flags), pa.array(flags, pa.bool_()))):
+        built.validate(full=True)
+        assert built.equals(reference) and built.null_count == reference.null_count
+    assert columns.float64s(doubles).to_pylist() == doubles and columns.bools(flags).to_pylist() == flags
+
+
 def test_a_table_written_and_read_back_keeps_its_values_and_metadata():
     values = _texts(300, seed=3)
     table = columns.table({"position": columns.int64s(range(300)), "text": columns.strings(values)})
@@ -74,3 +86,17 @@ print("pandas" in sys.modules)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_a_records_score_label_and_passed_are_read_where_its_result_has_them():
+    from evalq.shared.store.records import typed
+
+    assert typed({"result": 0.25}) == (0.25, None, None)  # bleu, a number
+    assert typed({"result": 1}) == (1.0, None, None)  # exact_match
+    assert typed({"result": {"score": 4, "reason": "clear"}}) == (4.0, None, None)  # a judge's rating
+    assert typed({"result": {"score": 0.5, "label": "partial", "passed": False}}) == (0.5, "partial", False)
+    assert typed({"result": "toxic"}) == (None, "toxic", None) and typed({"result": True}) == (None, None, True)
+    assert typed({"result": {"f1": 0.5, "precision": 1.0}}) == (None, None, None)  # fields: read with json
+    assert typed({"result": float("nan")}) == (None, None, None)
+    assert typed({"error": "MetricError: no reply"}) == (None, None, None)
+    assert typed({"result": {"score": True, "label": 3, "passed": 1}}) == (None, None, None)  # not their kinds

@@ -99,7 +99,7 @@ def exports_total(summary: list[dict]) -> dict | None:
                                              "sent": 0, "unsent": 0})
             total["sent"] += got["sent"]
             total["unsent"] += got["unsent"]
-            for extra in ("skipped", "refused"):
+            for extra in ("skipped", "refused", "unreachable"):
                 if got.get(extra):
                     total[extra] = total.get(extra, 0) + got[extra]
             if got.get("answer") and "answer" not in total:

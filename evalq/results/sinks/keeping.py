@@ -82,11 +82,14 @@ _TRACE_ID, _SPAN_ID = re.compile(r"[0-9a-f]{32}"), re.compile(r"[0-9a-f]{16}")
 
 class Refused(Exception):
     """A request the sink did not take. ``cannot``: it takes no scores at all (found on the first
-    request, never asked again); ``taken``: positions it took before it stopped."""
+    request, never asked again); ``taken``: positions it took before it stopped; ``unreachable``: no
+    backend answered (a connection refused or timed out, a client library missing), counted apart
+    from what a backend refused."""
 
-    def __init__(self, answer: str, cannot: bool = False, taken: set[int] | None = None):
+    def __init__(self, answer: str, cannot: bool = False, taken: set[int] | None = None,
+                 unreachable: bool = False):
         super().__init__(answer)
-        self.answer, self.cannot, self.taken = answer, cannot, taken or set()
+        self.answer, self.cannot, self.taken, self.unreachable = answer, cannot, taken or set(), unreachable
 
 
 @dataclass
@@ -142,14 +145,17 @@ def judged(entry: dict) -> bool:
 
 
 def _refused(r: redis.Redis, job_id: str, spec: dict, sink: Sink, entry_key: str, n: int, answer: str,
-             cannot: bool) -> None:
+             cannot: bool, unreachable: bool = False) -> None:
+    """Count ``n`` evaluations the sink did not take: ``refused`` by its backend, or ``unreachable``
+    (no backend answered)."""
+    outcome = "unreachable" if unreachable else "refused"
     pipe = r.pipeline(transaction=False)
-    pipe.hincrby(keys.sink(job_id, sink.name), "refused", n)
-    pipe.hincrby(keys.sink(job_id, sink.name), f"refused:{entry_key}", n)
+    pipe.hincrby(keys.sink(job_id, sink.name), outcome, n)
+    pipe.hincrby(keys.sink(job_id, sink.name), f"{outcome}:{entry_key}", n)
     pipe.hset(keys.sink(job_id, sink.name), mapping={"answer": answer[:500], **({"cannot": 1} if cannot else {})})
     pipe.expire(keys.sink(job_id, sink.name), as_stored(spec).ttl)
     pipe.execute()
-    telemetry.scores_exported(sink.name, "refused", n)
+    telemetry.scores_exported(sink.name, outcome, n)
 
 
 def _mark(r: redis.Redis, job_id: str, spec: dict, sink: Sink, entry_key: str, took: list[int],
@@ -202,7 +208,8 @@ def export_items(r: redis.Redis, sink: Sink, job_id: str, spec: dict, entry_key:
                     events, busy = claim.take(events)
                 refused = sink.send(job_id, entry_key, entry, events) if events else {}
             except Exception as exc:  # the sink's own failure: what it did not take stays unmarked
-                no = exc if isinstance(exc, Refused) else Refused(f"{type(exc).__name__}: {exc}")
+                # not an answer of the backend's (a connection refused, a timeout, a client missing): unreachable
+                no = exc if isinstance(exc, Refused) else Refused(f"{type(exc).__name__}: {exc}", unreachable=True)
                 taken = sorted(no.taken)
                 _mark(r, job_id, spec, sink, entry_key, taken, [])
                 if claim is not None:  # what it took is marked; the rest may be claimed (looked up) at once
@@ -212,7 +219,7 @@ def export_items(r: redis.Redis, sink: Sink, job_id: str, spec: dict, entry_key:
                             n_left, no.answer, "it takes none: not asked again for the job" if no.cannot
                             else f"this process sends it none for {PAUSE:.0f} s")
                 _DOWN[sink.name] = time.monotonic() + PAUSE
-                _refused(r, job_id, spec, sink, entry_key, n_left, no.answer, no.cannot)
+                _refused(r, job_id, spec, sink, entry_key, n_left, no.answer, no.cannot, no.unreachable)
                 return sent + sum(1 for p, _ in events if p in no.taken)
         took = sorted(having - set(refused) - busy)  # a position another process holds is its to mark
         _mark(r, job_id, spec, sink, entry_key, took, nothing)
@@ -276,7 +283,8 @@ def export_rest(r: redis.Redis, sink: Sink, job_id: str, spec: dict) -> dict:
     records at a time, unless the sink said it takes none. Returns what it got, for run.json and
     results.json: per entry the items it took (``sent``), those with nothing for it (``skipped``)
     and those it did not take (``unsent``), the evaluations it refused on the way (``refused``, each
-    request's that failed: an item refused and then taken counts in both); its last answer."""
+    request's that failed: an item refused and then taken counts in both) and those no backend
+    answered for (``unreachable``); its last answer."""
     from evalq.shared.cluster.spec import METRICS_STAGE, stage_runs
     from evalq.shared.metrics.registry import REGISTRY
 
@@ -307,12 +315,15 @@ def export_rest(r: redis.Redis, sink: Sink, job_id: str, spec: dict) -> dict:
         handled = r.scard(keys.exported(job_id, key, sink.name))
         skipped = r.scard(keys.sink_none(job_id, key, sink.name))
         unsent = max(0, stored_records.count(r, job_id, key) - handled)
-        refused = int(r.hget(keys.sink(job_id, sink.name), f"refused:{key}") or 0)
+        refused, unreachable = (int(v or 0) for v in r.hmget(keys.sink(job_id, sink.name), f"refused:{key}",
+                                                              f"unreachable:{key}"))
         entries[key] = {"sent": handled - skipped, "unsent": unsent, **({"skipped": skipped} if skipped else {}),
-                        **({"refused": refused} if refused else {})}
+                        **({"refused": refused} if refused else {}),
+                        **({"unreachable": unreachable} if unreachable else {})}
         if unsent:
             log.warning("job %s %s: %d items' scores were not sent to %s", job_id, key, unsent, sink.name)
     said = r.hgetall(keys.sink(job_id, sink.name))
     return {"kind": sink.kind, "endpoint": sink.endpoint, "entries": entries,
             "refused_events": int(said.get(b"refused", 0)),
+            "unreachable_events": int(said.get(b"unreachable", 0)),
             "answer": said[b"answer"].decode() if b"answer" in said else None}

@@ -124,7 +124,8 @@ class OtlpSink(Sink):
         result = exporter.export([_record(ev, job_id, entry_key, now) for _, ev in events])
         if result != LogRecordExportResult.SUCCESS:
             answer, cannot = _refusal(result)
-            raise Refused(answer, cannot)
+            # no HTTP status heard: the exporter could not reach the collector
+            raise Refused(answer, cannot, unreachable=re.search(r"code: \d+", answer) is None)
         return {}
 
 
