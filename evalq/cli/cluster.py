@@ -67,7 +67,6 @@ def wait(job_id: str, broker: str | None, stall_timeout: float | None) -> None:
     from evalq.cli.run import finished
 
     from evalq.cli.progress import progress
-    from evalq.shared.cluster.spec import run_items, runs
     from evalq.shared.job.stored import stored_job
 
     broker = need_broker(broker)
@@ -75,7 +74,7 @@ def wait(job_id: str, broker: str | None, stall_timeout: float | None) -> None:
     r = waiting.connect(broker, outage)
     try:
         spec = outage.call(stored_job, r, job_id)
-        total = sum(run_items(spec, key, entry) for key, entry in runs(spec))
+        total = waiting.items_of(spec)
     except LookupError:  # not known (yet): wait says so
         total = 0
     with progress(total, label=f"job {job_id}") as shown:

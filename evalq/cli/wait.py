@@ -16,6 +16,16 @@ from evalq.shared.cluster.status import FINAL
 if TYPE_CHECKING:  # redis itself is imported when a client connects: `evalq run` starts its
     import redis  # workers first (redis-py imports asyncio and OpenTelemetry, 0.13 s)
 
+QUIET_START = 15.0  # seconds without an item of a job with a model under test before the client says why
+
+
+def items_of(spec) -> int:
+    """Every item a job records, as the cluster counts them: its generation stage's, its variants'
+    runs' and its metric entries' (what a progress bar counts up to)."""
+    from evalq.shared.cluster.spec import run_items, runs
+
+    return sum(run_items(spec, key, entry) for key, entry in runs(spec))
+
 
 def connect(broker_url: str, outage: Outage | None = None) -> redis.Redis:
     """A client for the broker's Redis, checked with a ping. A client that waits
@@ -61,6 +71,7 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     from evalq.orchestrator.parking import waits_for_batches
     from evalq.orchestrator.watch import Timing
     from evalq.orchestrator.rebuild import REBUILT
+    from evalq.shared.cluster.spec import has_model_stage
     from evalq.shared.job.stored import load_job
 
     outage = outage or Outage(broker_url, stall_timeout or 300)
@@ -69,6 +80,7 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
         raise InfraError(f"job {job_id}: no such job (expired or never submitted)")
     timing = Timing.from_env()
     last_done, last_change, lost_since = -1, time.monotonic(), None
+    loading = time.monotonic() if has_model_stage(spec) else None  # a model run's first chunk loads the model
     rebuilt = outage.call(r.hget, keys.watch(job_id), REBUILT)  # when it was last rebuilt, if ever
     while True:
         done, status, actions = outage.call(_look, r, broker_url, job_id, spec, timing)
@@ -98,6 +110,10 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
             print(f"evalq: {action}", file=sys.stderr)
         now = time.monotonic()
         last_change = max(last_change, outage.ended_at)  # time Redis was away is no stall
+        if not done and loading is not None and now - loading > QUIET_START:  # said once: not a stall
+            loading = None
+            print(f"evalq: job {job_id}: no item done yet after {QUIET_START:.0f} s: the model under test loads "
+                  "on its worker as its first chunk starts", file=sys.stderr)
         if done != last_done:
             last_done, last_change = done, now
         elif stall_timeout and now - last_change > stall_timeout:

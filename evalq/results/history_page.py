@@ -2,7 +2,8 @@
 (report.html's style; no script, no network, inline SVG) drawn from the document
 ``evalq history SUITE --json`` prints (runs oldest first).
 
-One small chart per series, a series being an entry's (name, field) across the
+A summary table first (each series' last value, the run before, the change, and the last run's
+regression where it has one), then one small chart per series, a series being an entry's (name, field) across the
 runs: the value as a line (a run without a value leaves a gap), the 95% interval
 as a shaded band, regressed runs as red markers listed under the chart, failed
 and cancelled runs as grey stripes; then the cost per run. Everything in the
@@ -334,6 +335,27 @@ def run_table(runs: list[dict]) -> str:
             + "".join(rows) + "</table>")
 
 
+def summary_table(keys: list[tuple[str, str]], runs: list[dict], series: dict) -> str:
+    """Every series at a glance, one row each: its last value, the one before, the change, and the
+    last run's regression against its baseline (value, baseline, delta, p) where it regressed."""
+    rows, last_run = [], len(runs) - 1
+    for key in keys:
+        s = series[key]
+        values = [(i, v) for i, e in enumerate(s["points"]) if e and (v := number(e.get("value"))) is not None]
+        last = values[-1][1] if values else None
+        before = values[-2][1] if len(values) > 1 else None
+        change = last - before if last is not None and before is not None else None
+        reg = s["regressions"].get(last_run)
+        cells = ([fmt(reg.get("baseline")), fmt(reg.get("delta"), sign=True), fmt(reg.get("p_value"))] if reg
+                 else ["", "", ""])
+        rows.append(f"<tr{' class=status-failed' if reg else ''}><td>{esc(key[0])} · {esc(key[1])}</td>"
+                    f"<td class=num>{esc(fmt(last))}</td><td class=num>{esc(fmt(before))}</td>"
+                    f"<td class=num>{esc(fmt(change, sign=True)) if change is not None else ''}</td>"
+                    + "".join(f"<td class=num>{esc(c)}</td>" for c in cells) + "</tr>")
+    return ("<h2>Summary</h2><table class=summary><tr><th>series</th><th>last</th><th>run before</th><th>change</th>"
+            "<th>baseline (if the last run regressed)</th><th>delta</th><th>p</th></tr>" + "".join(rows) + "</table>")
+
+
 def regression_line(i: int, run: dict, reg: dict, label: str = "") -> str:
     paired = reg.get("paired")
     how = "paired" if paired is True else "unpaired" if paired is False else ""
@@ -394,6 +416,8 @@ def render(doc: dict) -> str:
     parts = [page_head(f"evalq history: {suite}", CSS), header(suite, runs)]
     if runs:
         parts.append(run_table(runs))
+    if keys and runs:
+        parts.append(summary_table(keys, runs, series))
     if keys:
         parts.append(f"<h2>Series ({len(keys)})</h2>{LEGEND}<div class=series-grid>")
         parts.extend(series_section(k, runs, series[k]) for k in keys)

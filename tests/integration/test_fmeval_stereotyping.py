@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import PLUGINS, evalq, read_log, read_results
+from tests.conftest import PLUGINS, ROOT, evalq, read_log, read_results
 
 pytestmark = pytest.mark.integration
 
@@ -51,9 +53,10 @@ def test_a_local_causal_lm_scores_each_pair(tmp_path):
     model = {"runner": "evalq.workers.runners.hf:HFCausalLM",
              "parameters": {"model_name": str(smollm2_dir()), "gguf_file": GGUF}}
     out = tmp_path / "out"
-    # not enabled: a job cannot load a model. In a process of its own: what another test imported into
-    # this one (the runner's module, by a unit test) counts as loaded by the operator there
-    refused = evalq("validate", str(job_file(tmp_path, model)), timeout=120)
+    # not enabled: a job cannot load a model. In a process of its own (`evalq(...)` runs validate in this
+    # one): what another test imported into this one (the runner's module) counts as loaded by the operator
+    refused = subprocess.run([sys.executable, "-m", "evalq.cli", "validate", str(job_file(tmp_path, model))],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "model.runner" in refused.stderr and "not an allowed model runner" in \
         refused.stderr and "Traceback" not in refused.stderr
     proc = evalq("run", str(job_file(tmp_path, model)), "--out", str(out), "-q", timeout=400,

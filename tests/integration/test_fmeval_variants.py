@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -51,10 +52,15 @@ def test_an_endpoint_model_answers_the_variants_under_its_budget(tmp_path):
             "model": model,
             "metrics": [{"id": "semantic_robustness", "parameters": {"num_perturbations": 3, "bertscore": False}}]}))
         out = tmp_path / "out"
-        proc = evalq("run", str(job), "--out", str(out), "--chunk-size", "2", "-q",
-                     env={key_env: "k", "EVALQ_CACHE_DIR": str(tmp_path / "cache")})
+        proc = evalq("run", str(job), "--out", str(out), "--chunk-size", "2",
+                     env={key_env: "k", "EVALQ_CACHE_DIR": str(tmp_path / "cache"), "EVALQ_PROGRESS_EVERY": "0.1"})
         assert proc.returncode == 0, proc.stderr
         stats, answered = sim.stats()["lab"], sim.answered()
+    # progress counts what the cluster records, the variants' run too (issue 74: `make demo` showed
+    # 36/30 items): the generated answers, the variants and the scores, 5 each, never past the total
+    shown = [tuple(map(int, m)) for m in re.findall(r"([\d,]+)/([\d,]+) items", proc.stderr.replace(",", ""))]
+    assert shown and all(done <= total == 3 * len(records) for done, total in shown), proc.stderr
+    assert shown[-1] == (15, 15), proc.stderr
     log = read_log(out)
     generated = {line["instance_id"]: line["result"]["output"] for line in log if line["metric"] == "generate"}
     variants = variant_lines(log)

@@ -123,10 +123,9 @@ def test_header_and_table_of_runs():
     words = " ".join(page.text)
     assert "evalq history: nightly-rag" in words and "3 runs" in words
     assert "2026-11-20" in words and "2026-11-22 01:42" in words and "total cost 7.00 over 3 runs" in words
-    rows = page.all("tr")
-    assert len(rows) == 1 + 3  # header + one per run
     text = render(doc)
     table = text[text.index("<table>"):text.index("</table>")]
+    assert table.count("<tr") == 1 + 3  # header + one per run
     body = re.findall(r"<tr><td class=num>(\d+)</td><td>([^<]*)</td><td><code>([^<]*)</code></td>"
                       r"<td class=status-(\w+)>[^<]*</td>.*?<td class='num[^']*'>(\d+)</td></tr>", table)
     assert [(n, job, status, regs) for n, _, job, status, regs in body] == [
@@ -266,3 +265,44 @@ def test_two_runs_of_one_day_are_told_apart_on_the_axis():
     days = re.findall(r"class=tick>([^<]*)</text>",
                       render({"suite": "s", "runs": [run(d, [entry("bleu", "score", 0.5)]) for d in (27, 28)]}))
     assert {"11-27", "11-28"} <= set(days) and not any(":" in t for t in days), days  # one a day: the day
+
+
+class Cells(HTMLParser):
+    """The rows of the summary table, as (row class, [cell texts])."""
+
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.rows: list[tuple[str | None, list[str]]] = []
+        self.inside = False
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table":
+            self.inside = attrs.get("class") == "summary"
+        elif tag == "tr" and self.inside:
+            self.rows.append((attrs.get("class"), []))
+        elif tag in ("td", "th") and self.inside:
+            self.rows[-1][1].append("")
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.inside = False
+
+    def handle_data(self, data):
+        if self.inside and self.rows and self.rows[-1][1]:
+            self.rows[-1][1][-1] += data
+
+
+def test_a_summary_table_says_each_series_last_value_its_change_and_the_regression():
+    """Issue 74: a night's change read at a glance, without going through a chart per field."""
+    rows = Cells(render(three_runs())).rows
+    header, body = rows[0], rows[1:]
+    assert header[1][:4] == ["series", "last", "run before", "change"]
+    by_series = {cells[0]: (cls, cells[1:]) for cls, cells in body}
+    assert list(by_series) == ["bleu · mean", "rouge · rouge1", "rouge · rouge2", "rouge · rougeL"]
+    assert by_series["bleu · mean"] == (None, ["0.41", "0.42", "-0.01", "", "", ""])
+    assert by_series["rouge · rouge1"] == (None, ["0.5", "0.5", "+0", "", "", ""])
+    assert by_series["rouge · rouge2"] == ("status-failed", ["0.22", "0.31", "-0.09", "0.305", "-0.085", "0.001"])
+    one = Cells(render({"suite": "s", "runs": [run(1, [entry("bleu", "mean", 0.4)])]})).rows
+    assert one[1][1] == ["bleu · mean", "0.4", "n/a", "", "", "", ""]
