@@ -74,7 +74,9 @@ def _sample(job: Job) -> list[dict]:
 
 
 def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pairs_per_s: float = 180.0,
-             call_seconds: float = 1.0) -> dict[str, Any]:
+             call_seconds: float = 1.0, learned: Any = None) -> dict[str, Any]:
+    """``learned``: what a cluster learned of each deployment that learns its limits (``evalq plan
+    --broker``): a function of (judge, deployment) -> {"tpm": ..., "rpm": ...} (what it has, or {})."""
     n = len(job.instances)
     sample = _sample(job)
     queues: list[dict] = []
@@ -119,10 +121,13 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
         items = job.n_to_generate if m.spec.id == "generate" else job.span(m)
         scale = items / len(sample)
         name = "generate" if is_model_run(m.key) else m.params.judge
+        known = [(d, (learned(m.judge, d) if learned is not None and d.learns else None) or {})
+                 for d in m.judge.deployments]
         e = endpoints.setdefault(name, {"endpoint": name, "queues": sorted(set(m.queues)), "calls": 0.0,
-                                        "tokens": 0.0, "tpm": sum(d.tpm_start for d in m.judge.deployments),
-                                        "rpm": sum(d.rpm_start for d in m.judge.deployments), "entries": [],
-                                        "learns": learning(m.judge.deployments)})
+                                        "tokens": 0.0, "tpm": sum(k.get("tpm") or d.tpm_start for d, k in known),
+                                        "rpm": sum(k.get("rpm") or d.rpm_start for d, k in known), "entries": [],
+                                        "learns": learning(m.judge.deployments),
+                                        "learned": [{"region": d.region, **k} for d, k in known if k]})
         e["calls"] += recorder.calls * scale
         e["tokens"] += recorder.tokens * scale
         e["entries"].append({"entry": m.label, "calls_per_item": recorder.calls / len(sample),
@@ -150,6 +155,19 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
 
     return {"n_instances": n, "window_s": window_s, "queues": queues, "endpoints": list(endpoints.values()),
             "binding": binding, "keys": key_variables(job), "own_keys": own_keys(job)}
+
+
+def cluster_learned(r) -> Any:
+    """What a cluster's Redis says each learning deployment has learned (``plan_job``'s ``learned``)."""
+    from evalq.shared.cluster import keys
+    from evalq.shared.judging.judges import deployment_id
+
+    def learned(judge, d) -> dict[str, int]:
+        raw = r.hmget(keys.budget(deployment_id(judge, d), "learn"), ["tpm", "rpm"])
+        axes = {axis: getattr(d, axis) for axis in ("tpm", "rpm")}
+        return {axis: int(float(v)) for axis, v in zip(("tpm", "rpm"), raw) if v is not None and axes[axis] == "auto"}
+
+    return learned
 
 
 def learning(deployments) -> list[dict[str, str]]:
@@ -196,9 +214,14 @@ def render(plan: dict) -> list[str]:
         lines.append(f"  {e['endpoint']}: {e['tokens']:,.0f} tokens over {e['tpm']:,} TPM = "
                      f"{e['minutes_at_tpm']:.1f} min; {e['calls']:,.0f} calls over {e['rpm']:,} RPM = "
                      f"{e['minutes_at_rpm']:.1f} min")
+        learned = {k["region"]: k for k in e.get("learned", [])}
+        for k in learned.values():
+            said = ", ".join(f"{axis.upper()} {k[axis]:,}" for axis in ("tpm", "rpm") if k.get(axis))
+            lines.append(f"    {k['region']}: the cluster has learned {said} (the times above are at it)")
         for learns in e.get("learns", []):
-            lines.append(f"    {learns['region']} learns its capacity while it runs: {learns['how']} (the times "
-                         "above are at where it starts)")
+            if learns["region"] not in learned:
+                lines.append(f"    {learns['region']} learns its capacity while it runs: {learns['how']} (the times "
+                             "above are at where it starts; `--broker` reads what a cluster learned)")
     b = plan["binding"]
     if b:
         lines.append(f"binding constraint: {b['constraint']} ({b['seconds'] / 3600:.2f} h)"

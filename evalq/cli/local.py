@@ -220,15 +220,25 @@ def _duration(text: str) -> float:
               help="Items one cpu worker scores per second (BENCHMARKS.md: 2 processes, lexical metrics).")
 @click.option("--gpu-pairs-per-s", type=float, default=180.0, show_default=True,
               help="BERTScore pairs one gpu worker scores per second (the default is a CPU figure: measure yours).")
+@click.option("--broker", default=None, metavar="URL",
+              help="A cluster's Redis URL: its judges' deployments that learn their limits are planned at what "
+                   "the cluster learned, not at where they start.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def plan_command(job_file: Path, window: str, cpu_items_per_s: float, gpu_pairs_per_s: float, as_json: bool) -> None:
+def plan_command(job_file: Path, window: str, cpu_items_per_s: float, gpu_pairs_per_s: float, broker: str | None,
+                 as_json: bool) -> None:
     """Capacity plan for JOB_FILE: time per queue, the binding constraint, workers to fit --window."""
-    from evalq.cli.capacity import plan_job, render
+    from evalq.cli.capacity import cluster_learned, plan_job, render
     from evalq.cli.common import read_job
 
     window_s = _duration(window)
+    learned = None
+    if broker:
+        from evalq.cli import wait as waiting
+
+        learned = cluster_learned(waiting.connect(broker))
     # a plan reads no secret: the key variables are named, and those not set here are said so
-    result = plan_job(read_job(job_file, keys_needed=False), window_s, cpu_items_per_s, gpu_pairs_per_s)
+    result = plan_job(read_job(job_file, keys_needed=False), window_s, cpu_items_per_s, gpu_pairs_per_s,
+                      learned=learned)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

@@ -3,6 +3,7 @@ status work, and the password appears in no output, log or result."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -101,42 +102,51 @@ def secure_redis(tmp_path: Path, tls: bool) -> tuple[subprocess.Popen, str, dict
     return server, url, env
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["auth", "tls+auth"])
-def test_a_job_runs_on_a_redis_with_a_password_and_tls(tmp_path, tls):
-    server, url, env = secure_redis(tmp_path, tls)
-    name = f"sec{uuid.uuid4().hex[:6]}"
+@contextlib.contextmanager
+def worker_under(url: str, env: dict[str, str], tmp_path: Path, prefix: str, timeout: float = 30):
+    """A cpu worker that takes the URL and its secrets from its environment (a password on a command
+    line is public), pinged with the same environment; stopped after."""
+    name = f"{prefix}{uuid.uuid4().hex[:6]}"
     worker = start_worker(url, "cpu", tmp_path, concurrency=1, name=name, env=env)
     try:
-        # the worker takes the URL from its environment: a password on a command line is public
         with pytest.MonkeyPatch.context() as mp:
             for k, v in env.items():
                 mp.setenv(k, v)
-            wait_for_worker(url, name)
-        job = tmp_path / "job.json"
-        job.write_text(json.dumps({"instances": [{"id": f"i{i}", "actual-output": "a", "expected-output": ["a"]}
-                                                 for i in range(5)], "metrics": [{"id": "exact_match"}]}))
-        outputs = []
-        proc = evalq("run", str(job), "--out", str(tmp_path / "out"), env=env)
-        outputs.append(proc.stdout + proc.stderr)
-        assert proc.returncode == 0, proc.stderr
-        assert [line["result"] for line in read_log(tmp_path / "out")] == [1] * 5
-        proc = evalq("submit", str(job), "--out", str(tmp_path / "out2"), env=env)
-        outputs.append(proc.stdout + proc.stderr)
-        assert proc.returncode == 0, proc.stderr
-        job_id = proc.stdout.strip()
-        proc = evalq("wait", job_id, env=env)
-        outputs.append(proc.stdout + proc.stderr)
-        assert proc.returncode == 0, proc.stderr
-        proc = evalq("status", job_id, env=env)
-        outputs.append(proc.stdout + proc.stderr)
-        assert proc.returncode == 0 and "done" in proc.stdout
-        # a wrong password is a one-line infrastructure error that does not echo the URL's secret
-        bad = url.replace(PASSWORD, "wrong-" + PASSWORD[::-1])
-        proc = evalq("status", env={**env, "EVALQ_BROKER_URL": bad})
-        outputs.append(proc.stdout + proc.stderr)
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr and "***@127.0.0.1" in proc.stderr
+            wait_for_worker(url, name, timeout=timeout)
+        yield worker
     finally:
         stop_worker(worker)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["auth", "tls+auth"])
+def test_a_job_runs_on_a_redis_with_a_password_and_tls(tmp_path, tls):
+    server, url, env = secure_redis(tmp_path, tls)
+    try:
+        with worker_under(url, env, tmp_path, "sec") as worker:
+            job = tmp_path / "job.json"
+            job.write_text(json.dumps({"instances": [{"id": f"i{i}", "actual-output": "a", "expected-output": ["a"]}
+                                                     for i in range(5)], "metrics": [{"id": "exact_match"}]}))
+            outputs = []
+            proc = evalq("run", str(job), "--out", str(tmp_path / "out"), env=env)
+            outputs.append(proc.stdout + proc.stderr)
+            assert proc.returncode == 0, proc.stderr
+            assert [line["result"] for line in read_log(tmp_path / "out")] == [1] * 5
+            proc = evalq("submit", str(job), "--out", str(tmp_path / "out2"), env=env)
+            outputs.append(proc.stdout + proc.stderr)
+            assert proc.returncode == 0, proc.stderr
+            job_id = proc.stdout.strip()
+            proc = evalq("wait", job_id, env=env)
+            outputs.append(proc.stdout + proc.stderr)
+            assert proc.returncode == 0, proc.stderr
+            proc = evalq("status", job_id, env=env)
+            outputs.append(proc.stdout + proc.stderr)
+            assert proc.returncode == 0 and "done" in proc.stdout
+            # a wrong password is a one-line infrastructure error that does not echo the URL's secret
+            bad = url.replace(PASSWORD, "wrong-" + PASSWORD[::-1])
+            proc = evalq("status", env={**env, "EVALQ_BROKER_URL": bad})
+            outputs.append(proc.stdout + proc.stderr)
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr and "***@127.0.0.1" in proc.stderr
+    finally:
         server.terminate()
         server.wait(10)
     texts = outputs + [worker.log_path.read_text(errors="replace")] + \
@@ -168,26 +178,20 @@ def test_a_job_runs_on_a_sentinel_managed_redis_over_tls(tmp_path):
     url = f"sentinel://:{PASSWORD}@127.0.0.1:{sentinel_port}/0"
     env = {"EVALQ_BROKER_URL": url, "EVALQ_SENTINEL_TLS": "1", "EVALQ_SENTINEL_MASTER": "tlsprimary",
            "EVALQ_REDIS_CA_FILE": str(certs / "ca.crt")}
-    name = f"stls{uuid.uuid4().hex[:6]}"
-    worker = start_worker(url, "cpu", tmp_path, concurrency=1, name=name, env=env)
     try:
-        with pytest.MonkeyPatch.context() as mp:
-            for k, v in env.items():
-                mp.setenv(k, v)
-            wait_for_worker(url, name, timeout=60)
-        job = tmp_path / "job.json"
-        job.write_text(json.dumps({"instances": [{"id": f"i{i}", "actual-output": "a", "expected-output": ["a"]}
-                                                 for i in range(5)], "metrics": [{"id": "exact_match"}]}))
-        proc = evalq("run", str(job), "--out", str(tmp_path / "out"), "-q", env=env)
-        assert proc.returncode == 0, proc.stderr
-        assert [line["result"] for line in read_log(tmp_path / "out")] == [1] * 5
-        proc = evalq("status", env=env)
-        assert proc.returncode == 0 and PASSWORD not in proc.stdout + proc.stderr, proc.stderr
-        # without TLS the same sentinel is not spoken to: a one-line error, no traceback
-        proc = evalq("status", env={**env, "EVALQ_SENTINEL_TLS": "0"}, timeout=120)
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        with worker_under(url, env, tmp_path, "stls", timeout=60) as worker:
+            job = tmp_path / "job.json"
+            job.write_text(json.dumps({"instances": [{"id": f"i{i}", "actual-output": "a", "expected-output": ["a"]}
+                                                     for i in range(5)], "metrics": [{"id": "exact_match"}]}))
+            proc = evalq("run", str(job), "--out", str(tmp_path / "out"), "-q", env=env)
+            assert proc.returncode == 0, proc.stderr
+            assert [line["result"] for line in read_log(tmp_path / "out")] == [1] * 5
+            proc = evalq("status", env=env)
+            assert proc.returncode == 0 and PASSWORD not in proc.stdout + proc.stderr, proc.stderr
+            # without TLS the same sentinel is not spoken to: a one-line error, no traceback
+            proc = evalq("status", env={**env, "EVALQ_SENTINEL_TLS": "0"}, timeout=120)
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     finally:
-        stop_worker(worker)
         for proc in procs:
             proc.terminate()
             proc.wait(10)

@@ -133,3 +133,42 @@ def test_plan_says_which_deployments_learn_and_from_where(monkeypatch):
     assert "vllm learns its capacity while it runs: adaptive concurrency from 1 (1-64)" in said[1]
     fixed = render(plan_job(parse_job(job({"region": "lab", "base_url": URL, "tpm": 1000, "rpm": 10})), 3600))
     assert not [line for line in fixed if "learns" in line]
+
+
+def test_plan_with_a_broker_plans_at_what_the_cluster_learned(monkeypatch, redis_url, tmp_path):
+    """Issue 74, item 4: after the cluster learned 199,421 TPM, plan still estimated at the 30,000 floor.
+    With ``--broker`` it reads the deployment's learned limits from the cluster's Redis."""
+    import subprocess
+    import sys
+    import uuid
+
+    import redis
+
+    from evalq.cli.capacity import cluster_learned, plan_job, render
+    from evalq.shared.cluster import keys
+    from evalq.shared.judging.judges import deployment_id
+    from tests.conftest import ROOT
+
+    monkeypatch.setenv("TEST_UNIT_API_KEY", "k")
+    raw = job({"region": "gpt", "base_url": f"http://127.0.0.1:9/{uuid.uuid4().hex}/v1", "tpm": "auto",
+               "tpm_floor": 30_000, "rpm": 600})
+    parsed = parse_job(raw)
+    judge = parsed.judges["j"]
+    r = redis.Redis.from_url(redis_url)
+    key = keys.budget(deployment_id(judge, judge.deployments[0]), "learn")
+    before = plan_job(parsed, 3600, learned=cluster_learned(r))  # nothing learned yet: the floor
+    r.hset(key, mapping={"tpm": 199_421, "rpm": 5_000})  # rpm is stated (600): not a learned axis
+    try:
+        after = plan_job(parsed, 3600, learned=cluster_learned(r))
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps(raw))
+        shown = subprocess.run([sys.executable, "-m", "evalq.cli", "plan", str(path), "--broker", redis_url],
+                               cwd=ROOT, capture_output=True, text=True, timeout=60)
+    finally:
+        r.delete(key)
+    (e0,), (e1,) = before["endpoints"], after["endpoints"]
+    assert (e0["tpm"], e1["tpm"], e1["rpm"]) == (30_000, 199_421, 600) and e0["tokens"] == e1["tokens"] > 0
+    assert e1["minutes_at_tpm"] == pytest.approx(e1["tokens"] / 199_421)
+    assert any("gpt: the cluster has learned TPM 199,421" in line for line in render(after))
+    assert not any("learned TPM" in line for line in render(before))
+    assert shown.returncode == 0 and "the cluster has learned TPM 199,421" in shown.stdout, shown.stderr
