@@ -325,3 +325,34 @@ def _pings(r: redis.Redis) -> bool:
         return r.ping()
     except redis.RedisError:
         return False
+
+
+def check_undisturbed(out: Outcome) -> None:
+    """What every drill must end with: the client's exit 0 (having said what it saw), every (instance,
+    entry) once with the value it must have (nltk's BLEU computed directly; judge-sim's score as the
+    item asks for it), and the history checker's verdict: no chunk lost, judge calls paid again within
+    those in flight at the fault (judge-sim's own count agrees), both workers answering after it."""
+    import pytest
+    from nltk.tokenize import wordpunct_tokenize
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+
+    assert out.returncode == 0 and "Traceback" not in out.err, out.err
+    if out.fault in ("flushall", "replaced"):  # said whether it looked while the state was gone or after the rebuild
+        assert "lost the job's state" in out.err and "rebuilt from the job store; going on" in out.err, out.err
+    assert len({(line["instance_id"], line["metric"]) for line in out.log}) == len(out.log) == 2 * len(out.answered)
+    by_id = {inst["id"]: inst for inst in out.job["instances"]}
+    bleu = {line["instance_id"]: line["result"] for line in out.log if line["metric"] == "bleu"}
+    assert bleu == pytest.approx({iid: sentence_bleu([wordpunct_tokenize(r) for r in inst["expected-output"]],
+                                                     wordpunct_tokenize(inst["actual-output"]),
+                                                     smoothing_function=SmoothingFunction().method1)
+                                  for iid, inst in by_id.items()})
+    assert {line["instance_id"]: line["result"]["score"] for line in out.log if line["metric"] == "coherence"} == \
+        {iid: 1 + int(iid[1:]) % 5 for iid in by_id}
+    verdict = out.verdict
+    print(f"{out.fault} at {out.point:.0%} of the judging: {verdict.line()}; {out.restarts} workers restarted")
+    assert verdict.chunks > 0 and verdict.lost == [], verdict.line()
+    assert verdict.calls >= len(by_id) and verdict.repaid <= verdict.in_flight, verdict.line()
+    assert len(out.answered) == len(by_id)
+    assert sum(count - 1 for count in out.answered.values()) <= verdict.in_flight
+    assert verdict.alive == {"jobs", "judge"}
+    assert verdict.recovered_after is not None or verdict.in_flight == 0

@@ -1,8 +1,27 @@
-"""Sentinel URLs (issue 72): the ``sentinel://`` form Celery documents, read as its hosts,
-credentials and database. The failovers themselves are drilled with real sentinels in
-tests/faults/test_redis_loss.py (``tests.faults.drill``)."""
+"""evalq on a Sentinel-managed Redis (issue 72): the ``sentinel://`` form Celery documents, read as
+its hosts, credentials and database; and a night through its primary's failovers, drilled on a
+primary, a replica and three sentinels (``tests.faults.drill``): ``SENTINEL FAILOVER`` with the old
+primary kept as a replica (the READONLY path), the primary SIGKILLed, and the primary cut off in a
+network namespace past down-after-milliseconds, then healed (needs root). Each ends as undisturbed,
+and every worker answers ``inspect ping`` after it."""
 
 from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.faults import drill
+
+SEED = int(os.environ.get("EVALQ_DRILL_SEED", "72"))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fault", ["failover", "killed", "partition"])
+def test_a_night_rides_a_failover_of_its_primary_and_ends_as_undisturbed(tmp_path, fault):
+    if fault == "partition" and drill.can_partition():
+        pytest.skip(drill.can_partition())
+    drill.check_undisturbed(drill.run(tmp_path, fault, seed=SEED + drill.FAULTS.index(fault)))
 
 
 def test_a_sentinel_url_reads_as_its_hosts_credentials_and_database(monkeypatch):
