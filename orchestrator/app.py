@@ -42,8 +42,10 @@ class SubmitOnlySentinelBackend(_SubmitOnly, SentinelBackend):
 
 def _transport_options(settings: Settings, url: str | None = None) -> dict:
     vt = settings.visibility_timeout
-    sentinel = {"master_name": sentinel_master(), **({"sentinel_kwargs": sentinel_kwargs(url)}
-                                                     if sentinel_kwargs(url) else {})} if is_sentinel(url) else {}
+    sentinel = {}
+    if is_sentinel(url):  # the primary's name; and how the sentinels themselves are spoken to (TLS)
+        tls = sentinel_kwargs(url)
+        sentinel = {"master_name": sentinel_master(), **({"sentinel_kwargs": tls} if tls else {})}
     return {
         **sentinel,
         "visibility_timeout": vt,

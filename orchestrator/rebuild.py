@@ -77,6 +77,7 @@ def reconcile(r: redis.Redis, job: StoredJob) -> tuple[int, int]:
     whose part (and its companions' parts) exists as finished. Returns (chunks, items) found done.
     A job outside the store has nothing to reconcile."""
     from evalq.shared.store.ledger import chunks_done
+    from evalq.shared.store.records import summed
 
     place = job.place
     if place is None or job.job_id is None:
@@ -110,7 +111,7 @@ def reconcile(r: redis.Redis, job: StoredJob) -> tuple[int, int]:
                     pipe.hsetnx(keys.timings(job_id, key), str(start), repr(landed.seconds))
             for name in (keys.parts(job_id, key), keys.timings(job_id, key)):
                 pipe.expire(name, ttl)
-            accounted = _summed(landed.counts for landed in found.values())
+            accounted = summed(landed.counts for landed in found.values())
             if accounted:  # the entry's accounting (results.json's judge counts), where Redis lost it
                 pipe.eval(_ACCOUNT, 1, keys.accounting(job_id, key), ttl, *[v for kv in accounted.items() for v in kv])
                 spent["cost_nano"] = spent.get("cost_nano", 0) + accounted.get("cost_nano", 0)
@@ -131,14 +132,6 @@ def at_least(r: redis.Redis, counter: str, amount: int, ttl: int) -> None:
     """A spend counter no lower than ``amount`` (what the store says was spent): a Redis that lost it
     starts from there, one that has more keeps it."""
     r.eval(_AT_LEAST, 1, counter, int(amount), int(ttl))
-
-
-def _summed(counted) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for counts in counted:
-        for name, value in (counts or {}).items():
-            total[name] = total.get(name, 0) + int(value)
-    return total
 
 
 def rebuild(r: redis.Redis, broker_url: str, job_id: str, place, digest: str | None = None) -> str | None:

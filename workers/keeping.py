@@ -36,6 +36,7 @@ from typing import Any, Iterable
 import redis
 
 from evalq.shared.cluster import journal, keys
+from evalq.shared.store.records import summed
 
 log = logging.getLogger("evalq.worker")
 
@@ -251,14 +252,10 @@ class ItemKeeper:
     def chunk_accounting(self, kept: dict[int, dict]) -> dict[str, int]:
         """What every call of the chunk's items counted, this run's and earlier runs' (``kept``: what
         they kept, ``earlier``'s), summed: the chunk's part carries it."""
-        total: dict[str, int] = {}
         counted = [k["acct"] for k in kept.values() if "record" in k and isinstance(k.get("acct"), dict)]
         with self._lock:
             counted += list(self.accounts.values())
-        for counts in counted:
-            for name, value in counts.items():
-                total[name] = total.get(name, 0) + int(value)
-        return total
+        return summed(counted)
 
     def _account(self, ops: Iterable[Op]) -> None:
         for name, args in ops:

@@ -20,7 +20,6 @@ def _broker_url(ctx: click.Context, param: click.Parameter, value: str | None) -
     exit 1, as every other unreachable broker, not redis-py's traceback at the first connection."""
     if value is None:
         return value
-    wrong = None
     if not value.lower().startswith(BROKER_SCHEMES):
         wrong = f"expected one starting with {', '.join(BROKER_SCHEMES[:-1])} or {BROKER_SCHEMES[-1]}"
     else:

@@ -51,15 +51,11 @@ def on() -> bool:
 
 def begin(job: str, chunk: str, **fields) -> str:
     """A run of a chunk begins in this thread: its ``start``, and the run's id, which the events
-    this thread notes until ``end`` carry (``run``; a judge's item keeper takes it along)."""
+    this thread notes until its next run begins carry (``run``; a judge's item keeper takes it along)."""
     run = f"{os.getpid()}.{next(_runs)}" if on() else ""
     _here.run = run
     note("start", job, chunk, **fields)
     return run
-
-
-def end() -> None:
-    _here.run = ""
 
 
 def current() -> str:

@@ -31,29 +31,27 @@ def strings(values: Iterable[str | None]) -> Any:
         offsets = array.array("i", itertools.accumulate((0 if b is None else len(b) for b in encoded), initial=0))
     except OverflowError:  # 2 GiB of text in one column: pyarrow's own conversion chunks it
         return pa.array([None if b is None else b.decode("utf-8") for b in encoded], pa.string())
-    n, nulls = len(encoded), encoded.count(None)
-    validity = None
-    if nulls:
-        bits = bytearray((n + 7) // 8)
-        for i, b in enumerate(encoded):
-            if b is not None:
-                bits[i >> 3] |= 1 << (i & 7)
-        validity = pa.py_buffer(bytes(bits))
+    validity, nulls = _validity(encoded)
     data = pa.py_buffer(b"".join(b for b in encoded if b is not None))
-    return pa.Array.from_buffers(pa.string(), n, [validity, pa.py_buffer(offsets), data], null_count=nulls)
+    return pa.Array.from_buffers(pa.string(), len(encoded), [validity, pa.py_buffer(offsets), data],
+                                 null_count=nulls)
+
+
+def _bitmap(flags: list[bool]) -> Any:
+    """Arrow's bit-packed booleans (least significant bit first), as a buffer."""
+    import pyarrow as pa
+
+    bits = bytearray((len(flags) + 7) // 8)
+    for i, flag in enumerate(flags):
+        if flag:
+            bits[i >> 3] |= 1 << (i & 7)
+    return pa.py_buffer(bytes(bits))
 
 
 def _validity(values: list) -> tuple[Any, int]:
-    import pyarrow as pa
-
-    nulls = sum(v is None for v in values)
-    if not nulls:
-        return None, 0
-    bits = bytearray((len(values) + 7) // 8)
-    for i, v in enumerate(values):
-        if v is not None:
-            bits[i >> 3] |= 1 << (i & 7)
-    return pa.py_buffer(bytes(bits)), nulls
+    """A column's validity bitmap (None where no value is null) and its count of nulls."""
+    nulls = values.count(None)
+    return (_bitmap([v is not None for v in values]) if nulls else None), nulls
 
 
 def float64s(values: Iterable[float | None]) -> Any:
@@ -72,11 +70,8 @@ def bools(values: Iterable[bool | None]) -> Any:
 
     values = list(values)
     validity, nulls = _validity(values)
-    bits = bytearray((len(values) + 7) // 8)
-    for i, v in enumerate(values):
-        if v:
-            bits[i >> 3] |= 1 << (i & 7)
-    return pa.Array.from_buffers(pa.bool_(), len(values), [validity, pa.py_buffer(bytes(bits))], null_count=nulls)
+    return pa.Array.from_buffers(pa.bool_(), len(values), [validity, _bitmap([bool(v) for v in values])],
+                                 null_count=nulls)
 
 
 def table(columns: dict[str, Any]) -> Any:

@@ -118,11 +118,6 @@ def document(place: Place, digest: str | None = None) -> dict | None:
     return json.loads(raw) if raw is not None else None
 
 
-def chunk_counts(place: Place, key: str) -> dict[int, int]:
-    """Chunk start -> records, of every chunk of run ``key`` whose part is in the job's folder."""
-    return {start: done.rows for start, done in chunks_done(place, key).items()}
-
-
 class Done(NamedTuple):
     """What a chunk's part says of it (an older part carries no aggregate, time or accounting: None)."""
 
@@ -135,15 +130,10 @@ class Done(NamedTuple):
 def chunks_done(place: Place, key: str) -> dict[int, Done]:
     """Chunk start -> what its part says, of every chunk of run ``key`` whose part is in the job's
     folder: from each part's footer alone."""
-    import zlib
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from evalq.shared.store.records import ACCOUNT_KEY, PART_KEY, TIME_KEY, part_name
-
-    def meta(kept: dict, name: bytes) -> dict | None:
-        return json.loads(zlib.decompress(kept[name])) if name in kept else None
+    from evalq.shared.store.records import ACCOUNT_KEY, FOOTER_BYTES, PART_KEY, TIME_KEY, part_name, unpacked
 
     folder = part_name(key, 0).rsplit("/", 1)[0]
     found = {}
@@ -152,11 +142,8 @@ def chunks_done(place: Place, key: str) -> dict[int, Done]:
             tail = place.get(f"{folder}/{name}", missing_ok=True, last=FOOTER_BYTES)
             if tail is not None:
                 footer = pq.read_metadata(pa.BufferReader(tail))
-                kept = footer.metadata or {}
+                kept = footer.metadata
                 found[int(name[len("chunk-"):-len(".parquet")])] = Done(
-                    footer.num_rows, meta(kept, PART_KEY), (meta(kept, TIME_KEY) or {}).get("seconds"),
-                    (meta(kept, ACCOUNT_KEY) or {}).get("counts"))
+                    footer.num_rows, unpacked(kept, PART_KEY), (unpacked(kept, TIME_KEY) or {}).get("seconds"),
+                    (unpacked(kept, ACCOUNT_KEY) or {}).get("counts"))
     return found
-
-
-FOOTER_BYTES = 1 << 16  # a record part's footer (its schema and row groups) is a few kB

@@ -185,10 +185,13 @@ class PartRecords:
         before it that did not land), plus, where the chunk had landed before (``landed``: a part is
         there), that part's."""
         if landed:
-            data = self.place.get(part_name(key, start), missing_ok=True)
-            earlier = part_meta(data, ACCOUNT_KEY) if data is not None else None
-            for name, value in (earlier or {}).get("counts", {}).items():
-                counts[name] = counts.get(name, 0) + int(value)
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            tail = self.place.get(part_name(key, start), missing_ok=True, last=FOOTER_BYTES)
+            if tail is not None:
+                earlier = unpacked(pq.read_metadata(pa.BufferReader(tail)).metadata, ACCOUNT_KEY) or {}
+                counts = summed([counts, earlier.get("counts")])
         return {"counts": counts}
 
     def _starts(self, r: Any, key: str) -> list[int]:
@@ -254,15 +257,24 @@ TIME_KEY = b"evalq.elapsed"  # and of its time ({"seconds": ...}: what keys.timi
 ACCOUNT_KEY = b"evalq.accounting"  # and of its calls' accounting ({"counts": what keys.accounting adds up})
 
 
-def part_meta(data: bytes, name: bytes) -> dict | None:
-    """What a part (or its footer alone) carries under ``name``, or None."""
+FOOTER_BYTES = 1 << 16  # a record part's footer (its schema and row groups) is a few kB: read alone
+
+
+def unpacked(meta: dict | None, name: bytes) -> dict | None:
+    """What a part's metadata (``meta``, as its footer gives it) carries under ``name``, or None."""
     import json
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    packed = (pq.read_metadata(pa.BufferReader(data)).metadata or {}).get(name)
+    packed = (meta or {}).get(name)
     return json.loads(zlib.decompress(packed)) if packed is not None else None
+
+
+def summed(counted: Iterable[dict | None]) -> dict[str, int]:
+    """Accounting counts (``ACCOUNT_KEY``'s, ``keys.accounting``'s fields) added up."""
+    total: dict[str, int] = {}
+    for counts in counted:
+        for name, value in (counts or {}).items():
+            total[name] = total.get(name, 0) + int(value)
+    return total
 
 
 def _encode(records: Iterable[tuple[int, dict]], meta: dict[bytes, dict | None] | None = None) -> bytes:

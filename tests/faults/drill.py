@@ -41,7 +41,7 @@ import redis
 from evalq.shared.cluster import journal
 from evalq.sim import JudgeSim, Region
 from tests.conftest import ROOT, read_log, start_worker, stop_worker, wait_for_worker
-from tests.faults.test_faults import KEY, KEY_ENV, judge_job, private_redis, wait_until
+from tests.faults.test_faults import KEY, KEY_ENV, judge_job, pings, private_redis, wait_until
 
 FAULTS = ("flushall", "replaced", "failover", "killed", "partition")
 MASTER = "evalq-drill"
@@ -275,7 +275,7 @@ class Netns:
         proc = subprocess.Popen(["ip", "netns", "exec", self.name, redis_binary(False), "--bind", self.inside,
                                  "--port", str(port), "--protected-mode", "no", "--save", "", "--appendonly", "no",
                                  "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: _pings(redis.Redis(host=self.inside, port=port)), 10, "redis in the namespace")
+        wait_until(lambda: pings(redis.Redis(host=self.inside, port=port)), 10, "redis in the namespace")
         return proc, port
 
     def cut(self) -> None:
@@ -320,11 +320,6 @@ def _knows_replica(port: int) -> bool:
         return False
 
 
-def _pings(r: redis.Redis) -> bool:
-    try:
-        return r.ping()
-    except redis.RedisError:
-        return False
 
 
 def check_undisturbed(out: Outcome) -> None:

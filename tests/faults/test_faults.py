@@ -61,11 +61,11 @@ def private_redis(tmp_path: Path, port: int | None = None, aof: bool = False,
     args += ["--appendonly", "yes", "--appendfsync", "always"] if aof else ["--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     r = redis.Redis(port=port)
-    wait_until(lambda: _pings(r), 10, "redis")
+    wait_until(lambda: pings(r), 10, "redis")
     return proc, port
 
 
-def _pings(r) -> bool:
+def pings(r) -> bool:
     try:
         return r.ping()
     except redis.RedisError:

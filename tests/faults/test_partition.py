@@ -21,7 +21,7 @@ import redis
 from evalq.cli.embedded import free_port
 from evalq.shared.cluster import keys
 from tests.conftest import PLUGINS, ROOT, evalq, start_worker, stop_worker, wait_for_worker
-from tests.faults.test_faults import FAST_REDELIVERY, comparable, slow_job, wait_until
+from tests.faults.test_faults import FAST_REDELIVERY, comparable, pings, slow_job, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ def test_a_worker_partitioned_past_the_visibility_timeout(netns, tmp_path):
     server = subprocess.Popen([binary, "--bind", "127.0.0.1", host_ip, "--port", str(port), "--protected-mode", "no",
                                "--save", "", "--appendonly", "no", "--dir", str(data)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until(lambda: _pings(port), 10, "redis")
+    wait_until(lambda: pings(redis.Redis(port=port)), 10, "redis")
     local_url, remote_url = f"redis://127.0.0.1:{port}/0", f"redis://{host_ip}:{port}/0"
     log = open(tmp_path / "cut-off.log", "wb")
     cut_off = subprocess.Popen(
@@ -105,9 +105,3 @@ def test_a_worker_partitioned_past_the_visibility_timeout(netns, tmp_path):
         server.wait(10)
     assert comparable(tmp_path / "out") == comparable(tmp_path / "clean")
 
-
-def _pings(port: int) -> bool:
-    try:
-        return redis.Redis(port=port).ping()
-    except redis.RedisError:
-        return False

@@ -188,7 +188,8 @@ def test_instances_staged_in_s3_score_as_those_kept_in_redis(cluster, tmp_path, 
     stored = load_job(redis.Redis.from_url(cluster), staged)
     assert ledger.document(stored.place) == json.loads(stored.to_json())
     assert list(ledger.running_jobs(Place("s3://night/evalq", url))) == []
-    assert [sum(ledger.chunk_counts(stored.place, key).values()) for key in stored.metrics] == [N] * 3
+    assert [sum(done.rows for done in ledger.chunks_done(stored.place, key).values())
+            for key in stored.metrics] == [N] * 3
     listed = client.list_objects_v2(Bucket="night", Prefix=f"evalq/default/suite=job/job={staged}/instances/")
     names = sorted(o["Key"] for o in listed["Contents"])
     assert len(names) > 3 and names[0].endswith("part-00000.parquet")
