@@ -125,6 +125,9 @@ def client_app(broker_url: str) -> Celery:
 _redis: dict[tuple[int, str], "redis.Redis"] = {}
 
 
+MAX_CONNECTIONS = 1024  # a process's Redis connections at most (made as needed; the server allows 10,000)
+
+
 def app_redis(celery_app) -> "redis.Redis":
     """The job state's Redis (the broker's) for tasks of ``celery_app``: one connection pool
     per process and URL, created after fork, never shared."""
@@ -135,7 +138,9 @@ def app_redis(celery_app) -> "redis.Redis":
     url = celery_app.conf.broker_url
     key = (os.getpid(), url)
     if key not in _redis:
-        _redis[key] = redis_client(url)
+        # a judge worker's threads (its chunks', their items', a panel's members') may each be in a
+        # round trip at once: more than redis-py's default pool of 100 connections (issue 73)
+        _redis[key] = redis_client(url, max_connections=MAX_CONNECTIONS)
     return _redis[key]
 
 

@@ -33,6 +33,11 @@ def finalize(r: redis.Redis, job_id: str, status: str = Status.DONE) -> dict:
     spec = stored_job(r, job_id)
     if status_of(r, job_id) == Status.CANCELLED:
         status = Status.CANCELLED
+    with spec.records.holding():  # each record part read from the store once (the report, log, history)
+        return _finalize(r, job_id, spec, status)
+
+
+def _finalize(r: redis.Redis, job_id: str, spec: StoredJob, status: str) -> dict:
     summary = [with_variants(r, job_id, key,
                              summarize(r, spec, key, entry, REGISTRY.get(entry.id), span(spec, entry)))
                for key, entry in stage_runs(spec, METRICS_STAGE)]

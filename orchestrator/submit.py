@@ -25,7 +25,7 @@ from evalq.shared.data.instances import json_lines, stored_bytes
 from evalq.shared.job.schema import Job, MetricRun
 from evalq.shared.job.stored import VERSION, StoredJob, as_stored, store as store_document
 from evalq.shared.model.runners import GENERATE
-from evalq.shared.metrics.registry import device_chunk, sized_chunk
+from evalq.shared.metrics.registry import device_chunk, judge_chunk, sized_chunk
 from evalq.shared.data.storage import Destination
 from evalq.shared.cluster.spec import (GENERATE_STAGE, METRICS_STAGE, Chunk, has_model_stage, is_model_run,  # noqa: F401
                                is_variants, plan as plan_spec, variants_of)
@@ -44,6 +44,8 @@ def run_entry(m: MetricRun, chunk_size: int | None, items: int) -> dict:
     """How a run's chunks are planned: its size, queue and (judges, endpoint models) regions."""
     if chunk_size is None and m.spec.device_chunk is not None:
         chunk_size = device_chunk(items, *m.spec.device_chunk)
+    if chunk_size is None and m.spec.queue == "judge":
+        chunk_size = judge_chunk(items, m.spec.chunk_size)
     entry: dict = {"chunk_size": max(1, chunk_size or m.spec.chunk_size or sized_chunk(items)), **m.routing()}
     if m.judge is not None:
         entry["rotation"] = GENERATE if is_model_run(m.key) else getattr(m.params, "judge", m.key)

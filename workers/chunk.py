@@ -12,43 +12,25 @@ import gc
 import json
 import logging
 import time
-import traceback
 from typing import Any
 
 import redis
 
 from evalq.shared.cluster import journal, keys, telemetry
 from evalq.shared.scores.aggregate import chunk_part
-from evalq.shared.core.errors import Deferred, MetricError, NotApplicable, Pending, Skipped
-from evalq.workers.judge.panel import Panel
-from evalq.shared.store.place import StoreUnavailable
+from evalq.shared.core.errors import Deferred, MetricError, Skipped
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.metrics.registry import MetricSpec
 from evalq.workers import keeping, prefetch
-from evalq.workers.item_budget import bounded
 from evalq.shared.cluster.spec import companions, variants_key
+from evalq.shared.cluster.status import Status, status_of
 from evalq.shared.core.jsonio import decode_many
 from evalq.shared.core.memo import shared_reading
 from evalq.workers.context import ChunkContext
 
 log = logging.getLogger("evalq.worker")
 
-# Raised by a judge client's Redis calls mid-item: not the item's fault.
-# what a chunk task rides out (retried with backoff): Redis away, and the job store away
-REDIS_BLIPS = (redis.ConnectionError, redis.TimeoutError, StoreUnavailable)
-
-# An instance the generation stage could not answer carries, under this key,
-# the outcome its metrics record instead of a score.
-NOT_GENERATED = "__not_generated__"
-
-
-class Parked(Exception):
-    """Items of the chunk wait for provider batches (``digests``: their calls); the others
-    are kept. The chunk is run again when the replies are back (``evalq.orchestrator.parking``)."""
-
-    def __init__(self, digests: list[str]):
-        self.digests = digests
-        super().__init__(f"{len(digests)} call(s) wait for a batch")
+from evalq.workers.scoring import NOT_GENERATED, REDIS_BLIPS, Parked, score_items  # noqa: F401
 
 
 def endpoint_client(ctx: ChunkContext, deployment: str | None, keeper: keeping.ItemKeeper | None = None):
@@ -69,7 +51,8 @@ def endpoint_client(ctx: ChunkContext, deployment: str | None, keeper: keeping.I
         from evalq.workers.generate import python_runner
 
         return python_runner(config)
-    client = JudgeClient(ctx.r, ctx.job_id, ctx.key, ctx.endpoint_name, config, options, preferred=deployment,
+    client = JudgeClient(ctx.r, ctx.job_id, ctx.key, ctx.endpoint_name, config, options,
+                         preferred=deployment,
                          memo=ctx.memo, keeper=keeper, tenant=ctx.tenant, ttl=ctx.ttl)
     if not ctx.model_run:  # what the entry asks its judge, as a digest: part of its judge identity
         from evalq.workers.judge.identity import note_prompt
@@ -134,94 +117,6 @@ def batch_lines(ctx: ChunkContext, config: Any, options: Any, deployments: list,
     return BatchLines(ctx.r, ctx.job_id, ctx.key, name or ctx.endpoint_name, config, deployments, deadline, ttl=ctx.ttl)
 
 
-def score_items(spec: MetricSpec, params: Any, instances: list[dict], prepared: Any = None,
-                judge: Any = None, human: str | None = None,
-                keeper: keeping.ItemKeeper | None = None) -> list[dict]:
-    """Score instances; an exception becomes an ``error`` on that item only.
-
-    Metrics with a ``prepare`` hook get its result, judge metrics a judge
-    client, as further arguments. ``Deferred`` propagates (the task
-    re-schedules), and so does a Redis connection error (a judge client's
-    budget call, say); ``Skipped`` marks the item as not run. An instance
-    marked ``NOT_GENERATED`` is recorded with that outcome and not scored. An item
-    whose judge call waits for a provider batch (``Pending``) gets no record; once
-    every item was asked, ``Parked`` says which calls the chunk waits for.
-    Records carry the instance's grade for ``human`` (``human.<key>``); a
-    ``keeper`` gets each item's record as soon as the item is scored.
-    """
-    needs = spec.required(params)
-    # read, not taken: the entries of a chunk scored together read the same instances
-    outcomes: list = [inst.get(NOT_GENERATED) or _lacking(needs, inst) for inst in instances]
-    ready = [i for i, outcome in enumerate(outcomes) if outcome is None]
-    records: list[dict | None] = [None] * len(instances)
-    waiting: set[str] = set()
-    with bounded(spec, spec.load()) as fn:  # EVALQ_ITEM_TIMEOUT per item (evalq.workers.item_budget)
-        extra = ((prepared,) if spec.prepare else ()) + ((judge,) if spec.calls_endpoint else ())
-        if spec.batch:
-            try:
-                results = fn([instances[i] for i in ready], params, *extra) if ready else []
-            except Exception as exc:  # the whole batch failed: record it on each item
-                results = [exc] * len(ready)
-            for i, result in zip(ready, results):
-                outcomes[i] = result
-        else:
-            for i in ready:
-                if keeper is not None:
-                    keeper.begin(i)
-                try:
-                    outcomes[i] = (judge.score(fn, instances[i], params) if isinstance(judge, Panel)
-                                   else fn(instances[i], params, *extra))
-                except (Deferred, *REDIS_BLIPS):
-                    raise  # not the item's fault: the task re-schedules, or is retried
-                except Pending as exc:  # a call waits for a provider batch: the item is asked again later
-                    waiting.update(exc.digests)
-                    continue
-                except Exception as exc:
-                    outcomes[i] = exc
-                if keeper is not None:
-                    records[i] = _record(spec, instances[i], outcomes[i], human)
-                    keeper.done(records[i])
-    if waiting:
-        raise Parked(sorted(waiting))
-    return [record if record is not None else _record(spec, inst, outcome, human)
-            for record, inst, outcome in zip(records, instances, outcomes)]
-
-
-def _lacking(needs: tuple[str, ...], inst: dict) -> NotApplicable | None:
-    """An instance without a field the entry reads: only a trace dataset's (a model call has no
-    ``messages``, an agent's run may have no text answer); every other dataset is checked whole
-    before it is stored."""
-    if "otel" not in inst:  # not a trace dataset's: checked at submission
-        return None
-    missing = next((f for f in needs if f not in inst), None)
-    return NotApplicable(f"the span has no {missing!r}") if missing is not None else None
-
-
-def _record(spec: MetricSpec, inst: dict, outcome: Any, human: str | None) -> dict:
-    # instance_id first: the final callback splices log lines after it (evalq.results.outputs)
-    record: dict[str, Any] = {"instance_id": inst["id"]}
-    if isinstance(inst.get("category"), str):
-        record["category"] = inst["category"]
-    if inst.get("variant") is not None:
-        record["variant"] = inst["variant"]
-    if isinstance(inst.get("otel"), dict):  # a trace's instance: its ids join the line back to its span
-        record["otel"] = inst["otel"]
-    if isinstance(outcome, Skipped):
-        record["skipped"] = str(outcome)
-    elif isinstance(outcome, NotApplicable):
-        record["not_applicable"] = str(outcome)
-    elif isinstance(outcome, Exception):
-        record["error"] = f"{type(outcome).__name__}: {outcome}"
-        log.warning("item %r of %s failed: %s", inst["id"], spec.id,
-                    "".join(traceback.format_exception_only(outcome)).strip())
-    else:
-        record["result"] = outcome
-    grades = inst.get("human")
-    if human is not None and isinstance(grades, dict) and human in grades:
-        record["human"] = grades[human]
-    return record
-
-
 _SETTLED: dict[str, int] = {}
 
 
@@ -267,7 +162,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
         keeper = keeping.ItemKeeper(r, job_id, metric_key, positions,
                                     {p: k["replies"] for p, k in kept.items() if "replies" in k}, ctx.ttl,
                                     chunk=journal.chunk_id(metric_key, start),
-                                    accounts={p: k["acct"] for p, k in kept.items() if "acct" in k})
+                                    accounts={p: k["acct"] for p, k in kept.items() if "acct" in k}, kept=kept)
         judge = endpoint_client(ctx, deployment, keeper)
         if ctx.variants_run:  # the model asked through the job's prompt template
             from evalq.shared.model.runners import PromptedModel
@@ -275,22 +170,38 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
             judge = PromptedModel(judge, ctx.entry["prompt_template"])
     t0 = time.perf_counter()
     try:
-        records = score_items(spec, params, instances, ctx.prepared, judge, ctx.human, keeper)
-    except (Deferred, Parked):
-        _write(ctx, start, {}, time.perf_counter() - t0)  # its items are kept
+        records = score_items(spec, params, instances, ctx.prepared, judge, ctx.human, keeper,
+                              stop=(lambda: status_of(r, job_id) in (Status.CANCELLED, "")) if keeper else None)
+    except BaseException as exc:
+        closing = _close(keeper)
+        if isinstance(exc, (Deferred, Parked)):
+            _write(ctx, start, {}, time.perf_counter() - t0, extra=closing)  # its items are kept
+        elif closing:  # what the calls of a run cut short counted
+            keeping.WRITE_BEHIND.write(r, closing)
         raise
-    finally:
-        if keeper is not None:
-            keeper.flush()  # the counters of an item cut short
+    closing = _close(keeper)
     elapsed = time.perf_counter() - t0
-    new = {p: k["record"] for p, k in kept.items() if "record" in k} | dict(zip(positions, records))
+    # (a record None: the chunk was stopped, its job cancelled, before that item started)
+    new = {p: k["record"] for p, k in kept.items() if "record" in k} | \
+        {p: rec for p, rec in zip(positions, records) if rec is not None}
     acct = None
     if keeper is not None:  # what its calls counted rides in its part (an earlier landing's with it)
         acct = ctx.records.accounting(metric_key, start, keeper.chunk_accounting(kept), bool(recorded))
     _record_chunk(ctx, start, stop, new, elapsed, queue, kept=range(start, stop) if spec.calls_endpoint else range(0),
-                  acct=acct)
+                  acct=acct, extra=closing)
     # A small, deterministic summary: a redelivered run returns the very same one.
+    if None in records:
+        return {"metric": metric_key, "start": start, "n": len(new), "stopped": True}
     return {"metric": metric_key, "start": start, "n": stop - start}
+
+
+def _close(keeper: keeping.ItemKeeper | None) -> list:
+    """What waits in the run's keeper is written; what its calls add to the accounting, to ride the
+    chunk's transaction."""
+    if keeper is None:
+        return []
+    keeper.flush()  # the counters of an item cut short
+    return keeper.closing()
 
 
 def _run_together(leader: ChunkContext, others: list[ChunkContext], start: int, stop: int,
@@ -335,7 +246,7 @@ def _read_ahead(ctx: ChunkContext, start: int, stop: int, queue: str | None, pos
 
 
 def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict], elapsed: float,
-                  queue: str | None, kept: range = range(0), acct: dict | None = None) -> None:
+                  queue: str | None, kept: range = range(0), acct: dict | None = None, extra: list = ()) -> None:
     """Write what the chunk made of an entry: its new records, its aggregate part, and what
     report.html and the history store read of it; then send its scores to the job's sinks
     (``evalq.results.sinks``: OpenTelemetry evaluation events, Phoenix span annotations, MLflow
@@ -353,7 +264,7 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
         readings = [read(spec.aggregation, dumped, record) for _, record in items]  # each record read once
         view = chunk_view(items, readings, ctx.span, start)
         values = chunk_values(items, readings)
-    _write(ctx, start, new, elapsed, part, view, values, kept=kept, whole=items, acct=acct)
+    _write(ctx, start, new, elapsed, part, view, values, kept=kept, whole=items, acct=acct, extra=extra)
     # every record in ``new`` was recorded just now (one kept by a deferred run of the
     # chunk was never written there), so each item counts once, as results.json counts it
     telemetry.items_recorded(spec.id, queue, new.values())
@@ -429,9 +340,10 @@ def _chunk_records(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict
 
 def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: float, part: dict | None = None,
            view: dict | None = None, values: dict | None = None, kept: range = range(0),
-           whole: list[tuple[int, dict]] | None = None, acct: dict | None = None) -> None:
+           whole: list[tuple[int, dict]] | None = None, acct: dict | None = None, extra: list = ()) -> None:
     """``records``: those this run made; ``whole``: every record of the chunk, once it has ended
-    (``evalq.shared.store.records`` writes them to ``res:{M}`` or as the chunk's part)."""
+    (``evalq.shared.store.records`` writes them to ``res:{M}`` or as the chunk's part); ``extra``:
+    more ops for the same transaction (what the run's calls add to the accounting)."""
     job_id, metric_key = ctx.job_id, ctx.key
     pipe = ctx.r.pipeline(transaction=True)
     # the records, and the history's values and the report's view (with a job store they ride in the
@@ -442,4 +354,6 @@ def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: flo
     if part is not None:  # likewise by chunk
         pipe.hset(keys.parts(job_id, metric_key), str(start), json.dumps(part))
     pipe.hincrbyfloat(keys.timings(job_id, metric_key), str(start), elapsed)
+    for method, args in extra:
+        getattr(pipe, method)(*args)
     pipe.execute()

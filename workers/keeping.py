@@ -9,12 +9,10 @@ run again (redelivered after its worker died, retried after a Redis error)
 reads them back: an item kept is not scored again, and a call answered is not
 paid again. Only calls in flight at the moment of a fault are paid twice.
 
-Cost: keeping rides round trips that were made anyway. The judge client hands
-its accounting counters here instead of writing them after every call, and an
-item's record goes in one pipeline with them; the replies of a several-call
-item are written before its next call only (one round trip then, none for an
-item of one call); a metric whose replies the job's memo keeps (``memo``) writes
-its counters with the memo.
+Cost: one command an item. An item's record (or, before it pays for another call, its answered
+calls) is one HSET, the kept hash's expiry set once a run; the judge client hands its accounting
+counters here, summed in the process and added once a run (``ItemKeeper.closing``), in the chunk's
+own transaction; a metric whose replies the job's memo keeps (``memo``) writes them with the memo.
 
 Redis away: a write that fails is held in the process (``WriteBehind``) and
 written, in order, by a background thread as soon as Redis answers again; a
@@ -26,6 +24,7 @@ in Redis).
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
@@ -46,12 +45,30 @@ Op = tuple[str, tuple]
 DOWN = (redis.ConnectionError, redis.TimeoutError)
 
 
-def execute(r: redis.Redis, ops: list[Op]) -> None:
-    """``ops`` in one round trip, all or none (MULTI/EXEC)."""
-    pipe = r.pipeline(transaction=True)
+def execute(r: redis.Redis, ops: list[Op], transaction: bool = True) -> None:
+    """``ops`` in one round trip, all or none (MULTI/EXEC, where ``transaction`` and there are several).
+    An op ``("script", (script, keys, args))`` runs a registered script by its digest; one the server
+    does not know (a Redis restarted since) is loaded and run again alone."""
+    pipe = r.pipeline(transaction=transaction and len(ops) > 1)
     for method, args in ops:
-        getattr(pipe, method)(*args)
-    pipe.execute()
+        if method == "script":
+            script, script_keys, script_args = args
+            pipe.evalsha(script.sha, len(script_keys), *script_keys, *script_args)
+        else:
+            getattr(pipe, method)(*args)
+    if not any(method == "script" for method, _ in ops):
+        pipe.execute()
+        return
+    results = pipe.execute(raise_on_error=False)
+    failed = None
+    for (method, args), result in zip(ops, results):
+        if isinstance(result, redis.exceptions.NoScriptError) and method == "script":
+            script, script_keys, script_args = args
+            script(keys=script_keys, args=script_args)  # loads it
+        elif isinstance(result, Exception) and failed is None:
+            failed = result
+    if failed is not None:
+        raise failed
 
 
 class WriteBehind:
@@ -66,26 +83,26 @@ class WriteBehind:
         self.first_wait, self.longest_wait = first_wait, longest_wait
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._held: list[tuple[redis.Redis, list[Op]]] = []
+        self._held: list[tuple[redis.Redis, list[Op], bool]] = []
         self._flusher: threading.Thread | None = None
 
-    def write(self, r: redis.Redis, ops: list[Op]) -> bool:
-        """Write ``ops`` now, or hold them; True when they were written now."""
+    def write(self, r: redis.Redis, ops: list[Op], transaction: bool = True) -> bool:
+        """Write ``ops`` now, or hold them; True when they were written now (``transaction``: all or none)."""
         if not ops:
             return True
         with self._lock:
             self._after_fork()
             if self._held:
-                self._hold(r, ops)
+                self._hold(r, ops, transaction)
                 return False
         try:
-            execute(r, ops)
+            execute(r, ops, transaction)
             return True
         except DOWN as exc:
             with self._lock:
                 if not self._held:
                     log.warning("Redis is unreachable (%s): holding writes until it is back", exc)
-                self._hold(r, ops)
+                self._hold(r, ops, transaction)
             return False
 
     def held(self, key: str, fields: Iterable[str]) -> dict[str, str]:
@@ -93,7 +110,7 @@ class WriteBehind:
         wanted, found = set(fields), {}
         with self._lock:
             self._after_fork()
-            for _, ops in self._held:
+            for _, ops, _ in self._held:
                 for method, args in ops:
                     if method == "hset" and args[0] == key and args[1] in wanted:
                         found[args[1]] = args[2]
@@ -116,8 +133,8 @@ class WriteBehind:
             time.sleep(0.05)
         return True
 
-    def _hold(self, r: redis.Redis, ops: list[Op]) -> None:
-        self._held.append((r, ops))
+    def _hold(self, r: redis.Redis, ops: list[Op], transaction: bool = True) -> None:
+        self._held.append((r, ops, transaction))
         if self._flusher is None:
             self._flusher = threading.Thread(target=self._flush, name="evalq-write-behind", daemon=True)
             self._flusher.start()
@@ -129,9 +146,9 @@ class WriteBehind:
                 if not self._held:
                     self._flusher = None
                     return
-                r, ops = self._held[0]
+                r, ops, transaction = self._held[0]
             try:
-                execute(r, ops)
+                execute(r, ops, transaction)
             except DOWN:
                 time.sleep(wait)
                 wait = min(wait * 2, self.longest_wait)
@@ -169,85 +186,172 @@ def earlier(r: redis.Redis, records: Any, job_id: str, metric_key: str,
     return recorded, kept
 
 
+class _Item:
+    """One item's state in a chunk run: its answered calls, and what they counted."""
+
+    def __init__(self, position: int, replies: dict[str, str], acct: dict[str, int], fresh: dict[str, int]):
+        self.position, self.replies, self.acct, self.fresh = position, replies, acct, fresh
+        self.unkept = False
+
+
+_ITEM: contextvars.ContextVar[_Item | None] = contextvars.ContextVar("evalq_kept_item", default=None)
+
+
+def _add(counts: dict[str, int], field: str, value: int) -> None:
+    counts[field] = counts.get(field, 0) + value
+
+
 class ItemKeeper:
-    """What one chunk run keeps, item by item (one item at a time; a panel's members call from a
-    thread each, so what they share is held under a lock).
+    """What one chunk run keeps, item by item. The items of a chunk may be scored side by side (a
+    thread each) and a panel's members call from a thread each: an item's own state rides in a
+    context variable (``begin`` sets it; a panel's member threads run in a copy of it), what they
+    share is held under a lock.
 
     The runner calls ``begin`` before scoring an item and ``done`` with its
     record; the judge client asks ``reply`` for a call an earlier run of the
     item had answered, tells ``answered`` about each reply, calls
     ``before_call`` before it pays for a call, and hands its counters to
-    ``add``. Everything waits here for the next round trip (``flush``).
+    ``add``. An item's record (or its answered calls) is one HSET; the expiry is set once a run.
+
+    Accounting (``keys.accounting``) is added once a run, not once a call: ``closing`` gives the
+    sums of what this run's calls counted, and of what items kept by earlier runs that never got
+    to add theirs (a worker killed) counted, with the runs they name marked as counted
+    (``keys.accounted``), to ride the chunk's own transaction. Each kept item carries its run and
+    what it counted that is not added yet (``fresh``), so nothing is added twice and nothing paid
+    is left out.
     """
 
     def __init__(self, r: redis.Redis, job_id: str, metric_key: str, positions: list[int],
                  replies: dict[int, dict[str, str]], ttl: int, write_behind: WriteBehind | None = None,
-                 chunk: str = "", accounts: dict[int, dict[str, int]] | None = None):
+                 chunk: str = "", accounts: dict[int, dict[str, int]] | None = None,
+                 kept: dict[int, dict] | None = None):
+        import uuid
+
         self.r = r
         self.job_id, self.chunk, self.run = job_id, chunk, journal.current()  # for the cluster's journal
+        self.run_id = uuid.uuid4().hex[:16]
         self.write_behind = write_behind or WRITE_BEHIND
         self.key = keys.kept(job_id, metric_key)
-        self.expiring = [self.key, keys.accounting(job_id, metric_key)]
-        # what each item's calls counted on the entry's accounting (an earlier run's too: ``accounts``),
-        # kept with the item and summed into the chunk's part (what a rebuild counts again)
+        self.acct_key, self.accounted_key = keys.accounting(job_id, metric_key), keys.accounted(job_id, metric_key)
+        # what each item's calls counted (an earlier run's too: ``accounts``), kept with the item and
+        # summed into the chunk's part (what a rebuild counts again)
         self.earlier_accounts = accounts or {}
         self.accounts: dict[int | None, dict[str, int]] = {}
         self.positions = positions
         self.earlier = replies  # position -> {sha: reply} an earlier run kept
         self.ttl = ttl
         self.ops: list[Op] = []
-        self.position: int | None = None
-        self.replies: dict[str, str] = {}
-        self.unkept = False
+        self.counts: dict[str, int] = {}  # what this run's calls counted, not yet added
+        self.inherited, self.uncounted = self._uncounted(kept or {})
+        self._expiring = True  # the kept hash's expiry: set with the run's first write
+        self._closers: list = []
         self._lock = threading.RLock()
 
+    def _uncounted(self, kept: dict[int, dict]) -> tuple[dict[int, dict[str, int]], set[str]]:
+        """What items kept by earlier runs counted that no run added to the accounting yet (their
+        run never closed), by position; and those runs."""
+        runs = sorted({k["run"] for k in kept.values() if isinstance(k.get("run"), str)})
+        if not runs:  # none, or kept by an older worker, which added each item's counts as it kept it
+            return {}, set()
+        marked = self.r.hmget(self.accounted_key, runs)
+        held = self.write_behind.held(self.accounted_key, runs)  # marked while Redis was away
+        open_runs = {run for run, mark in zip(runs, marked) if mark is None and run not in held}
+        inherited = {p: dict(k.get("fresh") or {}) for p, k in kept.items() if k.get("run") in open_runs}
+        return inherited, open_runs
+
+    @property
+    def position(self) -> int | None:
+        item = _ITEM.get()
+        return item.position if item is not None else None
+
     def begin(self, index: int) -> None:
-        self.position = self.positions[index]
-        self.replies = dict(self.earlier.get(self.position, {}))
-        if self.position in self.earlier_accounts:
-            self.accounts[self.position] = dict(self.earlier_accounts[self.position])
-        self.unkept = False
+        position = self.positions[index]
+        acct = dict(self.earlier_accounts.get(position, {}))
+        with self._lock:
+            if acct:
+                self.accounts[position] = acct
+            fresh = dict(self.inherited.get(position, {}))
+        _ITEM.set(_Item(position, dict(self.earlier.get(position, {})), acct, fresh))
 
     def reply(self, digest: str) -> str | None:
         """The reply an earlier run of this item was given for request ``digest``."""
+        item = _ITEM.get()
         with self._lock:
-            return self.replies.get(digest) if self.position is not None else None
+            return item.replies.get(digest) if item is not None else None
 
     def answered(self, digest: str, raw: str) -> None:
+        item = _ITEM.get()
         with self._lock:
-            if self.position is not None:
-                self.replies[digest] = raw
-                self.unkept = True
+            if item is not None:
+                item.replies[digest] = raw
+                item.unkept = True
 
     def before_call(self) -> None:
         """The item's answered calls are kept before it pays for another."""
-        journal.note("call", self.job_id, self.chunk, item=self.position, run=self.run)
+        item = _ITEM.get()
+        journal.note("call", self.job_id, self.chunk, item=item.position if item else None, run=self.run)
         with self._lock:
-            if self.unkept:
-                self._keep({"replies": self.replies, **self._counted()})
-                self.flush()
+            if item is not None and item.unkept:
+                self._keep(item, {"replies": item.replies})
+        self.flush()
 
     def add(self, ops: list[Op]) -> None:
+        """Ops for the next round trip; the accounting's counters are summed here instead, added
+        when the run closes (``closing``)."""
+        item = _ITEM.get()
         with self._lock:
-            self.ops += ops
-            self._account(ops)
+            for name, args in ops:
+                if name == "hincrby" and args[0] == self.acct_key:
+                    field, value = args[1], int(args[2])
+                    _add(self.counts, field, value)
+                    if item is not None:
+                        _add(item.acct, field, value)
+                        _add(item.fresh, field, value)
+                        self.accounts[item.position] = item.acct
+                else:
+                    self.ops.append((name, args))
 
     def done(self, record: dict) -> None:
-        if self.position is None:
+        item = _ITEM.get()
+        if item is None:
             return
-        self._keep({"record": record, **self._counted()})
+        with self._lock:
+            self._keep(item, {"record": record})
         self.flush()
-        self.position = None
+        _ITEM.set(None)
 
     def flush(self, *ops: Op) -> bool:
         """Write what waits (and ``ops``) in one round trip, or have it held; True when written now."""
         with self._lock:
-            self._account(ops)
             batch, self.ops = self.ops + list(ops), []
+            if batch and self._expiring and any(args[0] == self.key for _, args in batch):
+                batch.append(("expire", (self.key, self.ttl)))
+                self._expiring = False
         if not batch:
             return True
-        batch += [("expire", (key, self.ttl)) for key in self.expiring]
-        return self.write_behind.write(self.r, batch)
+        # (no transaction: an item kept, a call settled, a version told stand alone)
+        return self.write_behind.write(self.r, batch, transaction=False)
+
+    def on_close(self, step) -> None:
+        """``step`` runs when the chunk run ends (a judge client folds what it saw)."""
+        self._closers.append(step)
+
+    def closing(self) -> list[Op]:
+        """At the end of the run: what it adds to the entry's accounting (its calls' counts, and those
+        of earlier runs' kept items that were never added), with those runs marked as added."""
+        for step in self._closers:
+            try:
+                step()
+            except DOWN as exc:
+                log.info("a judge client's closing step skipped, Redis is unreachable: %s", exc)
+        with self._lock:
+            total = summed([self.counts, *self.inherited.values()])
+            runs, self.counts, self.inherited = self.uncounted | {self.run_id}, {}, {}
+        ops: list[Op] = [("hincrby", (self.acct_key, name, value)) for name, value in total.items() if value]
+        if ops or self.uncounted:
+            ops += [("hset", (self.accounted_key, run, 1)) for run in sorted(runs)]
+            ops += [("expire", (key, self.ttl)) for key in (self.acct_key, self.accounted_key)]
+        return ops
 
     def chunk_accounting(self, kept: dict[int, dict]) -> dict[str, int]:
         """What every call of the chunk's items counted, this run's and earlier runs' (``kept``: what
@@ -257,16 +361,11 @@ class ItemKeeper:
             counted += list(self.accounts.values())
         return summed(counted)
 
-    def _account(self, ops: Iterable[Op]) -> None:
-        for name, args in ops:
-            if name == "hincrby" and args[0] == self.expiring[1]:
-                mine = self.accounts.setdefault(self.position, {})
-                mine[args[1]] = mine.get(args[1], 0) + int(args[2])
-
-    def _counted(self) -> dict:
-        counts = self.accounts.get(self.position)
-        return {"acct": dict(counts)} if counts else {}
-
-    def _keep(self, value: dict) -> None:
-        self.ops.append(("hset", (self.key, str(self.position), json.dumps(value, ensure_ascii=False))))
-        self.unkept = False
+    def _keep(self, item: _Item, value: dict) -> None:
+        if item.acct:
+            value["acct"] = dict(item.acct)
+        value["run"] = self.run_id
+        if item.fresh:
+            value["fresh"] = dict(item.fresh)
+        self.ops.append(("hset", (self.key, str(item.position), json.dumps(value, ensure_ascii=False))))
+        item.unkept = False

@@ -258,6 +258,12 @@ def accounting(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:acct:{metric_key}"
 
 
+def accounted(job_id: str, metric_key: str) -> str:
+    """The chunk runs whose calls ``accounting`` counts (run id -> 1): their kept items are not
+    counted again (``evalq.workers.keeping``)."""
+    return f"{job_prefix(job_id)}:acctd:{metric_key}"
+
+
 def job_tokens(job_id: str) -> str:
     return f"{job_prefix(job_id)}:tokens"
 
@@ -337,7 +343,7 @@ def all_job_keys(job_id: str, metric_keys: list[str], sinks: list[str] = ()) -> 
             sink(job_id, "otlp")]
     for m in metric_keys:
         keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m),
-                 values(job_id, m), accounting(job_id, m), recorded(job_id, m), judge_seen(job_id, m),
+                 values(job_id, m), accounting(job_id, m), accounted(job_id, m), recorded(job_id, m), judge_seen(job_id, m),
                  recorded_total(job_id, m)]
         keys += [key(job_id, m, name) for name in ("otlp", *sinks) for key in (exported, sink_none, sink_pending)]
     keys += [sink(job_id, name) for name in sinks]

@@ -27,3 +27,22 @@ def reply_from_completion(completion) -> Reply:
     message = completion.choices[0].message
     tool_arguments = message.tool_calls[0].function.arguments if message.tool_calls else None
     return Reply(message.content, tool_arguments, usage, model=getattr(completion, "model", None) or None)
+
+
+def reply_from_json(completion: dict) -> Reply:
+    """A chat completion as its JSON says it (a synchronous call's: ``evalq.workers.judge.dialects.
+    post_chat``) as a Reply, the same as ``reply_from_completion`` makes of the SDK's model of it: the
+    first choice's text, its first tool call's arguments, and the ``usage`` with the fields the SDK's
+    dump of it always has (a batch line's reply and a synchronous one's are alike)."""
+    message = completion["choices"][0]["message"]
+    calls = message.get("tool_calls")
+    tool_arguments = calls[0]["function"]["arguments"] if calls else None
+    usage = completion.get("usage")
+    if isinstance(usage, dict):
+        usage = {**usage}
+        for name in _USAGE_DETAILS:
+            usage.setdefault(name, None)
+    return Reply(message.get("content"), tool_arguments, usage or {}, model=completion.get("model") or None)
+
+
+_USAGE_DETAILS = ("completion_tokens_details", "prompt_tokens_details")  # (the SDK's CompletionUsage's)

@@ -24,6 +24,18 @@ Aggregation = Literal["mean", "distribution", "rating", "defect", "classificatio
 
 CHUNKS_PER_ENTRY = 100
 CHUNK_MIN, CHUNK_MAX = 250, 1000
+# A judge entry's items per chunk, where the job does not say: a sixteenth of its items (a judge
+# worker's threads each take a chunk), at least the metric's own size and at most JUDGE_CHUNK. A large
+# chunk's items are judged side by side (``evalq.workers.scoring``) and its records reach the job
+# store as one part: a night of a million judged items writes a thousand parts, and a task's fixed
+# costs (its message, its context, its records' transaction) are paid once per thousand calls, not
+# once per four (issue 73); a small job still spreads over every worker thread.
+JUDGE_CHUNK, JUDGE_SPREAD = 1024, 16
+
+
+def judge_chunk(items: int, smallest: int | None) -> int:
+    """Items per chunk of a judge entry of ``items`` (``smallest``: the metric's own chunk size)."""
+    return max(1, min(JUDGE_CHUNK, max(smallest or 1, -(-items // JUDGE_SPREAD))))
 # A cheap metric's chunks (``MetricSpec.item_us``) hold about CHEAP_CHUNK_S of its work, so that a
 # task's fixed cost (its message and dispatch, the completion count, a few Redis round trips: about
 # 8 ms a task on the CI kind, measured; BENCHMARKS.md) stays small beside it: at most CHEAP_CHUNK_MAX

@@ -23,7 +23,9 @@ of its run (``evalq.shared.cluster.spec``), so any position's part is known with
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import threading
 import zlib
 from collections import OrderedDict
@@ -115,6 +117,9 @@ class RedisRecords:
     def accounting(self, key: str, start: int, counts: dict[str, int], landed: bool) -> None:
         return None  # Redis holds the job's accounting; nothing rebuilds it
 
+    def holding(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
 
 class PartRecords:
     """A job's item records as one immutable Parquet part per chunk in its job store folder
@@ -122,6 +127,36 @@ class PartRecords:
 
     def __init__(self, job_id: str, place: Place, sizes: dict[str, int]):
         self.job_id, self.place, self.sizes = job_id, place, sizes
+        self._held: OrderedDict[str, bytes] | None = None  # parts read while ``holding``
+        self._held_bytes = 0
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """While in it, each part read is kept (up to ``EVALQ_PART_CACHE_BYTES``, default 256 MiB,
+        least recently read first out): the final callback reads a run's parts for the report's
+        views, the log and the history's values, and each from the store once (issue 73). Parts
+        do not change once their run has ended; those of a run still going are not read here."""
+        self._held, self._held_bytes = OrderedDict(), 0
+        try:
+            yield
+        finally:
+            self._held, self._held_bytes = None, 0
+
+    def _get(self, name: str) -> bytes | None:
+        held = self._held
+        if held is None:
+            return self.place.get(name, missing_ok=True)
+        if name in held:
+            held.move_to_end(name)
+            return held[name]
+        data = self.place.get(name, missing_ok=True)
+        if data is not None and len(data) <= HOLD_BYTES():
+            held[name] = data
+            self._held_bytes += len(data)
+            while self._held_bytes > HOLD_BYTES() and len(held) > 1:
+                _, dropped = held.popitem(last=False)
+                self._held_bytes -= len(dropped)
+        return data
 
     def locations(self) -> dict:
         """Its folder, and a glob per part kind and run (``evalq results``)."""
@@ -159,7 +194,7 @@ class PartRecords:
         size = self.sizes[key]
         found: dict[int, str] = {}
         for start in sorted({p - p % size for p in positions}):
-            found.update(_read_part(self.place, key, start, cached=complete))
+            found.update(_read_part(self.place, key, start, cached=complete, get=self._get))
         return [found.get(p) for p in positions]
 
     def get_many_beside(self, r: Any, key: str, positions: list[int], other: str) -> tuple[list, list]:
@@ -168,7 +203,7 @@ class PartRecords:
     def scan(self, r: Any, key: str) -> Iterator[tuple[int, Any]]:
         """(position, record JSON) of every record of the run: a part at a time, in chunk order."""
         for start in self._starts(r, key):
-            yield from sorted(_read_part(self.place, key, start).items())
+            yield from sorted(_read_part(self.place, key, start, get=self._get).items())
 
     def views(self, r: Any, key: str) -> Iterator[bytes | None]:
         for _, raw in self._meta(r, key, VIEW_KEY):
@@ -204,7 +239,7 @@ class PartRecords:
         import pyarrow.parquet as pq
 
         for start in self._starts(r, key):
-            data = self.place.get(part_name(key, start), missing_ok=True)
+            data = self._get(part_name(key, start))
             meta = pq.read_schema(pa.BufferReader(data)).metadata if data is not None else None
             packed = (meta or {}).get(name)
             yield start, zlib.decompress(packed) if packed is not None else None
@@ -231,8 +266,9 @@ _CACHED = 64  # parts of ended runs a process keeps (a generation stage's chunks
 _LOCK = threading.Lock()
 
 
-def _read_part(place: Place, key: str, start: int, cached: bool = False) -> dict[int, str]:
-    """The chunk's records by position ({} where the chunk wrote no part)."""
+def _read_part(place: Place, key: str, start: int, cached: bool = False, get=None) -> dict[int, str]:
+    """The chunk's records by position ({} where the chunk wrote no part); ``get``: how a part's bytes
+    are read (``PartRecords._get``), else from ``place``."""
     name = part_name(key, start)
     if cached:
         with _LOCK:
@@ -240,7 +276,7 @@ def _read_part(place: Place, key: str, start: int, cached: bool = False) -> dict
             if hit is not None:
                 _CACHE.move_to_end((place.uri, name))
                 return hit
-    data = place.get(name, missing_ok=True)
+    data = get(name) if get is not None else place.get(name, missing_ok=True)
     records = _decode(data) if data is not None else {}
     if cached and data is not None:
         with _LOCK:
@@ -255,6 +291,14 @@ VIEW_KEY = b"evalq.view"  # and of its report view (JSON, zlib'd)
 PART_KEY = b"evalq.part"  # and of its mergeable aggregate (what keys.parts holds of it)
 TIME_KEY = b"evalq.elapsed"  # and of its time ({"seconds": ...}: what keys.timings holds of it)
 ACCOUNT_KEY = b"evalq.accounting"  # and of its calls' accounting ({"counts": what keys.accounting adds up})
+
+
+def HOLD_BYTES() -> int:  # noqa: N802  (read when used: a test, an operator may set it)
+    """What ``PartRecords.holding`` keeps of parts read, at most (``EVALQ_PART_CACHE_BYTES``)."""
+    try:
+        return int(os.environ.get("EVALQ_PART_CACHE_BYTES", 256 << 20))
+    except ValueError:
+        return 256 << 20
 
 
 FOOTER_BYTES = 1 << 16  # a record part's footer (its schema and row groups) is a few kB: read alone

@@ -205,3 +205,26 @@ def test_two_workers_share_one_budget_without_429s(redis_url, tmp_path):
     for name in names:  # both processes took part, so the budget really was shared
         assert "evalq.score_chunk" in (logs / f"{name}.log").read_text() and \
             "succeeded" in (logs / f"{name}.log").read_text(), name
+
+
+def test_a_settle_riding_an_items_round_trip_counts_as_one_made_alone_even_on_a_restarted_redis(private_redis):
+    """A judge call's settle goes in the pipeline that keeps its item (evalq.workers.keeping.execute);
+    on a Redis that never saw the settle script (restarted, flushed) it is loaded and run all the same,
+    and the item's write beside it lands once."""
+    from evalq.shared.cluster import keys
+    from evalq.workers.keeping import execute
+
+    r = redis.Redis.from_url(private_redis)
+    alone, riding = (Budget(r, uuid.uuid4().hex, tpm=100_000, rpm=1_000, window=60) for _ in range(2))
+    for budget in (alone, riding):
+        reservation = budget.reserve(100)
+        assert reservation.admitted
+        if budget is alone:
+            budget.settle(reservation, 150)  # the server counted 50 more than was reserved
+        else:
+            r.script_flush()  # the scripts are gone, as after a restart
+            execute(r, [("hset", ("kept", "7", "record")), *budget.settle_ops(reservation, 150)], transaction=False)
+    for budget in (alone, riding):
+        tokens = r.hgetall(keys.budget(budget.dep_id, "tok"))
+        assert sum(int(v) for v in tokens.values()) == 150
+    assert r.hgetall("kept") == {b"7": b"record"}

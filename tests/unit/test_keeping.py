@@ -3,6 +3,7 @@ broker: a stand-in client that refuses connections while told Redis is down."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -23,6 +24,10 @@ class Store:
 
     def pipeline(self, transaction: bool = True) -> "Pipe":
         return Pipe(self)
+
+    def hmget(self, key, fields):
+        self.round_trips += 1
+        return [self.hashes.get(key, {}).get(f) for f in fields]
 
 
 class Pipe:
@@ -60,7 +65,7 @@ def test_a_reply_answered_while_redis_is_down_is_held_then_written_once():
     keeper.begin(0)
     keeper.add([("hincrby", (keys.accounting("J", "coherence@0"), "calls", 1))])
     keeper.done({"instance_id": "a", "result": {"score": 4}})
-    assert store.round_trips == 1  # the record rides with the call's counters
+    assert store.round_trips == 1  # the record alone: the call's counters wait for the run's end
     store.down.set()
     keeper.begin(1)
     keeper.answered("sha-b", '{"content": "Score: 2"}')
@@ -68,14 +73,43 @@ def test_a_reply_answered_while_redis_is_down_is_held_then_written_once():
     keeper.done({"instance_id": "b", "result": {"score": 2}})
     # held in the process, and readable by a run of the chunk in it
     assert behind.pending() == 1
-    # (with what its call counted: the chunk's part carries the sum, for a rebuild after Redis is lost)
-    assert behind.held(kept, ["40", "41"]) == \
-        {"41": '{"record": {"instance_id": "b", "result": {"score": 2}}, "acct": {"calls": 1}}'}
+    # (with what its call counted: the chunk's part carries the sum, for a rebuild after Redis is lost;
+    # and, until the run adds it to the accounting, as not yet added, by which run)
+    assert json.loads(behind.held(kept, ["40", "41"])["41"]) == {
+        "record": {"instance_id": "b", "result": {"score": 2}}, "acct": {"calls": 1}, "fresh": {"calls": 1},
+        "run": keeper.run_id}
     assert set(store.hashes[kept]) == {"40"}
+    behind.write(store, keeper.closing())  # the run ends: its counts, once, behind what is held
     store.down.clear()
     assert behind.drain(timeout=5)
     assert set(store.hashes[kept]) == {"40", "41"}
     assert store.hashes[keys.accounting("J", "coherence@0")]["calls"] == 2  # counted once each
+    assert store.hashes[keys.accounted("J", "coherence@0")] == {keeper.run_id: 1}
+
+
+def test_a_run_cut_short_has_its_counts_added_by_the_next_and_a_closed_one_does_not():
+    store, behind = Store(), WriteBehind()
+    acct = keys.accounting("J", "coherence@0")
+    first = ItemKeeper(store, "J", "coherence@0", [0, 1, 2], {}, ttl=60, write_behind=behind)
+    for i in range(2):  # two items judged and kept, then the worker dies: the run never closes
+        first.begin(i)
+        first.add([("hincrby", (acct, "calls", 1)), ("hincrby", (acct, "prompt_tokens", 10))])
+        first.done({"instance_id": str(i), "result": {"score": 3}})
+    assert acct not in store.hashes
+    kept = {int(p): json.loads(v) for p, v in store.hashes[keys.kept("J", "coherence@0")].items()}
+    second = ItemKeeper(store, "J", "coherence@0", [2], {}, ttl=60, write_behind=behind, kept=kept,
+                        accounts={p: k["acct"] for p, k in kept.items()})
+    second.begin(0)
+    second.add([("hincrby", (acct, "calls", 1)), ("hincrby", (acct, "prompt_tokens", 7))])
+    second.done({"instance_id": "2", "result": {"score": 5}})
+    behind.write(store, second.closing())
+    assert store.hashes[acct] == {"calls": 3, "prompt_tokens": 27}  # the dead run's two calls, and its own
+    # a third run (redelivered again) finds both runs marked: it adds nothing of theirs
+    kept = {int(p): json.loads(v) for p, v in store.hashes[keys.kept("J", "coherence@0")].items()}
+    third = ItemKeeper(store, "J", "coherence@0", [], {}, ttl=60, write_behind=behind, kept=kept)
+    behind.write(store, third.closing())
+    assert store.hashes[acct] == {"calls": 3, "prompt_tokens": 27}
+    assert second.chunk_accounting({}) == {"calls": 1, "prompt_tokens": 7}  # what its item's calls counted
 
 
 def test_writes_made_while_others_are_held_land_after_them():
@@ -99,8 +133,8 @@ def test_an_item_of_several_calls_keeps_its_answered_calls_before_paying_for_the
     keeper.answered("sha-2", "second reply")
     keeper.before_call()
     assert store.round_trips == 1
-    assert store.hashes[keys.kept("J", "rubric@1")]["5"] == \
-        '{"replies": {"sha-1": "first reply", "sha-2": "second reply"}}'
+    assert json.loads(store.hashes[keys.kept("J", "rubric@1")]["5"]) == \
+        {"replies": {"sha-1": "first reply", "sha-2": "second reply"}, "run": keeper.run_id}
 
 
 def test_the_flusher_stops_when_nothing_is_held_and_starts_again_when_needed():

@@ -84,10 +84,9 @@ local used_req, req_buckets = usage(req_key)
 local tat = math.max(tonumber(redis.call('GET', pace_key) or '0'), now)
 local pace_wait = tat - burst - now
 if pace_wait <= 0 and used_tok + tokens <= tpm and used_req + 1 <= rpm then
-  redis.call('HINCRBY', tok_key, sec, tokens)
-  redis.call('HINCRBY', req_key, sec, 1)
-  redis.call('EXPIRE', tok_key, window * 2 + 2)
-  redis.call('EXPIRE', req_key, window * 2 + 2)
+  -- a key's expiry is set as a bucket is opened in it (ten times a second at most), not per call
+  if redis.call('HINCRBY', tok_key, sec, tokens) == tokens then redis.call('EXPIRE', tok_key, window * 2 + 2) end
+  if redis.call('HINCRBY', req_key, sec, 1) == 1 then redis.call('EXPIRE', req_key, window * 2 + 2) end
   local cost = math.max(tokens * window / tpm, window / rpm)
   redis.call('SET', pace_key, tostring(tat + cost), 'EX', math.ceil(window * 2 + burst + cost))
   return {1, '0', used_tok + tokens, used_req + 1, sec}
@@ -134,13 +133,13 @@ local function move(key, amount, change)
     elseif have > 0 then
       redis.call('HDEL', key, old)
     end
-    redis.call('HINCRBY', key, sec, amount)
+    -- the key's expiry is set where a bucket is opened in it (the reservation's set it for its own)
+    if redis.call('HINCRBY', key, sec, amount) == amount then redis.call('EXPIRE', key, window * 2 + 2) end
   end
   if change ~= 0 then  -- what the server counted beyond (or, for a limit holding a worst case, below) it
     local now = tonumber(redis.call('HGET', key, sec) or '0')
     if now + change > 0 then redis.call('HINCRBY', key, sec, change) else redis.call('HDEL', key, sec) end
   end
-  redis.call('EXPIRE', key, window * 2 + 2)
 end
 move(tok_key, tokens, delta)
 move(req_key, 1, 0)
@@ -231,10 +230,16 @@ class Budget:
         counts the request's characters as: the caller's), more or fewer than were reserved: the
         budget is spent in the provider's units, so a told or learned TPM is used whole whatever
         evalq's estimate made of the prompt (issue 70)."""
+        for _, (script, script_keys, args) in self.settle_ops(reservation, counted):
+            script(keys=script_keys, args=args)
+
+    def settle_ops(self, reservation: Reservation, counted: int | None = None) -> list:
+        """``settle`` as ops for a pipeline (``evalq.workers.keeping``): ``("script", (script, keys,
+        args))`` each, so that a judge call's settling rides the round trip that keeps its item."""
         delta = counted - reservation.tokens if counted else 0
-        self._settle(keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
-                           keys.budget(self.dep_id, "pace")],
-                     args=[reservation.bucket, reservation.tokens, self.window, BUCKET, delta, self.limits()[0]])
+        return [("script", (self._settle, [keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
+                                           keys.budget(self.dep_id, "pace")],
+                            [reservation.bucket, reservation.tokens, self.window, BUCKET, delta, self.limits()[0]]))]
 
     def pause(self, seconds: float) -> None:
         """Hold every worker off this deployment (a 429 with Retry-After)."""
@@ -244,11 +249,11 @@ class Budget:
     # learnt from the calls of whoever's text it scales: one tenant's alone (``budget_of``)
     bias_key: str | None = None
 
-    def _bias_key(self) -> str:
+    def bias_at(self) -> str:
         return self.bias_key or keys.budget(self.dep_id, "bias")
 
     def bias(self) -> float:
-        raw = self.r.hmget(self._bias_key(), ["server", "estimate"])
+        raw = self.r.hmget(self.bias_at(), ["server", "estimate"])
         server, estimate = (float(x) if x else 0.0 for x in raw)
         if server <= 0 or estimate <= 0:
             return BIAS_PRIOR
@@ -258,16 +263,25 @@ class Budget:
         """Fold one response's reported prompt tokens into the estimator's bias."""
         if estimated_prompt <= 0 or server_prompt <= 0:
             return
-        key = self._bias_key()
+        key = self.bias_at()
         raw = self.r.hmget(key, ["server", "estimate"])
         server, estimate = (float(x) if x else 0.0 for x in raw)
         self.r.hset(key, mapping={"server": server * BIAS_DECAY + server_prompt,
                                   "estimate": estimate * BIAS_DECAY + estimated_prompt})
 
-    def admission_tokens(self, estimated_prompt: int, max_tokens: int, floor: int = 0) -> int:
-        """What a call reserves: its prompt estimate scaled by the bias, never below ``floor`` (what
-        the provider's limiter counts its characters as: ``limiter_count``), and its ``max_tokens``."""
-        return max(int(math.ceil(round(estimated_prompt * self.bias(), 6))), floor) + max_tokens
+    def observe_many(self, pairs: list[tuple[int, int]]) -> None:
+        """``observe`` of several responses (estimated, server prompt tokens), in one script."""
+        pairs = [(e, s) for e, s in pairs if e > 0 and s > 0]
+        if pairs:
+            self.r.eval(_FOLD_LUA, 1, self.bias_at(), BIAS_DECAY, *[v for pair in pairs for v in pair])
+
+    def admission_tokens(self, estimated_prompt: int, max_tokens: int, floor: int = 0,
+                         bias: float | None = None) -> int:
+        """What a call reserves: its prompt estimate scaled by the bias (``bias``: as the caller last
+        read it), never below ``floor`` (what the provider's limiter counts its characters as:
+        ``limiter_count``), and its ``max_tokens``."""
+        bias = self.bias() if bias is None else bias
+        return max(int(math.ceil(round(estimated_prompt * bias, 6))), floor) + max_tokens
 
     # -- health -------------------------------------------------------------------
     def failed(self) -> None:
@@ -281,7 +295,25 @@ class Budget:
         self.r.delete(keys.budget(self.dep_id, "fail"))
 
     def healthy(self) -> bool:
-        return int(self.r.get(keys.budget(self.dep_id, "fail")) or 0) < FAIL_THRESHOLD
+        return self.streak() < FAIL_THRESHOLD
+
+    def streak(self) -> int:
+        """The deployment's consecutive failures (remembered ``FAIL_MEMORY`` seconds)."""
+        return int(self.r.get(keys.budget(self.dep_id, "fail")) or 0)
+
+
+# ``Budget.observe`` of each (estimated, server) pair of ARGV[2:] in turn; ARGV[1] the decay
+_FOLD_LUA = """
+local flat = redis.call('HMGET', KEYS[1], 'server', 'estimate')
+local server, estimate = tonumber(flat[1] or '0'), tonumber(flat[2] or '0')
+local decay = tonumber(ARGV[1])
+for i = 2, #ARGV, 2 do
+  estimate = estimate * decay + tonumber(ARGV[i])
+  server = server * decay + tonumber(ARGV[i + 1])
+end
+redis.call('HSET', KEYS[1], 'server', string.format('%.17g', server), 'estimate', string.format('%.17g', estimate))
+return 1
+"""
 
 
 RELEASE_LUA = """
@@ -343,14 +375,15 @@ class Within(Budget):
         for limit, reservation in zip(self.inner, held):
             limit.release(reservation)
 
-    def settle(self, reservation: Reservation, counted: int | None = None) -> None:
+    def settle_ops(self, reservation: Reservation, counted: int | None = None) -> list:
         """The shared budget and every limit inside it count the call from now, as the server
-        counted it: what it counted beyond the reservation is held by the job's and its tenant's
-        limits as by the deployment's (the tenant whose text cost more waits for it, within its own
-        share), and what it counted below is given back to each alike."""
-        super().settle(reservation, counted)
+        counted it (``settle`` runs these): what it counted beyond the reservation is held by the
+        job's and its tenant's limits as by the deployment's (the tenant whose text cost more waits
+        for it, within its own share), and what it counted below is given back to each alike."""
+        ops = super().settle_ops(reservation, counted)
         for limit, mine in zip(self.inner, reservation.inner):
-            limit.settle(mine, counted)
+            ops += limit.settle_ops(mine, counted)
+        return ops
 
 
 def budget_of(r: redis.Redis, dep_id: str, d, safety: float, tenant: str | None = None) -> Budget:

@@ -34,12 +34,13 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt
 from evalq.shared.cluster import keys, telemetry
 from evalq.shared.job.stored import default_retention
 from evalq.shared.core.errors import Deferred, Pending
-from evalq.shared.judging.judge_reply import Reply, reply_from_completion
+from evalq.shared.judging.judge_reply import Reply, reply_from_json
 from evalq.shared.judging.judges import Deployment, JudgeConfig, JudgingOptions, deployment_id, model_identity
 from evalq.workers.judge.budget import Budget, Reservation, budget_of, settled_tokens
 from evalq.workers.judge.concurrency import Lease, gates_of, load_said
 from evalq.workers.judge.cost import Caps, CostWait, Hold
 from evalq.workers.judge.dialects import Dialects, refused_as_invalid
+from evalq.workers.judge.standing import Standing
 from evalq.workers.judge.requests import (JudgeError, RateLimited, chat_request, retry_after, retryable,  # noqa: F401
                                           sdk_client)
 from evalq.shared.judging.tokens import estimate_request_tokens, limiter_count, prompt_token_bound
@@ -76,6 +77,9 @@ class JudgeClient:
         self._last_failed: str | None = None  # a retry prefers another deployment
         telemetry.deployment_limits((d.region, d.tpm, d.rpm) for d in self.deployments)
         self.budgets = {d.region: budget_of(r, deployment_id(judge, d), d, SAFETY, tenant) for d in self.deployments}
+        self.standing = Standing(self.budgets)  # their biases and failure streaks, read once a second
+        if keeper is not None:  # the prompt counts its replies reported, folded in when the chunk ends
+            keeper.on_close(self.standing.fold)
         self.gates = gates_of(r, judge, self.deployments, tenant)  # adaptive deployments' limits of calls in flight
         self.caps = Caps(r, job_id, options.cost_cap, options.token_cap, tenant)
         self.dialects, self.identity = Dialects(r), model_identity(judge)
@@ -253,15 +257,18 @@ class JudgeClient:
         if lease is not None:
             _bookkeeping(self.gates[deployment.region].release, lease, time.monotonic() - started, "ok")
         self._last_failed = None
-        reply = reply_from_completion(response)
+        reply = reply_from_json(response)
         usage = reply.usage
         # ... as the server counted it (its prompt count and max_tokens up front), never below what its
         # limiter counts the request's characters as: more or less than was reserved
         counted = settled_tokens(usage, self.judge.max_tokens, floor)
-        _bookkeeping(budget.settle, reservation, counted)
-        _bookkeeping(budget.succeeded)
+        if self.keeper is not None:  # with the item's record: one round trip
+            self.keeper.add(budget.settle_ops(reservation, counted))
+        else:
+            _bookkeeping(budget.settle, reservation, counted)
+        _bookkeeping(self.standing.succeeded, deployment.region)
         if usage.get("prompt_tokens"):
-            _bookkeeping(budget.observe, estimate, usage["prompt_tokens"])
+            _bookkeeping(self.standing.observe, deployment.region, estimate, usage["prompt_tokens"])
         prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
         price = self.judge.price_of(deployment)
         cost = price.cost_nano(prompt, completion) if price is not None else 0
@@ -300,8 +307,7 @@ class JudgeClient:
                 self._failed(deployment, budget)
             raise
         if budget.learner is not None:
-            usage = getattr(response, "usage", None)
-            prompt = getattr(usage, "prompt_tokens", None) if usage is not None else None
+            prompt = (response.get("usage") or {}).get("prompt_tokens")
             # what the provider counted of what the cluster's window holds for the call once settled
             settled = settled_tokens({"prompt_tokens": prompt}, self.judge.max_tokens, floor)
             share = (prompt + self.judge.max_tokens) / settled if prompt and settled else None
@@ -316,7 +322,7 @@ class JudgeClient:
         began = time.monotonic()
         deadline = began + SLEEP_MAX * 4
         while True:
-            healthy = [d for d in self.deployments if self.budgets[d.region].healthy()] or self.deployments
+            healthy = [d for d in self.deployments if self.standing.healthy(d.region)] or self.deployments
             healthy.sort(key=lambda d: d.region == self._last_failed)
             # own: what holds the best wait back is the job's or its tenant's own limit (its share, its
             # caps), not the deployment's: then the chunk gives its slot on the queue away while it waits
@@ -328,7 +334,7 @@ class JudgeClient:
                     if SLOT_POLL < best_wait:
                         best_wait, best, own = SLOT_POLL * (0.5 + random.random()), d, share_full
                     continue
-                tokens = budget.admission_tokens(estimate, self.judge.max_tokens, floor=floor)
+                tokens = self.standing.admission_tokens(d.region, estimate, self.judge.max_tokens, floor=floor)
                 try:
                     held = self.caps.take(tokens, self.judge.price_of(d), bound, self.judge.max_tokens)
                 except CostWait as exc:  # a cap has room only once the calls in flight settle
@@ -374,7 +380,7 @@ class JudgeClient:
             time.sleep(best_wait)
 
     def _failed(self, deployment: Deployment, budget: Budget) -> None:
-        budget.failed()
+        self.standing.failed(deployment.region)
         self._last_failed = deployment.region
         self._count(deployment.region, failed_calls=1)
 

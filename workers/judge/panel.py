@@ -10,6 +10,7 @@ deferred (``Deferred``, a Redis blip) stops the item as it would a single judge'
 
 from __future__ import annotations
 
+import contextvars
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -26,7 +27,9 @@ class Panel:
 
     def score(self, fn: Callable, instance: dict, params: Any) -> dict:
         with ThreadPoolExecutor(len(self.members)) as pool:
-            futures = {name: pool.submit(fn, instance, params, client) for name, client in self.members.items()}
+            # each member's thread in a copy of this one's context: the item a keeper keeps rides there
+            futures = {name: pool.submit(contextvars.copy_context().run, fn, instance, params, client)
+                       for name, client in self.members.items()}
             outcomes: dict[str, Any] = {}
             for name, future in futures.items():
                 try:
