@@ -88,7 +88,9 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: StoredJob | d
     spec = as_stored(spec, job_id)
     now = server_time(r) if now is None else now
     key, ttl = keys.watch(job_id), spec.ttl
-    done = sum(counts.values())
+    # progress: the items recorded, and those kept by chunks still running (a judge chunk of a
+    # thousand items lands once, minutes after its first item was judged: it is not stuck meanwhile)
+    done = sum(counts.values()) + kept_items(r, job_id, spec)
     seen = {k.decode(): v.decode() for k, v in r.hgetall(key).items()}
     if seen.get("done") != str(done):
         pipe = r.pipeline(transaction=False)
@@ -127,6 +129,15 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: StoredJob | d
                        + (" and the stage's callback" if outcome["callback"] and not outcome.get("callback_running")
                           else ""))
     return actions
+
+
+def kept_items(r: redis.Redis, job_id: str, spec: StoredJob) -> int:
+    """Items that judge (or generation) chunks still running have scored and kept (``evalq.workers.
+    keeping``): not yet recorded, but progress."""
+    pipe = r.pipeline(transaction=False)
+    for key in run_keys(spec):
+        pipe.hlen(keys.kept(job_id, key))
+    return sum(int(n) for n in pipe.execute())
 
 
 def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:
