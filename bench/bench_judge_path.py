@@ -256,9 +256,12 @@ def store_counts(workdir: Path, base_url: str, n: int, judges: int) -> dict:
             cluster.close()
         lines = log.read_text(errors="replace").splitlines()
         puts = sum(1 for x in lines if '"PUT /bench/' in x and "/records/" in x)
-        gets = sum(1 for x in lines if '"GET /bench/' in x and "/records/" in x)
+        # a part read (200), and a chunk's look, as it starts, for a part of its own not written yet (404)
+        gets = sum(1 for x in lines if '"GET /bench/' in x and "/records/" in x and '" 200' in x)
+        probes = sum(1 for x in lines if '"GET /bench/' in x and "/records/" in x and '" 404' in x)
         heads = sum(1 for x in lines if '"HEAD /bench/' in x and "/records/" in x)
-        found["s3"] = {"puts": puts, "gets": gets, "heads": heads, "requests": len([x for x in lines if '"' in x])}
+        found["s3"] = {"puts": puts, "gets": gets, "probes": probes, "heads": heads,
+                       "requests": len([x for x in lines if '"' in x])}
     finally:
         os.environ.pop("EVALQ_STORE_ENDPOINT_URL", None)
         for k in ("EVALQ_STORE",):
@@ -337,7 +340,8 @@ def main() -> None:
         scale = 100_000 / args.store_n
         print(f"store, {args.store_n} items: local {local['parts']} parts ({local['items_per_part']:.0f} items a part; "
               f"{local['parts'] * scale:,.0f} per 100,000 items); S3 record parts: {s3['puts']} PUT, "
-              f"{s3['gets']} GET ({s3['gets'] / max(1, s3['puts']):.1f} reads a part), {s3['heads']} HEAD; "
+              f"{s3['gets']} GET ({s3['gets'] / max(1, s3['puts']):.1f} reads a part), {s3['probes']} GET of a "
+              f"part not written yet (a chunk run's look as it starts), {s3['heads']} HEAD; "
               f"{s3['requests']} S3 requests in all ({s3['requests'] * scale:,.0f} per 100,000 items)")
 
 
