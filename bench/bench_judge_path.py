@@ -232,28 +232,27 @@ def start_moto() -> tuple[subprocess.Popen, str, Path]:
             time.sleep(0.2)
 
 
+def judged_on(workdir: Path, name: str, judges: int, env: dict[str, str], base_url: str, n: int) -> None:
+    """N items judged on a cluster of its own whose job store ``env`` names (this process's too)."""
+    os.environ.update(env)
+    cluster = Cluster(workdir / name, judges, env)
+    try:
+        run_evalq(cluster, base_url, n, workdir / f"out-{name}")
+    finally:
+        cluster.close()
+
+
 def store_counts(workdir: Path, base_url: str, n: int, judges: int) -> dict:
     """Parts and store requests of N judged items, local store and S3 (moto)."""
     found = {}
     store = workdir / "store"
-    env = {"EVALQ_STORE": str(store)}
-    os.environ.update(env)
-    cluster = Cluster(workdir / "local", judges, env)
-    try:
-        run_evalq(cluster, base_url, n, workdir / "out-local")
-    finally:
-        cluster.close()
+    judged_on(workdir, "local", judges, {"EVALQ_STORE": str(store)}, base_url, n)
     parts = list(store.rglob("records/entry=*/*.parquet"))
     found["local"] = {"parts": len(parts), "items_per_part": n / max(1, len(parts))}
     moto, url, log = start_moto()
     try:
-        env = {"EVALQ_STORE": "s3://bench/evalq", "EVALQ_STORE_ENDPOINT_URL": url, **AWS}
-        os.environ.update(env)
-        cluster = Cluster(workdir / "s3", judges, env)
-        try:
-            run_evalq(cluster, base_url, n, workdir / "out-s3")
-        finally:
-            cluster.close()
+        judged_on(workdir, "s3", judges, {"EVALQ_STORE": "s3://bench/evalq", "EVALQ_STORE_ENDPOINT_URL": url, **AWS},
+                  base_url, n)
         lines = log.read_text(errors="replace").splitlines()
         puts = sum(1 for x in lines if '"PUT /bench/' in x and "/records/" in x)
         # a part read (200), and a chunk's look, as it starts, for a part of its own not written yet (404)

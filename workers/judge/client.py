@@ -77,7 +77,7 @@ class JudgeClient:
         self._last_failed: str | None = None  # a retry prefers another deployment
         telemetry.deployment_limits((d.region, d.tpm, d.rpm) for d in self.deployments)
         self.budgets = {d.region: budget_of(r, deployment_id(judge, d), d, SAFETY, tenant) for d in self.deployments}
-        self.standing = Standing(self.budgets)  # their biases and failure streaks, read once a second
+        self.standing = Standing(self.budgets)  # their biases and failure streaks, read 4x a second
         if keeper is not None:  # the prompt counts its replies reported, folded in when the chunk ends
             keeper.on_close(self.standing.fold)
         self.gates = gates_of(r, judge, self.deployments, tenant)  # adaptive deployments' limits of calls in flight

@@ -19,8 +19,8 @@ import time
 from evalq.shared.cluster import keys
 from evalq.workers.judge.budget import FAIL_THRESHOLD, Budget
 
-FRESH = 0.25         # seconds a bias or a failure streak read from Redis is used before it is read again
-FRESH_STREAK = FRESH  # (and prompt counts wait before they are folded in)
+FRESH = 0.25  # seconds a bias or a failure streak read from Redis is used before it is read again, and
+#               prompt counts wait before they are folded in
 
 _lock = threading.Lock()
 _bias: dict[str, tuple[float, float]] = {}     # bias key -> (bias, read at)
@@ -37,14 +37,8 @@ class Standing:
 
     def admission_tokens(self, region: str, estimated_prompt: int, max_tokens: int, floor: int = 0) -> int:
         budget = self.budgets[region]
-        key = budget.bias_at()
-        with _lock:
-            known = _bias.get(key)
-        if known is None or time.monotonic() - known[1] > FRESH:
-            known = (budget.bias(), time.monotonic())
-            with _lock:
-                _bias[key] = known
-        return budget.admission_tokens(estimated_prompt, max_tokens, floor=floor, bias=known[0])
+        bias = _fresh(_bias, budget.bias_at(), budget.bias)
+        return budget.admission_tokens(estimated_prompt, max_tokens, floor=floor, bias=bias)
 
     def healthy(self, region: str) -> bool:
         return self._streak(region) < FAIL_THRESHOLD
@@ -78,14 +72,7 @@ class Standing:
 
     def _streak(self, region: str) -> int:
         budget = self.budgets[region]
-        key = _fail_key(budget)
-        with _lock:
-            known = _fails.get(key)
-        if known is None or time.monotonic() - known[1] > FRESH_STREAK:
-            known = (budget.streak(), time.monotonic())
-            with _lock:
-                _fails[key] = known
-        return known[0]
+        return _fresh(_fails, _fail_key(budget), budget.streak)
 
 
 def fold() -> None:
@@ -98,6 +85,17 @@ def fold() -> None:
         budget.observe_many(pairs)
         with _lock:
             _bias.pop(key, None)
+
+
+def _fresh(known: dict, key: str, read):
+    """``known[key]``'s value where it was read less than ``FRESH`` seconds ago, else ``read()``'s, kept."""
+    with _lock:
+        value = known.get(key)
+    if value is None or time.monotonic() - value[1] > FRESH:
+        value = (read(), time.monotonic())
+        with _lock:
+            known[key] = value
+    return value[0]
 
 
 def _fail_key(budget: Budget) -> str:
