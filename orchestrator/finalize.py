@@ -13,7 +13,7 @@ import logging
 import redis
 
 from evalq.orchestrator.replies import reply
-from evalq.results.recording import record_job
+from evalq.results.recording import foresee, record_job, with_regressions
 from evalq.results.summary import summarize, with_variants
 from evalq.shared.cluster import keys
 from evalq.shared.cluster.spec import METRICS_STAGE, run_keys, span, stage_runs, variants_key
@@ -45,13 +45,16 @@ def _finalize(r: redis.Redis, job_id: str, spec: StoredJob, status: str) -> dict
         from evalq.results.sinks import export_rest, with_exports
 
         with_exports(summary, stage_runs(spec, METRICS_STAGE), export_rest(r, job_id, spec))
+    # the regressions against the suite's baseline, found before the outputs are written: they say them
+    foreseen = foresee(r, job_id, spec, summary) if status == Status.DONE else None
+    regressions = with_regressions(summary, foreseen)
     r.set(keys.summary(job_id), json.dumps(summary))
     errors: list[str] = []
     if spec.destination is not None:
-        errors = _write(r, spec, job_id, summary, status)
+        errors = _write(r, spec, job_id, summary, status, regressions)
     final = Status.FAILED if errors else status
     # in the history store before the status says so: whoever sees the job end finds it there
-    record_job(r, job_id, spec, final, summary, "; ".join(errors) or None)
+    record_job(r, job_id, spec, final, summary, "; ".join(errors) or None, foreseen)
     pipe = r.pipeline(transaction=True)
     if errors:
         pipe.set(keys.error(job_id), "; ".join(errors))
@@ -108,7 +111,8 @@ def _expire(pipe, job_id: str, spec: StoredJob) -> None:
         pipe.expire(key, ttl)
 
 
-def _write(r: redis.Redis, spec: StoredJob, job_id: str, summary: list[dict], status: str) -> list[str]:
+def _write(r: redis.Redis, spec: StoredJob, job_id: str, summary: list[dict], status: str,
+           regressions: dict | None = None) -> list[str]:
     """Write the outputs; a destination that fails, or that the operator's lists do not
     allow (the stored spec is not trusted: it is checked again here), gets them in the
     operator's fallback directory instead: the work is never lost to it."""
@@ -118,7 +122,7 @@ def _write(r: redis.Redis, spec: StoredJob, job_id: str, summary: list[dict], st
     from evalq.results.outputs import run_info, write_outputs
 
     stage = r.get(keys.stage_summary(job_id, GENERATE))
-    run = run_info(spec, job_id, json.loads(stage) if stage else None, status, summary)
+    run = run_info(spec, job_id, json.loads(stage) if stage else None, status, summary, regressions)
     dest = spec.destination
     refused = destination_problem(dest.uri, dest.endpoint_url, tenant=spec.namespace)
     try:

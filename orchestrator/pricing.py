@@ -40,7 +40,7 @@ def chunk_cost(r: redis.Redis, job_id: str, desc: list, cache: dict[str, float])
             unit = 0.0  # of the entry and of those its chunks score with it
             for scored in (metric_key, *companions(entry)):
                 done = int(r.get(keys.recorded_total(job_id, scored)) or 0)
-                seconds = sum(float(t) for t in r.hvals(keys.timings(job_id, scored)))
+                seconds = keys.timing_sums(r.hgetall(keys.timings(job_id, scored)))[0]
                 unit += seconds / done if done and seconds > 0 else 1.0
         cache[key] = max(unit, 1e-6)
     return cache[key] * (stop - start)

@@ -109,6 +109,8 @@ def reconcile(r: redis.Redis, job: StoredJob) -> tuple[int, int]:
                     pipe.hsetnx(keys.parts(job_id, key), str(start), json.dumps(landed.part))
                 if landed.seconds is not None:
                     pipe.hsetnx(keys.timings(job_id, key), str(start), repr(landed.seconds))
+                if landed.compute is not None:
+                    pipe.hsetnx(keys.timings(job_id, key), f"{keys.COMPUTE}{start}", repr(landed.compute))
             for name in (keys.parts(job_id, key), keys.timings(job_id, key)):
                 pipe.expire(name, ttl)
             accounted = summed(landed.counts for landed in found.values())

@@ -21,7 +21,7 @@ from evalq.shared.scores.aggregate import chunk_part
 from evalq.shared.core.errors import Deferred, MetricError, Skipped
 from evalq.shared.model.runners import GENERATE
 from evalq.shared.metrics.registry import MetricSpec
-from evalq.workers import keeping, prefetch
+from evalq.workers import keeping, prefetch, threads
 from evalq.shared.cluster.spec import companions, variants_key
 from evalq.shared.cluster.status import Status, status_of
 from evalq.shared.core.jsonio import decode_many
@@ -170,12 +170,13 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
             judge = PromptedModel(judge, ctx.entry["prompt_template"])
     t0 = time.perf_counter()
     try:
-        records = score_items(spec, params, instances, ctx.prepared, judge, ctx.human, keeper,
-                              stop=(lambda: status_of(r, job_id) in (Status.CANCELLED, "")) if keeper else None)
+        with threads.counting() as cpu:  # its CPU seconds, where its items wait on calls
+            records = score_items(spec, params, instances, ctx.prepared, judge, ctx.human, keeper,
+                                  stop=(lambda: status_of(r, job_id) in (Status.CANCELLED, "")) if keeper else None)
     except BaseException as exc:
         closing = _close(keeper)
-        if isinstance(exc, (Deferred, Parked)):
-            _write(ctx, start, {}, time.perf_counter() - t0, extra=closing)  # its items are kept
+        if isinstance(exc, (Deferred, Parked)):  # its items are kept
+            _write(ctx, start, {}, time.perf_counter() - t0, extra=closing, compute=_compute(cpu, keeper))
         elif closing:  # what the calls of a run cut short counted
             keeping.WRITE_BEHIND.write(r, closing)
         raise
@@ -188,11 +189,17 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
     if keeper is not None:  # what its calls counted rides in its part (an earlier landing's with it)
         acct = ctx.records.accounting(metric_key, start, keeper.chunk_accounting(kept), bool(recorded))
     _record_chunk(ctx, start, stop, new, elapsed, queue, kept=range(start, stop) if spec.calls_endpoint else range(0),
-                  acct=acct, extra=closing)
+                  acct=acct, extra=closing, compute=_compute(cpu, keeper))
     # A small, deterministic summary: a redelivered run returns the very same one.
     if None in records:
         return {"metric": metric_key, "start": start, "n": len(new), "stopped": True}
     return {"metric": metric_key, "start": start, "n": stop - start}
+
+
+def _compute(cpu: threads.Cpu, keeper: keeping.ItemKeeper | None) -> float | None:
+    """The run's CPU seconds where its items wait on calls (a judge's, a model's); None elsewhere (all
+    of a chunk's time is then its work)."""
+    return cpu.seconds() if keeper is not None else None
 
 
 def _close(keeper: keeping.ItemKeeper | None) -> list:
@@ -246,7 +253,8 @@ def _read_ahead(ctx: ChunkContext, start: int, stop: int, queue: str | None, pos
 
 
 def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict], elapsed: float,
-                  queue: str | None, kept: range = range(0), acct: dict | None = None, extra: list = ()) -> None:
+                  queue: str | None, kept: range = range(0), acct: dict | None = None, extra: list = (),
+                  compute: float | None = None) -> None:
     """Write what the chunk made of an entry: its new records, its aggregate part, and what
     report.html and the history store read of it; then send its scores to the job's sinks
     (``evalq.results.sinks``: OpenTelemetry evaluation events, Phoenix span annotations, MLflow
@@ -264,7 +272,8 @@ def _record_chunk(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict]
         readings = [read(spec.aggregation, dumped, record) for _, record in items]  # each record read once
         view = chunk_view(items, readings, ctx.span, start)
         values = chunk_values(items, readings)
-    _write(ctx, start, new, elapsed, part, view, values, kept=kept, whole=items, acct=acct, extra=extra)
+    _write(ctx, start, new, elapsed, part, view, values, kept=kept, whole=items, acct=acct, extra=extra,
+           compute=compute)
     # every record in ``new`` was recorded just now (one kept by a deferred run of the
     # chunk was never written there), so each item counts once, as results.json counts it
     telemetry.items_recorded(spec.id, queue, new.values())
@@ -340,20 +349,25 @@ def _chunk_records(ctx: ChunkContext, start: int, stop: int, new: dict[int, dict
 
 def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: float, part: dict | None = None,
            view: dict | None = None, values: dict | None = None, kept: range = range(0),
-           whole: list[tuple[int, dict]] | None = None, acct: dict | None = None, extra: list = ()) -> None:
+           whole: list[tuple[int, dict]] | None = None, acct: dict | None = None, extra: list = (),
+           compute: float | None = None) -> None:
     """``records``: those this run made; ``whole``: every record of the chunk, once it has ended
     (``evalq.shared.store.records`` writes them to ``res:{M}`` or as the chunk's part); ``extra``:
-    more ops for the same transaction (what the run's calls add to the accounting)."""
+    more ops for the same transaction (what the run's calls add to the accounting); ``elapsed`` and
+    ``compute``: the run's seconds, and of those its CPU's (measured where its items wait on calls)."""
     job_id, metric_key = ctx.job_id, ctx.key
     pipe = ctx.r.pipeline(transaction=True)
     # the records, and the history's values and the report's view (with a job store they ride in the
     # chunk's part, not in Redis: what Redis keeps of a job does not grow with its items)
-    ctx.records.write(pipe, metric_key, start, records, whole, values, view, part, elapsed, acct)
+    timing = {"seconds": elapsed} if compute is None else {"seconds": elapsed, "compute": compute}
+    ctx.records.write(pipe, metric_key, start, records, whole, values, view, part, timing, acct)
     if kept:  # the chunk's records are written: what was kept of its items goes
         pipe.hdel(keys.kept(job_id, metric_key), *(str(p) for p in kept))
     if part is not None:  # likewise by chunk
         pipe.hset(keys.parts(job_id, metric_key), str(start), json.dumps(part))
     pipe.hincrbyfloat(keys.timings(job_id, metric_key), str(start), elapsed)
+    if compute is not None:
+        pipe.hincrbyfloat(keys.timings(job_id, metric_key), f"{keys.COMPUTE}{start}", compute)
     for method, args in extra:
         getattr(pipe, method)(*args)
     pipe.execute()

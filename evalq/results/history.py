@@ -38,59 +38,8 @@ import sqlalchemy as sa
 from evalq.shared.core.errors import EvalqError, InfraError
 from evalq.shared.job.nightly import Regression
 from evalq.results.item_columns import pack, unpack  # noqa: F401  (the stored form of per-instance values)
-
-metadata = sa.MetaData()
-runs = sa.Table(
-    "runs", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("job_id", sa.String(64), nullable=False, unique=True),
-    sa.Column("suite", sa.String(128), nullable=False),
-    sa.Column("request_id", sa.String(200)), sa.Column("tenant", sa.String(64)),
-    sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("started_at", sa.DateTime), sa.Column("finished_at", sa.DateTime, nullable=False),
-    sa.Column("source", sa.Text), sa.Column("dataset", sa.Text), sa.Column("model", sa.String(256)),
-    sa.Column("out", sa.Text), sa.Column("n_instances", sa.Integer),
-    sa.Column("calls", sa.BigInteger), sa.Column("tokens", sa.BigInteger), sa.Column("cost", sa.Float),
-    sa.Column("error", sa.Text),
-    sa.Column("alert", sa.String(16)),  # none | pending | sending | sent | failed
-)
-def _run_key() -> tuple[sa.Column, sa.Column]:
-    """A row of a run's entry: (run, slot), dropped with its run."""
-    return (sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
-            sa.Column("slot", sa.Integer, primary_key=True))
-
-
-
-entries = sa.Table(
-    "entries", metadata, *_run_key(),
-    sa.Column("metric", sa.String(128), nullable=False), sa.Column("name", sa.String(200), nullable=False),
-    sa.Column("parameters", sa.Text, nullable=False),
-    sa.Column("n", sa.Integer), sa.Column("n_errors", sa.Integer), sa.Column("n_skipped", sa.Integer),
-    sa.Column("calls", sa.BigInteger), sa.Column("tokens", sa.BigInteger), sa.Column("cost", sa.Float),
-    # who judged the entry (a judge's: JSON of evalq.shared.judging.judges.judge_identity), its id, and the
-    # identity it changed from since the suite's last run
-    sa.Column("judge", sa.Text), sa.Column("judge_id", sa.String(32)), sa.Column("judge_before", sa.Text),
-)
-entry_values = sa.Table(
-    "entry_values", metadata, *_run_key(),
-    sa.Column("field", sa.String(128), primary_key=True),
-    sa.Column("value", sa.Float), sa.Column("ci_low", sa.Float), sa.Column("ci_high", sa.Float),
-    sa.Column("n", sa.Integer), sa.Column("sd", sa.Float), sa.Column("worse", sa.String(8), nullable=False),
-)
-item_values = sa.Table(
-    "item_values", metadata, *_run_key(),
-    sa.Column("field", sa.String(128), primary_key=True), sa.Column("data", sa.LargeBinary, nullable=False),
-)
-regressions = sa.Table(
-    "regressions", metadata, *_run_key(),
-    sa.Column("field", sa.String(128), primary_key=True),
-    sa.Column("metric", sa.String(128), nullable=False), sa.Column("name", sa.String(200), nullable=False),
-    sa.Column("value", sa.Float), sa.Column("baseline", sa.Float), sa.Column("delta", sa.Float),
-    sa.Column("p_value", sa.Float), sa.Column("paired", sa.Boolean), sa.Column("n", sa.Integer),
-    sa.Column("baseline_runs", sa.Integer),
-)
-REGRESSION_FIELDS = ("metric", "name", "field", "value", "baseline", "delta", "p_value", "paired", "n",
-                     "baseline_runs")
+from evalq.results.history_tables import (
+    REGRESSION_FIELDS, entries, entry_values, item_values, regressions, runs)
 
 
 class HistoryOff(EvalqError):
@@ -249,12 +198,11 @@ class HistoryStore:
         self.engine = engine
 
     # -- writing ---------------------------------------------------------------
-    def record(self, run: dict, entry_rows: list[dict], series: list[dict], settings: Regression) -> Recorded:
+    def record(self, run: dict, entry_rows: list[dict], series: list[dict], settings: Regression,
+               found: list[dict] | None = None) -> Recorded:
         """Store a run once (by job id): its entries, their values and, for a run that ended
-        done, the regressions against the suite's baseline. A second call (a redelivered
-        callback) stores nothing and returns what the first stored."""
-        from evalq.results.regressions import detect
-
+        done, the regressions against the suite's baseline (``found``: as ``foresee`` found them, else
+        found now). A second call (a redelivered callback) stores nothing and returns what the first stored."""
         try:
             with self.engine.begin() as conn:
                 if conn.execute(sa.select(runs.c.id).where(runs.c.job_id == run["job_id"])).first():
@@ -276,14 +224,13 @@ class HistoryStore:
                                "data": pack(s["items"], heads)} for s in series if s.get("items")]
                     if packed:
                         conn.execute(item_values.insert(), packed)
-                found: list[dict] = []
-                judged = {e["slot"]: e.get("judge_id") for e in entry_rows}
-                if run["status"] == "done" and series:
-                    found = detect(series, self._baseline(conn, run, run_id, series, settings.baseline, judged),
-                                   settings)
-                    if found:
-                        conn.execute(regressions.insert(), [{"run_id": run_id, "slot": f["slot"],
-                                                             **{k: f[k] for k in REGRESSION_FIELDS}} for f in found])
+                if run["status"] != "done" or not series:
+                    found = []
+                elif found is None:
+                    found = self._detect(conn, run, run_id, entry_rows, series, settings)[0]
+                if found:
+                    conn.execute(regressions.insert(), [{"run_id": run_id, "slot": f["slot"],
+                                                         **{k: f[k] for k in REGRESSION_FIELDS}} for f in found])
                 said = list(changes.values())
                 if found or said:
                     conn.execute(runs.update().where(runs.c.id == run_id).values(alert="pending"))
@@ -292,6 +239,23 @@ class HistoryStore:
         except sa.exc.IntegrityError:  # another process recorded it between our read and write
             with self.engine.connect() as conn:
                 return self._recorded(conn, run["job_id"])
+
+    def foresee(self, run: dict, entry_rows: list[dict], series: list[dict], settings: Regression) -> tuple[list[dict], int]:
+        """What ``record`` would find of ``run`` (as if it ended done), stored nowhere: its regressions
+        (with their ``slot``) and how many earlier runs had a value to compare with (the report says both)."""
+        if not series:
+            return [], 0
+        with self.engine.connect() as conn:  # (a callback run again: the run it recorded is not its own baseline)
+            earlier = conn.execute(sa.select(runs.c.id).where(runs.c.job_id == run["job_id"])).scalar()
+            return self._detect(conn, run, -1 if earlier is None else earlier, entry_rows, series, settings)
+
+    def _detect(self, conn: sa.Connection, run: dict, run_id: int, entry_rows: list[dict], series: list[dict],
+                settings: Regression) -> tuple[list[dict], int]:
+        from evalq.results.regressions import detect
+
+        judged = {e["slot"]: e.get("judge_id") for e in entry_rows}
+        past = self._baseline(conn, run, run_id, series, settings.baseline, judged)
+        return detect(series, past, settings), len({p["run_id"] for rows in past.values() for p in rows})
 
     def _recorded(self, conn: sa.Connection, job_id: str) -> Recorded:
         row = conn.execute(sa.select(runs.c.id, runs.c.alert).where(runs.c.job_id == job_id)).one()

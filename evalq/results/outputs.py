@@ -71,7 +71,9 @@ def _instances_at(r: redis.Redis, spec: StoredJob, positions: list[int]) -> dict
 
 
 def run_info(spec: StoredJob, job_id: str, generation: dict | None, status: str = Status.DONE,
-             summary: list[dict] | None = None) -> dict:
+             summary: list[dict] | None = None, regressions: dict | None = None) -> dict:
+    """run.json: the job's identity, times, entries, cost, what its sinks took and (``regressions``,
+    ``evalq.results.recording.with_regressions``) how it compares with its suite's baseline."""
     from importlib.metadata import version
 
     info: dict = {"job_id": job_id, "status": status, "source": spec.source,
@@ -101,6 +103,8 @@ def run_info(spec: StoredJob, job_id: str, generation: dict | None, status: str 
     exports = exports_total(summary or [])
     if exports:
         info["exports"] = exports  # what each sink took of the scores, never lost in silence
+    if regressions is not None:
+        info["regressions"] = regressions
     return info
 
 

@@ -38,29 +38,81 @@ from evalq.shared.scores.stats import Items, columns, score_interval
 log = logging.getLogger("evalq.history")
 
 
+@dataclass
+class Foreseen:
+    """What the history store says of a night before its outputs are written (``foresee``): its
+    entries and series (made once: ``record_job`` stores these), its regressions against the suite's
+    baseline and how many earlier runs that baseline had."""
+
+    suite: str
+    entry_rows: list[dict]
+    series: list[dict]
+    found: list[dict]
+    baseline_runs: int
+
+
+def foresee(r: redis.Redis, job_id: str, spec: StoredJob, summary: list[dict]) -> Foreseen | None:
+    """The regressions a night that ends done has against its suite's baseline, found before its
+    outputs are written so that results.json, run.json, report.html and ``evalq run`` say them
+    (``with_regressions``); None when history is off or the store could not be read."""
+    from evalq.results.history import history_url, open_store
+
+    url = history_url()
+    if url is None or not spec or not summary:
+        return None
+    try:
+        entry_rows, series = entries_of(r, job_id, spec, summary)
+        found, past = open_store(url).foresee(run_row(r, job_id, spec, "done", summary, None), entry_rows, series,
+                                              spec.regression)
+    except Exception as exc:  # noqa: BLE001  (a database of any kind, down or refusing: the job stands)
+        _unrecorded(job_id, url, exc, "not compared with its suite's baseline in")
+        return None
+    return Foreseen(spec.series, entry_rows, series, found, past)
+
+
+def with_regressions(summary: list[dict], foreseen: Foreseen | None) -> dict | None:
+    """Each regressed entry of ``summary`` gets its ``regressions`` (field, value, baseline, delta,
+    p_value, paired, n, baseline_runs); returns run.json's ``regressions`` (suite, found, baseline_runs)."""
+    if foreseen is None:
+        return None
+    for f in foreseen.found:
+        summary[f["slot"]].setdefault("regressions", []).append(
+            {k: f[k] for k in ("field", "value", "baseline", "delta", "p_value", "paired", "n", "baseline_runs")})
+    return {"suite": foreseen.suite, "found": len(foreseen.found), "baseline_runs": foreseen.baseline_runs}
+
+
 def record_job(r: redis.Redis, job_id: str, spec: StoredJob, status: str, summary: list[dict] | None,
-               error: str | None = None) -> list[dict] | None:
+               error: str | None = None, foreseen: Foreseen | None = None) -> list[dict] | None:
     """Record the ended job (once, whatever runs twice); returns its regressions, or None
-    when history is off or the store could not be written."""
-    from evalq.results.history import history_url, open_store, safe
+    when history is off or the store could not be written. ``foreseen``: what ``foresee`` found,
+    stored as it is (the regressions the outputs say are those recorded)."""
+    from evalq.results.history import history_url, open_store
 
     url = history_url()
     if url is None or not spec:
         return None
     try:
         store = open_store(url)
-        entry_rows, series = entries_of(r, job_id, spec, summary or [])
+        entry_rows, series = ((foreseen.entry_rows, foreseen.series) if foreseen is not None
+                              else entries_of(r, job_id, spec, summary or []))
         run = run_row(r, job_id, spec, status, summary or [], error)
-        recorded = store.record(run, entry_rows, series, spec.regression)
+        recorded = store.record(run, entry_rows, series, spec.regression,
+                                found=foreseen.found if foreseen is not None else None)
     except Exception as exc:  # noqa: BLE001  (a database of any kind, down or refusing: the job stands)
-        log.error("job %s: not recorded in the history store %s: %s: %s", job_id, safe(url), type(exc).__name__,
-                  str(exc).splitlines()[0] if str(exc) else "")
+        _unrecorded(job_id, url, exc, "not recorded in")
         return None
     if recorded.alert == "pending":
         from evalq.results.alerts import notify
 
         notify(store, run["suite"], job_id, recorded.regressions, list(recorded.judge_changes))
     return recorded.regressions
+
+
+def _unrecorded(job_id: str, url: str, exc: Exception, what: str) -> None:
+    from evalq.results.history import safe
+
+    log.error("job %s: %s the history store %s: %s: %s", job_id, what, safe(url), type(exc).__name__,
+              str(exc).splitlines()[0] if str(exc) else "")
 
 
 def run_row(r: redis.Redis, job_id: str, spec: StoredJob, status: str, summary: list[dict], error: str | None) -> dict:

@@ -20,7 +20,8 @@ from evalq.shared.scores.results import read
 from evalq.shared.data.loglines import entry_index, entry_slot
 from evalq.results.markup import esc
 from evalq.results.report_agents import CSS as AGENT_CSS, trajectory_html, turns_html
-from evalq.results.report_glance import glance, panel_table
+from evalq.results.report_glance import glance, panel_table, regressed, time_split
+from evalq.results.report_pairwise import biases, in_words, is_pairwise, outcome_bar
 
 RESERVOIR = 20_000
 WORST = 10
@@ -211,7 +212,7 @@ class ReportBuilder:
         meta += glance(self.summary, run)  # what the night did: exports, learned limits
         parts = [_HEAD, "<h1>evalq report</h1><table class=meta>",
                  "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in meta if v is not None),
-                 "</table>", self._overview(), self._spend(), self._slowest()]
+                 "</table>", self._overview(), self._spend(), time_split(self.summary, self._label)]
         for i, m in enumerate(self.summary):
             parts.append(self._section(i, m, instances))
         parts.append("</body></html>")
@@ -240,13 +241,9 @@ class ReportBuilder:
                                                                     ("effective_votes", "effective votes"))
                     if isinstance(panel.get(k), (int, float)))
             return f"mean {_num(score['mean'])}{_ci(ci)}{passing}"
-        if isinstance(score, dict) and "win_rate" in score:  # a pairwise comparison: and the judge's seat
-            judge = "".join(f"; {label} {_num(score[k])}{_ci(score.get(k + '_ci95'))}"
-                            for k, label in (("first_position_win_rate", "first-position wins"),
-                                             ("flip_rate", "flips under swap"), ("longer_win_rate", "longer wins"))
-                            if isinstance(score.get(k), (int, float)))
+        if is_pairwise(score):  # a pairwise comparison: and the judge's biases, each beside its reference
             return (f"win rate {_num(score['win_rate'])}{_ci(score.get('win_rate_ci95'))}, ties "
-                    f"{_num(score['tie_rate'])}, losses {_num(score['loss_rate'])}{judge}")
+                    f"{_num(score['tie_rate'])}, losses {_num(score['loss_rate'])}{biases(score, _num, _ci)}")
         if isinstance(score, (int, float)):
             return f"{_num(score)}{_ci(m.get('ci95'))}"
         if isinstance(score, dict):
@@ -256,7 +253,9 @@ class ReportBuilder:
         return "no score"
 
     def _overview(self) -> str:
-        rows = "".join(f"<tr><td><a href='#m{i}'>{esc(self._label(m))}</a></td><td>{self._headline(m)}</td>"
+        rows = "".join(f"<tr><td><a href='#m{i}'>{esc(self._label(m))}</a></td><td>{self._headline(m)}"
+                       + (f" <b class=fail>{len(m['regressions'])} regressed</b>" if m.get("regressions") else "")
+                       + "</td>"
                        f"<td>{m.get('n', 0)}</td><td>{m.get('n_errors', 0)}</td></tr>"
                        for i, m in enumerate(self.summary))
         return (f"<h2>Overview</h2><table><tr><th>metric</th><th>score</th><th>items</th><th>errors</th></tr>"
@@ -279,22 +278,17 @@ class ReportBuilder:
         return (f"<h2>Judge spend (per metric, then per region)</h2><table><tr><th>metric</th>{''.join(f'<th>{c}</th>' for c in cols)}</tr>"
                 f"{body}</table>")
 
-    def _slowest(self) -> str:
-        timed = sorted(((m.get("elapsed_time", 0), self._label(m)) for m in self.summary), reverse=True)[:5]
-        if not timed:
-            return ""
-        return "<h2>Slowest metrics (compute seconds)</h2>" + bar_chart(
-            [label for _, label in timed], [t for t, _ in timed], "compute seconds per metric", unit=" s")
-
     def _section(self, i: int, m: dict, instances: dict[int, dict]) -> str:
         score = m.get("score")
         out = [f"<section id=m{i}><h2>{esc(self._label(m))}</h2>",
-               f"<p class=headline>{self._headline(m)}</p>",
+               f"<p class=headline>{self._headline(m)}</p>", regressed(m),
                f"<p class=params>metric <code>{esc(m['metric'])}</code> parameters <code>{esc(m['parameters'])}</code>"
                f" &middot; {m.get('n', 0)} items, {m.get('n_errors', 0)} errors"
                + (f", {m['n_skipped']} skipped" if m.get("n_skipped") else "")
                + (f", {m['n_not_applicable']} not applicable" if m.get("n_not_applicable") else "") + "</p>"]
-        if isinstance(score, dict) and isinstance(score.get("distribution"), dict) and \
+        if is_pairwise(score):  # the candidate's wins, ties and losses, one bar
+            out.append(outcome_bar(score, f"{self._label(m)}: the candidate's outcomes"))
+        elif isinstance(score, dict) and isinstance(score.get("distribution"), dict) and \
                 all(isinstance(v, int) for v in score["distribution"].values()):
             per = "turns" if isinstance(score.get("turns"), dict) else "items"  # a conversation's every turn counts
             out.append(bar_chart(list(score["distribution"]), list(score["distribution"].values()),
@@ -337,7 +331,8 @@ class ReportBuilder:
                 otel = inst.get("otel") if isinstance(inst.get("otel"), dict) else {}
                 where = (f" <span class=sub>{esc(otel.get('service', ''))} trace <code>{esc(otel.get('trace_id', ''))}"
                          f"</code></span>") if otel.get("trace_id") else ""
-                out.append(f"<details><summary><code>{esc(iid)}</code>{where} {esc(error or _short(result))}</summary>")
+                said = error or in_words(result) or _short(result)  # a pairwise verdict in words
+                out.append(f"<details><summary><code>{esc(iid)}</code>{where} {esc(said)}</summary>")
                 for label, key in (("input", "input"), ("output", "actual-output"), ("references", "expected-output")):
                     if key in inst:
                         out.append(f"<p><b>{label}</b></p><pre>{esc(inst[key])}</pre>")

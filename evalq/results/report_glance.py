@@ -4,16 +4,21 @@ members side by side, so that a lenient member shows."""
 
 from __future__ import annotations
 
+import shlex
+
 from evalq.results.markup import esc
 
 ANSWER_SHOWN = 160  # characters of a sink's answer on its line
 
 
 def glance(summary: list[dict], run: dict) -> list[tuple[str, str]]:
-    """(label, text) rows for the header: ``exports`` (per sink: sent, not sent and why; run.json's
+    """(label, text) rows for the header: ``regressions`` (how many against the suite's baseline, the
+    biggest, and the command that lists them; run.json's ``regressions``), ``exports`` (per sink: sent, not sent and why; run.json's
     ``exports``) and ``learned limits`` (per deployment: each limit's first and last value during the
     job, and how many times it moved; the entries' ``judge.limits``)."""
     rows = []
+    if isinstance(run.get("regressions"), dict):
+        rows.append(("regressions", regressions_line(summary, run["regressions"])))
     exports = run.get("exports") or {}
     if exports:
         rows.append(("exports", "; ".join(_export(name, got) for name, got in sorted(exports.items()))))
@@ -21,6 +26,38 @@ def glance(summary: list[dict], run: dict) -> list[tuple[str, str]]:
     if limits:
         rows.append(("learned limits", "; ".join(f"{region}: {text}" for region, text in sorted(limits.items()))))
     return rows
+
+
+SHOWN = 3  # regressions named on the header's line, the biggest moves first
+
+
+def regressions_line(summary: list[dict], said: dict) -> str:
+    """How the night compares with its suite's baseline, in a line: how many series regressed, the
+    biggest of them, and ``evalq history SUITE`` to list them all."""
+    suite, runs = said.get("suite"), said.get("baseline_runs", 0)
+    if not runs:
+        return f"none: no earlier run of suite {suite} that ended done to compare with"
+    against = f"against the suite's baseline ({runs} earlier run{'s' if runs != 1 else ''} of {suite})"
+    found = [(abs(f["delta"]), m.get("name") or m.get("metric"), f) for m in summary for f in m.get("regressions") or []]
+    if not found:
+        return f"none {against}"
+    found.sort(key=lambda item: -item[0])
+    named = "; ".join(f"{series_name(name, f['field'])} {f['value']:.4g} vs {f['baseline']:.4g} ({f['delta']:+.4g})"
+                      for _, name, f in found[:SHOWN])
+    more = f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
+    return f"{len(found)} {against}: {named}{more}; evalq history {shlex.quote(str(suite))} lists them"
+
+
+def series_name(name: str, field: str) -> str:
+    return name if field == "mean" else f"{name}.{field}"
+
+
+def regressed(m: dict) -> str:
+    """An entry's regressions, for its section of the report ('' for none)."""
+    found = m.get("regressions") or []
+    return "".join(f"<p class=fail>REGRESSION {esc(series_name(m.get('name') or m.get('metric'), f['field']))} "
+                   f"{f['value']:.4f} vs baseline {f['baseline']:.4f} ({f['delta']:+.4f}, p={f['p_value']:.3g}, "
+                   f"{'paired' if f['paired'] else 'unpaired'}, n={f['n']})</p>" for f in found)
 
 
 def _export(name: str, got: dict) -> str:
@@ -69,3 +106,30 @@ def panel_table(score) -> str:
 
 def _mean(value) -> str:
     return f"{value:.4g}" if isinstance(value, (int, float)) else ""
+
+
+def time_split(summary: list[dict], label, top: int = 5, width: int = 520) -> str:
+    """The metrics that took the most worker seconds (their chunks' times, summed: chunks run side by
+    side, so the sum passes the wall time), each a bar split into compute (the CPU's seconds) and
+    waiting (for a judge's replies, its budget); ``label(m)`` names an entry."""
+    timed = sorted(((m.get("elapsed_time") or 0.0, label(m), m) for m in summary), key=lambda t: -t[0])[:top]
+    timed = [t for t in timed if t[0] > 0]
+    if not timed:
+        return ""
+    most, rows, height = timed[0][0], [], 24 * len(timed) + 26
+    for k, (seconds, name, m) in enumerate(timed):
+        compute = min(m.get("compute_time", seconds), seconds)
+        y, full = 4 + 24 * k, (width - 190) * seconds / most
+        part = full * compute / seconds
+        rows.append(f'<text x="0" y="{y + 13}" class=tick>{esc(name[:28])}</text>'
+                    f'<rect x="150" y="{y}" width="{max(part, 0.5):.1f}" height="16" class=bar>'
+                    f'<title>compute {compute:,.1f} s</title></rect>'
+                    f'<rect x="{150 + part:.1f}" y="{y}" width="{full - part:.1f}" height="16" fill="#c9d3e6">'
+                    f'<title>waiting {seconds - compute:,.1f} s</title></rect>'
+                    f'<text x="{154 + full:.1f}" y="{y + 13}" class=val>{seconds:,.1f} s: compute {compute:,.1f}, '
+                    f'waiting {seconds - compute:,.1f}</text>')
+    return ("<h2>Where the time went (worker seconds: compute, then waiting)</h2>"
+            "<p class=sub>a metric's chunks' seconds, summed (they run side by side, so the sum passes the "
+            "wall time); compute is the CPU's share, waiting the rest: a judge's replies, its budget</p>"
+            f'<svg class=chart role=img aria-label="worker seconds per metric" width="{width + 120}" '
+            f'height="{height}" viewBox="0 0 {width + 120} {height}">{"".join(rows)}</svg>')

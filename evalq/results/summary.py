@@ -59,12 +59,14 @@ def summarize(r: redis.Redis, job: StoredJob, key: str, entry: RunEntry, metric:
             if category is not None:
                 by_category.setdefault(category, aggregator_for(metric.aggregation, params)).add(record)
             seen += 1
-    elapsed = sum(float(v) for v in r.hvals(keys.timings(job_id, key)))
+    elapsed, compute = keys.timing_sums(r.hgetall(keys.timings(job_id, key)))
     counts = _counts(overall)
     out = {**entry_head(entry), "score": counts.pop("score")}
     if metric.aggregation in MEAN_LIKE and overall.n:
         out["ci95"] = overall.intervals(metric.bounds)  # beside the score (ratings and defect rates carry theirs inside it)
-    out.update({"elapsed_time": round(elapsed, 6), **counts})
+    # the seconds its chunks took, summed (they run side by side), and of those the CPU's: the rest
+    # waited (for a judge's replies, its budget)
+    out.update({"elapsed_time": round(elapsed, 6), "compute_time": round(compute, 6), **counts})
     if by_category:
         out["categories"] = {c: _counts(by_category[c]) for c in sorted(by_category)}
     if agreement is not None and agreement.result() is not None:
@@ -122,7 +124,7 @@ def with_variants(r: redis.Redis, job_id: str, key: str, summary: dict) -> dict:
     if raw is not None:
         variants = json.loads(raw)
         summary["variants"] = {k: variants[k] for k in ("n", "n_errors", "n_skipped", "n_missing", "elapsed_time",
-                                                       "judge") if k in variants}
+                                                       "compute_time", "judge") if k in variants}
     return summary
 
 

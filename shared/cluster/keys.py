@@ -118,7 +118,20 @@ def values(job_id: str, metric_key: str) -> str:
 
 
 def timings(job_id: str, metric_key: str) -> str:
+    """Per chunk (its start), the seconds its runs took; for a chunk whose items wait on calls (a
+    judge's, a model's), also ``cpu:<start>``, the CPU seconds of those runs (``timing_sums``)."""
     return f"{job_prefix(job_id)}:time:{metric_key}"
+
+
+COMPUTE = "cpu:"  # a timings field of a chunk's CPU seconds
+
+
+def timing_sums(fields: dict) -> tuple[float, float]:
+    """(seconds, compute seconds) of a run's chunks from its ``timings`` hash: a chunk that measured
+    no CPU seconds (its items call nothing: all of its time is work) computed for all of its time."""
+    text = {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in fields.items()}
+    wall = {k: v for k, v in text.items() if not k.startswith(COMPUTE)}
+    return sum(wall.values()), sum(min(text.get(COMPUTE + k, v), v) for k, v in wall.items())
 
 
 def scored_spans(suite: str, day: str) -> str:

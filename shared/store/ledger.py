@@ -125,6 +125,7 @@ class Done(NamedTuple):
     part: dict | None  # its mergeable aggregate (keys.parts)
     seconds: float | None  # its time (keys.timings)
     counts: dict[str, int] | None  # what its calls added to its entry's accounting (keys.accounting)
+    compute: float | None = None  # of its time, its CPU's (keys.timings' cpu:<start>)
 
 
 def chunks_done(place: Place, key: str) -> dict[int, Done]:
@@ -143,7 +144,8 @@ def chunks_done(place: Place, key: str) -> dict[int, Done]:
             if tail is not None:
                 footer = pq.read_metadata(pa.BufferReader(tail))
                 kept = footer.metadata
+                timing = unpacked(kept, TIME_KEY) or {}
                 found[int(name[len("chunk-"):-len(".parquet")])] = Done(
-                    footer.num_rows, unpacked(kept, PART_KEY), (unpacked(kept, TIME_KEY) or {}).get("seconds"),
-                    (unpacked(kept, ACCOUNT_KEY) or {}).get("counts"))
+                    footer.num_rows, unpacked(kept, PART_KEY), timing.get("seconds"),
+                    (unpacked(kept, ACCOUNT_KEY) or {}).get("counts"), timing.get("compute"))
     return found

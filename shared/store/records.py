@@ -70,7 +70,7 @@ class RedisRecords:
 
     def write(self, pipe: Any, key: str, start: int, new: dict[int, dict], whole: list[tuple[int, dict]] | None,
               values: dict | None = None, view: dict | None = None, part: dict | None = None,
-              elapsed: float | None = None, acct: dict | None = None) -> None:
+              elapsed: dict | None = None, acct: dict | None = None) -> None:
         """Queue on ``pipe`` (the chunk's MULTI transaction) the records this run made (``new``), the
         chunk's ``values`` (what the history store needs of it) and ``view`` (what the report needs),
         and, once the chunk has ended (``whole``: every record it holds), its count."""
@@ -167,7 +167,7 @@ class PartRecords:
 
     def write(self, pipe: Any, key: str, start: int, new: dict[int, dict], whole: list[tuple[int, dict]] | None,
               values: dict | None = None, view: dict | None = None, part: dict | None = None,
-              elapsed: float | None = None, acct: dict | None = None) -> None:
+              elapsed: dict | None = None, acct: dict | None = None) -> None:
         """In this order: the chunk's part (every record it holds, ``whole``, with its ``values`` and
         ``view`` in the part's metadata) is written to the store now, whole; its count is queued on
         ``pipe``, the chunk's transaction, which the caller executes after. So a count never stands
@@ -178,7 +178,7 @@ class PartRecords:
             # and its aggregate and time, so that the store alone gives back what Redis held of the chunk
             # (evalq.orchestrator.rebuild, after Redis lost the job)
             meta = {VALUES_KEY: values, VIEW_KEY: view, PART_KEY: part,
-                    TIME_KEY: {"seconds": elapsed} if elapsed is not None else None, ACCOUNT_KEY: acct}
+                    TIME_KEY: elapsed, ACCOUNT_KEY: acct}
             self.place.put(part_name(key, start), _encode(whole, meta))
             journal.note("part", self.job_id, journal.chunk_id(key, start), n=len(whole))
         elif whole is None:
@@ -289,7 +289,7 @@ def _read_part(place: Place, key: str, start: int, cached: bool = False, get=Non
 VALUES_KEY = b"evalq.values"  # the part's metadata key of the chunk's history values (JSON, zlib'd)
 VIEW_KEY = b"evalq.view"  # and of its report view (JSON, zlib'd)
 PART_KEY = b"evalq.part"  # and of its mergeable aggregate (what keys.parts holds of it)
-TIME_KEY = b"evalq.elapsed"  # and of its time ({"seconds": ...}: what keys.timings holds of it)
+TIME_KEY = b"evalq.elapsed"  # and of its time ({"seconds": ..., "compute": ...}: what keys.timings holds of it)
 ACCOUNT_KEY = b"evalq.accounting"  # and of its calls' accounting ({"counts": what keys.accounting adds up})
 
 

@@ -91,6 +91,22 @@ def test_three_nights_one_regression_one_alert(redis_url, postgres_url, cluster,
     assert found["metric"] == "exact_match" and found["paired"] and found["delta"] == pytest.approx(-0.4)
     assert found["baseline"] == pytest.approx(0.8) and found["p_value"] < 0.05
 
+    # the outputs say it too (issue 74): results.json's entry, run.json, report.html's header and section
+    assert outs[2][0]["regressions"] == [{k: found[k] for k in ("field", "value", "baseline", "delta", "p_value",
+                                                                "paired", "n", "baseline_runs")}]
+    assert found["baseline_runs"] == 2 and "regressions" not in outs[2][1] and "regressions" not in outs[1][0]
+    said = [json.loads((tmp_path / f"night{n}" / "run.json").read_text())["regressions"] for n in range(3)]
+    assert said == [{"suite": suite, "found": 0, "baseline_runs": 0}, {"suite": suite, "found": 0, "baseline_runs": 1},
+                    {"suite": suite, "found": 1, "baseline_runs": 2}]
+    from evalq.results.markup import esc
+
+    pages = [(tmp_path / f"night{n}" / "report.html").read_text() for n in range(3)]
+    assert f"<th>regressions</th><td>none: no earlier run of suite {suite} that ended done" in pages[0]
+    assert f"<th>regressions</th><td>none against the suite{esc(chr(39))}s baseline (1 earlier run of {suite})" in pages[1]
+    assert (f"<th>regressions</th><td>1 against the suite{esc(chr(39))}s baseline (2 earlier runs of {suite}): "
+            f"exact_match 0.4 vs 0.8 (-0.4); evalq history {suite} lists them") in pages[2]
+    assert "<p class=fail>REGRESSION exact_match 0.4000 vs baseline 0.8000 (-0.4000" in pages[2]
+
     [alert] = hook.bodies
     assert alert["suite"] == suite and alert["job_id"] == jobs[2]
     assert [f["name"] for f in alert["regressions"]] == ["exact_match"]
@@ -140,6 +156,12 @@ def test_an_embedded_run_records_in_the_default_store(tmp_path):
     assert text.returncode == 0 and "exact_match" in text.stdout and "0.8000" in text.stdout
     page = evalq("history", "translation-suite", "--html", str(tmp_path / "h.html"), env=env)
     assert page.returncode == 0 and "<svg" in (tmp_path / "h.html").read_text()
+    # a worse night says so where it is watched: on evalq run's stderr, with the command that lists it
+    job.write_text(json.dumps(night(WORSE)))
+    worse = evalq("run", str(job), "--out", str(tmp_path / "worse"), "-q", env=env)
+    assert worse.returncode == 0, worse.stderr
+    assert ("1 regression(s) against the suite's baseline (evalq history translation-suite lists them"
+            in worse.stderr)
     missing = evalq("history", "translation-suit", env=env)
     assert missing.returncode == 2 and "did you mean 'translation-suite'" in missing.stderr
     assert "Traceback" not in missing.stderr

@@ -161,7 +161,15 @@ def test_the_page_people_look_at_reads_at_a_glance(tmp_path):
     # the worst coherence item (score 1) reads as its score and the judge's words
     worst = re.search(r"<summary><code>g0</code> ([^<]*)</summary>", text)
     assert worst and worst.group(1).startswith("score 1") and "{" not in worst.group(1), text[:3000]
-    assert "<h2>Slowest metrics (compute seconds)</h2>" in text and re.search(r"class=val>[\d.]+ s</text>", text)
+    # where the time went: each metric's worker seconds split into compute and waiting (issue 74)
+    assert "<h2>Where the time went (worker seconds: compute, then waiting)</h2>" in text
+    for name, m in results.items():
+        assert 0 <= m["compute_time"] <= m["elapsed_time"], m
+        if m["elapsed_time"] >= 0.05:  # (the chart leaves out a metric that took no time)
+            said = (f"{m['elapsed_time']:,.1f} s: compute {m['compute_time']:,.1f}, "
+                    f"waiting {m['elapsed_time'] - m['compute_time']:,.1f}</text>")
+            assert said in text, (name, said)
+    assert results["exact_match"]["compute_time"] == results["exact_match"]["elapsed_time"]  # calls nothing
     em = text.split("<h2>exact_match</h2>", 1)[1].split("</section>", 1)[0]
     assert len(re.findall(r"<rect ", em)) == 2 and "items per value" in em  # two bars: 0 and 1
     rouge = text.split("<h2>rouge</h2>", 1)[1].split("</section>", 1)[0]

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from evalq.shared.core.errors import MetricError, Pending
 from evalq.shared.judging.panel import combine
+from evalq.workers.threads import measured
 
 
 class Panel:
@@ -28,7 +29,8 @@ class Panel:
     def score(self, fn: Callable, instance: dict, params: Any) -> dict:
         with ThreadPoolExecutor(len(self.members)) as pool:
             # each member's thread in a copy of this one's context: the item a keeper keeps rides there
-            futures = {name: pool.submit(contextvars.copy_context().run, fn, instance, params, client)
+            # (and its CPU seconds count for the chunk: evalq.workers.threads.measured)
+            futures = {name: pool.submit(contextvars.copy_context().run, measured, fn, instance, params, client)
                        for name, client in self.members.items()}
             outcomes: dict[str, Any] = {}
             for name, future in futures.items():

@@ -1,0 +1,60 @@
+"""The history store's tables (SQLAlchemy Core; ``evalq.results.history`` says what each holds; the
+Alembic migrations in ``migrations/`` make them)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+runs = sa.Table(
+    "runs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(64), nullable=False, unique=True),
+    sa.Column("suite", sa.String(128), nullable=False),
+    sa.Column("request_id", sa.String(200)), sa.Column("tenant", sa.String(64)),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("started_at", sa.DateTime), sa.Column("finished_at", sa.DateTime, nullable=False),
+    sa.Column("source", sa.Text), sa.Column("dataset", sa.Text), sa.Column("model", sa.String(256)),
+    sa.Column("out", sa.Text), sa.Column("n_instances", sa.Integer),
+    sa.Column("calls", sa.BigInteger), sa.Column("tokens", sa.BigInteger), sa.Column("cost", sa.Float),
+    sa.Column("error", sa.Text),
+    sa.Column("alert", sa.String(16)),  # none | pending | sending | sent | failed
+)
+
+
+def _run_key() -> tuple[sa.Column, sa.Column]:
+    """A row of a run's entry: (run, slot), dropped with its run."""
+    return (sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+            sa.Column("slot", sa.Integer, primary_key=True))
+
+
+entries = sa.Table(
+    "entries", metadata, *_run_key(),
+    sa.Column("metric", sa.String(128), nullable=False), sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("parameters", sa.Text, nullable=False),
+    sa.Column("n", sa.Integer), sa.Column("n_errors", sa.Integer), sa.Column("n_skipped", sa.Integer),
+    sa.Column("calls", sa.BigInteger), sa.Column("tokens", sa.BigInteger), sa.Column("cost", sa.Float),
+    # who judged the entry (a judge's: JSON of evalq.shared.judging.judges.judge_identity), its id, and the
+    # identity it changed from since the suite's last run
+    sa.Column("judge", sa.Text), sa.Column("judge_id", sa.String(32)), sa.Column("judge_before", sa.Text),
+)
+entry_values = sa.Table(
+    "entry_values", metadata, *_run_key(),
+    sa.Column("field", sa.String(128), primary_key=True),
+    sa.Column("value", sa.Float), sa.Column("ci_low", sa.Float), sa.Column("ci_high", sa.Float),
+    sa.Column("n", sa.Integer), sa.Column("sd", sa.Float), sa.Column("worse", sa.String(8), nullable=False),
+)
+item_values = sa.Table(
+    "item_values", metadata, *_run_key(),
+    sa.Column("field", sa.String(128), primary_key=True), sa.Column("data", sa.LargeBinary, nullable=False),
+)
+regressions = sa.Table(
+    "regressions", metadata, *_run_key(),
+    sa.Column("field", sa.String(128), primary_key=True),
+    sa.Column("metric", sa.String(128), nullable=False), sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("value", sa.Float), sa.Column("baseline", sa.Float), sa.Column("delta", sa.Float),
+    sa.Column("p_value", sa.Float), sa.Column("paired", sa.Boolean), sa.Column("n", sa.Integer),
+    sa.Column("baseline_runs", sa.Integer),
+)
+REGRESSION_FIELDS = ("metric", "name", "field", "value", "baseline", "delta", "p_value", "paired", "n",
+                     "baseline_runs")
