@@ -73,10 +73,12 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
     for key, _ in runs:
         pipe.get(keys.recorded_total(job_id, key))
         pipe.hgetall(keys.accounting(job_id, key))
+        pipe.hlen(keys.kept(job_id, key))
     replies = pipe.execute()
-    entries, done_total, items_total, queues = [], 0, 0, set()
+    entries, done_total, items_total, queues, going = [], 0, 0, set(), {}
     for n, (key, entry) in enumerate(runs):
-        done, acct = int(replies[2 * n] or 0), replies[2 * n + 1]
+        done, acct = int(replies[3 * n] or 0), replies[3 * n + 1]
+        going[key] = done + int(replies[3 * n + 2] or 0)  # and what running chunks have kept (a judge's)
         total = run_items(spec, key, entry)
         row = {"entry": key, "metric": entry.id, "done": done, "total": total}
         if entry.name:
@@ -97,10 +99,14 @@ def job_status(r: redis.Redis, job_id: str) -> dict:
                               "finished": r.scard(keys.chunks_done(job_id, stage))}
                       for stage in ("generate", "metrics") if f"{stage}:total" in plan}
     if spec.submitted_at and status not in FINAL:
+        from evalq.orchestrator.eta import at_once, by_stage
+
         elapsed = time.time() - spec.submitted_epoch
-        rate = done_total / elapsed if elapsed > 0 else 0.0
-        info["rate_items_per_s"] = round(rate, 2)
-        info["eta_s"] = round((items_total - done_total) / rate) if rate > 0 else None
+        info["rate_items_per_s"] = round(sum(going.values()) / elapsed if elapsed > 0 else 0.0, 2)
+        left, stage = at_once(by_stage(spec, going), elapsed)  # the slowest stage's time left
+        info["eta_s"] = round(left) if left is not None else None
+        if stage is not None:
+            info["eta_stage"] = stage
     info["queues"] = {q: r.llen(q) for q in sorted(queues)}
     info["scheduling"] = spec.scheduling
     if status not in FINAL:
@@ -185,7 +191,7 @@ def render(info, one: bool) -> str:
     eta = info.get("eta_s")
     lines.append(f"  items: {items['done']}/{items['total']}"
                  + (f"  rate: {info['rate_items_per_s']}/s" if "rate_items_per_s" in info else "")
-                 + (f"  eta: {eta} s" if eta is not None else ""))
+                 + (f"  eta: {eta} s ({info.get('eta_stage')}, the slowest stage)" if eta is not None else ""))
     for row in info["entries"]:
         judge = row.get("judge")
         extra = (f"  calls {judge.get('calls', 0)}, tokens {judge.get('prompt_tokens', 0)}+"

@@ -134,10 +134,16 @@ def look_after(r: redis.Redis, broker_url: str, job_id: str, spec: StoredJob | d
 def kept_items(r: redis.Redis, job_id: str, spec: StoredJob) -> int:
     """Items that judge (or generation) chunks still running have scored and kept (``evalq.workers.
     keeping``): not yet recorded, but progress."""
+    return sum(kept_by_run(r, job_id, spec).values())
+
+
+def kept_by_run(r: redis.Redis, job_id: str, spec: StoredJob | dict) -> dict[str, int]:
+    """``kept_items`` per run key."""
+    names = run_keys(spec)
     pipe = r.pipeline(transaction=False)
-    for key in run_keys(spec):
+    for key in names:
         pipe.hlen(keys.kept(job_id, key))
-    return sum(int(n) for n in pipe.execute())
+    return {key: int(n) for key, n in zip(names, pipe.execute())}
 
 
 def resume_job(r: redis.Redis, broker_url: str, job_id: str) -> dict:

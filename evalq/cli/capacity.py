@@ -13,8 +13,12 @@ The arithmetic, per queue kind:
   stand-in judge (claim extraction is assumed to find 3 claims per text). A
   judge's deployments together allow sum(TPM) tokens and sum(RPM) calls per
   minute, whatever the number of workers: its time is max(tokens / TPM, calls /
-  RPM). Workers needed for a judge queue: enough threads to keep that rate
-  busy (calls per second x ``--call-seconds`` / 16 threads per worker).
+  RPM). A self-hosted deployment with no quota (``"capacity": "adaptive"``) is
+  held by its calls in flight instead: its time is calls x seconds per call /
+  calls in flight (its adaptive limit's ``max``, or with ``--broker`` the limit
+  the cluster learned, and the least latency it saw per call). Workers needed
+  for a judge queue: enough threads to keep that rate busy (calls per second x
+  ``--call-seconds`` / 16 threads per worker), never more than its calls need.
 The binding constraint is the queue that needs the longest time at the workers
 you can add: a judge whose TPM alone exceeds the window cannot be fixed by workers.
 """
@@ -128,6 +132,12 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
                                         "rpm": sum(k.get("rpm") or d.rpm_start for d, k in known), "entries": [],
                                         "learns": learning(m.judge.deployments),
                                         "learned": [{"region": d.region, **k} for d, k in known if k]})
+        adaptive = [(d, k) for d, k in known if d.capacity == "adaptive" and d.tpm is None and d.rpm is None]
+        if adaptive:  # no quota: its calls in flight hold it (what the cluster learned, else the bound)
+            from evalq.shared.judging.capacity import Concurrency
+
+            e["in_flight"] = sum(k.get("concurrency") or (d.concurrency or Concurrency()).max for d, k in adaptive)
+            e["call_seconds"] = max([k["latency"] for _, k in adaptive if k.get("latency")] or [call_seconds])
         e["calls"] += recorder.calls * scale
         e["tokens"] += recorder.tokens * scale
         e["entries"].append({"entry": m.label, "calls_per_item": recorder.calls / len(sample),
@@ -137,8 +147,13 @@ def plan_job(job: Job, window_s: float, cpu_items_per_s: float = 7250.0, gpu_pai
         e["minutes_at_rpm"] = e["calls"] / e["rpm"]
         e["seconds"] = 60 * max(e["minutes_at_tpm"], e["minutes_at_rpm"])
         e["limited_by"] = "tpm" if e["minutes_at_tpm"] >= e["minutes_at_rpm"] else "rpm"
+        if e.get("in_flight"):
+            e["minutes_in_flight"] = e["calls"] * e["call_seconds"] / e["in_flight"] / 60
+            if 60 * e["minutes_in_flight"] >= e["seconds"]:
+                e["seconds"], e["limited_by"] = 60 * e["minutes_in_flight"], "concurrency"
         calls_per_s = e["calls"] / e["seconds"] if e["seconds"] else 0.0
-        e["workers"] = max(1, math.ceil(calls_per_s * call_seconds / THREADS_PER_JUDGE_WORKER))
+        threads = min(calls_per_s * e.get("call_seconds", call_seconds), e["calls"])  # no more than its calls
+        e["workers"] = max(1, math.ceil(threads / THREADS_PER_JUDGE_WORKER))
         queues.append({"queue": ",".join(e["queues"]), "endpoint": e["endpoint"], "items": e["calls"],
                        "seconds_one_worker": e["seconds"], "workers": e["workers"], "scalable": False,
                        "limited_by": e["limited_by"]})
@@ -162,10 +177,20 @@ def cluster_learned(r) -> Any:
     from evalq.shared.cluster import keys
     from evalq.shared.judging.judges import deployment_id
 
-    def learned(judge, d) -> dict[str, int]:
-        raw = r.hmget(keys.budget(deployment_id(judge, d), "learn"), ["tpm", "rpm"])
+    def learned(judge, d) -> dict[str, Any]:
+        dep = deployment_id(judge, d)
+        raw = r.hmget(keys.budget(dep, "learn"), ["tpm", "rpm"])
         axes = {axis: getattr(d, axis) for axis in ("tpm", "rpm")}
-        return {axis: int(float(v)) for axis, v in zip(("tpm", "rpm"), raw) if v is not None and axes[axis] == "auto"}
+        out: dict[str, Any] = {axis: int(float(v)) for axis, v in zip(("tpm", "rpm"), raw)
+                               if v is not None and axes[axis] == "auto"}
+        if d.capacity == "adaptive":  # the limit of calls in flight, and the least latency per call it saw
+            limit = r.hget(keys.budget(dep, "adapt"), "limit")
+            if limit is not None and int(float(limit)) > 0:
+                out["concurrency"] = int(float(limit))
+            least = [float(v) for v in r.hvals(keys.budget(dep, "adapt:base")) if float(v) > 0]
+            if least:
+                out["latency"] = max(least)
+        return out
 
     return learned
 
@@ -211,12 +236,18 @@ def render(plan: dict) -> list[str]:
             lines.append(f"  {q['queue']:<28} {q['items']:>12,.0f} calls  {hours:8.2f} h at the "
                          f"{q['limited_by'].upper()} of {q['endpoint']} -> {q['workers']} worker(s)")
     for e in plan["endpoints"]:
-        lines.append(f"  {e['endpoint']}: {e['tokens']:,.0f} tokens over {e['tpm']:,} TPM = "
-                     f"{e['minutes_at_tpm']:.1f} min; {e['calls']:,.0f} calls over {e['rpm']:,} RPM = "
-                     f"{e['minutes_at_rpm']:.1f} min")
+        if e.get("in_flight"):  # a self-hosted server without a quota: its calls in flight hold it
+            lines.append(f"  {e['endpoint']}: no quota; {e['calls']:,.0f} calls x {e['call_seconds']:.2g} s, "
+                         f"{e['in_flight']:,} at a time = {e['minutes_in_flight']:.1f} min")
+        else:
+            lines.append(f"  {e['endpoint']}: {e['tokens']:,.0f} tokens over {e['tpm']:,} TPM = "
+                         f"{e['minutes_at_tpm']:.1f} min; {e['calls']:,.0f} calls over {e['rpm']:,} RPM = "
+                         f"{e['minutes_at_rpm']:.1f} min")
         learned = {k["region"]: k for k in e.get("learned", [])}
         for k in learned.values():
-            said = ", ".join(f"{axis.upper()} {k[axis]:,}" for axis in ("tpm", "rpm") if k.get(axis))
+            said = ", ".join([f"{axis.upper()} {k[axis]:,}" for axis in ("tpm", "rpm") if k.get(axis)]
+                             + ([f"{k['concurrency']:,} calls in flight"] if k.get("concurrency") else [])
+                             + ([f"{k['latency']:.2g} s per call"] if k.get("latency") else []))
             lines.append(f"    {k['region']}: the cluster has learned {said} (the times above are at it)")
         for learns in e.get("learns", []):
             if learns["region"] not in learned:

@@ -79,7 +79,7 @@ def wait(job_id: str, broker: str | None, stall_timeout: float | None) -> None:
         total = 0
     with progress(total, label=f"job {job_id}") as shown:
         status = waiting.wait(r, broker, job_id, on_progress=shown, check=lambda: None,
-                              stall_timeout=stall_timeout, outage=outage)
+                              stall_timeout=stall_timeout, outage=outage, on_eta=shown.eta)
     outage.call(finished, r, job_id, status)
     click.echo(f"job {job_id}: {status}", err=True)
 

@@ -220,12 +220,15 @@ def _duration(text: str) -> float:
               help="Items one cpu worker scores per second (BENCHMARKS.md: 2 processes, lexical metrics).")
 @click.option("--gpu-pairs-per-s", type=float, default=180.0, show_default=True,
               help="BERTScore pairs one gpu worker scores per second (the default is a CPU figure: measure yours).")
+@click.option("--call-seconds", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
+              help="Seconds one judge call takes: the threads a judge queue needs, and the pace of a self-hosted "
+                   "server without a quota (with --broker: the least latency the cluster saw, where it has one).")
 @click.option("--broker", default=None, metavar="URL",
               help="A cluster's Redis URL: its judges' deployments that learn their limits are planned at what "
                    "the cluster learned, not at where they start.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def plan_command(job_file: Path, window: str, cpu_items_per_s: float, gpu_pairs_per_s: float, broker: str | None,
-                 as_json: bool) -> None:
+def plan_command(job_file: Path, window: str, cpu_items_per_s: float, gpu_pairs_per_s: float, call_seconds: float,
+                 broker: str | None, as_json: bool) -> None:
     """Capacity plan for JOB_FILE: time per queue, the binding constraint, workers to fit --window."""
     from evalq.cli.capacity import cluster_learned, plan_job, render
     from evalq.cli.common import read_job
@@ -238,7 +241,7 @@ def plan_command(job_file: Path, window: str, cpu_items_per_s: float, gpu_pairs_
         learned = cluster_learned(waiting.connect(broker))
     # a plan reads no secret: the key variables are named, and those not set here are said so
     result = plan_job(read_job(job_file, keys_needed=False), window_s, cpu_items_per_s, gpu_pairs_per_s,
-                      learned=learned)
+                      call_seconds, learned=learned)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

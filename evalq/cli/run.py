@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import sys
 
 from evalq.cli import wait as waiting
@@ -51,7 +52,7 @@ def run_job(job: Job, out: Destination | str, broker: str | None = None, chunk_s
         interrupted = False
         try:
             status = waiting.wait(r, broker_url, job_id, on_progress=bar, check=check,
-                                 stall_timeout=stall_timeout, outage=outage)
+                                 stall_timeout=stall_timeout, outage=outage, on_eta=bar.eta)
             bar(total)
             return outage.call(finished, r, job_id, status)
         except KeyboardInterrupt:  # Ctrl-C, SIGTERM: nothing more is asked of Redis here
@@ -154,6 +155,13 @@ def finished(r, job_id: str, status: str) -> list[dict]:
         if got["unsent"]:
             print(f"evalq: {got['unsent']} items' scores were not sent to {sink} {got['endpoint']}"
                   f"{': ' + got['answer'] if got.get('answer') else ''} (run.json: exports)", file=sys.stderr)
+    regressed = sum(len(m.get("regressions") or []) for m in summary)
+    if regressed:  # said where the night is watched, not only in the history store
+        from evalq.shared.job.stored import load_job
+
+        suite = getattr(load_job(r, job_id), "series", None) or "SUITE"
+        print(f"evalq: {regressed} regression(s) against the suite's baseline (evalq history {shlex.quote(suite)} "
+              "lists them; results.json: regressions)", file=sys.stderr)
     return summary
 
 

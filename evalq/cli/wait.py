@@ -53,7 +53,8 @@ def connect(broker_url: str, outage: Outage | None = None) -> redis.Redis:
 
 def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[int], None],
          check: Callable[[], None], poll: float = 0.25, stall_timeout: float | None = None,
-         outage: Outage | None = None) -> str:
+         outage: Outage | None = None,
+         on_eta: Callable[[float | None, str | None], None] | None = None) -> str:
     """Poll until the job reaches a final status (set by its last callback); returns it.
 
     ``check`` raises InfraError when the workers are gone (embedded mode);
@@ -66,8 +67,10 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     stall timeout, else 300 s), which does not count as a stall. A job whose state Redis lost
     (flushed, restarted without persistence, failed over) is waited for while the cluster's
     sweeper rebuilds it from the job store (``evalq.orchestrator.rebuild``), up to the same bound,
-    and the client says so once.
+    and the client says so once. ``on_eta`` gets the time left of the job's slowest stage
+    (``evalq.orchestrator.eta``) at each look, None while it has no estimate.
     """
+    from evalq.orchestrator.eta import Eta, by_stage
     from evalq.orchestrator.parking import waits_for_batches
     from evalq.orchestrator.watch import Timing
     from evalq.orchestrator.rebuild import REBUILT
@@ -82,8 +85,10 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
     last_done, last_change, lost_since = -1, time.monotonic(), None
     loading = time.monotonic() if has_model_stage(spec) else None  # a model run's first chunk loads the model
     rebuilt = outage.call(r.hget, keys.watch(job_id), REBUILT)  # when it was last rebuilt, if ever
+    eta = Eta()
     while True:
-        done, status, actions = outage.call(_look, r, broker_url, job_id, spec, timing)
+        going, status, actions = outage.call(_look, r, broker_url, job_id, spec, timing)
+        done = sum(going.values())
         if not status:  # Redis lost the job: the sweeper rebuilds it from the job store, if it has one
             if lost_since is None:
                 lost_since = time.monotonic()
@@ -103,6 +108,8 @@ def wait(r: redis.Redis, broker_url: str, job_id: str, on_progress: Callable[[in
                   "start again from the providers' headers, or their floors)", file=sys.stderr)
             lost_since, rebuilt = None, now_rebuilt
         on_progress(done)
+        if on_eta is not None:
+            on_eta(*eta.update(by_stage(spec, going)))
         if status in FINAL:
             return status
         check()
@@ -132,13 +139,17 @@ def _until_ended(r: redis.Redis, job_id: str, poll: float) -> None:
     r.blmove(ended, ended, poll, "RIGHT", "LEFT")
 
 
-def _look(r: redis.Redis, broker_url: str, job_id: str, spec: dict, timing) -> tuple[int, str, list[str]]:
-    """One look at a job being waited on: (items done, status, steps taken to look after it)."""
-    from evalq.orchestrator.watch import items_done, look_after
+def _look(r: redis.Redis, broker_url: str, job_id: str, spec: dict,
+          timing) -> tuple[dict[str, int], str, list[str]]:
+    """One look at a job being waited on: (items done per run: recorded, and kept by its chunks still
+    running; status; steps taken to look after it)."""
+    from evalq.orchestrator.watch import items_done, kept_by_run, look_after
     from evalq.shared.cluster.spec import run_keys
 
     counts = items_done(r, job_id, run_keys(spec))
     status = (r.get(keys.status(job_id)) or b"").decode()
     if not status or status in FINAL:
-        return sum(counts.values()), status, []
-    return sum(counts.values()), status, look_after(r, broker_url, job_id, spec, status, counts, timing)
+        return counts, status, []
+    actions = look_after(r, broker_url, job_id, spec, status, counts, timing)
+    kept = kept_by_run(r, job_id, spec)
+    return {key: n + kept.get(key, 0) for key, n in counts.items()}, status, actions

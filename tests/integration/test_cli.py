@@ -366,10 +366,15 @@ def test_without_a_terminal_progress_is_a_line_at_intervals(tmp_path):
     lines = Lines(1000, 30.0, out=out, clock=lambda: now[0])
     lines(10)
     now[0] = 31.0
-    lines(250)
+    lines(250)  # no estimate yet: no time left said
+    lines.eta(93.0, "judge.lab")  # the slowest stage's (issue 74), not one from every item pooled
     now[0] = 45.0
     lines(300)  # within the interval: nothing
-    assert out.getvalue() == "evalq: 250/1,000 items (25%), 8.1 items/s, 31s elapsed, 1m33s left\n"
+    now[0] = 62.0
+    lines(400)
+    assert out.getvalue() == ("evalq: 250/1,000 items (25%), 8.1 items/s, 31s elapsed\n"
+                              "evalq: 400/1,000 items (40%), 6.5 items/s, 1m02s elapsed, 1m33s left (judge.lab, "
+                              "the slowest stage)\n")
     job = write_job(tmp_path / "slow.json", [{**INSTANCE, "id": str(i)} for i in range(6)],
                     [{"id": "slow_len", "parameters": {"seconds": 0.4}}])
     done = evalq("run", str(job), "--out", str(tmp_path / "o"), "--chunk-size", "1",

@@ -135,6 +135,43 @@ def test_plan_says_which_deployments_learn_and_from_where(monkeypatch):
     assert not [line for line in fixed if "learns" in line]
 
 
+def test_plan_holds_a_self_hosted_deployment_by_its_calls_in_flight(monkeypatch, redis_url):
+    """Issue 74, item 4: a self-hosted deployment with no quota was planned at 200M TPM / 1M RPM, and
+    plan recommended 307 workers for 400 calls. It is held by its calls in flight: the adaptive
+    limit's max (64), or what the cluster learned, at the seconds per call given, or learned."""
+    import uuid
+
+    import redis
+
+    from evalq.cli.capacity import THREADS_PER_JUDGE_WORKER, cluster_learned, plan_job, render
+    from evalq.shared.cluster import keys
+    from evalq.shared.judging.judges import deployment_id
+
+    monkeypatch.setenv("TEST_UNIT_API_KEY", "k")
+    raw = job({"region": "vllm", "base_url": f"http://127.0.0.1:8/{uuid.uuid4().hex}/v1"})
+    raw["instances"] = [{"id": str(i), "input": "q", "actual-output": "a"} for i in range(400)]
+    parsed = parse_job(raw)
+    plan = plan_job(parsed, 3600, call_seconds=0.5)
+    (e,), (q,) = plan["endpoints"], plan["queues"]
+    assert e["calls"] == pytest.approx(400) and e["in_flight"] == 64 and q["limited_by"] == "concurrency"
+    assert e["seconds"] == pytest.approx(400 * 0.5 / 64)
+    assert q["workers"] == 64 // THREADS_PER_JUDGE_WORKER == 4  # its 64 calls in flight need 4, not 307
+    assert any("vllm" in line and "CONCURRENCY" in line and "-> 4 worker(s)" in line for line in render(plan))
+    assert any("no quota; 400 calls x 0.5 s, 64 at a time = 0.1 min" in line for line in render(plan))
+    r = redis.Redis.from_url(redis_url)
+    dep = deployment_id(parsed.judges["j"], parsed.judges["j"].deployments[0])
+    r.hset(keys.budget(dep, "adapt"), "limit", 8)
+    r.hset(keys.budget(dep, "adapt:base"), mapping={"rating": 0.2, "short": 0.05})
+    try:
+        learned = plan_job(parsed, 3600, learned=cluster_learned(r))
+    finally:
+        r.delete(keys.budget(dep, "adapt"), keys.budget(dep, "adapt:base"))
+    (e,), (q,) = learned["endpoints"], learned["queues"]
+    assert (e["in_flight"], e["call_seconds"]) == (8, 0.2) and e["seconds"] == pytest.approx(400 * 0.2 / 8)
+    assert q["workers"] == 1
+    assert any("the cluster has learned 8 calls in flight, 0.2 s per call" in line for line in render(learned))
+
+
 def test_plan_with_a_broker_plans_at_what_the_cluster_learned(monkeypatch, redis_url, tmp_path):
     """Issue 74, item 4: after the cluster learned 199,421 TPM, plan still estimated at the 30,000 floor.
     With ``--broker`` it reads the deployment's learned limits from the cluster's Redis."""
