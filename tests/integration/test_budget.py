@@ -228,3 +228,47 @@ def test_a_settle_riding_an_items_round_trip_counts_as_one_made_alone_even_on_a_
         tokens = r.hgetall(keys.budget(budget.dep_id, "tok"))
         assert sum(int(v) for v in tokens.values()) == 150
     assert r.hgetall("kept") == {b"7": b"record"}
+
+
+def test_the_windows_running_sums_stay_its_buckets_sums(r):
+    """Issue 73: an admission reads the window's running sums (``{D}:win``), not every bucket (an
+    HGETALL of up to 600 per axis per call was the Redis CPU of a judge call). Through reserves,
+    settles that count more and fewer tokens than were booked, a limit's releases, buckets leaving the
+    window and a sum lost, each sum is what its hash's buckets hold, and an admission sees only the
+    window's."""
+    import random
+
+    from evalq.shared.cluster import keys
+    from evalq.workers.judge.budget import Limit
+
+    rng = random.Random(73)
+    dep = uuid.uuid4().hex
+    budget = Budget(r, dep, tpm=10**7, rpm=10**6, window=1, burst=1)
+    limit = Limit(r, dep, tpm=10**7, rpm=10**6, window=1, safety=1.0, what="own")  # the same keys: releases
+    win = keys.budget(dep, "win")
+
+    def held(axis: str) -> int:
+        return sum(int(v) for v in r.hvals(keys.budget(dep, axis)))
+
+    booked = []
+    for step in range(400):
+        op = rng.random()
+        if op < 0.5 or not booked:
+            got = budget.reserve(rng.randint(1, 500))
+            assert got.admitted
+            booked.append(got)
+        elif op < 0.8:
+            budget.settle(booked.pop(rng.randrange(len(booked))), rng.choice([None, 1, 250, 900]))
+        else:
+            limit.release(booked.pop(rng.randrange(len(booked))))
+        if step % 97 == 0:
+            time.sleep(1.0 + BUCKET + MARGIN + 0.1)  # the window slides past every bucket booked so far
+        if step == 250:
+            r.hdel(win, "tok_sum")  # a sum lost (expired, an older evalq's keys): summed again
+        sums = r.hmget(win, "tok_sum", "req_sum")
+        if sums[0] is not None:
+            assert (int(sums[0]), int(sums[1])) == (held("tok"), held("req")), step
+    time.sleep(1.0 + BUCKET + MARGIN + 0.1)
+    last = budget.reserve(123)
+    assert last.admitted and int(r.hget(win, "tok_sum")) == held("tok") == 123  # only its own in the window
+    assert r.ttl(win) > 0

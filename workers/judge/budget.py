@@ -16,6 +16,9 @@ Keys (``D`` is ``evalq.shared.judging.judges.deployment_id``), built by ``evalq.
 
     evalq:budget:{D}:tok     HASH   bucket (0.1 s) -> tokens reserved in it
     evalq:budget:{D}:req     HASH   bucket (0.1 s) -> requests reserved in it
+    evalq:budget:{D}:win     HASH   tok_sum, req_sum: what the buckets from tok_from, req_from on hold
+                                    (the window's running sums: an admission reads them, not every
+                                    bucket), tok_built, req_built (when last summed from the buckets)
     evalq:budget:{D}:pause   STRING server time (float s) before which nothing is sent (429 Retry-After)
     evalq:budget:{D}:pace    STRING server time (float s) the admitted calls reach when spaced at the
                                     TPM/RPM rate (GCRA's theoretical arrival time)
@@ -34,132 +37,7 @@ from dataclasses import dataclass
 import redis
 
 from evalq.shared.cluster import keys
-
-# Returns {admitted (1/0/-1), wait_seconds (string), used_tokens, used_requests, bucket}.
-# -1: the request alone exceeds the deployment's TPM and can never be admitted.
-RESERVE_LUA = """
-local tok_key, req_key, pause_key, pace_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local tokens = tonumber(ARGV[1])
-local tpm = tonumber(ARGV[2])
-local rpm = tonumber(ARGV[3])
-local window = tonumber(ARGV[4])
-local bucket = tonumber(ARGV[6])
-local burst = tonumber(ARGV[7])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local sec = math.floor(now / bucket)
-if tokens > tpm then
-  return {-1, '0', 0, 0, sec}
-end
-local paused = tonumber(redis.call('GET', pause_key) or '0')
-if paused > now then
-  return {0, tostring(paused - now), -1, 0, sec}
-end
--- Bucket s holds reservations made during [s, s + 1) * bucket; the provider's
--- sliding window still counts them until (s + 1) * bucket + window, plus the
--- request's travel time (margin). Dropping a bucket earlier would admit
--- calls the provider then rejects with 429.
-local margin = tonumber(ARGV[5])
-local function expiry(s) return (s + 1) * bucket + window + margin end
-local function usage(key)
-  local flat = redis.call('HGETALL', key)
-  local used, buckets = 0, {}
-  for i = 1, #flat, 2 do
-    local s, v = tonumber(flat[i]), tonumber(flat[i + 1])
-    if expiry(s) <= now then
-      redis.call('HDEL', key, flat[i])
-    else
-      used = used + v
-      buckets[#buckets + 1] = {s, v}
-    end
-  end
-  table.sort(buckets, function(a, b) return a[1] < b[1] end)
-  return used, buckets
-end
-local used_tok, tok_buckets = usage(tok_key)
-local used_req, req_buckets = usage(req_key)
--- Pacing (GCRA): calls are spaced at the TPM/RPM rate. tat is when the calls
--- admitted so far would have been sent at that rate; a call goes when that
--- backlog is at most 'burst' seconds, and pushes tat on by its own cost.
-local tat = math.max(tonumber(redis.call('GET', pace_key) or '0'), now)
-local pace_wait = tat - burst - now
-if pace_wait <= 0 and used_tok + tokens <= tpm and used_req + 1 <= rpm then
-  -- a key's expiry is set as a bucket is opened in it (ten times a second at most), not per call
-  if redis.call('HINCRBY', tok_key, sec, tokens) == tokens then redis.call('EXPIRE', tok_key, window * 2 + 2) end
-  if redis.call('HINCRBY', req_key, sec, 1) == 1 then redis.call('EXPIRE', req_key, window * 2 + 2) end
-  local cost = math.max(tokens * window / tpm, window / rpm)
-  redis.call('SET', pace_key, tostring(tat + cost), 'EX', math.ceil(window * 2 + burst + cost))
-  return {1, '0', used_tok + tokens, used_req + 1, sec}
-end
--- When will enough of the window have slid out?
-local function wait_for(buckets, used, need, limit)
-  if used + need <= limit then return 0 end
-  local freed = 0
-  for _, b in ipairs(buckets) do
-    freed = freed + b[2]
-    if used - freed + need <= limit then
-      return expiry(b[1]) - now
-    end
-  end
-  return window
-end
-local w = math.max(wait_for(tok_buckets, used_tok, tokens, tpm), wait_for(req_buckets, used_req, 1, rpm),
-                  pace_wait)
-return {0, tostring(math.max(w, 0.01)), used_tok, used_req, sec}
-"""
-
-# Moves an admitted call's tokens and request from the bucket it was reserved
-# in to the bucket of now (its reply has come back). The provider counts a call
-# from when it arrived, which can be later than the reservation (a slow
-# connection, a busy worker); counting it from the reply's return, later still,
-# means evalq's window never lets a call go before the provider's does. ``delta``:
-# what the provider counted beyond (or below) the reservation, in the window and
-# in the pacing (KEYS[3], ARGV[6] the TPM): the budget holds what the provider
-# counts, not evalq's estimate of it.
-SETTLE_LUA = """
-local tok_key, req_key, pace_key = KEYS[1], KEYS[2], KEYS[3]
-local old = tonumber(ARGV[1])
-local tokens = tonumber(ARGV[2])
-local window = tonumber(ARGV[3])
-local bucket = tonumber(ARGV[4])
-local delta = tonumber(ARGV[5] or '0')
-local t = redis.call('TIME')
-local sec = math.max(math.floor((tonumber(t[1]) + tonumber(t[2]) / 1e6) / bucket), old)
-local function move(key, amount, change)
-  if sec > old then
-    local have = tonumber(redis.call('HGET', key, old) or '0')
-    if have > amount then
-      redis.call('HINCRBY', key, old, -amount)
-    elseif have > 0 then
-      redis.call('HDEL', key, old)
-    end
-    -- the key's expiry is set where a bucket is opened in it (the reservation's set it for its own)
-    if redis.call('HINCRBY', key, sec, amount) == amount then redis.call('EXPIRE', key, window * 2 + 2) end
-  end
-  if change ~= 0 then  -- what the server counted beyond (or, for a limit holding a worst case, below) it
-    local now = tonumber(redis.call('HGET', key, sec) or '0')
-    if now + change > 0 then redis.call('HINCRBY', key, sec, change) else redis.call('HDEL', key, sec) end
-  end
-end
-move(tok_key, tokens, delta)
-move(req_key, 1, 0)
-if delta ~= 0 and pace_key and ARGV[6] then
-  local tat = tonumber(redis.call('GET', pace_key) or '0')
-  if tat > 0 then redis.call('SET', pace_key, tostring(tat + delta * window / tonumber(ARGV[6])), 'KEEPTTL') end
-end
-return 1
-"""
-
-PAUSE_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local until_ts = now + tonumber(ARGV[1])
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if until_ts > current then
-  redis.call('SET', KEYS[1], tostring(until_ts), 'EX', math.ceil(tonumber(ARGV[1])) + 1)
-end
-return tostring(until_ts)
-"""
+from evalq.workers.judge.budget_lua import FOLD_LUA, PAUSE_LUA, RELEASE_LUA, RESERVE_LUA, SETTLE_LUA
 
 BUCKET = 0.1        # seconds per usage bucket: the slack a reservation may hold past its window
 MARGIN = 0.25       # seconds a request may take to reach the provider
@@ -217,7 +95,7 @@ class Budget:
         tpm, rpm = self.limits()
         admitted, wait, used, _, bucket = self._reserve(
             keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
-                  keys.budget(self.dep_id, "pause"), keys.budget(self.dep_id, "pace")],
+                  keys.budget(self.dep_id, "pause"), keys.budget(self.dep_id, "pace"), keys.budget(self.dep_id, "win")],
             args=[int(tokens), tpm, rpm, self.window, MARGIN, BUCKET, self.burst])
         if admitted == -1:
             return Reservation(False, 0.0, impossible=True)
@@ -238,7 +116,7 @@ class Budget:
         args))`` each, so that a judge call's settling rides the round trip that keeps its item."""
         delta = counted - reservation.tokens if counted else 0
         return [("script", (self._settle, [keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
-                                           keys.budget(self.dep_id, "pace")],
+                                           keys.budget(self.dep_id, "pace"), keys.budget(self.dep_id, "win")],
                             [reservation.bucket, reservation.tokens, self.window, BUCKET, delta, self.limits()[0]]))]
 
     def pause(self, seconds: float) -> None:
@@ -273,7 +151,7 @@ class Budget:
         """``observe`` of several responses (estimated, server prompt tokens), in one script."""
         pairs = [(e, s) for e, s in pairs if e > 0 and s > 0]
         if pairs:
-            self.r.eval(_FOLD_LUA, 1, self.bias_at(), BIAS_DECAY, *[v for pair in pairs for v in pair])
+            self.r.eval(FOLD_LUA, 1, self.bias_at(), BIAS_DECAY, *[v for pair in pairs for v in pair])
 
     def admission_tokens(self, estimated_prompt: int, max_tokens: int, floor: int = 0,
                          bias: float | None = None) -> int:
@@ -302,31 +180,6 @@ class Budget:
         return int(self.r.get(keys.budget(self.dep_id, "fail")) or 0)
 
 
-# ``Budget.observe`` of each (estimated, server) pair of ARGV[2:] in turn; ARGV[1] the decay
-_FOLD_LUA = """
-local flat = redis.call('HMGET', KEYS[1], 'server', 'estimate')
-local server, estimate = tonumber(flat[1] or '0'), tonumber(flat[2] or '0')
-local decay = tonumber(ARGV[1])
-for i = 2, #ARGV, 2 do
-  estimate = estimate * decay + tonumber(ARGV[i])
-  server = server * decay + tonumber(ARGV[i + 1])
-end
-redis.call('HSET', KEYS[1], 'server', string.format('%.17g', server), 'estimate', string.format('%.17g', estimate))
-return 1
-"""
-
-
-RELEASE_LUA = """
-local tok_key, req_key = KEYS[1], KEYS[2]
-local bucket, tokens = ARGV[1], tonumber(ARGV[2])
-local have = tonumber(redis.call('HGET', tok_key, bucket) or '0')
-if have > tokens then redis.call('HINCRBY', tok_key, bucket, -tokens) else redis.call('HDEL', tok_key, bucket) end
-local req = tonumber(redis.call('HGET', req_key, bucket) or '0')
-if req > 1 then redis.call('HINCRBY', req_key, bucket, -1) else redis.call('HDEL', req_key, bucket) end
-return 1
-"""
-
-
 class Limit(Budget):
     """A limit inside a shared budget, on budget keys of its own, without pacing (the shared
     budget paces the deployment): ``what`` names it in errors. A reservation the shared budget
@@ -339,7 +192,8 @@ class Limit(Budget):
         self._release = r.register_script(RELEASE_LUA)
 
     def release(self, reservation: Reservation) -> None:
-        self._release(keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req")],
+        self._release(keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
+                            keys.budget(self.dep_id, "win")],
                       args=[reservation.bucket, reservation.tokens])
 
 
