@@ -27,6 +27,7 @@ from evalq.shared.cluster.status import Status, status_of
 from evalq.shared.core.jsonio import decode_many
 from evalq.shared.core.memo import shared_reading
 from evalq.workers.context import ChunkContext
+from evalq.workers.judge import retiring
 
 log = logging.getLogger("evalq.worker")
 
@@ -54,6 +55,7 @@ def endpoint_client(ctx: ChunkContext, deployment: str | None, keeper: keeping.I
     client = JudgeClient(ctx.r, ctx.job_id, ctx.key, ctx.endpoint_name, config, options,
                          preferred=deployment,
                          memo=ctx.memo, keeper=keeper, tenant=ctx.tenant, ttl=ctx.ttl)
+    retiring.look(ctx.r, config)  # when its model retires, as its provider says (twice a day, in a thread)
     if not ctx.model_run:  # what the entry asks its judge, as a digest: part of its judge identity
         from evalq.workers.judge.identity import note_prompt
 
@@ -85,6 +87,7 @@ def panel_client(ctx: ChunkContext, deployment: str | None, keeper: Any, options
             continue
         member = JudgeClient(ctx.r, ctx.job_id, ctx.key, name, config, options, preferred=deployment,
                              memo=ctx.memo, keeper=keeper, tenant=ctx.tenant, ttl=ctx.ttl)
+        retiring.look(ctx.r, config)
         member.batch = batch_lines(ctx, config, options, member.deployments, name)  # its lines: its judge's
         members[name] = member
     return Panel({name: members[name] for name in ctx.params.panel}, ctx.params.panel_aggregate,

@@ -53,7 +53,10 @@ def run(job_file: Path, out: str | None, broker: str | None, chunk_size: int | N
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--offline", is_flag=True,
               help="Read no secret: the judges' and the model's key variables must be named, not set here.")
-def validate(job_file: Path, offline: bool) -> None:
+@click.option("--ask-providers", is_flag=True,
+              help="Ask each judge's provider for its model list: warn of a judge whose model retires within "
+                   "EVALQ_RETIRE_WARN_DAYS days (30).")
+def validate(job_file: Path, offline: bool, ask_providers: bool) -> None:
     """Check JOB_FILE (and its dataset) without running it."""
     from collections import Counter
 
@@ -77,6 +80,41 @@ def validate(job_file: Path, offline: bool) -> None:
     if offline:
         for line in render_keys(key_variables(job)):
             click.echo(line)
+    elif ask_providers:
+        _ask_providers(job)
+
+
+def _ask_providers(job) -> None:
+    """``validate --ask-providers``: a line per judge deployment whose model retires soon (or that
+    could not be asked). The keys go where the operator's EVALQ_ENDPOINTS lets them, else (the user
+    is the operator of their own machine) to the endpoints the job names."""
+    from evalq.shared.judging.deployments import govern
+    from evalq.shared.judging.retirement import listing, retiring, said, warn_days
+    from evalq.shared.policy.endpoints import EndpointPolicy, endpoint_url, job_endpoints
+
+    judges, unread = [], []
+    for name, judge in sorted(job.judges.items()):
+        try:  # a catalogue deployment's endpoint, as the operator's catalogue says it
+            judges.append((name, govern(judge, "validate") if any(d.use for d in judge.deployments) else judge))
+        except ValueError as exc:
+            unread.append(f"judge {name}: not asked ({exc})")
+    policy = EndpointPolicy.from_env() or EndpointPolicy.parse(job_endpoints([j for _, j in judges]))
+    def listing_of(judge, d):
+        try:
+            return listing(judge, d, endpoint_url(judge.provider, d), policy)
+        except Exception as exc:  # noqa: BLE001  (a provider without a model list, unreachable: said, not fatal)
+            unread.append(f"judge {judge.model} region {d.region}: its model list was not read "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
+            return None
+
+    found = retiring(judges, listing_of)
+    for f in found:
+        click.echo(f"warning: {said(f)}: switch judges before then", err=True)
+    for line in unread:
+        click.echo(f"note: {line}", err=True)
+    if not found:
+        click.echo(f"no judge retires within {warn_days()} days by what its provider says"
+                   + (f" ({len(unread)} deployment(s) not asked)" if unread else ""))
 
 
 @cli.command()

@@ -22,6 +22,9 @@ def glance(summary: list[dict], run: dict) -> list[tuple[str, str]]:
     exports = run.get("exports") or {}
     if exports:
         rows.append(("exports", "; ".join(_export(name, got) for name, got in sorted(exports.items()))))
+    retiring = retirements(summary, run)
+    if retiring:
+        rows.append(("judges retiring", retiring))
     limits = learned(summary)
     if limits:
         rows.append(("learned limits", "; ".join(f"{region}: {text}" for region, text in sorted(limits.items()))))
@@ -58,6 +61,19 @@ def regressed(m: dict) -> str:
     return "".join(f"<p class=fail>REGRESSION {esc(series_name(m.get('name') or m.get('metric'), f['field']))} "
                    f"{f['value']:.4f} vs baseline {f['baseline']:.4f} ({f['delta']:+.4f}, p={f['p_value']:.3g}, "
                    f"{'paired' if f['paired'] else 'unpaired'}, n={f['n']})</p>" for f in found)
+
+
+def retirements(summary: list[dict], run: dict) -> str:
+    """The night's judges (and model under test) whose model retires soon, as their providers said
+    (results.json's ``judge.retires``), in a line; '' for none."""
+    from evalq.shared.judging.retirement import said
+
+    found = {(f["judge"], f["model"], f["region"]): f
+             for m in [*summary, run.get("generation") or {}] for f in (m.get("judge") or {}).get("retires") or []}
+    if not found:
+        return ""
+    return ("; ".join(said(f) for _, f in sorted(found.items())) + " (switch judges before then: a new judge is a "
+            "marked break in the suite's history)")
 
 
 def _export(name: str, got: dict) -> str:

@@ -88,11 +88,39 @@ def summarize(r: redis.Redis, job: StoredJob, key: str, entry: RunEntry, metric:
             except (ValueError, KeyError) as exc:  # a spec an older evalq stored: recorded without one
                 log.warning("job %s %s: no judge identity: %s", job_id, key, exc)
         _learned_limits(r, job, key, judge, name)
+        _retires(r, job, key, judge, entry.parameters)
         out["judge"] = judge
     if seen < total:
         out["n_missing"] = total - seen
         log.error("job %s %s: %d of %d items have no record", job_id, key, total - seen, total)
     return out
+
+
+def _retires(r: redis.Redis, job: StoredJob, key: str, judge: dict, params) -> None:
+    """``judge.retires``: the entry's judges (a panel's members, the model under test) whose model
+    retires within ``EVALQ_RETIRE_WARN_DAYS``, as its provider's model list said it when a worker last
+    asked (``evalq.workers.judge.retiring``; nothing where none has yet)."""
+    from evalq.shared.judging.retirement import retiring
+    from evalq.shared.policy.endpoints import endpoint_url
+
+    names = [GENERATE] if is_model_run(key) else (params.get("panel") or [params.get("judge")])
+    configs = []
+    for name in names:
+        try:
+            config = job.endpoint(name, job.job_id)
+        except (ValueError, KeyError, TypeError):  # refused by the operator's policy, or not a judge
+            continue
+        if getattr(config, "deployments", None) and getattr(config, "model", None):
+            configs.append((name, config))
+
+    def listing_of(config, d) -> dict | None:
+        raw = r.get(keys.retires(config.provider, endpoint_url(config.provider, d), config.model))
+        said = json.loads(raw) if raw else {}
+        return {"data": [{"id": config.model, "shutdown_date": said["shutdown"]}]} if said.get("shutdown") else None
+
+    found = retiring(configs, listing_of)
+    if found:
+        judge["retires"] = found
 
 
 def _learned_limits(r: redis.Redis, job: StoredJob, key: str, judge: dict, name) -> None:

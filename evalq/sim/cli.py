@@ -24,6 +24,22 @@ def _region_param(ctx: click.Context, param: click.Parameter, values: tuple[str,
     return values
 
 
+def _shutdown_param(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """``--shutdown MODEL=DATE`` values as ``JudgeSim``'s ``shutdown``."""
+    import datetime
+
+    found = {}
+    for value in values:
+        model, eq, day = value.partition("=")
+        try:
+            found[model.strip()] = datetime.date.fromisoformat(day.strip()).isoformat()
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: expected MODEL=YYYY-MM-DD") from None
+        if not eq or not model.strip():
+            raise click.BadParameter(f"{value!r}: expected MODEL=YYYY-MM-DD")
+    return found
+
+
 def _bias_param(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> Any:
     """``--bias`` values as ``JudgeSim``'s ``biases``: one ``Biases`` for every model, or one per model."""
     from evalq.sim.pairwise import Biases
@@ -103,13 +119,16 @@ def _bias_param(ctx: click.Context, param: click.Parameter, values: tuple[str, .
                    "first seat / the longer answer winning a pairwise call), noise (P of the worse answer "
                    "winning; of a rating a point off), leniency (points added to a rating carrying "
                    "[[sim:score=N]]).")
+@click.option("--shutdown", "shutdown", multiple=True, callback=_shutdown_param, metavar="MODEL=DATE",
+              help="A model that retires on DATE (YYYY-MM-DD), as /v1/models says it (repeatable).")
 @click.option("-v", "--verbose", is_flag=True, help="Log one line per request to stderr.")
 def judge_sim_command(regions: tuple[str, ...], latency: float, jitter: float, fail_rate: float,
                       timeout_rate: float, malformed_rate: float, timeout_seconds: float,
                       timeout_action: str, window: float, seed: int, models: tuple[str, ...],
                       max_tokens_default: int, api_key: str | None, batch_delay: float,
                       batch_fail_fraction: float, batch_expire_after: float, enqueued_tokens: int,
-                      rate_headers: str, slots: int | None, biases: Any, verbose: bool) -> None:
+                      rate_headers: str, slots: int | None, biases: Any, shutdown: dict[str, str],
+                      verbose: bool) -> None:
     """Serve simulated OpenAI / Azure OpenAI chat, Files and Batches endpoints on loopback,
     one port per region, until SIGINT or SIGTERM. Prints `NAME BASE_URL` per region."""
     batch = {"batch_delay": batch_delay, "batch_fail_fraction": batch_fail_fraction,
@@ -121,7 +140,7 @@ def judge_sim_command(regions: tuple[str, ...], latency: float, jitter: float, f
         sim = JudgeSim(parsed, latency=latency, jitter=jitter, fault_rates=faults,
                        window_seconds=window, seed=seed, api_key=api_key, models=models,
                        default_max_tokens=max_tokens_default, log=sys.stderr if verbose else None,
-                       rate_headers=rate_headers, slots=slots, biases=biases)
+                       rate_headers=rate_headers, slots=slots, biases=biases, shutdown=shutdown)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:

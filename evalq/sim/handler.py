@@ -189,9 +189,13 @@ class Handler(BaseHTTPRequestHandler):
         elif path in ("/v1/models", "/openai/models", "/openai/v1/models"):
             if not self._authorized():
                 return self._unauthorized()
+            said = dict(self.server.sim.shutdown)
+            azure = path.startswith("/openai")  # Azure OpenAI's list says a retirement its own way
             self._send_json(200, {"object": "list", "data": [
-                {"id": m, "object": "model", "created": 0, "owned_by": "judge-sim"}
-                for m in self.server.sim.models]})
+                {"id": m, "object": "model", "created": 0, "owned_by": "judge-sim",
+                 **(({"deprecation": {"inference": said[m]}} if azure else {"shutdown_date": said[m]})
+                    if m in said else {})}
+                for m in dict.fromkeys([*self.server.sim.models, *said])]})
         else:
             self._error(404, f"Unknown path {path!r}", "invalid_request_error", "not_found")
 

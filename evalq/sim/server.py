@@ -30,7 +30,8 @@ class JudgeSim:
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, log: TextIO | None = None,
                  per_request: bool = False, clock: Callable[[], float] | None = None,
                  record_calls: bool = False, biases: Biases | dict[str, Biases] | None = None,
-                 rate_headers: str = "openai", slots: int | None = None) -> None:
+                 rate_headers: str = "openai", slots: int | None = None,
+                 shutdown: dict[str, str] | None = None) -> None:
         regions = list(regions) if regions else [Region("local")]
         names = [r.name for r in regions]
         if len(set(names)) != len(names):
@@ -59,6 +60,9 @@ class JudgeSim:
         # the model a reply says answered, per model asked (a dated version behind an alias, as OpenAI's
         # "gpt-4o" answers as "gpt-4o-2024-08-06"); settable while the sim runs: a provider's silent update
         self.versions: dict[str, str] = {}
+        # when a model stops answering, as its provider's model list says it (an ISO date; OpenAI's
+        # GET /v1/models ``shutdown_date``, Azure's ``deprecation.inference``): settable while it runs
+        self.shutdown: dict[str, str] = dict(shutdown or {})
         # a judge's biases (evalq.sim.pairwise), for every model or per model asked: seeded by ``seed``
         self.biases = biases
         # every admitted chat call as (monotonic time, tokens counted against the region's TPM,

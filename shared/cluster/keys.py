@@ -267,6 +267,15 @@ def judge_cache(digest: str) -> str:
     return f"{PREFIX}:judgecache:{digest}"
 
 
+def retires(provider: str, url: str, model: str) -> str:
+    """What a provider's model list said of when ``model`` retires, as a worker last asked it
+    (``evalq.workers.judge.retiring``): one key per (provider, endpoint, model), for every job."""
+    import hashlib
+
+    raw = "|".join((provider, url.rstrip("/"), model))
+    return f"{PREFIX}:retires:{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
+
+
 def accounting(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:acct:{metric_key}"
 

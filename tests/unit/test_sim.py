@@ -757,3 +757,24 @@ def test_cli_takes_biases_and_slots():
                       (["--slots", "0"], "--slots")):
         result = CliRunner().invoke(judge_sim_command, bad)
         assert result.exit_code == 2 and said in result.output, (bad, result.output)
+
+
+def test_cli_tells_a_models_shutdown_date_as_openai_and_azure_list_it():
+    """Issue 75: judge-sim can be told a model that retires; its model lists say it as each provider does."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evalq.sim", "--region", "lab:0:0", "--model", "gpt-4.1", "--shutdown", "gpt-5=2026-12-11"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        url = proc.stdout.readline().split(" ")[1].strip()
+        listed = openai.OpenAI(base_url=url, api_key="x", max_retries=0).models.list()
+        said = {m.id: m.to_dict().get("shutdown_date") for m in listed}
+        azure = openai.AzureOpenAI(azure_endpoint=url.removesuffix("/v1"), api_key="x", api_version="2024-10-21",
+                                   max_retries=0).models.list()
+        deprecated = {m.id: (m.to_dict().get("deprecation") or {}).get("inference") for m in azure}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
+    assert said == {"gpt-4.1": None, "gpt-5": "2026-12-11"} and deprecated == said
+    for bad in (["--shutdown", "gpt-5"], ["--shutdown", "gpt-5=next week"], ["--shutdown", "=2026-12-11"]):
+        result = CliRunner().invoke(judge_sim_command, bad)
+        assert result.exit_code == 2 and "MODEL=YYYY-MM-DD" in result.output, (bad, result.output)
