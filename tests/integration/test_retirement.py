@@ -62,3 +62,48 @@ def test_a_night_judged_by_a_retiring_model_says_so(tmp_path):
     line = f"judge &#x27;gpt&#x27; (gpt-5, region lab): retires on {in_days(5)}, in 5 days"
     assert f"<th>judges retiring</th><td>{line}" in (tmp_path / "out" / "report.html").read_text()
     assert f"evalq: warning: judge 'gpt' (gpt-5, region lab): retires on {in_days(5)}, in 5 days" in ran.stderr
+
+
+def test_a_migration_measures_the_new_judge_against_the_old_one_and_people(tmp_path):
+    """Before switching judges: both score a calibration sample side by side (the graded items first).
+    judge-sim's new model is a point more lenient: on items whose marker says N, the old judge gives N
+    and the new min(5, N + 1). The agreement between them is counted here from the markers, and the
+    panel's alpha is the krippendorff package's on the same table."""
+    import krippendorff
+    import numpy as np
+
+    from evalq.sim.pairwise import Biases
+
+    marks = [1 + (i * 3) % 5 for i in range(40)]
+    instances = [{"id": f"q{i}", "input": f"Question {i}?", "actual-output": f"Answer {i}. [[sim:score={n}]]",
+                  "expected-output": [f"Answer {i}."], **({"human": {"coherence": n}} if i % 4 == 0 else {})}
+                 for i, n in enumerate(marks)]
+    with JudgeSim([Region("lab")], api_key=KEY, models=["old-judge", "new-judge"],
+                  biases={"new-judge": Biases(leniency=1)}) as sim:
+        judges = {name: {"provider": "openai", "model": f"{name}-judge", "api_key_env": KEY_ENV,
+                         "deployments": [{"region": "lab", "base_url": sim.base_url("lab"), "tpm": 10**6, "rpm": 10**4}]}
+                  for name in ("old", "new")}
+        path = tmp_path / "nightly.json"
+        path.write_text(json.dumps({"instances": instances, "judges": judges, "judging": {"cache": False},
+                                    "metrics": [{"id": "coherence", "parameters": {"judge": "old"}},
+                                                {"id": "exact_match"}]}))
+        ran = evalq("migrate-judge", str(path), "--from", "old", "--to", "new", "--sample", "30",
+                    "--out", str(tmp_path / "migration"), "-q", env={KEY_ENV: KEY})
+    assert ran.returncode == 0, ran.stderr
+    [row] = json.loads((tmp_path / "migration" / "migration.json").read_text())["entries"]
+    log = [json.loads(line) for line in (tmp_path / "migration" / "log.jsonl").read_text().splitlines()]
+    picked = [int(line["instance_id"][1:]) for line in log]
+    assert len(picked) == 30 and {i for i in range(40) if i % 4 == 0} <= set(picked)  # the graded items first
+    old = [marks[i] for i in picked]
+    new = [min(5, n + 1) for n in old]
+    assert row["n"] == 30 and row["means"] == {"old": pytest.approx(np.mean(old)), "new": pytest.approx(np.mean(new))}
+    agreement = row["agreement"]
+    assert agreement["exact"] == pytest.approx(sum(a == b for a, b in zip(old, new)) / 30)
+    assert agreement["within_1"] == 1.0
+    assert agreement["alpha"] == pytest.approx(krippendorff.alpha(reliability_data=np.array([old, new], dtype=float),
+                                                                  level_of_measurement="ordinal"), abs=1e-9)
+    graded = [i for i in picked if i % 4 == 0]
+    people = row["with_people"]
+    assert people["old"]["n"] == len(graded) and people["old"]["exact"] == 1.0  # the old judge gave the grades
+    assert people["new"]["exact"] == pytest.approx(sum(marks[i] == 5 for i in graded) / len(graded))
+    assert f"coherence: 30 items; mean old {np.mean(old):.3f}, new {np.mean(new):.3f}" in ran.stdout
