@@ -71,7 +71,7 @@ def test_every_run_writes_a_report_that_a_browser_draws(tmp_path):
     text = page.read_text()
     # self-contained: nothing to fetch
     assert "<script" not in text and "<link" not in text and not re.search(r"(src|href)=[\"']?https?:", text)
-    for section in ("Overview", "Judge spend", "Slowest metrics", "Worst items", "Per category", "95% CI"):
+    for section in ("Overview", "Judge spend", "Where the time went", "Worst items", "Per category", "95% CI"):
         assert section in text, section
     assert "Question 7?" in text  # a worst item shows its input (violence severity 7)
     dom, log = render(page, tmp_path)
