@@ -55,7 +55,7 @@ def endpoint_client(ctx: ChunkContext, deployment: str | None, keeper: keeping.I
     client = JudgeClient(ctx.r, ctx.job_id, ctx.key, ctx.endpoint_name, config, options,
                          preferred=deployment,
                          memo=ctx.memo, keeper=keeper, tenant=ctx.tenant, ttl=ctx.ttl)
-    retiring.look(ctx.r, config)  # when its model retires, as its provider says (twice a day, in a thread)
+    retiring.look(ctx.r, config)  # when its model retires, as its provider says (twice a day, before a first call)
     if not ctx.model_run:  # what the entry asks its judge, as a digest: part of its judge identity
         from evalq.workers.judge.identity import note_prompt
 

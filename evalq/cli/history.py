@@ -75,6 +75,8 @@ def _print_suites(suites: list[dict]) -> None:
 
 
 def _print_runs(doc: dict) -> None:
+    from evalq.results.report_glance import series_name
+
     runs = doc["runs"]
     click.echo(f"suite {doc['suite']}: {len(runs)} run(s)")
     click.echo(f"{'finished':<25} {'job':<16} {'status':<10} {'cost':>10} {'tokens':>10} {'regr':>4}")
@@ -89,7 +91,7 @@ def _print_runs(doc: dict) -> None:
         click.echo("")
         click.echo("values, oldest first:")
         for (name, field), values in series.items():
-            label = printable(name if field == "mean" else f"{name}.{field}", 30)
+            label = printable(series_name(name, field), 30)
             click.echo(f"  {label:<30} " + " ".join(f"{_num(values.get(run['job_id'])):>8}" for run in runs))
     for run in runs:
         changed = {m["name"]: m["judge_changed"] for m in run["metrics"] if m.get("judge_changed")}
@@ -100,7 +102,7 @@ def _print_runs(doc: dict) -> None:
                        f"{printable(judge_name(change['before']))} -> {printable(judge_name(change['after']))}; "
                        "not compared with the runs before")
         for f in run["regressions"]:
-            label = printable(f["name"] if f["field"] == "mean" else f"{f['name']}.{f['field']}")
+            label = printable(series_name(f["name"], f["field"]))
             click.echo(f"REGRESSION {run['finished_at']} job {run['job_id']}: {label} {f['value']:.4f} vs baseline "
                        f"{f['baseline']:.4f} ({f['delta']:+.4f}, p={f['p_value']:.3g}, "
                        f"{'paired' if f['paired'] else 'unpaired'}, n={f['n']})")

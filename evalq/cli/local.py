@@ -89,7 +89,7 @@ def _ask_providers(job) -> None:
     could not be asked). The keys go where the operator's EVALQ_ENDPOINTS lets them, else (the user
     is the operator of their own machine) to the endpoints the job names."""
     from evalq.shared.judging.deployments import govern
-    from evalq.shared.judging.retirement import listing, retiring, said, warn_days
+    from evalq.shared.judging.retirement import listing, retiring, said, shutdown_of, warn_days
     from evalq.shared.policy.endpoints import EndpointPolicy, endpoint_url, job_endpoints
 
     judges, unread = [], []
@@ -99,15 +99,16 @@ def _ask_providers(job) -> None:
         except ValueError as exc:
             unread.append(f"judge {name}: not asked ({exc})")
     policy = EndpointPolicy.from_env() or EndpointPolicy.parse(job_endpoints([j for _, j in judges]))
-    def listing_of(judge, d):
+
+    def shutdown(judge, d):
         try:
-            return listing(judge, d, endpoint_url(judge.provider, d), policy)
+            return shutdown_of(listing(judge, d, endpoint_url(judge.provider, d), policy), judge.model)
         except Exception as exc:  # noqa: BLE001  (a provider without a model list, unreachable: said, not fatal)
             unread.append(f"judge {judge.model} region {d.region}: its model list was not read "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
             return None
 
-    found = retiring(judges, listing_of)
+    found = retiring(judges, shutdown)
     for f in found:
         click.echo(f"warning: {said(f)}: switch judges before then", err=True)
     for line in unread:

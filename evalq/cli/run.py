@@ -155,10 +155,9 @@ def finished(r, job_id: str, status: str) -> list[dict]:
         if got["unsent"]:
             print(f"evalq: {got['unsent']} items' scores were not sent to {sink} {got['endpoint']}"
                   f"{': ' + got['answer'] if got.get('answer') else ''} (run.json: exports)", file=sys.stderr)
-    from evalq.shared.judging.retirement import said
+    from evalq.shared.judging.retirement import gathered, said
 
-    for found in {(f["judge"], f["model"], f["region"]): f for m in summary
-                  for f in (m.get("judge") or {}).get("retires") or []}.values():  # before it breaks a night
+    for found in gathered(m.get("judge") for m in summary):  # before it breaks a night
         print(f"evalq: warning: {said(found)}", file=sys.stderr)
     regressed = sum(len(m.get("regressions") or []) for m in summary)
     if regressed:  # said where the night is watched, not only in the history store

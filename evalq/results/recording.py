@@ -26,6 +26,7 @@ from typing import Callable
 import redis
 
 from evalq.shared.cluster import keys
+from evalq.results.history_tables import REGRESSION_FIELDS
 from evalq.shared.core.config import env_number
 from evalq.shared.core.jsonio import pack_floats, unpack_floats
 from evalq.shared.model.runners import GENERATE
@@ -76,8 +77,8 @@ def with_regressions(summary: list[dict], foreseen: Foreseen | None) -> dict | N
     if foreseen is None:
         return None
     for f in foreseen.found:
-        summary[f["slot"]].setdefault("regressions", []).append(
-            {k: f[k] for k in ("field", "value", "baseline", "delta", "p_value", "paired", "n", "baseline_runs")})
+        summary[f["slot"]].setdefault("regressions", []).append(  # (its entry's metric and name are its own)
+            {k: f[k] for k in REGRESSION_FIELDS if k not in ("metric", "name")})
     return {"suite": foreseen.suite, "found": len(foreseen.found), "baseline_runs": foreseen.baseline_runs}
 
 

@@ -66,14 +66,13 @@ def regressed(m: dict) -> str:
 def retirements(summary: list[dict], run: dict) -> str:
     """The night's judges (and model under test) whose model retires soon, as their providers said
     (results.json's ``judge.retires``), in a line; '' for none."""
-    from evalq.shared.judging.retirement import said
+    from evalq.shared.judging.retirement import gathered, said
 
-    found = {(f["judge"], f["model"], f["region"]): f
-             for m in [*summary, run.get("generation") or {}] for f in (m.get("judge") or {}).get("retires") or []}
+    found = gathered(m.get("judge") for m in [*summary, run.get("generation") or {}])
     if not found:
         return ""
-    return ("; ".join(said(f) for _, f in sorted(found.items())) + " (switch judges before then: a new judge is a "
-            "marked break in the suite's history)")
+    return ("; ".join(said(f) for f in found) + " (switch judges before then: a new judge is a marked break in "
+            "the suite's history)")
 
 
 def _export(name: str, got: dict) -> str:

@@ -100,7 +100,7 @@ def _retires(r: redis.Redis, job: StoredJob, key: str, judge: dict, params) -> N
     """``judge.retires``: the entry's judges (a panel's members, the model under test) whose model
     retires within ``EVALQ_RETIRE_WARN_DAYS``, as its provider's model list said it when a worker last
     asked (``evalq.workers.judge.retiring``; nothing where none has yet)."""
-    from evalq.shared.judging.retirement import retiring
+    from evalq.shared.judging.retirement import as_date, retiring
     from evalq.shared.policy.endpoints import endpoint_url
 
     names = [GENERATE] if is_model_run(key) else (params.get("panel") or [params.get("judge")])
@@ -113,12 +113,11 @@ def _retires(r: redis.Redis, job: StoredJob, key: str, judge: dict, params) -> N
         if getattr(config, "deployments", None) and getattr(config, "model", None):
             configs.append((name, config))
 
-    def listing_of(config, d) -> dict | None:
+    def shutdown(config, d):
         raw = r.get(keys.retires(config.provider, endpoint_url(config.provider, d), config.model))
-        said = json.loads(raw) if raw else {}
-        return {"data": [{"id": config.model, "shutdown_date": said["shutdown"]}]} if said.get("shutdown") else None
+        return as_date(json.loads(raw).get("shutdown")) if raw else None
 
-    found = retiring(configs, listing_of)
+    found = retiring(configs, shutdown)
     if found:
         judge["retires"] = found
 

@@ -80,21 +80,28 @@ def listing(judge: Any, deployment: Any, url: str, policy: Any, timeout: float =
         return {"data": [m.to_dict() for m in client.models.list()]}
 
 
-def retiring(judges: Iterable[tuple[str, Any]], listing_of: Callable[[Any, Any], dict | None],
+def retiring(judges: Iterable[tuple[str, Any]], shutdown: Callable[[Any, Any], datetime.date | None],
              today: datetime.date | None = None, days: int | None = None) -> list[dict]:
-    """Per (judge name, config) and deployment whose provider's list says the judge's model retires
-    within ``days`` (default ``warn_days()``; already retired too): judge, model, region, date, days
-    left. ``listing_of(judge, deployment)``: its provider's list, or None where it could not be read."""
+    """Per (judge name, config) and deployment whose model retires within ``days`` (default
+    ``warn_days()``; already retired too): judge, model, region, date, days left. ``shutdown(judge,
+    deployment)``: when its provider says the judge's model retires (None: it says nothing, or could
+    not be asked)."""
     today = today or datetime.datetime.now(datetime.timezone.utc).date()
     days = warn_days() if days is None else days
     found = []
     for name, judge in judges:
         for d in judge.deployments:
-            date = shutdown_of(listing_of(judge, d), judge.model)
+            date = shutdown(judge, d)
             if date is not None and (date - today).days <= days:
                 found.append({"judge": name, "model": judge.model, "region": d.region, "date": date.isoformat(),
                               "days": (date - today).days})
     return found
+
+
+def gathered(blocks: Iterable[dict | None]) -> list[dict]:
+    """The retirements of results.json's judge blocks (``retires``), each (judge, model, region) once."""
+    found = {(f["judge"], f["model"], f["region"]): f for b in blocks for f in (b or {}).get("retires") or []}
+    return [f for _, f in sorted(found.items())]
 
 
 def said(found: dict) -> str:

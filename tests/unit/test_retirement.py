@@ -32,9 +32,7 @@ def test_only_a_judge_retiring_within_the_days_is_said():
                                 for name, model in (("soon", "gpt-5"), ("later", "gpt-4.1"), ("gone", "o1"))},
                      "metrics": [{"id": "coherence", "parameters": {"judge": "soon"}}]})
     said_by = {"gpt-5": "2026-12-11", "gpt-4.1": "2027-03-01", "o1": "2026-11-01"}
-    found = retiring(sorted(job.judges.items()), lambda judge, d: {"data": [{"id": judge.model,
-                                                                             "shutdown_date": said_by[judge.model]}]},
-                     today=TODAY, days=30)
+    found = retiring(sorted(job.judges.items()), lambda judge, d: as_date(said_by[judge.model]), today=TODAY, days=30)
     assert [(f["judge"], f["date"], f["days"]) for f in found] == [("gone", "2026-11-01", -28), ("soon", "2026-12-11", 12)]
     assert said(found[1]) == "judge 'soon' (gpt-5, region lab): retires on 2026-12-11, in 12 days"
     assert said(found[0]) == "judge 'gone' (o1, region lab): retired on 2026-11-01, 28 days ago"
