@@ -49,6 +49,8 @@ def _finalize(r: redis.Redis, job_id: str, spec: StoredJob, status: str) -> dict
     foreseen = foresee(r, job_id, spec, summary) if status == Status.DONE else None
     regressions = with_regressions(summary, foreseen)
     r.set(keys.summary(job_id), json.dumps(summary))
+    if regressions is not None:  # what `evalq run` says of it (the dataset's move, the count)
+        r.set(keys.compared(job_id), json.dumps(regressions), ex=spec.ttl)
     errors: list[str] = []
     if spec.destination is not None:
         errors = _write(r, spec, job_id, summary, status, regressions)

@@ -22,6 +22,7 @@ from evalq.shared.cluster import keys
 from evalq.shared.core.config import Settings
 from evalq.shared.core.errors import InfraError
 from evalq.shared.data.instances import json_lines, stored_bytes
+from evalq.shared.data.versions import TABLE_FILE
 from evalq.shared.job.schema import Job, MetricRun
 from evalq.shared.job.stored import VERSION, StoredJob, as_stored, store as store_document
 from evalq.shared.model.runners import GENERATE
@@ -248,6 +249,9 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
     stored = StoredJob(spec, job_id)
     ttl = stored.ttl
     root = store_root() if store is FROM_ENV else store
+    version = dataset_version(job, spec)
+    if version is not None:  # kept beside the instances (the store) or in Redis: the history reads it
+        spec["dataset_version"] = {**version.head(), "table": "store" if root is not None else "redis"}
     shared: dict[str, str] = {}
     place = running = None
     if root is not None:
@@ -255,6 +259,8 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
         place = job_place(root, job_id, stored.store_tenant, stored.suite)
         try:
             kept = staged.stage(place, json_lines(job.instances, shared))
+            if version is not None:
+                place.put(TABLE_FILE, version.table)
             if staged.stage_shared(place, shared):  # what the instances share, beside them: none of it in Redis
                 kept["shared"] = True
                 shared = {}
@@ -277,6 +283,8 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
                 pipe.rpush(ikey, *batch)
                 pipe.execute()
             pipe.expire(ikey, ttl)
+        if version is not None and root is None:
+            pipe.set(keys.dataset_version(job_id), version.table, ex=ttl)
         if shared:  # the values the instances refer to (evalq.shared.data.instances.SHARED_FIELDS)
             pipe.hset(keys.shared_values(job_id), mapping=shared)
             pipe.expire(keys.shared_values(job_id), ttl)
@@ -293,6 +301,17 @@ def store_job(r: redis.Redis, job: Job, spec: dict, job_id: str | None = None,
                              f"a job store (EVALQ_STORE) keeps them out of Redis") from None
         raise InfraError(f"storing job {job_id} failed: {exc}") from None
     return job_id
+
+
+def dataset_version(job: Job, spec: dict):
+    """The job's dataset version (``evalq.shared.data.versions``), its table of the instances the
+    history keeps values of (``evalq.results.recording.sample_rate``); None for a job read without one."""
+    from evalq.results.recording import sample_rate
+
+    counted = getattr(job, "versions", None)
+    if counted is None or not len(counted.ids):
+        return None
+    return counted.version(sample_rate(spec))
 
 
 def _unstage(place: Place | None, running: Place | None, job_id: str, binding: str | None = None) -> None:

@@ -79,10 +79,10 @@ def _print_runs(doc: dict) -> None:
 
     runs = doc["runs"]
     click.echo(f"suite {doc['suite']}: {len(runs)} run(s)")
-    click.echo(f"{'finished':<25} {'job':<16} {'status':<10} {'cost':>10} {'tokens':>10} {'regr':>4}")
+    click.echo(f"{'finished':<25} {'job':<16} {'status':<10} {'cost':>10} {'tokens':>10} {'regr':>4}  dataset")
     for run in runs:
         click.echo(f"{run['finished_at']:<25} {run['job_id']:<16} {run['status']:<10} {_num(run['cost'], 2):>10} "
-                   f"{_num(run['tokens']):>10} {len(run['regressions']):>4}")
+                   f"{_num(run['tokens']):>10} {len(run['regressions']):>4}  {(run.get('dataset_digest') or '-')[:12]}")
     series: dict[tuple[str, str], dict[str, float | None]] = {}
     for run in runs:
         for m in run["metrics"]:
@@ -101,6 +101,12 @@ def _print_runs(doc: dict) -> None:
             click.echo(f"JUDGE CHANGED {run['finished_at']} job {run['job_id']}: {printable(name)} "
                        f"{printable(judge_name(change['before']))} -> {printable(judge_name(change['after']))}; "
                        "not compared with the runs before")
+        moved = run.get("dataset_change") or {}
+        if moved.get("baseline") and moved.get("compared_on") != "same version":
+            from evalq.results.dataset_versions import dataset_line
+
+            click.echo(f"DATASET {run['finished_at']} job {run['job_id']}: "
+                       f"{printable(dataset_line({**moved, 'digest': run.get('dataset_digest') or '', 'n': run.get('n_instances')}), 400)}")
         for f in run["regressions"]:
             label = printable(series_name(f["name"], f["field"]))
             click.echo(f"REGRESSION {run['finished_at']} job {run['job_id']}: {label} {f['value']:.4f} vs baseline "

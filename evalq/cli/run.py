@@ -159,6 +159,12 @@ def finished(r, job_id: str, status: str) -> list[dict]:
 
     for found in gathered(m.get("judge") for m in summary):  # before it breaks a night
         print(f"evalq: warning: {said(found)}", file=sys.stderr)
+    compared = json.loads(r.get(keys.compared(job_id)) or "{}")
+    moved = compared.get("dataset") or {}
+    if moved.get("baseline") and moved.get("compared_on") != "same version" or moved.get("pinned"):
+        from evalq.results.dataset_versions import dataset_line
+
+        print(f"evalq: dataset: {dataset_line(moved)}", file=sys.stderr)  # a moved dataset, said before it misleads
     regressed = sum(len(m.get("regressions") or []) for m in summary)
     if regressed:  # said where the night is watched, not only in the history store
         from evalq.shared.job.stored import load_job

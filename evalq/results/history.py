@@ -39,7 +39,10 @@ from evalq.shared.core.errors import EvalqError, InfraError
 from evalq.shared.job.nightly import Regression
 from evalq.results.item_columns import pack, unpack  # noqa: F401  (the stored form of per-instance values)
 from evalq.results.history_tables import (
-    REGRESSION_FIELDS, entries, entry_values, item_values, regressions, runs)
+    REGRESSION_FIELDS, entries, entry_values, item_values, regressions, run_versions, runs)
+from evalq.results.dataset_versions import Against, against, name_examples, stored_change
+from evalq.shared.data.versions import Version
+from evalq.shared.scores.stats import columns
 
 
 class HistoryOff(EvalqError):
@@ -137,7 +140,7 @@ def _migration_lock(engine: sa.Engine, conn: sa.Connection):
 # The newest migration's revision (evalq/results/migrations/versions): a store already there needs no
 # migration, and is opened without importing alembic (0.12 s of a cold process's first record,
 # with mako and pygments). tests/unit/test_history.py holds it equal to alembic's own head.
-HEAD = "0003"
+HEAD = "0004"
 
 
 def _at_head(engine: sa.Engine) -> bool:
@@ -199,15 +202,19 @@ class HistoryStore:
 
     # -- writing ---------------------------------------------------------------
     def record(self, run: dict, entry_rows: list[dict], series: list[dict], settings: Regression,
-               found: list[dict] | None = None) -> Recorded:
+               found: list[dict] | None = None, version: Version | None = None, said: dict | None = None) -> Recorded:
         """Store a run once (by job id): its entries, their values and, for a run that ended
         done, the regressions against the suite's baseline (``found``: as ``foresee`` found them, else
-        found now). A second call (a redelivered callback) stores nothing and returns what the first stored."""
+        found now), its dataset ``version``'s table and how its data differs from the baseline's (``said``,
+        ``evalq.results.dataset_versions``). A second call (a redelivered callback) stores nothing and
+        returns what the first stored."""
         try:
             with self.engine.begin() as conn:
                 if conn.execute(sa.select(runs.c.id).where(runs.c.job_id == run["job_id"])).first():
                     return self._recorded(conn, run["job_id"])
                 run_id = conn.execute(runs.insert().values(**run, alert="none")).inserted_primary_key[0]
+                if version is not None and version.table:
+                    conn.execute(run_versions.insert().values(run_id=run_id, rate=version.rate, data=version.table))
                 changes = self._judge_changes(conn, run, run_id, entry_rows)
                 if entry_rows:
                     conn.execute(entries.insert(), [
@@ -227,7 +234,9 @@ class HistoryStore:
                 if run["status"] != "done" or not series:
                     found = []
                 elif found is None:
-                    found = self._detect(conn, run, run_id, entry_rows, series, settings)[0]
+                    found, _, said = self._detect(conn, run, run_id, entry_rows, series, settings, version)
+                if said:
+                    conn.execute(runs.update().where(runs.c.id == run_id).values(dataset_change=stored_change(said)))
                 if found:
                     conn.execute(regressions.insert(), [{"run_id": run_id, "slot": f["slot"],
                                                          **{k: f[k] for k in REGRESSION_FIELDS}} for f in found])
@@ -240,22 +249,25 @@ class HistoryStore:
             with self.engine.connect() as conn:
                 return self._recorded(conn, run["job_id"])
 
-    def foresee(self, run: dict, entry_rows: list[dict], series: list[dict], settings: Regression) -> tuple[list[dict], int]:
+    def foresee(self, run: dict, entry_rows: list[dict], series: list[dict], settings: Regression,
+                version: Version | None = None) -> tuple[list[dict], int, dict | None]:
         """What ``record`` would find of ``run`` (as if it ended done), stored nowhere: its regressions
-        (with their ``slot``) and how many earlier runs had a value to compare with (the report says both)."""
+        (with their ``slot``), how many earlier runs had a value to compare with and how its data
+        differs from the baseline's (``evalq.results.dataset_versions``; the report says all three)."""
         if not series:
-            return [], 0
+            return [], 0, None
         with self.engine.connect() as conn:  # (a callback run again: the run it recorded is not its own baseline)
             earlier = conn.execute(sa.select(runs.c.id).where(runs.c.job_id == run["job_id"])).scalar()
-            return self._detect(conn, run, -1 if earlier is None else earlier, entry_rows, series, settings)
+            return self._detect(conn, run, -1 if earlier is None else earlier, entry_rows, series, settings, version)
 
     def _detect(self, conn: sa.Connection, run: dict, run_id: int, entry_rows: list[dict], series: list[dict],
-                settings: Regression) -> tuple[list[dict], int]:
+                settings: Regression, version: Version | None = None) -> tuple[list[dict], int, dict | None]:
         from evalq.results.regressions import detect
 
         judged = {e["slot"]: e.get("judge_id") for e in entry_rows}
-        past = self._baseline(conn, run, run_id, series, settings.baseline, judged)
-        return detect(series, past, settings), len({p["run_id"] for rows in past.values() for p in rows})
+        past, chosen = self._baseline(conn, run, run_id, series, settings.baseline, judged, version, settings.dataset)
+        return (detect(series, past, settings), len({p["run_id"] for rows in past.values() for p in rows}),
+                chosen.said)
 
     def _recorded(self, conn: sa.Connection, job_id: str) -> Recorded:
         row = conn.execute(sa.select(runs.c.id, runs.c.alert).where(runs.c.job_id == job_id)).one()
@@ -292,22 +304,26 @@ class HistoryStore:
                                   "after": json.loads(e["judge"]) if e.get("judge") else {"id": e["judge_id"]}}
         return out
 
-    def _baseline(self, conn: sa.Connection, run: dict, run_id: int, series: list[dict],
-                  how_many: int, judged: dict[int, str | None] | None = None) -> dict[tuple[str, str, str], list[dict]]:
+    def _baseline(self, conn: sa.Connection, run: dict, run_id: int, series: list[dict], how_many: int,
+                  judged: dict[int, str | None] | None = None, version: Version | None = None,
+                  pin: str | None = None) -> tuple[dict[tuple[str, str, str], list[dict]], Against]:
         """Per (metric, name, field) of ``series``: what each of the suite's last ``how_many``
         runs of the same tenant that ended done before this one has of it (value, n, sd, and its
         items if kept), where the entry was judged by the same judge (``judged``: this run's judge
-        id per slot; a run an older store kept without one counts for any)."""
+        id per slot; a run an older store kept without one counts for any), on the same dataset
+        ``version`` or else over the items shared unchanged (``pin``: a pinned version's runs;
+        ``evalq.results.dataset_versions``); and the runs chosen."""
         # a suite is its tenant's: another tenant's runs of the same name are never its baseline
         # (runs an older store kept without a tenant count for any)
         tenant = runs.c.tenant.is_(None) if run.get("tenant") is None else \
             sa.or_(runs.c.tenant == run["tenant"], runs.c.tenant.is_(None))
-        earlier = conn.execute(
-            sa.select(runs.c.id).where(runs.c.suite == run["suite"], tenant, runs.c.status == "done",
-                                       runs.c.id != run_id, runs.c.finished_at <= run["finished_at"])
-            .order_by(runs.c.finished_at.desc(), runs.c.id.desc()).limit(how_many)).scalars().all()
+        chosen = against(conn, sa.select(runs.c.id, runs.c.job_id, runs.c.dataset_digest, runs.c.n_instances)
+                         .where(runs.c.suite == run["suite"], tenant, runs.c.status == "done",
+                                runs.c.id != run_id, runs.c.finished_at <= run["finished_at"])
+                         .order_by(runs.c.finished_at.desc(), runs.c.id.desc()), how_many, version, pin)
+        earlier = chosen.runs
         if not earlier:
-            return {}
+            return {}, chosen
         wanted = {(s["metric"], s["name"], s["field"]): (judged or {}).get(s["slot"]) for s in series}
         rows = conn.execute(
             sa.select(entries.c.run_id, entries.c.slot, entries.c.metric, entries.c.name, entry_values.c.field,
@@ -320,15 +336,23 @@ class HistoryStore:
                                             item_values.c.field == entry_values.c.field))
             .where(entries.c.run_id.in_(earlier))).all()
         found: dict[tuple[str, str, str], list[dict]] = {}
+        names: list = []  # the baseline's instance ids, to name the ones removed
         heads: dict = {}  # a run's fields mostly list the same instances: their ids decoded once
         for row in rows:
             key = (row.metric, row.name, row.field)
             if key not in wanted or (wanted[key] and row.judge_id and row.judge_id != wanted[key]):
                 continue  # not this run's, or judged by another judge: a break, never a baseline
             if row.value is not None:
-                found.setdefault(key, []).append({"run_id": row.run_id, "value": row.value, "n": row.n,
-                                                  "sd": row.sd, "items": unpack(row.data, heads) if row.data else None})
-        return found
+                items = unpack(row.data, heads) if row.data else None
+                keep = chosen.keep.get(row.run_id)
+                if items is not None:
+                    names.append(items[0])
+                    if keep is not None:  # another version's run: its items shared unchanged only
+                        items = tuple(map(list, zip(*[(i, v) for i, v in zip(*items) if keep(i)]))) or ([], [])
+                found.setdefault(key, []).append({"run_id": row.run_id, "value": row.value, "n": row.n, "sd": row.sd,
+                                                  "items": items, "unpaired": row.run_id in chosen.unpaired})
+        name_examples(chosen, [columns(s["items"])[0] for s in series if s.get("items")] + names)
+        return found, chosen
 
     def claim_alert(self, job_id: str) -> bool:
         """True for the one caller that moves the run's alert from pending to sending."""
@@ -398,7 +422,10 @@ class HistoryStore:
                  "tenant": row["tenant"], "status": row["status"], "started_at": iso(row["started_at"]),
                  "finished_at": iso(row["finished_at"]), "dataset": row["dataset"], "model": row["model"],
                  "out": row["out"], "error": row["error"], "cost": row["cost"], "tokens": row["tokens"],
-                 "calls": row["calls"], "alert": row["alert"], "metrics": values.get(row["id"], []),
+                 "calls": row["calls"], "alert": row["alert"], "n_instances": row["n_instances"],
+                 "dataset_digest": row["dataset_digest"],
+                 "dataset_change": json.loads(row["dataset_change"]) if row["dataset_change"] else None,
+                 "metrics": values.get(row["id"], []),
                  "regressions": found.get(row["id"], [])} for row in rows]
 
 

@@ -19,6 +19,9 @@ runs = sa.Table(
     sa.Column("calls", sa.BigInteger), sa.Column("tokens", sa.BigInteger), sa.Column("cost", sa.Float),
     sa.Column("error", sa.Text),
     sa.Column("alert", sa.String(16)),  # none | pending | sending | sent | failed
+    # its dataset's version (evalq.shared.data.versions) and how it differs from its baseline's (JSON)
+    sa.Column("dataset_digest", sa.String(64)), sa.Column("dataset_change", sa.Text),
+    sa.Index("ix_runs_suite_digest", "suite", "dataset_digest"),
 )
 
 
@@ -55,6 +58,11 @@ regressions = sa.Table(
     sa.Column("value", sa.Float), sa.Column("baseline", sa.Float), sa.Column("delta", sa.Float),
     sa.Column("p_value", sa.Float), sa.Column("paired", sa.Boolean), sa.Column("n", sa.Integer),
     sa.Column("baseline_runs", sa.Integer),
+)
+run_versions = sa.Table(  # a run's version table: (id hash, content hash) of the instances in its sample
+    "run_versions", metadata,
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("rate", sa.Float, nullable=False), sa.Column("data", sa.LargeBinary, nullable=False),
 )
 REGRESSION_FIELDS = ("metric", "name", "field", "value", "baseline", "delta", "p_value", "paired", "n",
                      "baseline_runs")

@@ -16,12 +16,10 @@ Recording never fails the job: an unreachable database is logged, and the output
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import redis
 
@@ -35,6 +33,8 @@ from evalq.shared.metrics.registry import REGISTRY
 from evalq.shared.scores.results import entry_keys, read
 from evalq.shared.cluster.spec import METRICS_STAGE, entry_chunks, stage_runs
 from evalq.shared.scores.stats import Items, columns, score_interval
+from evalq.shared.data.versions import Version, in_sample
+from evalq.results.dataset_versions import version_of
 
 log = logging.getLogger("evalq.history")
 
@@ -50,6 +50,8 @@ class Foreseen:
     series: list[dict]
     found: list[dict]
     baseline_runs: int
+    dataset: dict | None = None  # how its data differs from the baseline's (evalq.results.dataset_versions)
+    version: Version | None = None
 
 
 def foresee(r: redis.Redis, job_id: str, spec: StoredJob, summary: list[dict]) -> Foreseen | None:
@@ -63,23 +65,28 @@ def foresee(r: redis.Redis, job_id: str, spec: StoredJob, summary: list[dict]) -
         return None
     try:
         entry_rows, series = entries_of(r, job_id, spec, summary)
-        found, past = open_store(url).foresee(run_row(r, job_id, spec, "done", summary, None), entry_rows, series,
-                                              spec.regression)
+        version = version_of(r, job_id, spec)
+        found, past, said = open_store(url).foresee(run_row(r, job_id, spec, "done", summary, None), entry_rows,
+                                                    series, spec.regression, version)
     except Exception as exc:  # noqa: BLE001  (a database of any kind, down or refusing: the job stands)
         _unrecorded(job_id, url, exc, "not compared with its suite's baseline in")
         return None
-    return Foreseen(spec.series, entry_rows, series, found, past)
+    return Foreseen(spec.series, entry_rows, series, found, past, said, version)
 
 
 def with_regressions(summary: list[dict], foreseen: Foreseen | None) -> dict | None:
     """Each regressed entry of ``summary`` gets its ``regressions`` (field, value, baseline, delta,
-    p_value, paired, n, baseline_runs); returns run.json's ``regressions`` (suite, found, baseline_runs)."""
+    p_value, paired, n, baseline_runs); returns run.json's ``regressions`` (suite, found, baseline_runs,
+    and how the night's data differs from the baseline's: ``dataset``)."""
     if foreseen is None:
         return None
     for f in foreseen.found:
         summary[f["slot"]].setdefault("regressions", []).append(  # (its entry's metric and name are its own)
             {k: f[k] for k in REGRESSION_FIELDS if k not in ("metric", "name")})
-    return {"suite": foreseen.suite, "found": len(foreseen.found), "baseline_runs": foreseen.baseline_runs}
+    said = {"suite": foreseen.suite, "found": len(foreseen.found), "baseline_runs": foreseen.baseline_runs}
+    if foreseen.dataset:
+        said["dataset"] = foreseen.dataset
+    return said
 
 
 def record_job(r: redis.Redis, job_id: str, spec: StoredJob, status: str, summary: list[dict] | None,
@@ -97,8 +104,10 @@ def record_job(r: redis.Redis, job_id: str, spec: StoredJob, status: str, summar
         entry_rows, series = ((foreseen.entry_rows, foreseen.series) if foreseen is not None
                               else entries_of(r, job_id, spec, summary or []))
         run = run_row(r, job_id, spec, status, summary or [], error)
+        version = foreseen.version if foreseen is not None else version_of(r, job_id, spec)
         recorded = store.record(run, entry_rows, series, spec.regression,
-                                found=foreseen.found if foreseen is not None else None)
+                                found=foreseen.found if foreseen is not None else None, version=version,
+                                said=foreseen.dataset if foreseen is not None else None)
     except Exception as exc:  # noqa: BLE001  (a database of any kind, down or refusing: the job stands)
         _unrecorded(job_id, url, exc, "not recorded in")
         return None
@@ -135,7 +144,7 @@ def run_row(r: redis.Redis, job_id: str, spec: StoredJob, status: str, summary: 
         "started_at": utc(spec.submitted_at), "finished_at": datetime.now(timezone.utc).replace(tzinfo=None),
         "source": spec.source, "dataset": (spec.dataset or {}).get("uri"),
         "model": model.get("model") or model.get("runner"), "out": spec.out,
-        "n_instances": spec.n_instances,
+        "n_instances": spec.n_instances, "dataset_digest": (spec.dataset_version or {}).get("digest"),
         "calls": sum(int(b.get("calls", 0)) for b in judge_blocks),
         "tokens": sum(int(b.get("prompt_tokens", 0)) + int(b.get("completion_tokens", 0)) for b in judge_blocks),
         "cost": job_cost(summary, generation), "error": error,
@@ -176,16 +185,6 @@ def sample_rate(spec: StoredJob | dict) -> float:
     limit = int(env_number("EVALQ_HISTORY_MAX_ITEMS", 100_000))
     n = as_stored(spec).n_instances
     return 1.0 if n <= limit else max(limit, 1) / n
-
-
-def in_sample(rate: float) -> Callable[[str], bool] | None:
-    """Whether an instance is in a run's sample at ``rate``: a hash of its id under the rate, so
-    that every run keeps the same instances (a run at a lower rate keeps a subset of another's),
-    and two runs of a suite pair over the smaller sample. None: every instance."""
-    if rate >= 1.0:
-        return None
-    bound = int(rate * 2 ** 64)
-    return lambda iid: int.from_bytes(hashlib.blake2b(iid.encode("utf-8"), digest_size=8).digest(), "big") < bound
 
 
 @dataclass

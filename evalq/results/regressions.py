@@ -114,7 +114,8 @@ def normal_paired(base: Sequence[float], new: Sequence[float]) -> tuple[float, f
 
 def unpaired_move(s: dict, past: list[dict]) -> tuple[float, float, float, bool, int] | None:
     """(delta, p, pooled baseline, False, n) from the runs' means, standard deviations and counts."""
-    usable = [p for p in past if p.get("n") and p.get("value") is not None]
+    # (a run on other data, ``unpaired`` False: its mean is over other items, never compared)
+    usable = [p for p in past if p.get("n") and p.get("value") is not None and p.get("unpaired", True)]
     if not usable:
         return None
     total = sum(p["n"] for p in usable)

@@ -19,6 +19,10 @@ def glance(summary: list[dict], run: dict) -> list[tuple[str, str]]:
     rows = []
     if isinstance(run.get("regressions"), dict):
         rows.append(("regressions", regressions_line(summary, run["regressions"])))
+        if run["regressions"].get("dataset"):
+            from evalq.results.dataset_versions import dataset_line
+
+            rows.append(("dataset", dataset_line(run["regressions"]["dataset"])))
     exports = run.get("exports") or {}
     if exports:
         rows.append(("exports", "; ".join(_export(name, got) for name, got in sorted(exports.items()))))

@@ -81,6 +81,16 @@ def instances(job_id: str) -> str:
     return f"{job_prefix(job_id)}:instances"
 
 
+def compared(job_id: str) -> str:
+    """String: how the ended job compares with its suite's baseline (run.json's ``regressions``)."""
+    return f"{job_prefix(job_id)}:compared"
+
+
+def dataset_version(job_id: str) -> str:
+    """String: the instances' version table (``evalq.shared.data.versions``) of a job kept outside the store."""
+    return f"{job_prefix(job_id)}:version"
+
+
 def shared_values(job_id: str) -> str:
     """Hash: digest -> JSON of a value many instances share, stored once (tool definitions)."""
     return f"{job_prefix(job_id)}:shared"
@@ -357,7 +367,7 @@ def backlog(queue: str) -> str:
 def all_job_keys(job_id: str, metric_keys: list[str], sinks: list[str] = ()) -> list[str]:
     """Every key of a job; ``metric_keys`` includes ``generate`` when the job had that stage,
     ``sinks`` names the job's sinks besides ``otlp`` (the spec's ``sinks``)."""
-    keys = [spec(job_id), instances(job_id), shared_values(job_id), summary(job_id), status(job_id), ended(job_id),
+    keys = [spec(job_id), instances(job_id), shared_values(job_id), dataset_version(job_id), compared(job_id), summary(job_id), status(job_id), ended(job_id),
             job_tokens(job_id), job_cost(job_id), cost_held(job_cost(job_id)), stage_summary(job_id, "generate"), plan(job_id), error(job_id),
             replied(job_id), reply_targets(job_id), judge_memo(job_id), watch(job_id),
             chunks_done(job_id, "generate"), chunks_done(job_id, "metrics"), parked(job_id),

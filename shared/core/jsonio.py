@@ -14,7 +14,7 @@ from typing import Any
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 
-def _c_encode():
+def _c_encode(sort_keys: bool = False):
     """The C encoder ``JSONEncoder.encode`` builds afresh on every call (about 1 us, as much as
     encoding a small record), made once. Made without the circular-reference check, whose
     bookkeeping is per call: it holds no state, so it is safe from any thread (a value that
@@ -26,9 +26,9 @@ def _c_encode():
         return None
     try:
         iterencode = c_make_encoder(None, _ENCODER.default, encode_basestring, None, ": ", ", ",
-                                    False, False, True)
-        sample = {"a": [1, 2.5, None, True, "é\n"], "b": {"c": float("nan")}}
-        if "".join(iterencode(sample, 0)) != _ENCODER.encode(sample):
+                                    sort_keys, False, True)
+        sample = {"b": [1, 2.5, None, True, "é\n"], "a": {"c": float("nan")}}
+        if "".join(iterencode(sample, 0)) != (_SORTED if sort_keys else _ENCODER).encode(sample):
             return None
     except TypeError:
         return None
@@ -42,8 +42,11 @@ def _c_encode():
     return encode
 
 
+_SORTED = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
 # the text json.dumps(value, ensure_ascii=False) gives
 encode = _c_encode() or _ENCODER.encode
+# ... and json.dumps(value, ensure_ascii=False, sort_keys=True): the same value whatever its keys' order
+encode_sorted = _c_encode(sort_keys=True) or _SORTED.encode
 
 
 def decode_many(raw: list) -> list[Any]:

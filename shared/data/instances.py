@@ -188,7 +188,9 @@ class InstanceChecker:
 
     def __init__(self, required: dict[str, list[str]], generating: bool,
                  missing: Callable[[str], str] = lambda f: f"missing {f!r}",
-                 human_scales: dict[str, HumanScale] | None = None):
+                 human_scales: dict[str, HumanScale] | None = None, version_fields: list[str] | None = None):
+        from evalq.shared.data.versions import VersionCounter
+
         self.required = required
         self.human_scales = human_scales or {}
         self.generating = generating
@@ -196,6 +198,7 @@ class InstanceChecker:
         self.n_to_generate = 0
         self.categories: set[str] = set()
         self._hashes = array("q")
+        self.versions = VersionCounter(version_fields)  # the dataset's version (evalq.shared.data.versions)
         # the instances are a trace dataset's spans (evalq.shared.data.traces): the one source whose
         # instances carry ``otel``, the ids of the span each came from, which score sinks write onto
         self.traces = False
@@ -246,6 +249,7 @@ class InstanceChecker:
             if isinstance(category, str):
                 self.categories.add(category)
             self._hashes.append(hash(str(inst["id"])))
+            self.versions.add(inst)
         return problems
 
     def hashes(self) -> array:
@@ -256,13 +260,17 @@ class InstanceChecker:
         in another process (which may read several parts), merged back with ``merge``."""
         twin = copy.copy(self)
         twin.n_to_generate, twin.categories, twin._hashes = 0, set(), array("q")
+        twin.versions = self.versions.apart()
         return twin
 
-    def merge(self, n_to_generate: int, categories: set[str], hashes: array) -> None:
+    def merge(self, n_to_generate: int, categories: set[str], hashes: array,
+              versions: tuple[array, array] | None = None) -> None:
         """Add what another process's checker counted over its part of the records (in order)."""
         self.n_to_generate += n_to_generate
         self.categories |= categories
         self._hashes.extend(hashes)
+        if versions is not None:
+            self.versions.merge(*versions)
 
     def duplicate_ids(self) -> set[int] | None:
         """Hashes of ids seen twice or more (None when there are none): with a set up to

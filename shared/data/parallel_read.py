@@ -100,6 +100,7 @@ class Part:
     n_to_generate: int = 0
     categories: set[str] = field(default_factory=set)
     hashes: array = field(default_factory=lambda: array("q"))
+    versions: tuple = field(default_factory=lambda: (array("Q"), array("Q")))  # (id hashes, content hashes): evalq.shared.data.versions
     shared: dict[str, str] = field(default_factory=dict)
 
 
@@ -130,6 +131,7 @@ def _read(task: tuple[int, int, int, str]) -> Part:
             elif spec.on_bad_record != "skip":
                 break  # past what the parent can show: the rest of the range is not read
     part.n_to_generate, part.categories, part.hashes = checker.n_to_generate, checker.categories, checker.hashes()
+    part.versions = (checker.versions.ids, checker.versions.contents)
     return part
 
 
@@ -180,5 +182,5 @@ def read_parallel(spec: Any, checker: Any, mapper: Any, processes: int, steps: S
             bad.count += part.n_rejected - len(part.rejected) if spec.on_bad_record == "skip" else 0
             spool.extend_from(f"{tmp}/{k}.jsonl", part.n_kept, part.shared)
             lines.extend(part.lines)
-            checker.merge(part.n_to_generate, part.categories, part.hashes)
+            checker.merge(part.n_to_generate, part.categories, part.hashes, part.versions)
     return n_problems

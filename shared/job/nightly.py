@@ -5,18 +5,26 @@ A job says (top level of the job file; the request's ``suite`` or ``evalq run/su
 --suite`` override the name)::
 
     "suite": "rag-nightly",
-    "regression": {"baseline": 7, "min_effect": 0.01, "alpha": 0.05}
+    "regression": {"baseline": 7, "min_effect": 0.01, "alpha": 0.05,
+                   "dataset": "3f9c2a1b", "dataset_fields": ["input", "expected-output"]}
 
 A job that names no suite belongs to the suite named after its job file (``rag.json``
 -> ``rag``); a request's inline job without one to ``default``. Omitted ``regression``
 fields take the operator's defaults: ``EVALQ_REGRESSION_BASELINE`` (7 runs),
 ``EVALQ_REGRESSION_MIN_EFFECT`` (0.01) and ``EVALQ_REGRESSION_ALPHA`` (0.05).
+
+``dataset`` pins the baseline to a dataset version (a digest or its first 8+ hex characters, as
+run.json and ``evalq history`` show it): the night is compared with the suite's runs on that
+version, over the items it shares with it unchanged. ``dataset_fields``: the instance fields a
+version covers (default: all but the answer, retrieved context, transcript, people's grades:
+``evalq.shared.data.versions``).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
+from typing import Annotated
 from urllib.parse import urlparse
 
 from pydantic import Field
@@ -57,6 +65,13 @@ class Regression(Strict):
     min_effect: float | None = Field(default=None, ge=0, allow_inf_nan=False,
                                      description="a smaller move (in the value's own units) is never a regression")
     alpha: float | None = Field(default=None, gt=0, lt=1, description="significance level")
+    dataset: str | None = Field(default=None, pattern=r"^[0-9a-f]{8,32}$",
+                                description="the dataset version (digest, or its first 8+ hex characters) the "
+                                            "baseline is pinned to")
+    dataset_fields: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        default=None, min_length=1, max_length=100,
+        description="the instance fields a dataset version covers (default: all but actual-output, context, "
+                    "messages, human, otel)")
 
     def resolved(self) -> "Regression":
         """These settings with every omitted field at the operator's default."""
@@ -64,4 +79,5 @@ class Regression(Strict):
             baseline=self.baseline if self.baseline is not None else int(env_number("EVALQ_REGRESSION_BASELINE", 7)) or 7,
             min_effect=self.min_effect if self.min_effect is not None
             else float(env_number("EVALQ_REGRESSION_MIN_EFFECT", 0.01)),
-            alpha=self.alpha if self.alpha is not None else float(env_number("EVALQ_REGRESSION_ALPHA", 0.05)) or 0.05)
+            alpha=self.alpha if self.alpha is not None else float(env_number("EVALQ_REGRESSION_ALPHA", 0.05)) or 0.05,
+            dataset=self.dataset, dataset_fields=self.dataset_fields)

@@ -55,6 +55,8 @@ class Job:
     regression: Regression = field(default_factory=Regression)
     # with a jailbreak: the clean instances come first, then their injected variants
     n_clean: int | None = None
+    # the instances' version hashes (``evalq.shared.data.versions``), as they were checked
+    versions: Any = None
     # validated without keys (``keys_needed=False``): (place, variable) of each key variable not set here
     unset_keys: list[tuple[str, str]] = field(default_factory=list)
 
@@ -322,7 +324,7 @@ def _load_instances(raw: dict, job: Job, problems: Problems) -> None:
     required = _required_fields(job.metrics)
     # the model generates missing outputs only where a metric reads them (prompt_stereotyping does not)
     checker = InstanceChecker(required, generating=job.model is not None and "actual-output" in required,
-                              human_scales=_human_scales(job.metrics))
+                              human_scales=_human_scales(job.metrics), version_fields=job.regression.dataset_fields)
     if has_inline:
         job.instances = _check_instances(raw["instances"], checker, problems)
         places = ((f"instance {i.get('id')!r} (instances[{n}])", f"instances[{n}]")
@@ -354,6 +356,7 @@ def _load_instances(raw: dict, job: Job, problems: Problems) -> None:
         report_duplicates(job.instances, places, suspects, problems.add)
     job.n_to_generate = checker.n_to_generate
     job.categories = sorted(checker.categories)
+    job.versions = checker.versions
 
 
 def _relative_to_job(dataset: DatasetSpec, source: str) -> DatasetSpec:

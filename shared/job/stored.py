@@ -169,6 +169,12 @@ class StoredJob(_Document):
         return self._doc.get("dataset") or None
 
     @property
+    def dataset_version(self) -> dict | None:
+        """Its instances' version (``evalq.shared.data.versions``): digest, n, rate, and where its
+        table is kept (``table``: "store" beside the instances, or "redis"); None for an older job."""
+        return self._doc.get("dataset_version") or None
+
+    @property
     def jailbreak(self) -> dict | None:
         return self._doc.get("jailbreak") or None
 

@@ -96,6 +96,9 @@ def test_three_nights_one_regression_one_alert(redis_url, postgres_url, cluster,
                                                                 "paired", "n", "baseline_runs")}]
     assert found["baseline_runs"] == 2 and "regressions" not in outs[2][1] and "regressions" not in outs[1][0]
     said = [json.loads((tmp_path / f"night{n}" / "run.json").read_text())["regressions"] for n in range(3)]
+    moved = [s.pop("dataset") for s in said]  # the nights' answers differ, their test cases do not: one version
+    assert len({m["digest"] for m in moved}) == 1 and [m["n"] for m in moved] == [N] * 3
+    assert [m.get("compared_on") for m in moved] == [None, "same version", "same version"]
     assert said == [{"suite": suite, "found": 0, "baseline_runs": 0}, {"suite": suite, "found": 0, "baseline_runs": 1},
                     {"suite": suite, "found": 1, "baseline_runs": 2}]
     from evalq.results.markup import esc
@@ -162,6 +165,29 @@ def test_an_embedded_run_records_in_the_default_store(tmp_path):
     assert worse.returncode == 0, worse.stderr
     assert ("1 regression(s) against the suite's baseline (evalq history translation-suite lists them"
             in worse.stderr)
+    # the dataset moves (issue 75): 5 instances added, 2 reworded; tonight's answers are all right, so
+    # a mean over every item would be no worse either way: the night is compared on the 38 items shared
+    # unchanged, and says how its data moved where it is watched
+    moved = night(GOOD)
+    moved["instances"] = [{**i, "input": "? (reworded)"} if i["id"] in ("q1", "q2") else i for i in moved["instances"]]
+    moved["instances"] += [{"id": f"q{k}", "input": "?", "expected-output": [REFERENCE], "actual-output": REFERENCE}
+                           for k in range(N, N + 5)]
+    job.write_text(json.dumps(moved))
+    ran = evalq("run", str(job), "--out", str(tmp_path / "moved"), "-q", env=env)
+    assert ran.returncode == 0, ran.stderr
+    said = json.loads((tmp_path / "moved" / "run.json").read_text())["regressions"]["dataset"]
+    assert (said["n"], said["added"], said["removed"], said["changed"], said["shared"]) == (N + 5, 5, 0, 2, N - 2)
+    assert said["compared_on"] == "shared items" and said["examples"]["changed"] == ["q1", "q2"]
+    assert said["baseline"]["job_id"] == json.loads((tmp_path / "worse" / "run.json").read_text())["job_id"]
+    assert f"against the baseline's ({N} instances" in ran.stderr and "5 added, 0 removed, 2 changed" in ran.stderr
+    assert "<th>dataset</th><td>45 instances, version" in (tmp_path / "moved" / "report.html").read_text()
+    before = json.loads((tmp_path / "worse" / "run.json").read_text())["regressions"]["dataset"]
+    assert before["compared_on"] == "same version" and before["digest"] == said["baseline"]["digest"] != said["digest"]
+    assert "dataset:" not in worse.stderr  # the same data as its baseline's: nothing to say
+    shown = evalq("history", "translation-suite", env=env)
+    assert shown.returncode == 0 and said["digest"][:12] in shown.stdout
+    assert [line for line in shown.stdout.splitlines() if line.startswith("DATASET")][0].endswith(
+        "regressions judged on the 38 items shared unchanged (added: q40, q41, q42, q43, q44; changed: q1, q2)")
     missing = evalq("history", "translation-suit", env=env)
     assert missing.returncode == 2 and "did you mean 'translation-suite'" in missing.stderr
     assert "Traceback" not in missing.stderr

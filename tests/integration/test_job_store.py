@@ -100,6 +100,12 @@ def test_instances_staged_in_a_local_store_score_as_those_kept_in_redis(cluster,
     assert r.exists(keys.instances(kept)) and not r.exists(keys.instances(staged))
     spec = json.loads(r.get(keys.spec(staged)))
     assert folder_of(store, "default", staged).parent.name == "suite=job"  # the job file's name
+    # the dataset's version (issue 75): its table beside the instances in the store, in Redis without one
+    version, kept_version = spec["dataset_version"], json.loads(r.get(keys.spec(kept)))["dataset_version"]
+    assert version["digest"] == kept_version["digest"] and (version["table"], kept_version["table"]) == ("store", "redis")
+    table_bytes = (folder_of(store, "default", staged) / "dataset-version.bin").read_bytes()
+    assert table_bytes == r.get(keys.dataset_version(kept)) and len(table_bytes) == 16 * N == 16 * version["n"]
+    assert not r.exists(keys.dataset_version(staged))
     parts = sorted((folder_of(store, "default", staged) / "instances").glob("part-*.parquet"))
     assert len(parts) == len(spec["instances"]["starts"]) > 3
     table = pa.concat_tables([pq.read_table(p) for p in parts])
