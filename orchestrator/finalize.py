@@ -53,7 +53,7 @@ def _finalize(r: redis.Redis, job_id: str, spec: StoredJob, status: str) -> dict
         r.set(keys.compared(job_id), json.dumps(regressions), ex=spec.ttl)
     errors: list[str] = []
     if spec.destination is not None:
-        errors = _write(r, spec, job_id, summary, status, regressions)
+        errors = _write(r, spec, job_id, summary, status, regressions, foreseen.baseline if foreseen else None)
     final = Status.FAILED if errors else status
     # in the history store before the status says so: whoever sees the job end finds it there
     record_job(r, job_id, spec, final, summary, "; ".join(errors) or None, foreseen)
@@ -114,7 +114,7 @@ def _expire(pipe, job_id: str, spec: StoredJob) -> None:
 
 
 def _write(r: redis.Redis, spec: StoredJob, job_id: str, summary: list[dict], status: str,
-           regressions: dict | None = None) -> list[str]:
+           regressions: dict | None = None, baseline: dict | None = None) -> list[str]:
     """Write the outputs; a destination that fails, or that the operator's lists do not
     allow (the stored spec is not trusted: it is checked again here), gets them in the
     operator's fallback directory instead: the work is never lost to it."""
@@ -130,7 +130,7 @@ def _write(r: redis.Redis, spec: StoredJob, job_id: str, summary: list[dict], st
     try:
         if refused:
             raise EvalqError(f"not written there: {refused}")
-        write_outputs(r, spec, job_id, summary, run, dest)
+        write_outputs(r, spec, job_id, summary, run, dest, baseline)
         return []
     except redis.RedisError:
         raise  # the callback is retried; the destination is not at fault
@@ -140,7 +140,7 @@ def _write(r: redis.Redis, spec: StoredJob, job_id: str, summary: list[dict], st
         fallback = Destination(fallback_dir(job_id))
         log.error("job %s: writing to %s failed (%s); writing to %s", job_id, dest, exc, fallback)
         try:
-            write_outputs(r, spec, job_id, summary, run, fallback)
+            write_outputs(r, spec, job_id, summary, run, fallback, baseline)
         except (EvalqError, OSError) as exc2:
             return [f"writing to {dest} failed ({exc}), and to {fallback} ({exc2})"]
         return [f"writing to {dest} failed ({exc}); the outputs are in {fallback} instead"]

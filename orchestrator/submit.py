@@ -166,6 +166,7 @@ def job_spec(job: Job, chunk_size: int | None = None, out: Destination | str | N
             "scheduling": job.scheduling.model_dump(mode="json"),
             # the history store's series, and how its regressions are judged (evalq.results.history)
             "suite": job.suite, "regression": job.regression.model_dump(mode="json"),
+            "review": job.review.model_dump(mode="json"),  # the items put in front of people (evalq.results.review)
             "submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ttl": ttl}
     if job.output is not None and not job.output.log_parameters:
         spec["log_parameters"] = False  # log.jsonl lines name their entry by position only

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from evalq.cli import cluster, history, local, migrate  # noqa: F401  (their commands register on the group)
+from evalq.cli import cluster, history, labels, local, migrate  # noqa: F401  (their commands register on the group)
 from evalq.cli.common import cli
 from evalq.shared.core.errors import InfraError, JobError
 

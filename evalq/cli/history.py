@@ -98,15 +98,24 @@ def _print_runs(doc: dict) -> None:
         for name, change in changed.items():
             from evalq.results.history_page import judge_name
 
+            measured = ""
+            if change.get("migration"):
+                from evalq.results.judge_breaks import migration_words
+
+                measured = f"; {printable(migration_words(change['migration']), 300)}"
             click.echo(f"JUDGE CHANGED {run['finished_at']} job {run['job_id']}: {printable(name)} "
                        f"{printable(judge_name(change['before']))} -> {printable(judge_name(change['after']))}; "
-                       "not compared with the runs before")
+                       f"not compared with the runs before{measured}")
         moved = run.get("dataset_change") or {}
         if moved.get("baseline") and moved.get("compared_on") != "same version":
             from evalq.results.dataset_versions import dataset_line
 
             click.echo(f"DATASET {run['finished_at']} job {run['job_id']}: "
                        f"{printable(dataset_line({**moved, 'digest': run.get('dataset_digest') or '', 'n': run.get('n_instances')}), 400)}")
+        for name, got in (run.get("people") or {}).items():
+            from evalq.results.labels import agreement_line
+
+            click.echo(f"PEOPLE {run['finished_at']} job {run['job_id']}: {printable(agreement_line(name, got), 400)}")
         for f in run["regressions"]:
             label = printable(series_name(f["name"], f["field"]))
             click.echo(f"REGRESSION {run['finished_at']} job {run['job_id']}: {label} {f['value']:.4f} vs baseline "

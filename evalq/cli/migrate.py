@@ -122,7 +122,8 @@ def migrate_judge(job_file: Path, old: str, new: str, sample: int, out: str, bro
         raw = json.loads(job_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise JobError(f"{job_file}: {exc}") from None
-    doc = migration_job(raw, read_job(job_file), old, new, sample)
+    original = read_job(job_file)
+    doc = migration_job(raw, original, old, new, sample)
     job = parse_job(doc, source=f"{job_file.stem}-migration")
     dest = Destination(out)
     summary = run_job(job, dest, broker=broker, progress=not quiet)
@@ -133,3 +134,21 @@ def migrate_judge(job_file: Path, old: str, new: str, sample: int, out: str, bro
     for line in render(rows, old, new):
         click.echo(line)
     click.echo(f"wrote {dest.path('migration.json')}", err=True)
+    ran = json.loads("\n".join(text for _, text in read_lines(dest.path("run.json"))))
+    remember(original, old, new, rows, ran.get("job_id"))
+
+
+def remember(job: Any, old: str, new: str, rows: list[dict], job_id: str | None) -> None:
+    """Keep the measure in the history store: the suite's switch from ``old`` to ``new`` (a marked break)
+    then carries it (``evalq.results.judge_breaks``). History off: nothing is kept."""
+    from evalq.results.history import HistoryOff, open_store
+    from evalq.results.judge_breaks import record_migration
+
+    try:
+        store = open_store()
+    except HistoryOff:
+        return
+    kept = record_migration(store.engine, job.suite, job_id, (old, job.judges[old].model), (new, job.judges[new].model),
+                            rows)
+    click.echo(f"kept in the history store for suite {job.suite}: {kept} entr{'y' if kept == 1 else 'ies'}; "
+               f"its switch to {new} will carry this measure", err=True)

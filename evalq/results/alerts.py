@@ -51,8 +51,13 @@ def judge_line(suite: str, job_id: str, change: dict) -> str:
         prompt = str(identity.get("prompt") or "")
         return f"{shown}, prompt {prompt.rpartition(':')[2][:8]}" if prompt else shown
 
-    return (f"{chat_text(suite)}: {chat_text(change['name'])} judge changed: {chat_text(who(change['before']))} -> "
+    line = (f"{chat_text(suite)}: {chat_text(change['name'])} judge changed: {chat_text(who(change['before']))} -> "
             f"{chat_text(who(change['after']))} in job {job_id}; not compared with the runs before")
+    if change.get("migration"):  # what evalq migrate-judge measured between the two
+        from evalq.results.judge_breaks import migration_words
+
+        line += f"; {chat_text(migration_words(change['migration']))}"
+    return line
 
 
 def payload(suite: str, job_id: str, regressions: list[dict], judge_changes: list[dict] | None = None) -> dict:

@@ -41,6 +41,8 @@ from evalq.results.item_columns import pack, unpack  # noqa: F401  (the stored f
 from evalq.results.history_tables import (
     REGRESSION_FIELDS, entries, entry_values, item_values, regressions, run_versions, runs)
 from evalq.results.dataset_versions import Against, against, name_examples, stored_change
+from evalq.results.judge_breaks import change_of, judge_changes
+from evalq.results.labels import agreements
 from evalq.shared.data.versions import Version
 from evalq.shared.scores.stats import columns
 
@@ -140,7 +142,7 @@ def _migration_lock(engine: sa.Engine, conn: sa.Connection):
 # The newest migration's revision (evalq/results/migrations/versions): a store already there needs no
 # migration, and is opened without importing alembic (0.12 s of a cold process's first record,
 # with mako and pygments). tests/unit/test_history.py holds it equal to alembic's own head.
-HEAD = "0004"
+HEAD = "0005"
 
 
 def _at_head(engine: sa.Engine) -> bool:
@@ -215,11 +217,13 @@ class HistoryStore:
                 run_id = conn.execute(runs.insert().values(**run, alert="none")).inserted_primary_key[0]
                 if version is not None and version.table:
                     conn.execute(run_versions.insert().values(run_id=run_id, rate=version.rate, data=version.table))
-                changes = self._judge_changes(conn, run, run_id, entry_rows)
+                changes = judge_changes(conn, run, run_id, entry_rows)
                 if entry_rows:
                     conn.execute(entries.insert(), [
                         {"judge": None, "judge_id": None, **e, "run_id": run_id,
-                         "judge_before": json.dumps(changes[e["slot"]]["before"]) if e["slot"] in changes else None}
+                         "judge_before": json.dumps(changes[e["slot"]]["before"]) if e["slot"] in changes else None,
+                         "judge_migration": json.dumps(changes[e["slot"]]["migration"])
+                         if changes.get(e["slot"], {}).get("migration") else None}
                         for e in entry_rows])
                 if series:
                     conn.execute(entry_values.insert(), [
@@ -260,6 +264,13 @@ class HistoryStore:
             earlier = conn.execute(sa.select(runs.c.id).where(runs.c.job_id == run["job_id"])).scalar()
             return self._detect(conn, run, -1 if earlier is None else earlier, entry_rows, series, settings, version)
 
+    def baseline_items(self, run: dict, series: list[dict], settings: Regression, version: Version | None = None):
+        """What ``foresee`` compares ``run`` with, per (metric, name, field): the baseline runs' rows."""
+        with self.engine.connect() as conn:
+            earlier = conn.execute(sa.select(runs.c.id).where(runs.c.job_id == run["job_id"])).scalar()
+            return self._baseline(conn, run, -1 if earlier is None else earlier, series, settings.baseline, None,
+                                  version, settings.dataset)[0]
+
     def _detect(self, conn: sa.Connection, run: dict, run_id: int, entry_rows: list[dict], series: list[dict],
                 settings: Regression, version: Version | None = None) -> tuple[list[dict], int, dict | None]:
         from evalq.results.regressions import detect
@@ -276,33 +287,7 @@ class HistoryStore:
         changed = conn.execute(sa.select(entries).where(entries.c.run_id == row.id, entries.c.judge_before.is_not(None))
                                .order_by(entries.c.slot)).mappings().all()
         return Recorded(job_id, [_public(dict(f)) for f in found], False, row.alert,
-                        [_change(dict(e)) for e in changed])
-
-    def _judge_changes(self, conn: sa.Connection, run: dict, run_id: int, entry_rows: list[dict]) -> dict[int, dict]:
-        """Per slot of ``entry_rows`` whose judge is not the one the same entry (metric and name) had in
-        the suite's last earlier run of the tenant that had it: what it was and what it is."""
-        judged = [e for e in entry_rows if e.get("judge_id")]
-        if not judged:
-            return {}
-        tenant = runs.c.tenant.is_(None) if run.get("tenant") is None else \
-            sa.or_(runs.c.tenant == run["tenant"], runs.c.tenant.is_(None))
-        rows = conn.execute(
-            sa.select(entries.c.metric, entries.c.name, entries.c.judge, entries.c.judge_id)
-            .join(runs, runs.c.id == entries.c.run_id)
-            .where(runs.c.suite == run["suite"], tenant, runs.c.id != run_id,
-                   runs.c.finished_at <= run["finished_at"], entries.c.judge_id.is_not(None))
-            .order_by(runs.c.finished_at.desc(), runs.c.id.desc())).all()
-        last: dict[tuple[str, str], tuple[str, str]] = {}
-        for row in rows:
-            last.setdefault((row.metric, row.name), (row.judge_id, row.judge))
-        out = {}
-        for e in judged:
-            before = last.get((e["metric"], e["name"]))
-            if before is not None and before[0] != e["judge_id"]:
-                out[e["slot"]] = {"metric": e["metric"], "name": e["name"],
-                                  "before": json.loads(before[1]) if before[1] else {"id": before[0]},
-                                  "after": json.loads(e["judge"]) if e.get("judge") else {"id": e["judge_id"]}}
-        return out
+                        [change_of(dict(e)) for e in changed])
 
     def _baseline(self, conn: sa.Connection, run: dict, run_id: int, series: list[dict], how_many: int,
                   judged: dict[int, str | None] | None = None, version: Version | None = None,
@@ -413,7 +398,8 @@ class HistoryStore:
                 "ci95": [v["ci_low"], v["ci_high"]] if v["ci_low"] is not None else None, "n": v["n"],
                 "n_errors": head["n_errors"], "worse": v["worse"],
                 **({"judge": json.loads(head["judge"])} if head.get("judge") else {}),
-                **({"judge_changed": _change(dict(head))} if head.get("judge_before") else {})})
+                **({"judge_changed": change_of(dict(head))} if head.get("judge_before") else {})})
+        people = agreements(conn, ids)  # the judges against people's labels (evalq.results.labels)
         found: dict[int, list[dict]] = {}
         for f in conn.execute(sa.select(regressions).where(regressions.c.run_id.in_(ids))
                               .order_by(regressions.c.slot, regressions.c.field)).mappings():
@@ -425,14 +411,8 @@ class HistoryStore:
                  "calls": row["calls"], "alert": row["alert"], "n_instances": row["n_instances"],
                  "dataset_digest": row["dataset_digest"],
                  "dataset_change": json.loads(row["dataset_change"]) if row["dataset_change"] else None,
-                 "metrics": values.get(row["id"], []),
+                 "metrics": values.get(row["id"], []), "people": people.get(row["id"], {}),
                  "regressions": found.get(row["id"], [])} for row in rows]
-
-
-def _change(entry: dict) -> dict:
-    """An entry whose judge changed, as the alert and ``evalq history`` show it."""
-    return {"metric": entry["metric"], "name": entry["name"], "before": json.loads(entry["judge_before"]),
-            "after": json.loads(entry["judge"]) if entry.get("judge") else {"id": entry.get("judge_id")}}
 
 
 def _public(found: dict) -> dict:

@@ -40,6 +40,8 @@ entries = sa.Table(
     # who judged the entry (a judge's: JSON of evalq.shared.judging.judges.judge_identity), its id, and the
     # identity it changed from since the suite's last run
     sa.Column("judge", sa.Text), sa.Column("judge_id", sa.String(32)), sa.Column("judge_before", sa.Text),
+    # what `evalq migrate-judge` measured between the two judges of a change (evalq.results.judge_breaks)
+    sa.Column("judge_migration", sa.Text),
 )
 entry_values = sa.Table(
     "entry_values", metadata, *_run_key(),
@@ -63,6 +65,36 @@ run_versions = sa.Table(  # a run's version table: (id hash, content hash) of th
     "run_versions", metadata,
     sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
     sa.Column("rate", sa.Float, nullable=False), sa.Column("data", sa.LargeBinary, nullable=False),
+)
+labels = sa.Table(  # people's labels of a night's judged items (evalq.results.labels), each once
+    "labels", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("suite", sa.String(128), nullable=False), sa.Column("tenant", sa.String(64)),
+    sa.Column("job_id", sa.String(64), nullable=False), sa.Column("instance_id", sa.String(200), nullable=False),
+    sa.Column("name", sa.String(200), nullable=False), sa.Column("value", sa.Float, nullable=False),
+    sa.Column("annotator", sa.String(200), nullable=False),
+    sa.Column("source", sa.String(16), nullable=False), sa.Column("source_id", sa.String(200), nullable=False),
+    sa.Column("labelled_at", sa.DateTime), sa.Column("recorded_at", sa.DateTime, nullable=False),
+    sa.UniqueConstraint("suite", "source", "source_id", name="uq_labels_source"),
+    sa.Index("ix_labels_job", "job_id"),
+)
+label_agreement = sa.Table(  # a night's judge against its labels, per entry (evalq.results.labels)
+    "label_agreement", metadata,
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("n", sa.Integer, nullable=False), sa.Column("annotators", sa.Integer, nullable=False),
+    sa.Column("exact", sa.Float), sa.Column("within_1", sa.Float), sa.Column("alpha", sa.Float),
+    sa.Column("members", sa.Text), sa.Column("computed_at", sa.DateTime, nullable=False),
+    sa.Column("alert", sa.String(16)),  # none | sending | sent | failed: a drop below the bound, told once
+)
+judge_migrations = sa.Table(  # what `evalq migrate-judge` measured, per suite and entry
+    "judge_migrations", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("suite", sa.String(128), nullable=False), sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("from_judge", sa.String(200), nullable=False), sa.Column("from_model", sa.String(256), nullable=False),
+    sa.Column("to_judge", sa.String(200), nullable=False), sa.Column("to_model", sa.String(256), nullable=False),
+    sa.Column("agreement", sa.Text, nullable=False), sa.Column("job_id", sa.String(64)),
+    sa.Column("recorded_at", sa.DateTime, nullable=False),
 )
 REGRESSION_FIELDS = ("metric", "name", "field", "value", "baseline", "delta", "p_value", "paired", "n",
                      "baseline_runs")

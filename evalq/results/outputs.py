@@ -34,11 +34,13 @@ LOG_BATCH = 2000
 
 
 def write_outputs(r: redis.Redis, spec: StoredJob, job_id: str, summary: list[dict], run: dict,
-                  dest: Destination) -> None:
+                  dest: Destination, baseline: dict | None = None) -> None:
+    """``baseline``: per (entry name, field), each instance's value in the suite's baseline (the review's)."""
     from evalq.results.report import ReportBuilder
 
     cancelled = run.get("status") == Status.CANCELLED
     report = ReportBuilder(summary, run)
+    picker = None if cancelled else _picker(spec, job_id, summary, baseline)
     # Entries whose chunks all left a view (workers make one per chunk) are reported from
     # those; the others (a chunk given up, a cancelled job) from their log lines.
     streamed = set()
@@ -53,10 +55,39 @@ def write_outputs(r: redis.Redis, spec: StoredJob, job_id: str, summary: list[di
             f.write("\n")
             if key in streamed:
                 report.add(json.loads(line), position)
+            if picker is not None and picker.wants(key):
+                picker.offer(key, position, line)
+    if picker is not None:  # the night's items for a person (evalq.results.review), said in run.json and the report
+        from evalq.results.review import mark, said, with_texts
+
+        rows = picker.pick()
+        with_texts(rows, _instances_at(r, spec, [row["position"] for row in rows]))
+        with dest.open_text("review.jsonl") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        run["review"] = said(rows, mark(spec, job_id, rows))
     with dest.open_text("run.json") as f:
         f.write(json.dumps(run, indent=2, ensure_ascii=False) + "\n")
     with dest.open_text("report.html") as f:
         f.write(report.html(_instances_at(r, spec, report.worst_positions())))
+
+
+def _picker(spec: StoredJob, job_id: str, summary: list[dict], baseline: dict | None):
+    """The review's picker over the job's judge entries (None where the job asks for no review)."""
+    import evalq.shared.job.catalogue  # noqa: F401  (registers the built-in metrics)
+    from evalq.shared.metrics.registry import REGISTRY
+
+    settings = spec.review
+    if not settings.items:
+        return None
+    from evalq.results.review import Picker
+    from evalq.shared.scores.results import entry_keys
+
+    names = entry_keys(summary)
+    entries = {key: (name, REGISTRY.get(entry["id"]).aggregation, entry["parameters"])
+               for (key, entry), name in zip(spec.metrics.items(), names)
+               if entry["id"] in REGISTRY and REGISTRY.get(entry["id"]).queue == "judge"}
+    return Picker(job_id, settings, entries, baseline) if entries else None
 
 
 def _views(r: redis.Redis, spec: StoredJob, key: str) -> Iterator[dict | None]:

@@ -35,6 +35,7 @@ from evalq.shared.cluster.spec import METRICS_STAGE, entry_chunks, stage_runs
 from evalq.shared.scores.stats import Items, columns, score_interval
 from evalq.shared.data.versions import Version, in_sample
 from evalq.results.dataset_versions import version_of
+from evalq.results.labels import latest_agreement
 
 log = logging.getLogger("evalq.history")
 
@@ -52,6 +53,8 @@ class Foreseen:
     baseline_runs: int
     dataset: dict | None = None  # how its data differs from the baseline's (evalq.results.dataset_versions)
     version: Version | None = None
+    people: dict | None = None  # the suite's last night people labelled: its judges against them
+    baseline: dict | None = None  # per (name, field), each instance's baseline mean (the review's)
 
 
 def foresee(r: redis.Redis, job_id: str, spec: StoredJob, summary: list[dict]) -> Foreseen | None:
@@ -66,12 +69,36 @@ def foresee(r: redis.Redis, job_id: str, spec: StoredJob, summary: list[dict]) -
     try:
         entry_rows, series = entries_of(r, job_id, spec, summary)
         version = version_of(r, job_id, spec)
-        found, past, said = open_store(url).foresee(run_row(r, job_id, spec, "done", summary, None), entry_rows,
-                                                    series, spec.regression, version)
+        store = open_store(url)
+        found, past, said = store.foresee(run_row(r, job_id, spec, "done", summary, None), entry_rows,
+                                          series, spec.regression, version)
+        _pull_labels(store, spec, job_id)
+        people = latest_agreement(store.engine, spec.series, spec.tenant)
+        before = None
+        if spec.review.items:  # the review's "changed since the baseline" (evalq.results.review)
+            from evalq.results.review import baseline_means
+
+            before = baseline_means(store.baseline_items(run_row(r, job_id, spec, "done", summary, None), series,
+                                                         spec.regression, version))
     except Exception as exc:  # noqa: BLE001  (a database of any kind, down or refusing: the job stands)
         _unrecorded(job_id, url, exc, "not compared with its suite's baseline in")
         return None
-    return Foreseen(spec.series, entry_rows, series, found, past, said, version)
+    return Foreseen(spec.series, entry_rows, series, found, past, said, version, people, before)
+
+
+def _pull_labels(store, spec: StoredJob, job_id: str) -> None:
+    """People's labels of the suite's previous night, from the job's Phoenix and MLflow sinks
+    (``evalq.results.label_pull``): a backend away is logged, and the night goes on without them."""
+    from evalq.results.label_pull import before_a_night
+
+    try:
+        pulled = before_a_night(store, spec, job_id)
+    except Exception as exc:  # noqa: BLE001  (Phoenix or MLflow away, a log gone: the night stands)
+        log.warning("job %s: people's labels of the previous night not read: %s: %s", job_id, type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "")
+        return
+    if pulled is not None and (pulled.counts.get("new") or pulled.counts.get("updated")):
+        log.info("job %s: people's labels of the previous night: %s", job_id, pulled.counts)
 
 
 def with_regressions(summary: list[dict], foreseen: Foreseen | None) -> dict | None:
@@ -86,6 +113,8 @@ def with_regressions(summary: list[dict], foreseen: Foreseen | None) -> dict | N
     said = {"suite": foreseen.suite, "found": len(foreseen.found), "baseline_runs": foreseen.baseline_runs}
     if foreseen.dataset:
         said["dataset"] = foreseen.dataset
+    if foreseen.people:
+        said["people"] = foreseen.people
     return said
 
 

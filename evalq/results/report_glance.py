@@ -23,6 +23,16 @@ def glance(summary: list[dict], run: dict) -> list[tuple[str, str]]:
             from evalq.results.dataset_versions import dataset_line
 
             rows.append(("dataset", dataset_line(run["regressions"]["dataset"])))
+        people = run["regressions"].get("people")
+        if people:
+            from evalq.results.labels import agreement_line
+
+            rows.append(("judges vs people", f"night {people['job_id']} ({people['finished_at'][:10]}): " + "; ".join(
+                agreement_line(name, got) for name, got in sorted(people["entries"].items()))))
+    if isinstance(run.get("review"), dict):
+        from evalq.results.review import review_line
+
+        rows.append(("for review", review_line(run["review"])))
     exports = run.get("exports") or {}
     if exports:
         rows.append(("exports", "; ".join(_export(name, got) for name, got in sorted(exports.items()))))

@@ -81,3 +81,20 @@ class Regression(Strict):
             else float(env_number("EVALQ_REGRESSION_MIN_EFFECT", 0.01)),
             alpha=self.alpha if self.alpha is not None else float(env_number("EVALQ_REGRESSION_ALPHA", 0.05)) or 0.05,
             dataset=self.dataset, dataset_fields=self.dataset_fields)
+
+
+class Review(Strict):
+    """Which of a night's judged items are put in front of a person (``evalq.results.review``): at most
+    ``items`` of them (None: the operator's ``EVALQ_REVIEW_ITEMS``, 0 by default: none)."""
+
+    items: int | None = Field(default=None, ge=0, le=10_000, description="items chosen for review each night")
+    band: float = Field(default=0.5, ge=0, le=10, allow_inf_nan=False,
+                        description="an item whose score lies within this of the pass threshold's edge is near it")
+    spread: float = Field(default=2, gt=0, le=100, allow_inf_nan=False,
+                          description="a panel item whose members' scores differ by this much or more is a disagreement")
+    random: float = Field(default=0.2, ge=0, le=1, allow_inf_nan=False,
+                          description="the share of the items drawn at random, stratified by category")
+
+    def resolved(self) -> "Review":
+        items = self.items if self.items is not None else int(env_number("EVALQ_REVIEW_ITEMS", 0))
+        return self.model_copy(update={"items": max(0, items)})

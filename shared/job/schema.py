@@ -20,7 +20,7 @@ from evalq.shared.data.traces import expand_braces, load_traces
 from evalq.shared.job.entries import (MetricRun, check_batch, check_cost_cap, check_endpoints,  # noqa: F401
                                       check_key_env, entry_head, parse_judges, parse_metrics, resolve_judges)
 from evalq.shared.judging.judges import JudgeConfig, JudgingOptions
-from evalq.shared.job.nightly import Regression, suite_of, suite_problem
+from evalq.shared.job.nightly import Regression, Review, suite_of, suite_problem
 from evalq.shared.model.runners import (GENERATE_SPEC, EndpointModel, GenerateParams, PythonModel, runner_class,
                                            runner_parameters)
 from evalq.shared.core.problems import MAX_PROBLEMS, Problems, did_you_mean, parse_section
@@ -29,7 +29,7 @@ from evalq.shared.cluster.spec import variants_key
 from evalq.shared.data.storage import is_s3
 
 JOB_KEYS = {"instances", "dataset", "output", "model", "metrics", "judges", "judging", "jailbreak", "scheduling",
-            "suite", "regression"}
+            "suite", "regression", "review"}
 JAILBREAK = "jailbreak"  # the ``variant`` of an injected instance
 
 
@@ -53,6 +53,7 @@ class Job:
     scheduling: Scheduling = field(default_factory=Scheduling)
     suite: str = ""             # the series its runs belong to in the history store
     regression: Regression = field(default_factory=Regression)
+    review: Review = field(default_factory=Review)  # which items a night puts in front of people
     # with a jailbreak: the clean instances come first, then their injected variants
     n_clean: int | None = None
     # the instances' version hashes (``evalq.shared.data.versions``), as they were checked
@@ -157,8 +158,9 @@ def parse_job(raw: Any, source: str = "<job>", roots: list[Path] | None = None, 
     if suite_problem(suite):
         problems.add("suite", suite_problem(suite))
     regression = parse_section(Regression, raw.get("regression", {}), "regression", problems) or Regression()
+    review = parse_section(Review, raw.get("review", {}), "review", problems) or Review()
     job = Job(source=source, instances=[], metrics=metrics, judges=judges, judging=judging, model=model,
-              output=output, scheduling=scheduling, suite=suite, regression=regression,
+              output=output, scheduling=scheduling, suite=suite, regression=regression, review=review,
               unset_keys=problems.unset_keys)
     _load_instances(raw, job, problems)
     _check_sinks(job, problems)

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 from evalq.shared.cluster import keys
 from evalq.shared.cluster.spec import GENERATE, variants_key
+from evalq.shared.job.nightly import Regression, Review, suite_of
 
 VERSION = 2  # the document ``job_spec`` writes now
 RUNS = ("metrics", GENERATE, "variants")  # the document's runs, read as ``RunEntry``s
@@ -148,20 +149,14 @@ class StoredJob(_Document):
     @property
     def series(self) -> str:
         """The history store's series: its suite, else its file's name."""
-        from evalq.shared.job.nightly import suite_of
-
         return self.suite or suite_of(self.source or "")
 
     @property
     def regression(self):
         """How its entries are judged against the suite's earlier runs, resolved (``Regression``)."""
-        from evalq.shared.job.nightly import Regression
-
         return Regression.model_validate(self._doc.get("regression") or {}).resolved()
 
-    @property
-    def categories(self) -> dict | None:
-        return self._doc.get("categories") or None
+    categories = property(lambda self: self._doc.get("categories") or None)
 
     @property
     def dataset(self) -> dict | None:
@@ -169,14 +164,16 @@ class StoredJob(_Document):
         return self._doc.get("dataset") or None
 
     @property
-    def dataset_version(self) -> dict | None:
-        """Its instances' version (``evalq.shared.data.versions``): digest, n, rate, and where its
-        table is kept (``table``: "store" beside the instances, or "redis"); None for an older job."""
-        return self._doc.get("dataset_version") or None
+    def review(self):
+        """Which of its judged items are chosen for a person's review, resolved (``Review``)."""
+        return Review.model_validate(self._doc.get("review") or {}).resolved()
 
     @property
-    def jailbreak(self) -> dict | None:
-        return self._doc.get("jailbreak") or None
+    def dataset_version(self) -> dict | None:
+        """Its instances' version (``evalq.shared.data.versions``: digest, n, rate, ``table`` "store" or "redis")."""
+        return self._doc.get("dataset_version") or None
+
+    jailbreak = property(lambda self: self._doc.get("jailbreak") or None)
 
     # -- where its outputs and replies go
     @property

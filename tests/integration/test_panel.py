@@ -25,12 +25,13 @@ krippendorff = pytest.importorskip("krippendorff")
 SECRET = "sk-panel-" + uuid.uuid4().hex
 KEY_ENV = "TEST_PANEL_API_KEY"
 MODELS = {"faithful": Biases(), "lenient": Biases(leniency=1), "noisy": Biases(noise=0.4)}
+GENEROUS = {"generous": Biases(leniency=2)}  # two points up: a review's panel disagreement
 N = 60
 
 
 @pytest.fixture(scope="module")
 def sim():
-    with JudgeSim([Region("jury")], api_key=SECRET, seed=13, biases=MODELS) as s:
+    with JudgeSim([Region("jury")], api_key=SECRET, seed=13, biases={**MODELS, **GENEROUS}) as s:
         yield s
 
 
@@ -51,7 +52,7 @@ def judges(sim, **extra) -> dict:
                 "max_tokens": 100, "timeout": 5, "max_retries": 0,
                 "deployments": [{"region": "jury", "base_url": base_url or sim.base_url("jury"), "tpm": 100_000_000,
                                  "rpm": 1_000_000}]}
-    out = {name: one(name) for name in MODELS}
+    out = {name: one(name) for name in {**MODELS, **GENEROUS}}
     out["faithful_too"] = one("faithful")
     out["away"] = one("faithful", "http://127.0.0.1:9/v1")  # nothing listens there
     return {**out, **extra}
@@ -140,3 +141,30 @@ def test_a_panel_and_a_pairwise_comparison_run_embedded_too(sim, tmp_path):
     assert members["faithful"]["mean"] == pytest.approx(np.mean([truth(i) for i in range(8)]))
     assert members["lenient"]["mean"] == pytest.approx(np.mean([min(5, truth(i) + 1) for i in range(8)]))
     assert results["pairwise"]["score"]["verdicts"] == 16 and results["pairwise"]["n"] == 8
+
+
+def test_a_panel_nights_review_picks_the_items_its_members_disagree_on(sim, judge_worker, redis_url, tmp_path):
+    """Issue 75: a night asks for 10 items for review; its panel's members (faithful, and generous by two
+    points) disagree by two on every item whose true score is 3 or less: the 8 items chosen for a reason
+    are such items, the other 2 are drawn at random, and the review file, run.json and the report say so."""
+    instances = [{"id": f"q{i}", "input": f"Question {i}?", "actual-output": f"Answer {i} [[sim:score={truth(i)}]]"}
+                 for i in range(N)]
+    job = parse_job({"instances": instances, "judges": judges(sim), "judging": {"cache": False},
+                     "review": {"items": 10, "random": 0.2},
+                     "metrics": [{"id": "coherence", "parameters": {"judge": ["faithful", "generous"], "threshold": 4}}]})
+    run_job(job, tmp_path, broker=redis_url, progress=False, stall_timeout=180)
+    log = {line["instance_id"]: line for line in read_log(tmp_path)}
+    disagree = {iid for iid, line in log.items()
+                if abs(line["result"]["members"]["faithful"]["score"] - line["result"]["members"]["generous"]["score"]) >= 2}
+    assert disagree == {f"q{i}" for i in range(N) if truth(i) <= 3}  # counted from the judges' own answers
+    rows = [json.loads(line) for line in (tmp_path / "review.jsonl").read_text().splitlines()]
+    assert len(rows) == 10 == len({row["instance_id"] for row in rows})
+    first = [row for row in rows if row["reasons"][0]["reason"] != "at random"]
+    drawn = [row for row in rows if row["reasons"][0]["reason"] == "at random"]
+    assert len(first) == 8 and len(drawn) == 2
+    assert all(row["reasons"][0]["reason"] == "panel disagreement" and row["instance_id"] in disagree for row in first)
+    assert all(row["input"] == f"Question {row['instance_id'][1:]}?" and row["name"] == "coherence" for row in rows)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["review"]["items"] == 10 and run["review"]["reasons"]["panel disagreement"] == 8
+    assert run["review"]["reasons"]["at random"] == 2
+    assert "<th>for review</th><td>10 item(s) in review.jsonl: 8 panel disagreement" in (tmp_path / "report.html").read_text()

@@ -87,9 +87,28 @@ def test_a_migration_measures_the_new_judge_against_the_old_one_and_people(tmp_p
         path.write_text(json.dumps({"instances": instances, "judges": judges, "judging": {"cache": False},
                                     "metrics": [{"id": "coherence", "parameters": {"judge": "old"}},
                                                 {"id": "exact_match"}]}))
+        env = {KEY_ENV: KEY, "EVALQ_CACHE_DIR": str(tmp_path / "cache")}  # a history store of its own
         ran = evalq("migrate-judge", str(path), "--from", "old", "--to", "new", "--sample", "30",
-                    "--out", str(tmp_path / "migration"), "-q", env={KEY_ENV: KEY})
-    assert ran.returncode == 0, ran.stderr
+                    "--out", str(tmp_path / "migration"), "-q", env=env)
+        assert ran.returncode == 0, ran.stderr
+        # the suite switches judges: a night with the old, then one with the new; the break carries the measure
+        nights = []
+        for name in ("old", "new"):
+            doc = json.loads(path.read_text())
+            doc["instances"], doc["metrics"][0]["parameters"]["judge"] = instances[:8], name
+            path.write_text(json.dumps(doc))
+            nights.append(evalq("run", str(path), "--out", str(tmp_path / f"night-{name}"), "-q", env=env))
+            assert nights[-1].returncode == 0, nights[-1].stderr
+        shown = evalq("history", "nightly", "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    change = json.loads(shown.stdout)["runs"][-1]["metrics"][0]["judge_changed"]
+    measured = change["migration"]
+    assert (measured["from"], measured["to"], measured["n"]) == ("old", "new", 30)
+    assert measured["agreement"] == json.loads((tmp_path / "migration" / "migration.json").read_text())["entries"][0][
+        "agreement"]
+    text = evalq("history", "nightly", env=env).stdout
+    assert "JUDGE CHANGED" in text and "measured before the switch (evalq migrate-judge" in text
+    assert f"new against old on 30 items, exact {measured['agreement']['exact']:.2f}, within one 1.00" in text
     [row] = json.loads((tmp_path / "migration" / "migration.json").read_text())["entries"]
     log = [json.loads(line) for line in (tmp_path / "migration" / "log.jsonl").read_text().splitlines()]
     picked = [int(line["instance_id"][1:]) for line in log]

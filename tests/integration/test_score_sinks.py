@@ -650,3 +650,129 @@ def test_a_runtime_only_install_imports_every_module_and_exports_scores(night, b
     assert phx["kind"] == "phoenix" and phx["sent"] > 0, phx
     assert (phx["sent"], phx["unsent"]) == (len(scored - held), len(scored & held)), (phx, scored, held)
     assert phx["sent"] + phx["unsent"] + phx.get("skipped", 0) == N, phx
+
+
+def people_write(kind: str, url: str, *argv: str):
+    """People labelling where they look, through each backend's own client: a HUMAN span annotation in
+    Phoenix (``spans.add_span_annotation``), a HUMAN feedback in MLflow (``mlflow.log_feedback``)."""
+    key = f"{kind}-writer"
+    if key not in READERS:
+        if kind == "phoenix":
+            READERS[key] = Reader(PHOENIX / "python", "from phoenix.client import Client", (
+                "Client(base_url=argv[0]).spans.add_span_annotation(span_id=argv[1], annotation_name=argv[2], "
+                "annotator_kind=argv[3], score=float(argv[4]), metadata={'annotator': argv[5]}, "
+                "identifier='person-' + argv[5], sync=True)\nout = True"))
+        else:
+            READERS[key] = Reader(MLFLOW / "python", "import mlflow\nfrom mlflow.entities import AssessmentSource", (
+                "mlflow.set_tracking_uri(argv[0])\n"
+                "mlflow.log_feedback(trace_id='tr-' + argv[1], name=argv[3], value=float(argv[5]), span_id=argv[2], "
+                "source=AssessmentSource(source_type=argv[4], source_id=argv[6]))\nout = True"))
+    return READERS[key].ask(url, *argv)
+
+
+def test_peoples_labels_in_phoenix_mlflow_and_a_file_come_back_once_each_on_their_item(night, backends, cluster,
+                                                                                      sim, tmp_path):
+    """Issue 75: people grade the night's judged items in Phoenix (two people), MLflow (one) and a file
+    (one, and a line for an item no night judged); ``evalq labels`` brings each label into the history
+    store once, on the item it grades, measures the judge against them (Krippendorff's alpha equal to
+    the ``krippendorff`` package's on the same pairs), and the next night's report says it."""
+    import krippendorff
+    import numpy as np
+
+    path, spans = night
+    url, _ = cluster
+    suite = f"labels-{uuid.uuid4().hex[:6]}"
+    night_job = job(path, sim, ["phx", "ml"])
+    night_job.suite = suite
+    run_job(night_job, tmp_path / "n1", broker=url, chunk_size=4, progress=False, stall_timeout=180)
+    job_id = job_id_of(tmp_path / "n1")
+    judged = {line["instance_id"]: line["result"]["score"] for line in read_log(tmp_path / "n1")
+              if line["metric"] == "coherence"}
+    trace_of = {s: t for t, s in spans}
+
+    def grade(k: int, who: str) -> int:  # a person agrees with the judge mostly, not always
+        return max(1, min(5, judged[spans[k][1]] + (0, 0, 1, -1, 2, 0, 0, -2)[(k + len(who)) % 8]))
+
+    given = []  # (instance, who, value): what people gave, counted here
+    for k in range(6):
+        for who in ("ana", "ben"):
+            span = spans[k][1]
+            people_write("phoenix", backends["phoenix"], span, "coherence", "HUMAN", str(grade(k, who)), who)
+            given.append((span, who, grade(k, who)))
+    people_write("phoenix", backends["phoenix"], spans[6][1], "coherence", "LLM", "1", "another-judge")  # not a person
+    people_write("phoenix", backends["phoenix"], spans[7][1], "tone", "HUMAN", "2", "ana")  # no entry of that name
+    for k in range(4, 9):
+        span = spans[k][1]
+        people_write("mlflow", backends["mlflow"], trace_of[span], span, "coherence", "HUMAN", str(grade(k, "cara")),
+                     "cara")
+        given.append((span, "cara", grade(k, "cara")))
+    people_write("mlflow", backends["mlflow"], trace_of[spans[9][1]], spans[9][1], "coherence", "CODE", "1", "a-script")
+    labels_file = tmp_path / "labels.jsonl"
+    rows = [{"instance_id": spans[k][1], "name": "coherence", "value": grade(k, "dan"), "annotator": "dan"}
+            for k in (9, 10, 11)]
+    labels_file.write_text("\n".join(json.dumps(row) for row in [
+        *rows, {"instance_id": "no-such-span", "name": "coherence", "value": 3}]) + "\n")
+    given += [(row["instance_id"], "dan", row["value"]) for row in rows]
+
+    read = evalq("labels", suite, "--from", "phx", "--from", "ml", "--file", str(labels_file), "--json")
+    assert read.returncode == 0, read.stderr
+    doc = json.loads(read.stdout)
+    assert doc["labels"] == {"new": len(given), "updated": 0, "unchanged": 0, "unmatched": 1}
+    from evalq.results.history import open_store
+    from evalq.results.labels import labels_of
+
+    kept = labels_of(open_store().engine, suite, job_id)
+    assert sorted((r["instance_id"], r["annotator"], r["value"]) for r in kept) == sorted(given)
+    assert {r["source"] for r in kept} == {"phoenix", "mlflow", "file"}
+    [night1] = doc["nights"]
+    got = night1["entries"]["coherence"]
+    pairs = [(judged[span], value) for span, _, value in given]
+    expected = krippendorff.alpha(reliability_data=np.array(list(zip(*pairs)), dtype=float),
+                                  level_of_measurement="ordinal")
+    assert night1["job_id"] == job_id and got["n"] == len(given) and got["annotators"] == 4
+    assert got["alpha"] == pytest.approx(expected) and got["exact"] == pytest.approx(
+        sum(a == b for a, b in pairs) / len(pairs))
+
+    # asked again: nothing new; a person who changes a grade in Phoenix is an update, not a second label
+    people_write("phoenix", backends["phoenix"], spans[0][1], "coherence", "HUMAN", "1", "ana")
+    again = json.loads(evalq("labels", suite, "--from", "phx", "--from", "ml", "--file", str(labels_file),
+                             "--json").stdout)
+    assert again["labels"] == {"new": 0, "updated": 1, "unchanged": len(given) - 1, "unmatched": 1}
+    shown = evalq("history", suite)
+    assert "PEOPLE" in shown.stdout and f"coherence: {len(given)} label(s) by 4 people" in shown.stdout
+
+    # the next night's report says how the judge fared against people on the last night they labelled;
+    # it puts its items near the pass threshold (3 or 4 against 4) in front of people, marked on their
+    # spans in Phoenix and their traces in MLflow
+    from evalq.shared.job.nightly import Review
+
+    # ... and reads, itself, what people gave the night before on its sinks since: ben changes a grade
+    assert grade(1, "ben") >= 3  # (two points over the judge's score, at least 1)
+    people_write("phoenix", backends["phoenix"], spans[1][1], "coherence", "HUMAN", "1", "ben")
+    night_job.review = Review(items=4, random=0)
+    run_job(night_job, tmp_path / "n2", broker=url, chunk_size=4, progress=False, stall_timeout=180)
+    ben = {r["instance_id"]: r["value"] for r in labels_of(open_store().engine, suite, job_id) if r["annotator"] == "ben"}
+    assert ben[spans[1][1]] == 1 and len(ben) == 6
+    page = (tmp_path / "n2" / "report.html").read_text()
+    assert f"<th>judges vs people</th><td>night {job_id}" in page
+    run2 = json.loads((tmp_path / "n2" / "run.json").read_text())
+    said = run2["regressions"]["people"]
+    assert said["job_id"] == job_id and said["entries"]["coherence"]["n"] == len(given)
+    near = {span for span, score in judged.items() if score in (3, 4)}  # the same judge-sim, the same scores
+    rows = [json.loads(line) for line in (tmp_path / "n2" / "review.jsonl").read_text().splitlines()]
+    assert len(rows) == min(4, len(near)) and {r["instance_id"] for r in rows} <= near
+    assert all(r["reasons"][0]["reason"] == "near the threshold" for r in rows)
+    chosen = {r["instance_id"] for r in rows}
+    in_phoenix = {s for _, s in spans[:N - HELD_BACK]}
+    marks = [a for a in phoenix_annotations(backends["phoenix"], job_id_of(tmp_path / "n2"), [s for _, s in spans])
+             if a["name"] == "needs_review"]
+    assert {a["span_id"] for a in marks} == chosen & in_phoenix and all(a["result"]["label"] == "needs review"
+                                                                      for a in marks)
+    assert run2["review"]["marked"] == {"phx": len(chosen & in_phoenix), "ml": len(chosen)}
+    if "mlflow-tags" not in READERS:
+        READERS["mlflow-tags"] = Reader(MLFLOW / "python", "import mlflow", (
+            "mlflow.set_tracking_uri(argv[0])\n"
+            "out = {tid: mlflow.get_trace('tr-' + tid).info.tags.get('evalq.needs_review') for tid in argv[1:]}"))
+    tags = READERS["mlflow-tags"].ask(backends["mlflow"], *[t for t, _ in spans])
+    assert {s for t, s in spans if tags[t]} == chosen
+    assert all("near the threshold" in tags[trace_of[s]] for s in chosen)

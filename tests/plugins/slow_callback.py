@@ -16,11 +16,11 @@ from evalq.results import outputs
 _write = outputs.write_outputs
 
 
-def slow_write(r, spec, job_id, summary, run, dest) -> None:
+def slow_write(r, spec, job_id, summary, run, dest, *rest) -> None:
     key = os.environ.get("SLOW_CALLBACK_KEY", "test:slow-callback")
     r.rpush(key, f"start:{os.getpid()}:{time.time()}")
     time.sleep(float(os.environ.get("SLOW_CALLBACK_SECONDS", "5")))
-    _write(r, spec, job_id, summary, run, dest)
+    _write(r, spec, job_id, summary, run, dest, *rest)
     r.rpush(key, f"end:{os.getpid()}:{time.time()}")
 
 

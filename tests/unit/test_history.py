@@ -196,7 +196,7 @@ def test_an_older_store_is_upgraded_and_its_runs_compared_unpaired(tmp_path):
     assert not found["paired"] and found["baseline"] == pytest.approx(0.8)
     assert [r["job_id"] for r in store.runs_of("nightly")] == ["old", "new"]
     with sa.create_engine(url).connect() as conn:
-        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0004"
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0005"
 
 
 def test_the_head_evalq_knows_is_alembics_and_a_store_there_opens_without_alembic(tmp_path):
