@@ -87,8 +87,9 @@ def test_bad_job_exits_2_with_the_place_and_enqueues_nothing(tmp_path, redis_url
     assert expected in proc.stderr
     assert str(path) in proc.stderr
     assert "Traceback" not in proc.stderr
-    # keys of earlier tests may expire meanwhile; none may appear
-    assert set(r.scan_iter(match="evalq:*")) - before == set()
+    # keys of earlier tests may expire meanwhile; none may appear (but the queues' scheduling state, which
+    # an earlier test's worker still running on this Redis may touch meanwhile)
+    assert {k for k in set(r.scan_iter(match="evalq:*")) - before if not k.startswith(b"evalq:sched:")} == set()
     assert r.llen("cpu") == queued
 
 
