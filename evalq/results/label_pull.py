@@ -133,7 +133,6 @@ def before_a_night(store, spec, job_id: str) -> Pulled | None:
     """The final callback's pull, before it says how the judges fare against people: the labels people
     gave the suite's previous night on the job's own Phoenix and MLflow sinks (None: it has none)."""
     from evalq.results.sinks import named_sink
-    from evalq.shared.core.config import env_number
 
     readers = {}
     for name in spec.sinks:
@@ -146,4 +145,4 @@ def before_a_night(store, spec, job_id: str) -> Pulled | None:
             and run.get("tenant") in (None, spec.tenant)]
     if not runs:
         return None
-    return pull(store, spec.series, runs, readers, [], float(env_number("EVALQ_LABELS_MIN_ALPHA", 0.667)))
+    return pull(store, spec.series, runs, readers, [], spec.regression.min_alpha)

@@ -68,6 +68,9 @@ class Regression(Strict):
     dataset: str | None = Field(default=None, pattern=r"^[0-9a-f]{8,32}$",
                                 description="the dataset version (digest, or its first 8+ hex characters) the "
                                             "baseline is pinned to")
+    min_alpha: float | None = Field(default=None, ge=-1, le=1, allow_inf_nan=False,
+                                    description="the judges' least Krippendorff alpha against people's labels of a "
+                                                "night before it is alerted (None: EVALQ_LABELS_MIN_ALPHA)")
     dataset_fields: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         default=None, min_length=1, max_length=100,
         description="the instance fields a dataset version covers (default: all but actual-output, context, "
@@ -80,7 +83,8 @@ class Regression(Strict):
             min_effect=self.min_effect if self.min_effect is not None
             else float(env_number("EVALQ_REGRESSION_MIN_EFFECT", 0.01)),
             alpha=self.alpha if self.alpha is not None else float(env_number("EVALQ_REGRESSION_ALPHA", 0.05)) or 0.05,
-            dataset=self.dataset, dataset_fields=self.dataset_fields)
+            dataset=self.dataset, dataset_fields=self.dataset_fields,
+            min_alpha=self.min_alpha if self.min_alpha is not None else float(env_number("EVALQ_LABELS_MIN_ALPHA", 0.667)))
 
 
 class Review(Strict):

@@ -29,6 +29,15 @@ def test_agreement_equals_the_krippendorff_package_and_counts_exact_and_within_o
     assert agreement_of([])["alpha"] is None and agreement_of([(3.0, 3.0), (3.0, 3.0)])["alpha"] is None
 
 
+def test_the_suites_bound_on_agreement_with_people_is_its_own_else_the_operators(monkeypatch):
+    from evalq.shared.job.nightly import Regression
+
+    monkeypatch.setenv("EVALQ_LABELS_MIN_ALPHA", "0.5")
+    assert Regression().resolved().min_alpha == 0.5 and Regression(min_alpha=0.8).resolved().min_alpha == 0.8
+    with pytest.raises(ValueError):
+        Regression(min_alpha=2)
+
+
 def test_a_labels_value_is_a_number_a_verdict_or_nothing():
     assert [number(v) for v in (4, 2.5, True, False, "pass", "FAIL", " 3 ", "yes")] == [4, 2.5, 1, 0, 1, 0, 3, 1]
     assert [number(v) for v in (None, "great", float("nan"), [1], {})] == [None] * 5
