@@ -58,10 +58,10 @@ def pull(store, suite: str, runs: list[dict], readers: dict[str, tuple[str, str]
             continue
         matched.append(replace(label, job_id=job))
     counts = keep(store.engine, suite, tenant, matched)
-    return Pulled(counts, unmatched, agreements(store, suite, runs, nights, min_alpha))
+    return Pulled(counts, unmatched, night_agreements(store, suite, runs, nights, min_alpha))
 
 
-def agreements(store, suite: str, runs: list[dict], nights: dict, min_alpha: float) -> list[dict]:
+def night_agreements(store, suite: str, runs: list[dict], nights: dict, min_alpha: float) -> list[dict]:
     """Per night with labels: each judge entry's agreement with them, kept in the store (and alerted
     when below ``min_alpha``)."""
     from evalq.shared.core.config import env_number

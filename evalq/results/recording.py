@@ -70,16 +70,15 @@ def foresee(r: redis.Redis, job_id: str, spec: StoredJob, summary: list[dict]) -
         entry_rows, series = entries_of(r, job_id, spec, summary)
         version = version_of(r, job_id, spec)
         store = open_store(url)
-        found, past, said = store.foresee(run_row(r, job_id, spec, "done", summary, None), entry_rows,
-                                          series, spec.regression, version)
+        run = run_row(r, job_id, spec, "done", summary, None)  # (its generation stage's summary read once)
+        found, past, said = store.foresee(run, entry_rows, series, spec.regression, version)
         _pull_labels(store, spec, job_id)
         people = latest_agreement(store.engine, spec.series, spec.tenant)
         before = None
         if spec.review.items:  # the review's "changed since the baseline" (evalq.results.review)
             from evalq.results.review import baseline_means
 
-            before = baseline_means(store.baseline_items(run_row(r, job_id, spec, "done", summary, None), series,
-                                                         spec.regression, version))
+            before = baseline_means(store.baseline_items(run, series, spec.regression, version))
     except Exception as exc:  # noqa: BLE001  (a database of any kind, down or refusing: the job stands)
         _unrecorded(job_id, url, exc, "not compared with its suite's baseline in")
         return None
