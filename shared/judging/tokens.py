@@ -27,11 +27,25 @@ def _encoding():
         return None
 
 
+REPEATED = 8192  # texts up to this many characters are counted once per process (a judge's instructions,
+# its schema, the roles: the same in every call), in a cache of at most ``COUNTED`` of them
+COUNTED = 1024
+
+
 def count_text(text: str) -> int:
+    if len(text) <= REPEATED:
+        return _count_short(text)
+    return _count(text)
+
+
+def _count(text: str) -> int:
     enc = _encoding()
     if enc is None:
         return (len(text.encode("utf-8")) + 3) // 4
     return len(enc.encode(text, disallowed_special=()))
+
+
+_count_short = lru_cache(maxsize=COUNTED)(_count)
 
 
 def estimate_prompt_tokens(messages: list[dict], extra: str = "") -> int:

@@ -22,13 +22,11 @@ import logging
 import threading
 import time
 
-from typing import Any
-
 import openai
 import redis
-from openai._constants import RAW_RESPONSE_HEADER
 
 from evalq.shared.cluster import keys
+from evalq.workers.judge.transport import post_chat
 
 log = logging.getLogger("evalq.judge")
 
@@ -136,22 +134,6 @@ class Dialects:
         except redis.RedisError:
             pass
         return nxt
-
-
-# what ``chat.completions.create`` sends besides the body: the raw response back (its headers), the
-# client's own authentication
-_POST_OPTIONS = {"headers": {RAW_RESPONSE_HEADER: "true"}, "security": {"bearer_auth": True}}
-
-
-def post_chat(client, body: dict) -> tuple[dict, Any]:
-    """POST ``body`` to the chat completions endpoint through the SDK ``client`` (its connection pool,
-    authentication, Azure deployment routing, timeouts and errors, ``openai.APIStatusError`` and the
-    rest, as ``chat.completions.create`` has them), without what ``create`` does around it per call
-    that a body evalq built does not need: no typed-parameter transform of the body, and the reply
-    read as JSON, not built into the SDK's models. ``create`` cost 3.0 ms of CPU a call, this 1.5 ms
-    (measured on judge-sim: bench/bench_judge_path.py, issue 73). (the completion's JSON, headers)"""
-    raw = client.post("/chat/completions", body=body, cast_to=object, options=_POST_OPTIONS)
-    return json.loads(raw.http_response.content), raw.headers
 
 
 # KEYS: the deployment's dialect; ARGV: the dialect, ttl, then ORDER. Set it unless it is further on.

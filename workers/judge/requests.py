@@ -35,6 +35,11 @@ def _policy():
     return worker_policy()
 
 
+@functools.lru_cache(maxsize=1024)
+def _verdict(variable: str, url: str) -> str | None:
+    return _policy().problem(variable, url)
+
+
 def sdk_client(judge: JudgeConfig, d: Deployment, policy=None):
     """One SDK client per (deployment, key) and process; its own retries off. The
     key is read only for an endpoint the allow-list lets it go to (``policy``, an
@@ -42,13 +47,20 @@ def sdk_client(judge: JudgeConfig, d: Deployment, policy=None):
     otherwise ``JudgeError`` and nothing is sent. Chat calls and batch uploads alike."""
     from evalq.shared.policy.endpoints import endpoint_url
 
-    refused = (policy or _policy()).problem(judge.api_key_env, endpoint_url(judge.provider, d))
+    url = endpoint_url(judge.provider, d)
+    if policy is None:  # this worker's, read once: its verdict on each (key, endpoint) too
+        refused = _verdict(judge.api_key_env, url)
+    else:
+        refused = policy.problem(judge.api_key_env, url)
     if refused:
         raise JudgeError(f"not sent: {refused}")
     api_key = os.environ.get(judge.api_key_env)
     if not api_key:
         raise JudgeError(f"environment variable {judge.api_key_env} is not set on this worker")
     cache_key = (judge.provider, d.endpoint, d.base_url, judge.api_version, api_key, judge.timeout)
+    client = _sdk_clients.get(cache_key)
+    if client is not None:
+        return client
     with _sdk_lock:
         if cache_key not in _sdk_clients:
             if judge.provider == "azure":
