@@ -71,6 +71,33 @@ def execute(r: redis.Redis, ops: list[Op], transaction: bool = True) -> None:
         raise failed
 
 
+def run_after(r: redis.Redis, ops: list[Op], script: Any, script_keys: list, script_args: list) -> Any:
+    """``ops`` (an item's record, a call's settling: ``ItemKeeper.carried``), then registered ``script``
+    (a call's admission), in one round trip without a transaction; the script's result. An op that
+    fails is logged and does not stop the script: what an item keeps is for a run again after a
+    fault, its chunk's records are written whole at its end."""
+    pipe = r.pipeline(transaction=False)
+    for method, args in ops:
+        if method == "script":
+            op_script, op_keys, op_args = args
+            pipe.evalsha(op_script.sha, len(op_keys), *op_keys, *op_args)
+        else:
+            getattr(pipe, method)(*args)
+    pipe.evalsha(script.sha, len(script_keys), *script_keys, *script_args)
+    *done, result = pipe.execute(raise_on_error=False)
+    for (method, args), outcome in zip(ops, done):
+        if isinstance(outcome, redis.exceptions.NoScriptError) and method == "script":
+            op_script, op_keys, op_args = args
+            op_script(keys=op_keys, args=op_args)  # loads it
+        elif isinstance(outcome, Exception):
+            log.warning("a kept write that rode a call's admission failed: %s", outcome)
+    if isinstance(result, redis.exceptions.NoScriptError):
+        return script(keys=script_keys, args=script_args)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 class WriteBehind:
     """The process's writes that Redis could not take, written when it is back.
 
@@ -244,6 +271,9 @@ class ItemKeeper:
         self.counts: dict[str, int] = {}  # what this run's calls counted, not yet added
         self.inherited, self.uncounted = self._uncounted(kept or {})
         self._expiring = True  # the kept hash's expiry: set with the run's first write
+        self._taken = 0  # how often what waits was written (a thread's record waits for its next call)
+        self.carrying = False  # a judge client admits its calls with what waits (``carried``)
+        self._waiting = threading.local()  # per thread: ``_taken`` when its record last waited
         self._closers: list = []
         self._lock = threading.RLock()
 
@@ -286,14 +316,37 @@ class ItemKeeper:
                 item.replies[digest] = raw
                 item.unkept = True
 
-    def before_call(self) -> None:
-        """The item's answered calls are kept before it pays for another."""
+    def before_call(self, carry: bool = False) -> None:
+        """The item's answered calls are kept before it pays for another: at once, or (``carry``: the
+        call's admission comes next and takes ``carried``) in the admission's own round trip."""
         item = _ITEM.get()
         journal.note("call", self.job_id, self.chunk, item=item.position if item else None, run=self.run)
         with self._lock:
             if item is not None and item.unkept:
                 self._keep(item, {"replies": item.replies})
-        self.flush()
+        if not carry:
+            self.flush()
+
+    def carried(self) -> list[Op]:
+        """What waits (records, settlings), to be written ahead of a call's admission in its round trip
+        (``run_after``): an item's record is kept before its thread pays for another call, without a
+        round trip of its own. Nothing while this process holds writes Redis could not take: what
+        waits then goes behind them (``flush``)."""
+        with self._lock:
+            if not self.ops:
+                return []
+            if self.write_behind.pending():
+                held = True
+            else:
+                held, batch = False, self._take()
+        if held:
+            self.flush()
+            return []
+        return batch
+
+    def hold(self, ops: list[Op]) -> None:
+        """``carried`` ops whose round trip failed: written when Redis is back (or now)."""
+        self.write_behind.write(self.r, ops, transaction=False)
 
     def add(self, ops: list[Op]) -> None:
         """Ops for the next round trip; the accounting's counters are summed here instead, added
@@ -312,21 +365,38 @@ class ItemKeeper:
                     self.ops.append((name, args))
 
     def done(self, record: dict) -> None:
+        """The item's record, kept now; or, where a judge client carries what waits (``carrying``), in
+        the admission of its thread's next call (``carried``), unless a record of this thread already
+        waits (its last item paid for no call): then both go now. So a thread has at most one item
+        unkept, and then no call in flight: a worker killed pays again for no more items than it has
+        threads."""
         item = _ITEM.get()
         if item is None:
             return
+        waiting = self._waiting
         with self._lock:
             self._keep(item, {"record": record})
-        self.flush()
+            now = not self.carrying or getattr(waiting, "at", None) == self._taken
+            waiting.at = self._taken
+        if now:
+            self.flush()
         _ITEM.set(None)
+
+    def _take(self, ops: tuple = ()) -> list[Op]:
+        """What waits (and ``ops``), taken to be written, with the kept hash's expiry the first time
+        (under the lock)."""
+        batch, self.ops = self.ops + list(ops), []
+        if batch:
+            self._taken += 1
+        if batch and self._expiring and any(args[0] == self.key for _, args in batch):
+            batch.append(("expire", (self.key, self.ttl)))
+            self._expiring = False
+        return batch
 
     def flush(self, *ops: Op) -> bool:
         """Write what waits (and ``ops``) in one round trip, or have it held; True when written now."""
         with self._lock:
-            batch, self.ops = self.ops + list(ops), []
-            if batch and self._expiring and any(args[0] == self.key for _, args in batch):
-                batch.append(("expire", (self.key, self.ttl)))
-                self._expiring = False
+            batch = self._take(ops)
         if not batch:
             return True
         # (no transaction: an item kept, a call settled, a version told stand alone)

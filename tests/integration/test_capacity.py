@@ -79,6 +79,27 @@ def test_what_remains_is_added_to_what_the_cluster_holds(r):
     assert budget.limits()[0] == 6_500  # (9,000 + (600 + 3,400)) / 2: smoothed
 
 
+def test_what_the_cluster_holds_is_the_providers_window_read_from_the_budgets_running_sums(r):
+    """``used`` (what remains is added to) comes from the budget's running sums, not the whole usage
+    hash, and leaves out a booking that left the provider's window though the sums still hold it for
+    its travel margin (a learner with a margin of 5 s here, so that the test waits on no narrow gap)."""
+    d = auto(tpm_floor=1000, rpm=1000, window_seconds=1)
+    dep = uuid.uuid4().hex
+    learner = Learner(r, dep, d, d.region, BUCKET, margin=5.0)
+    budget = Budget(r, dep, d.tpm_start, d.rpm_start, d.window_seconds, learner=learner)
+    assert budget.reserve(600).admitted
+    learner.observe({"x-ratelimit-remaining-tokens": "9400"})  # 600 held now: 10,000
+    assert budget.limits()[0] == 10_000
+    win = keys.budget(dep, "win")
+    assert int(r.hget(win, "tok_sum")) == 600
+    time.sleep(1 + BUCKET + 0.05)  # the booking's bucket has left the provider's one-second window
+    r.delete(keys.budget(dep, "learn"))  # (its smoothing forgotten: the estimate alone)
+    learner._read_at = 0.0
+    learner.observe({"x-ratelimit-remaining-tokens": "9400"})
+    assert budget.limits()[0] == 9_400  # nothing held in the provider's window any more
+    assert int(r.hget(win, "tok_sum")) == 600  # while the sums keep it for the margin
+
+
 def test_without_headers_the_limit_grows_on_evidence_and_a_429_cuts_it_to_what_was_served(r):
     """Issue 77: AIMD bounded by what the provider has served. Before: x1.5 each sixth-window while
     the budget held calls back, whatever was used (a sliding window lets a burst through until it
@@ -90,9 +111,10 @@ def test_without_headers_the_limit_grows_on_evidence_and_a_429_cuts_it_to_what_w
         learner._pressed_at = 0.0  # the process's own throttle off: the Lua's timing is what is tested
         learner.pressed()
 
-    def admitted(tokens: int) -> None:  # calls the budget let through, in its window now
+    def admitted(tokens: int) -> None:  # calls the budget let through, in its window now (and its running sum)
         sec, usec = r.time()
         r.hincrby(keys.budget(dep, "tok"), int((sec + usec / 1e6) / BUCKET), tokens)
+        r.hincrby(keys.budget(dep, "win"), "tok_sum", tokens)
 
     press()
     assert budget.limits()[0] == 1000  # nothing served yet: a limit nobody uses proves nothing

@@ -146,3 +146,37 @@ def test_the_flusher_stops_when_nothing_is_held_and_starts_again_when_needed():
         store.down.clear()
         wait_until(lambda: behind.pending() == 0)
     assert store.hashes["acct"]["calls"] == 2
+
+
+def test_a_judge_clients_item_record_rides_the_next_calls_admission(redis_url):
+    """With a judge client (``carrying``), an item's record is written ahead of its thread's next
+    admission, in the reservation's round trip, so the next call is paid only once it is kept; a
+    second record of the same thread with no admission between them goes at once, with the first."""
+    import uuid
+
+    from evalq.workers.judge.budget import Budget
+
+    r = redis.Redis.from_url(redis_url)
+    job = uuid.uuid4().hex
+    kept = keys.kept(job, "coherence@0")
+    keeper = ItemKeeper(r, job, "coherence@0", [0, 1, 2], {}, ttl=60)
+    keeper.carrying = True
+    budget = Budget(r, uuid.uuid4().hex, 10_000, 100)
+    keeper.begin(0)
+    keeper.done({"instance_id": "a", "result": {"score": 4}})
+    assert r.hlen(kept) == 0  # waits for the thread's next call
+    keeper.begin(1)
+    keeper.before_call(carry=True)
+    carried = keeper.carried()
+    assert [op[0] for op in carried] == ["hset", "expire"] and keeper.carried() == []
+    assert budget.reserve(100, carried).admitted
+    assert json.loads(r.hget(kept, "0"))["record"] == {"instance_id": "a", "result": {"score": 4}}
+    keeper.done({"instance_id": "b", "result": {"score": 2}})  # its call admitted above: waits again
+    keeper.begin(2)
+    keeper.done({"instance_id": "c", "skipped": "cached"})  # no call between: both now
+    assert set(r.hkeys(kept)) == {b"0", b"1", b"2"} and keeper.carried() == []
+    # a settling that rides the admission is run as the script it is
+    reservation = budget.reserve(50)
+    keeper.add(budget.settle_ops(reservation, 80))
+    assert budget.reserve(10, keeper.carried()).admitted
+    assert int(r.hget(keys.budget(budget.dep_id, "win"), "tok_sum")) == 100 + 80 + 10

@@ -91,12 +91,19 @@ class Budget:
         tpm, rpm = self.learner.limits()
         return (max(1, int(tpm * self.share * self.safety)), max(1, int(rpm * self.share * self.safety)))
 
-    def reserve(self, tokens: int) -> Reservation:
+    def reserve(self, tokens: int, carry: list = ()) -> Reservation:
+        """``carry``: writes to make ahead of the reservation, in its round trip (``ItemKeeper.carried``)."""
         tpm, rpm = self.limits()
-        admitted, wait, used, _, bucket = self._reserve(
-            keys=[keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
-                  keys.budget(self.dep_id, "pause"), keys.budget(self.dep_id, "pace"), keys.budget(self.dep_id, "win")],
-            args=[int(tokens), tpm, rpm, self.window, MARGIN, BUCKET, self.burst])
+        script_keys = [keys.budget(self.dep_id, "tok"), keys.budget(self.dep_id, "req"),
+                       keys.budget(self.dep_id, "pause"), keys.budget(self.dep_id, "pace"),
+                       keys.budget(self.dep_id, "win")]
+        args = [int(tokens), tpm, rpm, self.window, MARGIN, BUCKET, self.burst]
+        if carry:
+            from evalq.workers.keeping import run_after
+
+            admitted, wait, used, _, bucket = run_after(self.r, list(carry), self._reserve, script_keys, args)
+        else:
+            admitted, wait, used, _, bucket = self._reserve(keys=script_keys, args=args)
         if admitted == -1:
             return Reservation(False, 0.0, impossible=True)
         return Reservation(bool(admitted == 1), float(wait), bucket=int(bucket), tokens=int(tokens),
@@ -210,16 +217,16 @@ class Within(Budget):
         super().__init__(r, dep_id, tpm, rpm, window, safety=safety, burst=burst, learner=learner)
         self.inner = inner
 
-    def reserve(self, tokens: int) -> Reservation:
+    def reserve(self, tokens: int, carry: list = ()) -> Reservation:
         held: list[Reservation] = []
         for limit in self.inner:
-            mine = limit.reserve(tokens)
+            mine, carry = limit.reserve(tokens, carry), ()
             if not mine.admitted:
                 self._give_back(held)
                 return Reservation(False, mine.wait, mine.impossible, refused_by=limit.what if mine.impossible else "",
                                    own=True)
             held.append(mine)
-        shared = super().reserve(tokens)
+        shared = super().reserve(tokens, carry)
         if not shared.admitted:
             self._give_back(held)
             return shared
@@ -251,7 +258,7 @@ def budget_of(r: redis.Redis, dep_id: str, d, safety: float, tenant: str | None 
     from evalq.workers.judge.learning import Learner
 
     share = Tenants.from_env().max_share.get(tenant) if tenant is not None else None
-    learner = Learner(r, dep_id, d, d.region, BUCKET) if AUTO in (d.tpm, d.rpm) else None
+    learner = Learner(r, dep_id, d, d.region, BUCKET, MARGIN) if AUTO in (d.tpm, d.rpm) else None
     inner: list[Limit] = []
     if d.own_limit is not None:
         job_id, tpm, rpm = d.own_limit

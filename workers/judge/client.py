@@ -80,6 +80,7 @@ class JudgeClient:
         self.standing = Standing(self.budgets)  # their biases and failure streaks, read 4x a second
         if keeper is not None:  # the prompt counts its replies reported, folded in when the chunk ends
             keeper.on_close(self.standing.fold)
+            keeper.carrying = True  # items' records ride the admissions of the calls after them
         self.gates = gates_of(r, judge, self.deployments, tenant)  # adaptive deployments' limits of calls in flight
         self.caps = Caps(r, job_id, options.cost_cap, options.token_cap, tenant)
         self.dialects, self.identity = Dialects(r), model_identity(judge)
@@ -194,8 +195,8 @@ class JudgeClient:
         if cached is not None:
             return cached
         estimate = estimate_request_tokens(request)
-        if self.keeper is not None:
-            self.keeper.before_call()
+        if self.keeper is not None:  # (its answered calls kept in the admission's round trip)
+            self.keeper.before_call(carry=True)
         reply = self._call_with_retries(request, (estimate, prompt_token_bound(request), limiter_count(request)))
         raw = json.dumps({"content": reply.content, "tool_arguments": reply.tool_arguments, "usage": reply.usage,
                           "model": reply.model})
@@ -344,7 +345,13 @@ class JudgeClient:
                     if exc.wait < best_wait:
                         best_wait, best, own = exc.wait, d, True
                     continue
-                res = budget.reserve(tokens)
+                carry = self.keeper.carried() if self.keeper is not None else []
+                try:  # what the chunk's items kept rides the reservation's round trip
+                    res = budget.reserve(tokens, carry)
+                except DOWN:
+                    if carry:
+                        self.keeper.hold(carry)
+                    raise
                 if res.admitted:
                     telemetry.budget_admitted(d.region, tokens)
                     return d, budget, res, held, lease

@@ -43,6 +43,7 @@ import redis
 
 from evalq.shared.cluster import keys, telemetry
 from evalq.shared.judging.capacity import AUTO, HISTORY_KEEP, KEPT_SECONDS, rate_headers
+from evalq.workers.judge.budget_lua import WINDOW_LUA
 
 CACHE_SECONDS = 0.5   # how long a process uses the learned values it read
 PRESSED_EVERY = 1.0   # a process tells the learner its budget held calls back at most this often
@@ -52,13 +53,15 @@ CUT_REACHED = 0.8    # ... and at most this share of a limit that was used to 90
 GROW_START, GROW = 1.5, 1.05
 SMOOTH = 0.5          # weight of a new remaining-based estimate
 
-# KEYS: learn, limits, usage (tok or req); ARGV: axis, op, value, floor, ceiling, start, window, keep, bucket,
+# KEYS: learn, limits, usage (tok or req), the window's running sums; ARGV: axis, op, value, floor, ceiling, start, window, keep, bucket,
 # then two of the op's (limit: the remaining count or '', and the smoothing; remaining: '', the smoothing;
 # cut: the share of what was served, the least share of the limit; grow: the factors before and after the
-# first cut), then a reply's counted/reserved ratio or '', then (cut) the most share of a limit reached.
+# first cut), then a reply's counted/reserved ratio or '', then (cut) the most share of a limit reached or '',
+# then the budget's travel margin (seconds).
 # op: limit (value: the stated limit), remaining, cut (value: the refused call's own tokens or request), grow.
-LEARN_LUA = f"local KEPT = {KEPT_SECONDS}\n" + """
-local learn, hist, usage = KEYS[1], KEYS[2], KEYS[3]
+LEARN_LUA = WINDOW_LUA + f"local KEPT = {KEPT_SECONDS}\n" + """
+local learn, hist, usage, win = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local margin = tonumber(ARGV[14])
 local axis, op, value = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local floor, ceiling, start, window = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local keep, bucket = tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -74,10 +77,18 @@ if ARGV[12] ~= nil and ARGV[12] ~= '' then
   ratio = 0.8 * ratio + 0.2 * tonumber(ARGV[12])
   redis.call('HSET', learn, axis .. '_ratio', tostring(ratio))
 end
+-- what the cluster holds in the provider's window now: the budget's running sum of the usage hash
+-- (``live``, the window and the travel margin; kept up as the budget's own scripts keep it), less the
+-- buckets that left the provider's window and are only within the margin (a few HGETs, not the hash)
 local function used()
-  local flat, sum = redis.call('HGETALL', usage), 0
-  for i = 1, #flat, 2 do
-    if (tonumber(flat[i]) + 1) * bucket + window > now then sum = sum + tonumber(flat[i + 1]) end
+  local short = axis == 'tpm' and 'tok' or 'req'
+  local sum, from = live(usage, win, short, now, bucket, window, margin)
+  redis.call('HSET', win, short .. '_sum', sum, short .. '_from', from)
+  local s = from
+  while (s + 1) * bucket + window <= now do
+    local v = redis.call('HGET', usage, s)
+    if v then sum = sum - tonumber(v) end
+    s = s + 1
   end
   return sum * ratio
 end
@@ -149,8 +160,9 @@ class Learner:
 
     _scripts: dict[int, object] = {}
 
-    def __init__(self, r: redis.Redis, dep_id: str, d, region: str, bucket: float):
+    def __init__(self, r: redis.Redis, dep_id: str, d, region: str, bucket: float, margin: float = 0.25):
         self.r, self.dep_id, self.region, self.window, self.bucket = r, dep_id, region, d.window_seconds, bucket
+        self.margin = margin  # the budget's: its running sums cover the window and this
         self.axes = {axis: (getattr(d, f"{axis}_floor") or getattr(d, f"{axis}_start"), getattr(d, f"{axis}_most"),
                             getattr(d, f"{axis}_start"))
                      for axis in ("tpm", "rpm") if getattr(d, axis) == AUTO}
@@ -181,9 +193,11 @@ class Learner:
     def _op(self, axis: str, op: str, value: float = 0.0, *extra) -> None:
         floor, ceiling, start = self.axes[axis]
         usage = keys.budget(self.dep_id, "tok" if axis == "tpm" else "req")
-        _, changed = self._learn(keys=[keys.budget(self.dep_id, "learn"), keys.budget(self.dep_id, "limits"), usage],
+        extra = (*extra, "", "", "", "")[:4]  # ARGV 10-13: the op's; 14: the margin
+        _, changed = self._learn(keys=[keys.budget(self.dep_id, "learn"), keys.budget(self.dep_id, "limits"), usage,
+                                       keys.budget(self.dep_id, "win")],
                                  args=[axis, op, value, floor, ceiling, start, self.window, HISTORY_KEEP, self.bucket,
-                                       *extra])
+                                       *extra, self.margin])
         if changed:
             self._read_at = 0.0  # read it again at the next call
 
