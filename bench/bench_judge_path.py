@@ -152,13 +152,13 @@ def self_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run_evalq(cluster: Cluster, base_url: str, n: int, out: Path) -> dict:
+def run_evalq(cluster: Cluster, base_url: str, n: int, out: Path, chunk_size: int | None = None) -> dict:
     from evalq.cli.run import run_job
     from evalq.shared.job.schema import parse_job
 
     job = parse_job(job_doc(base_url, n))
     cpu0, redis0, t0 = cpu_of(cluster.pids()) + self_cpu(), cluster.redis_cpu(), time.perf_counter()
-    summary = run_job(job, out, broker=cluster.redis.url, progress=False, stall_timeout=900)
+    summary = run_job(job, out, broker=cluster.redis.url, progress=False, stall_timeout=900, chunk_size=chunk_size)
     wall = time.perf_counter() - t0
     # the workers' CPU is read once they are idle again (the final callback has run)
     return {"n": summary[0]["n"], "errors": summary[0]["n_errors"], "wall": wall,
@@ -232,27 +232,30 @@ def start_moto() -> tuple[subprocess.Popen, str, Path]:
             time.sleep(0.2)
 
 
-def judged_on(workdir: Path, name: str, judges: int, env: dict[str, str], base_url: str, n: int) -> None:
+def judged_on(workdir: Path, name: str, judges: int, env: dict[str, str], base_url: str, n: int,
+              chunk_size: int | None) -> None:
     """N items judged on a cluster of its own whose job store ``env`` names (this process's too)."""
     os.environ.update(env)
     cluster = Cluster(workdir / name, judges, env)
     try:
-        run_evalq(cluster, base_url, n, workdir / f"out-{name}")
+        run_evalq(cluster, base_url, n, workdir / f"out-{name}", chunk_size)
     finally:
         cluster.close()
 
 
-def store_counts(workdir: Path, base_url: str, n: int, judges: int) -> dict:
-    """Parts and store requests of N judged items, local store and S3 (moto)."""
+def store_counts(workdir: Path, base_url: str, n: int, judges: int, chunk_size: int | None = None) -> dict:
+    """Parts and store requests of N judged items, local store and S3 (moto); ``chunk_size``: the
+    job's (None: as planned)."""
     found = {}
-    store = workdir / "store"
-    judged_on(workdir, "local", judges, {"EVALQ_STORE": str(store)}, base_url, n)
+    tag = f"-{chunk_size}" if chunk_size else ""
+    store = workdir / f"store{tag}"
+    judged_on(workdir, f"local{tag}", judges, {"EVALQ_STORE": str(store)}, base_url, n, chunk_size)
     parts = list(store.rglob("records/entry=*/*.parquet"))
     found["local"] = {"parts": len(parts), "items_per_part": n / max(1, len(parts))}
     moto, url, log = start_moto()
     try:
-        judged_on(workdir, "s3", judges, {"EVALQ_STORE": "s3://bench/evalq", "EVALQ_STORE_ENDPOINT_URL": url, **AWS},
-                  base_url, n)
+        judged_on(workdir, f"s3{tag}", judges, {"EVALQ_STORE": "s3://bench/evalq", "EVALQ_STORE_ENDPOINT_URL": url,
+                                                **AWS}, base_url, n, chunk_size)
         lines = log.read_text(errors="replace").splitlines()
         puts = sum(1 for x in lines if '"PUT /bench/' in x and "/records/" in x)
         # a part read (200), and a chunk's look, as it starts, for a part of its own not written yet (404)
@@ -284,6 +287,9 @@ def main() -> None:
     parser.add_argument("--store-n", type=int, default=20_000, help="items of the store runs (a judge entry's "
                         "chunks reach 1,024 items from 16,384 items on)")
     parser.add_argument("--no-store", action="store_true", help="skip the parts and store requests")
+    parser.add_argument("--store-chunks", default="0,50", help="the store runs' chunk sizes (0: as planned; "
+                        "comma-separated)")
+    parser.add_argument("--no-load", action="store_true", help="skip the CPU and Redis measure (the store runs only)")
     args = parser.parse_args()
     os.environ[KEY_ENV] = "bench"
     os.environ.setdefault("EVALQ_CACHE_DIR", tempfile.mkdtemp())
@@ -292,7 +298,7 @@ def main() -> None:
     print(f"judge path: coherence (JSON schema), {args.n0} and {args.n} items; CPU per call marginal between them; "
           f"{os.cpu_count()} CPUs")
     rows = []
-    for latency in (args.latency, 0.0):
+    for latency in (() if args.no_load else (args.latency, 0.0)):
         sim, url = start_sim(latency, args.slots)
         try:
             small, large = run_sdk(url, args.n0, args.threads), run_sdk(url, args.n, args.threads)
@@ -328,16 +334,17 @@ def main() -> None:
         if row[5]:
             top = sorted(row[5][2].items(), key=lambda kv: -kv[1])[:12]
             print(f"  commands sent, {row[1]}, per item: " + ", ".join(f"{k} {v / args.n:.2f}" for k, v in top))
-    if not args.no_store:
+    for size in ([] if args.no_store else [int(c) or None for c in args.store_chunks.split(",")]):
         sim, url = start_sim(0.0, args.slots)
         try:
-            counts = store_counts(workdir, url, args.store_n, 1)
+            counts = store_counts(workdir, url, args.store_n, 1, size)
         finally:
             sim.terminate()
             sim.wait(10)
         local, s3 = counts["local"], counts["s3"]
         scale = 100_000 / args.store_n
-        print(f"store, {args.store_n} items: local {local['parts']} parts ({local['items_per_part']:.0f} items a part; "
+        print(f"store, {args.store_n} items, chunks {'as planned' if size is None else f'of {size}'}: local "
+              f"{local['parts']} parts ({local['items_per_part']:.0f} items a part; "
               f"{local['parts'] * scale:,.0f} per 100,000 items); S3 record parts: {s3['puts']} PUT, "
               f"{s3['gets']} GET ({s3['gets'] / max(1, s3['puts']):.1f} reads a part), {s3['probes']} GET of a "
               f"part not written yet (a chunk run's look as it starts), {s3['heads']} HEAD; "

@@ -32,6 +32,7 @@ from evalq.shared.cluster.spec import (GENERATE_STAGE, METRICS_STAGE, Chunk, has
                                is_variants, plan as plan_spec, variants_of)
 from evalq.shared.cluster.status import Status
 from evalq.shared.store.place import Place
+from evalq.shared.store.groups import part_size
 from evalq.shared.store.records import PARTS
 
 if TYPE_CHECKING:  # redis-py is imported where a client is used: `evalq run` reads the job,
@@ -48,6 +49,8 @@ def run_entry(m: MetricRun, chunk_size: int | None, items: int) -> dict:
     if chunk_size is None and m.spec.queue == "judge":
         chunk_size = judge_chunk(items, m.spec.chunk_size)
     entry: dict = {"chunk_size": max(1, chunk_size or m.spec.chunk_size or sized_chunk(items)), **m.routing()}
+    if m.spec.queue == "judge" and part_size(entry["chunk_size"], items):  # its records in parts of 1,000+ items
+        entry["part_size"] = part_size(entry["chunk_size"], items)
     if m.judge is not None:
         entry["rotation"] = GENERATE if is_model_run(m.key) else getattr(m.params, "judge", m.key)
     return entry

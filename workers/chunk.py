@@ -190,7 +190,7 @@ def run_chunk(r: redis.Redis, job_id: str, metric_key: str, start: int, stop: in
         {p: rec for p, rec in zip(positions, records) if rec is not None}
     acct = None
     if keeper is not None:  # what its calls counted rides in its part (an earlier landing's with it)
-        acct = ctx.records.accounting(metric_key, start, keeper.chunk_accounting(kept), bool(recorded))
+        acct = ctx.records.accounting(metric_key, start, keeper.chunk_accounting(kept), bool(recorded), r)
     _record_chunk(ctx, start, stop, new, elapsed, queue, kept=range(start, stop) if spec.calls_endpoint else range(0),
                   acct=acct, extra=closing, compute=_compute(cpu, keeper))
     # A small, deterministic summary: a redelivered run returns the very same one.
@@ -363,7 +363,7 @@ def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: flo
     # the records, and the history's values and the report's view (with a job store they ride in the
     # chunk's part, not in Redis: what Redis keeps of a job does not grow with its items)
     timing = {"seconds": elapsed} if compute is None else {"seconds": elapsed, "compute": compute}
-    ctx.records.write(pipe, metric_key, start, records, whole, values, view, part, timing, acct)
+    ctx.records.write(pipe, metric_key, start, records, whole, values, view, part, timing, acct, ctx.ttl)
     if kept:  # the chunk's records are written: what was kept of its items goes
         pipe.hdel(keys.kept(job_id, metric_key), *(str(p) for p in kept))
     if part is not None:  # likewise by chunk
@@ -374,3 +374,5 @@ def _write(ctx: ChunkContext, start: int, records: dict[int, dict], elapsed: flo
     for method, args in extra:
         getattr(pipe, method)(*args)
     pipe.execute()
+    if whole is not None:  # (a judge entry's part of a group of chunks: written by the chunk that completes it)
+        ctx.records.landed(ctx.r, metric_key, start)

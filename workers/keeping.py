@@ -7,9 +7,12 @@ item's record is kept as soon as the item is scored, under ``kept:{M}``
 there before the item pays for another call (a corrective re-ask, say). A chunk
 run again (redelivered after its worker died, retried after a Redis error)
 reads them back: an item kept is not scored again, and a call answered is not
-paid again. Only calls in flight at the moment of a fault are paid twice.
+paid again. Only calls in flight at the moment of a fault are paid twice, and (a judge client's
+keeper, ``carrying``) an item whose record waits for its thread's next admission: at most one a
+thread, never while that thread has a call in flight.
 
-Cost: one command an item. An item's record (or, before it pays for another call, its answered
+Cost: one command an item, and no round trip of its own where a judge client admits its calls with
+what waits (``carried``): an item's record (or, before it pays for another call, its answered
 calls) is one HSET, the kept hash's expiry set once a run; the judge client hands its accounting
 counters here, summed in the process and added once a run (``ItemKeeper.closing``), in the chunk's
 own transaction; a metric whose replies the job's memo keeps (``memo``) writes them with the memo.

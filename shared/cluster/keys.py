@@ -118,6 +118,17 @@ def parts(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:part:{metric_key}"
 
 
+def gathering(job_id: str, metric_key: str) -> str:
+    """Hash: chunk start -> the chunk's records and what its part would carry, until the record part
+    of its group of chunks is written (``evalq.shared.store.groups``)."""
+    return f"{job_prefix(job_id)}:gathering:{metric_key}"
+
+
+def gathering_claim(job_id: str, metric_key: str, start: int) -> str:
+    """String: which chunk writes the record part of the group of chunks from ``start``, while it does."""
+    return f"{job_prefix(job_id)}:gathering:{metric_key}:{start}"
+
+
 def views(job_id: str, metric_key: str) -> str:
     return f"{job_prefix(job_id)}:view:{metric_key}"
 
@@ -374,7 +385,7 @@ def all_job_keys(job_id: str, metric_keys: list[str], sinks: list[str] = ()) -> 
             batch(job_id, "line"), batch(job_id, "touched"), batch(job_id, "sync"), batch(job_id, "open"),
             sink(job_id, "otlp")]
     for m in metric_keys:
-        keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), views(job_id, m),
+        keys += [results(job_id, m), kept(job_id, m), timings(job_id, m), parts(job_id, m), gathering(job_id, m), views(job_id, m),
                  values(job_id, m), accounting(job_id, m), accounted(job_id, m), recorded(job_id, m), judge_seen(job_id, m),
                  recorded_total(job_id, m)]
         keys += [key(job_id, m, name) for name in ("otlp", *sinks) for key in (exported, sink_none, sink_pending)]

@@ -331,12 +331,13 @@ class StoredJob(_Document):
     @cached_property
     def records(self):
         """Its item records' store (``evalq.shared.store.records``), chosen once."""
-        from evalq.shared.cluster.spec import runs
+        from evalq.shared.cluster.spec import runs, span
         from evalq.shared.store.records import PARTS, records_of
 
         if self._doc.get("records") != PARTS or self.staged is None:
             return records_of(self.job_id, None, {})
-        return records_of(self.job_id, self.staged, {key: entry["chunk_size"] for key, entry in runs(self)})
+        return records_of(self.job_id, self.staged, {key: (entry["chunk_size"], entry.get("part_size"),
+                                                           span(self, entry)) for key, entry in runs(self)})
 
 
 class RunEntry(_Document):

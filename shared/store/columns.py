@@ -87,3 +87,20 @@ def read(data: bytes, columns: list[str] | None = None) -> Any:
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(pa.BufferReader(data)).read(columns=columns)
+
+
+def typed(record: dict) -> tuple[float | None, str | None, bool | None]:
+    """(score, label, passed) of a record, each where its result has one: ``score`` a result that is
+    a number, or its ``score`` field (a rating, a rubric); ``label`` a result that is a string, or its
+    ``label``; ``passed`` a result that is a boolean, or its ``passed``."""
+    result = record.get("result")
+    fields = result if isinstance(result, dict) else {}
+    score = result if _real(result) else fields.get("score")
+    label = result if isinstance(result, str) else fields.get("label")
+    passed = result if isinstance(result, bool) else fields.get("passed")
+    return (float(score) if _real(score) else None, label if isinstance(label, str) else None,
+            passed if isinstance(passed, bool) else None)
+
+
+def _real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN

@@ -134,6 +134,7 @@ def chunks_done(place: Place, key: str) -> dict[int, Done]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from evalq.shared.store.groups import CHUNKS_KEY
     from evalq.shared.store.records import ACCOUNT_KEY, FOOTER_BYTES, PART_KEY, TIME_KEY, part_name, unpacked
 
     folder = part_name(key, 0).rsplit("/", 1)[0]
@@ -144,8 +145,23 @@ def chunks_done(place: Place, key: str) -> dict[int, Done]:
             if tail is not None:
                 footer = pq.read_metadata(pa.BufferReader(tail))
                 kept = footer.metadata
+                chunks = unpacked(kept, CHUNKS_KEY)
+                if chunks is not None:  # a group of chunks' part (evalq.shared.store.groups): each by its start
+                    found.update(_grouped(chunks, unpacked(kept, PART_KEY) or {}, unpacked(kept, TIME_KEY) or {},
+                                          unpacked(kept, ACCOUNT_KEY) or {}))
+                    continue
                 timing = unpacked(kept, TIME_KEY) or {}
                 found[int(name[len("chunk-"):-len(".parquet")])] = Done(
                     footer.num_rows, unpacked(kept, PART_KEY), timing.get("seconds"),
                     (unpacked(kept, ACCOUNT_KEY) or {}).get("counts"), timing.get("compute"))
+    return found
+
+
+def _grouped(chunks: dict, parts: dict, times: dict, accounts: dict) -> dict[int, Done]:
+    """What a group's part says of each of its chunks (its metadata by chunk start)."""
+    found = {}
+    for start, rows in chunks.items():
+        timing = times.get(start) or {}
+        found[int(start)] = Done(int(rows), parts.get(start), timing.get("seconds"),
+                                 (accounts.get(start) or {}).get("counts"), timing.get("compute"))
     return found

@@ -34,6 +34,8 @@ from typing import Any, Iterable, Iterator
 from evalq.shared.cluster import journal, keys
 from evalq.shared.core.jsonio import encode
 from evalq.shared.scores.results import outcome
+from evalq.shared.store.columns import typed  # (what a record's typed columns hold; importable here too)
+from evalq.shared.store.groups import Grouping, gather, gathered_records, group_meta, write_when_whole
 from evalq.shared.store.place import Place
 
 PARTS = "parts"  # the stored document's ``records`` where they are parts
@@ -52,12 +54,13 @@ def part_name(key: str, start: int) -> str:
     return f"records/entry={quote(key, safe='')}/chunk-{start:09d}.parquet"
 
 
-def records_of(job_id: str, staged: dict | None, chunk_sizes: dict[str, int]) -> "RedisRecords | PartRecords":
+def records_of(job_id: str, staged: dict | None, runs: dict[str, tuple[int, int | None, int]]
+               ) -> "RedisRecords | PartRecords":
     """The job's records: parts beside its instances where the store holds them (``staged``: where,
-    as the stored job keeps it; ``chunk_sizes``: each run's), else Redis. Chosen once, by the stored
-    job: no caller asks which."""
+    as the stored job keeps it; ``runs``: each run's chunk size, part size (None: a part per chunk)
+    and span), else Redis. Chosen once, by the stored job: no caller asks which."""
     if staged:
-        return PartRecords(job_id, Place.from_json(staged), chunk_sizes)
+        return PartRecords(job_id, Place.from_json(staged), runs)
     return RedisRecords(job_id)
 
 
@@ -70,7 +73,7 @@ class RedisRecords:
 
     def write(self, pipe: Any, key: str, start: int, new: dict[int, dict], whole: list[tuple[int, dict]] | None,
               values: dict | None = None, view: dict | None = None, part: dict | None = None,
-              elapsed: dict | None = None, acct: dict | None = None) -> None:
+              elapsed: dict | None = None, acct: dict | None = None, ttl: int = 0) -> None:
         """Queue on ``pipe`` (the chunk's MULTI transaction) the records this run made (``new``), the
         chunk's ``values`` (what the history store needs of it) and ``view`` (what the report needs),
         and, once the chunk has ended (``whole``: every record it holds), its count."""
@@ -79,6 +82,9 @@ class RedisRecords:
         _side_hashes(pipe, self.job_id, key, start, values, view)
         if whole is not None:
             _count_ops(pipe, self.job_id, key, start, len(whole))
+
+    def landed(self, r: Any, key: str, start: int) -> None:
+        """After the chunk's transaction: nothing more (its records are in ``res:{M}``)."""
 
     def get_many(self, r: Any, key: str, positions: list[int], complete: bool = False) -> list:
         """The stored records (JSON, bytes) at ``positions``, None where none was written."""
@@ -114,7 +120,7 @@ class RedisRecords:
         """How many positions a reader of every record takes at a time."""
         return default
 
-    def accounting(self, key: str, start: int, counts: dict[str, int], landed: bool) -> None:
+    def accounting(self, key: str, start: int, counts: dict[str, int], landed: bool, r: Any = None) -> None:
         return None  # Redis holds the job's accounting; nothing rebuilds it
 
     def holding(self) -> contextlib.AbstractContextManager:
@@ -123,10 +129,15 @@ class RedisRecords:
 
 class PartRecords:
     """A job's item records as one immutable Parquet part per chunk in its job store folder
-    (``place``); ``sizes``: each run's chunk size (a chunk's positions are ``[start, start + size)``)."""
+    (``place``), or per group of chunks (``evalq.shared.store.groups``: a judge entry planned in
+    small chunks); ``runs``: each run's chunk size (a chunk's positions are ``[start, start + size)``),
+    part size and span."""
 
-    def __init__(self, job_id: str, place: Place, sizes: dict[str, int]):
-        self.job_id, self.place, self.sizes = job_id, place, sizes
+    def __init__(self, job_id: str, place: Place, runs: dict[str, tuple[int, int | None, int]]):
+        self.job_id, self.place = job_id, place
+        self.sizes = {key: chunk for key, (chunk, _, _) in runs.items()}
+        self.groups = {key: Grouping(chunk, part, n) for key, (chunk, part, n) in runs.items() if part and part > chunk}
+        self._written: set[tuple[str, int]] = set()  # (run, group) whose part this process saw written
         self._held: OrderedDict[str, bytes] | None = None  # parts read while ``holding``
         self._held_bytes = 0
 
@@ -167,13 +178,21 @@ class PartRecords:
 
     def write(self, pipe: Any, key: str, start: int, new: dict[int, dict], whole: list[tuple[int, dict]] | None,
               values: dict | None = None, view: dict | None = None, part: dict | None = None,
-              elapsed: dict | None = None, acct: dict | None = None) -> None:
+              elapsed: dict | None = None, acct: dict | None = None, ttl: int = 0) -> None:
         """In this order: the chunk's part (every record it holds, ``whole``, with its ``values`` and
         ``view`` in the part's metadata) is written to the store now, whole; its count is queued on
         ``pipe``, the chunk's transaction, which the caller executes after. So a count never stands
         for a part that is not there, and a chunk written again (redelivered) writes the same name
         and replaces its count: nothing is counted twice. ``whole`` None (the chunk has not ended):
-        no part, no count; what it has of values and view waits in Redis."""
+        no part, no count; what it has of values and view waits in Redis. A run whose parts group
+        chunks gathers the chunk's records in Redis instead (``landed`` writes the group's part)."""
+        grouping = self.groups.get(key)
+        if grouping is not None and whole is not None:
+            if (key, grouping.first(start)) not in self._written:  # (a run again after it: in the part)
+                gather(pipe, self.job_id, key, start, whole, {"values": values, "view": view, "part": part,
+                                                              "elapsed": elapsed, "acct": acct}, ttl)
+            _count_ops(pipe, self.job_id, key, start, len(whole))
+            return
         if whole:
             # and its aggregate and time, so that the store alone gives back what Redis held of the chunk
             # (evalq.orchestrator.rebuild, after Redis lost the job)
@@ -186,15 +205,41 @@ class PartRecords:
         if whole is not None:
             _count_ops(pipe, self.job_id, key, start, len(whole))
 
+    def landed(self, r: Any, key: str, start: int) -> None:
+        """After the chunk's transaction: where its run groups chunks and its group is whole now, the
+        group's part is written (``evalq.shared.store.groups``)."""
+        grouping = self.groups.get(key)
+        if grouping is not None and (key, grouping.first(start)) not in self._written:
+            if write_when_whole(r, self.job_id, key, grouping, start, lambda first, chunks: self._put_group(
+                    key, first, chunks)):
+                self._written.add((key, grouping.first(start)))
+
+    def _put_group(self, key: str, first: int, chunks: dict[int, dict]) -> None:
+        rows = sorted((int(p), record) for gathered in chunks.values() for p, record in gathered["records"])
+        self.place.put(part_name(key, first), _encode(rows, group_meta(chunks, _GATHERED)))
+        journal.note("part", self.job_id, journal.chunk_id(key, first), n=len(rows))
+
+    def _group(self, r: Any, key: str, first: int) -> dict[int, str]:
+        """A group's records by position: its part's, or (not written yet) what its chunks gathered."""
+        data = self._get(part_name(key, first))
+        if data is not None:
+            self._written.add((key, first))
+            return _decode(data)
+        gathered = gathered_records(r, self.job_id, key, self.groups[key].starts(first))
+        return {int(p): encode(record) for chunk in gathered.values() for p, record in chunk["records"]}
+
     def get_many(self, r: Any, key: str, positions: list[int], complete: bool = False) -> list:
         """``complete``: the run has ended (its parts will not change), so parts may come from this
         process's cache (the generation stage's outputs, read by every metric chunk)."""
         if not positions:
             return []
-        size = self.sizes[key]
+        size = self.read_step(key, 0)
         found: dict[int, str] = {}
         for start in sorted({p - p % size for p in positions}):
-            found.update(_read_part(self.place, key, start, cached=complete, get=self._get))
+            if key in self.groups:
+                found.update(self._group(r, key, start))
+            else:
+                found.update(_read_part(self.place, key, start, cached=complete, get=self._get))
         return [found.get(p) for p in positions]
 
     def get_many_beside(self, r: Any, key: str, positions: list[int], other: str) -> tuple[list, list]:
@@ -202,6 +247,11 @@ class PartRecords:
 
     def scan(self, r: Any, key: str) -> Iterator[tuple[int, Any]]:
         """(position, record JSON) of every record of the run: a part at a time, in chunk order."""
+        grouping = self.groups.get(key)
+        if grouping is not None:
+            for first in sorted({grouping.first(s) for s in self._starts(r, key)}):
+                yield from sorted(self._group(r, key, first).items())
+            return
         for start in self._starts(r, key):
             yield from sorted(_read_part(self.place, key, start, get=self._get).items())
 
@@ -213,9 +263,10 @@ class PartRecords:
         return self._meta(r, key, VALUES_KEY)
 
     def read_step(self, key: str, default: int) -> int:
-        return self.sizes[key]  # a chunk's part at a time: each read once
+        grouping = self.groups.get(key)  # a part at a time: each read once
+        return grouping.part if grouping is not None else self.sizes[key]
 
-    def accounting(self, key: str, start: int, counts: dict[str, int], landed: bool) -> dict:
+    def accounting(self, key: str, start: int, counts: dict[str, int], landed: bool, r: Any = None) -> dict:
         """What a chunk's part carries of its calls' accounting: ``counts`` (this run's and the runs'
         before it that did not land), plus, where the chunk had landed before (``landed``: a part is
         there), that part's."""
@@ -223,10 +274,16 @@ class PartRecords:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            tail = self.place.get(part_name(key, start), missing_ok=True, last=FOOTER_BYTES)
-            if tail is not None:
+            grouping = self.groups.get(key)
+            first = grouping.first(start) if grouping is not None else start
+            tail = self.place.get(part_name(key, first), missing_ok=True, last=FOOTER_BYTES)
+            if tail is not None:  # (a group's part: by chunk)
                 earlier = unpacked(pq.read_metadata(pa.BufferReader(tail)).metadata, ACCOUNT_KEY) or {}
+                earlier = (earlier.get(str(start)) or {}) if grouping is not None else earlier
                 counts = summed([counts, earlier.get("counts")])
+            elif grouping is not None and r is not None:  # gathered, its group's part not written yet
+                gathered = gathered_records(r, self.job_id, key, [start]).get(start) or {"meta": {}}
+                counts = summed([counts, (gathered["meta"].get("acct") or {}).get("counts")])
         return {"counts": counts}
 
     def _starts(self, r: Any, key: str) -> list[int]:
@@ -238,11 +295,35 @@ class PartRecords:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        grouping = self.groups.get(key)
+        if grouping is not None:
+            yield from self._group_meta(r, key, name, grouping)
+            return
         for start in self._starts(r, key):
             data = self._get(part_name(key, start))
             meta = pq.read_schema(pa.BufferReader(data)).metadata if data is not None else None
             packed = (meta or {}).get(name)
             yield start, zlib.decompress(packed) if packed is not None else None
+
+    def _group_meta(self, r: Any, key: str, name: bytes, grouping: Grouping) -> Iterator[tuple[int, bytes | None]]:
+        """``_meta`` of a run whose parts group chunks: each chunk's, from its group's part (or from
+        what it gathered, its group's part not written yet)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        groups: dict[int, list[int]] = {}
+        for s in self._starts(r, key):  # (in start order)
+            groups.setdefault(grouping.first(s), []).append(s)
+        for first, members in sorted(groups.items()):
+            data = self._get(part_name(key, first))
+            if data is not None:
+                by_chunk = unpacked(pq.read_schema(pa.BufferReader(data)).metadata, name) or {}
+                values = {s: by_chunk.get(str(s)) for s in members}
+            else:
+                gathered = gathered_records(r, self.job_id, key, members)
+                values = {s: (gathered.get(s) or {"meta": {}})["meta"].get(_GATHERED[name]) for s in members}
+            for s in members:
+                yield s, encode(values[s]).encode("utf-8") if values[s] is not None else None
 
 
 def _side_hashes(pipe: Any, job_id: str, key: str, start: int, values: dict | None, view: dict | None) -> None:
@@ -291,6 +372,8 @@ VIEW_KEY = b"evalq.view"  # and of its report view (JSON, zlib'd)
 PART_KEY = b"evalq.part"  # and of its mergeable aggregate (what keys.parts holds of it)
 TIME_KEY = b"evalq.elapsed"  # and of its time ({"seconds": ..., "compute": ...}: what keys.timings holds of it)
 ACCOUNT_KEY = b"evalq.accounting"  # and of its calls' accounting ({"counts": what keys.accounting adds up})
+# what a chunk of a run whose parts group chunks gathers under each name (``evalq.shared.store.groups``)
+_GATHERED = {VALUES_KEY: "values", VIEW_KEY: "view", PART_KEY: "part", TIME_KEY: "elapsed", ACCOUNT_KEY: "acct"}
 
 
 def HOLD_BYTES() -> int:  # noqa: N802  (read when used: a test, an operator may set it)
@@ -348,23 +431,6 @@ def _encode(records: Iterable[tuple[int, dict]], meta: dict[bytes, dict | None] 
     out = io.BytesIO()
     pq.write_table(table, out, compression="zstd")
     return out.getvalue()
-
-
-def typed(record: dict) -> tuple[float | None, str | None, bool | None]:
-    """(score, label, passed) of a record, each where its result has one: ``score`` a result that is
-    a number, or its ``score`` field (a rating, a rubric); ``label`` a result that is a string, or its
-    ``label``; ``passed`` a result that is a boolean, or its ``passed``."""
-    result = record.get("result")
-    fields = result if isinstance(result, dict) else {}
-    score = result if _real(result) else fields.get("score")
-    label = result if isinstance(result, str) else fields.get("label")
-    passed = result if isinstance(result, bool) else fields.get("passed")
-    return (float(score) if _real(score) else None, label if isinstance(label, str) else None,
-            passed if isinstance(passed, bool) else None)
-
-
-def _real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
 
 
 def _decode(data: bytes) -> dict[int, str]:
