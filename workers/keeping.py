@@ -53,25 +53,13 @@ def execute(r: redis.Redis, ops: list[Op], transaction: bool = True) -> None:
     An op ``("script", (script, keys, args))`` runs a registered script by its digest; one the server
     does not know (a Redis restarted since) is loaded and run again alone."""
     pipe = r.pipeline(transaction=transaction and len(ops) > 1)
-    for method, args in ops:
-        if method == "script":
-            script, script_keys, script_args = args
-            pipe.evalsha(script.sha, len(script_keys), *script_keys, *script_args)
-        else:
-            getattr(pipe, method)(*args)
+    _queue(pipe, ops)
     if not any(method == "script" for method, _ in ops):
         pipe.execute()
         return
-    results = pipe.execute(raise_on_error=False)
-    failed = None
-    for (method, args), result in zip(ops, results):
-        if isinstance(result, redis.exceptions.NoScriptError) and method == "script":
-            script, script_keys, script_args = args
-            script(keys=script_keys, args=script_args)  # loads it
-        elif isinstance(result, Exception) and failed is None:
-            failed = result
-    if failed is not None:
-        raise failed
+    failed = _reloaded(ops, pipe.execute(raise_on_error=False))
+    if failed:
+        raise failed[0]
 
 
 def run_after(r: redis.Redis, ops: list[Op], script: Any, script_keys: list, script_args: list) -> Any:
@@ -80,25 +68,39 @@ def run_after(r: redis.Redis, ops: list[Op], script: Any, script_keys: list, scr
     fails is logged and does not stop the script: what an item keeps is for a run again after a
     fault, its chunk's records are written whole at its end."""
     pipe = r.pipeline(transaction=False)
-    for method, args in ops:
-        if method == "script":
-            op_script, op_keys, op_args = args
-            pipe.evalsha(op_script.sha, len(op_keys), *op_keys, *op_args)
-        else:
-            getattr(pipe, method)(*args)
+    _queue(pipe, ops)
     pipe.evalsha(script.sha, len(script_keys), *script_keys, *script_args)
     *done, result = pipe.execute(raise_on_error=False)
-    for (method, args), outcome in zip(ops, done):
-        if isinstance(outcome, redis.exceptions.NoScriptError) and method == "script":
-            op_script, op_keys, op_args = args
-            op_script(keys=op_keys, args=op_args)  # loads it
-        elif isinstance(outcome, Exception):
-            log.warning("a kept write that rode a call's admission failed: %s", outcome)
+    for failed in _reloaded(ops, done):
+        log.warning("a kept write that rode a call's admission failed: %s", failed)
     if isinstance(result, redis.exceptions.NoScriptError):
         return script(keys=script_keys, args=script_args)
     if isinstance(result, Exception):
         raise result
     return result
+
+
+def _queue(pipe: Any, ops: list[Op]) -> None:
+    """Queue ``ops`` on ``pipe``: a script op by its digest."""
+    for method, args in ops:
+        if method == "script":
+            script, script_keys, script_args = args
+            pipe.evalsha(script.sha, len(script_keys), *script_keys, *script_args)
+        else:
+            getattr(pipe, method)(*args)
+
+
+def _reloaded(ops: list[Op], results: list) -> list[Exception]:
+    """Each script op the server did not know run again alone (which loads it); the other errors of
+    ``results`` (the pipeline's, one per op), in order."""
+    failed = []
+    for (method, args), result in zip(ops, results):
+        if isinstance(result, redis.exceptions.NoScriptError) and method == "script":
+            script, script_keys, script_args = args
+            script(keys=script_keys, args=script_args)
+        elif isinstance(result, Exception):
+            failed.append(result)
+    return failed
 
 
 class WriteBehind:
