@@ -21,11 +21,12 @@ import json
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from functools import cached_property, lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 from evalq.shared.cluster import keys
 from evalq.shared.cluster.spec import GENERATE, variants_key
 from evalq.shared.job.nightly import Regression, Review, suite_of
+from evalq.shared.job.run_entry import Document, RunEntry  # noqa: F401  (RunEntry: importable here too)
 
 VERSION = 2  # the document ``job_spec`` writes now
 RUNS = ("metrics", GENERATE, "variants")  # the document's runs, read as ``RunEntry``s
@@ -40,23 +41,7 @@ def default_retention() -> int:
     return int(Settings.from_env().result_ttl)
 
 
-class _Document(Mapping):
-    """A read-only mapping over a stored JSON object (``_doc``): what the run plan reads
-    (``evalq.shared.cluster.spec``); everything else asks the subclass's properties."""
-
-    _doc: Mapping
-
-    def __getitem__(self, key: str) -> Any:
-        return self._doc[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._doc)
-
-    def __len__(self) -> int:
-        return len(self._doc)
-
-
-class StoredJob(_Document):
+class StoredJob(Document):
     """One job's stored document, typed."""
 
     def __init__(self, doc: Mapping | None, job_id: str | None = None):
@@ -156,7 +141,9 @@ class StoredJob(_Document):
         """How its entries are judged against the suite's earlier runs, resolved (``Regression``)."""
         return Regression.model_validate(self._doc.get("regression") or {}).resolved()
 
-    categories = property(lambda self: self._doc.get("categories") or None)
+    @property
+    def categories(self) -> dict | None:
+        return self._doc.get("categories") or None
 
     @property
     def dataset(self) -> dict | None:
@@ -173,7 +160,9 @@ class StoredJob(_Document):
         """Its instances' version (``evalq.shared.data.versions``: digest, n, rate, ``table`` "store" or "redis")."""
         return self._doc.get("dataset_version") or None
 
-    jailbreak = property(lambda self: self._doc.get("jailbreak") or None)
+    @property
+    def jailbreak(self) -> dict | None:
+        return self._doc.get("jailbreak") or None
 
     # -- where its outputs and replies go
     @property
@@ -338,73 +327,6 @@ class StoredJob(_Document):
             return records_of(self.job_id, None, {})
         return records_of(self.job_id, self.staged, {key: (entry["chunk_size"], entry.get("part_size"),
                                                            span(self, entry)) for key, entry in runs(self)})
-
-
-class RunEntry(_Document):
-    """One run of a stored job, typed: a metric entry (``<id>@<position>``), the generation stage
-    (``generate``) or an entry's variants run (``<key>/variants``). A read-only mapping for the run
-    plan (``evalq.shared.cluster.spec``: chunk sizes, queues, regions, companions)."""
-
-    def __init__(self, key: str, doc: Mapping):
-        self.key, self._doc = key, doc
-
-    def __repr__(self) -> str:
-        return f"RunEntry({self.key!r})"
-
-    @property
-    def id(self) -> str:
-        """The metric's id (``generate`` for the generation stage)."""
-        return self._doc["id"]
-
-    @property
-    def parameters(self) -> dict:
-        """Its parameters, validated and resolved at submission (as JSON)."""
-        return self._doc.get("parameters") or {}
-
-    @property
-    def name(self) -> str | None:
-        """The name the job gave the entry, if any."""
-        return self._doc.get("name")
-
-    @property
-    def human(self) -> str:
-        """The name human grades and reports use: its name, else its metric id."""
-        return self.name or self.id
-
-    @property
-    def judge(self) -> str | None:
-        """The judge it calls (a panel's first member), if any."""
-        judge = self.parameters.get("judge")
-        return judge if isinstance(judge, str) else None
-
-    @property
-    def chunk_size(self) -> int:
-        return int(self._doc["chunk_size"])
-
-    @property
-    def queue(self) -> str:
-        """Its queue's kind (``cpu``, ``gpu``, ``judge``, ``generate``); regions make the names."""
-        return self._doc["queue"]
-
-    @property
-    def companions(self) -> list[str]:
-        """The keys of the entries its chunks also score (none for an entry run alone)."""
-        return list(self._doc.get("companions") or ())
-
-    @property
-    def led_by(self) -> str | None:
-        """The entry whose chunks score it, where it has no chunks of its own."""
-        return self._doc.get("led_by")
-
-    @property
-    def n_items(self) -> int | None:
-        """The generation stage's items (instances without an output)."""
-        return self._doc.get("n_items")
-
-    @property
-    def prepared(self) -> Any:
-        """What the orchestrator prepared for the whole entry (bertscore's idf, ...)."""
-        return self._doc.get("prepared")
 
 
 def as_stored(doc: Mapping | None, job_id: str | None = None) -> StoredJob:
