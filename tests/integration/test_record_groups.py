@@ -62,6 +62,13 @@ def test_chunks_gather_until_their_group_is_whole_then_one_part_holds_them(priva
         assert r.hlen(keys.gathering(job_id, key)) == len(order)
         assert int(r.get(keys.recorded_total(job_id, key))) == len(order) * CHUNK  # each counted as it ended
         assert sum(sim.answered("grp").values()) == len(order) * CHUNK
+        # what a callback reads of a group not written yet (a job cancelled meanwhile): the gathered chunks
+        scanned = dict(stored.records.scan(r, key))
+        assert sorted(scanned) == sorted(p for s in order for p in range(s, s + CHUNK))
+        assert all(json.loads(scanned[p])["instance_id"] == f"g{p}" for p in scanned)
+        views, values = list(stored.records.views(r, key)), list(stored.records.values(r, key))
+        assert len(views) == len(order) and all(v is not None and json.loads(v) for v in views)
+        assert [s for s, _ in values] == sorted(order) and all(v is not None for _, v in values)
         # a chunk run again (redelivered) finds its records gathered: it pays for nothing, doubles nothing
         chunk.run_chunk(r, job_id, key, order[0], order[0] + CHUNK, "grp")
         assert sum(sim.answered("grp").values()) == len(order) * CHUNK
@@ -75,6 +82,12 @@ def test_chunks_gather_until_their_group_is_whole_then_one_part_holds_them(priva
         records = stored.records.get_many(r, key, list(range(PART_ITEMS)))
         assert [json.loads(raw)["instance_id"] for raw in records] == [f"g{i}" for i in range(PART_ITEMS)]
         assert all(json.loads(raw)["result"]["score"] == 1 + i % 5 for i, raw in enumerate(records))
+        # and once it is: the same views and values, from the part's metadata, each chunk under its start
+        after_views = dict(zip(first_group, stored.records.views(r, key)))
+        assert [json.loads(after_views[s]) for s in sorted(order)] == [json.loads(v) for v in views]
+        after_values = dict(stored.records.values(r, key))
+        assert sorted(after_values) == first_group
+        assert [json.loads(after_values[s]) for s in sorted(order)] == [json.loads(v) for _, v in values]
         # run again after its group's part: nothing paid, nothing gathered again, the part unchanged
         before = (place.path_of(part_name(key, 0)), open(place.path_of(part_name(key, 0)), "rb").read())
         chunk.run_chunk(r, job_id, key, 100, 150, "grp")
