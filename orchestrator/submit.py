@@ -49,8 +49,9 @@ def run_entry(m: MetricRun, chunk_size: int | None, items: int) -> dict:
     if chunk_size is None and m.spec.queue == "judge":
         chunk_size = judge_chunk(items, m.spec.chunk_size)
     entry: dict = {"chunk_size": max(1, chunk_size or m.spec.chunk_size or sized_chunk(items)), **m.routing()}
-    if m.spec.queue == "judge" and part_size(entry["chunk_size"], items):  # its records in parts of 1,000+ items
-        entry["part_size"] = part_size(entry["chunk_size"], items)
+    grouped = part_size(entry["chunk_size"], items) if m.spec.queue == "judge" else None
+    if grouped:  # its records in parts of 1,000+ items
+        entry["part_size"] = grouped
     if m.judge is not None:
         entry["rotation"] = GENERATE if is_model_run(m.key) else getattr(m.params, "judge", m.key)
     return entry

@@ -340,14 +340,10 @@ class ItemKeeper:
         with self._lock:
             if not self.ops:
                 return []
-            if self.write_behind.pending():
-                held = True
-            else:
-                held, batch = False, self._take()
-        if held:
-            self.flush()
-            return []
-        return batch
+            if not self.write_behind.pending():
+                return self._take()
+        self.flush()
+        return []
 
     def hold(self, ops: list[Op]) -> None:
         """``carried`` ops whose round trip failed: written when Redis is back (or now)."""

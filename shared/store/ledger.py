@@ -145,23 +145,17 @@ def chunks_done(place: Place, key: str) -> dict[int, Done]:
             if tail is not None:
                 footer = pq.read_metadata(pa.BufferReader(tail))
                 kept = footer.metadata
+                parts, times, accounts = (unpacked(kept, k) for k in (PART_KEY, TIME_KEY, ACCOUNT_KEY))
                 chunks = unpacked(kept, CHUNKS_KEY)
-                if chunks is not None:  # a group of chunks' part (evalq.shared.store.groups): each by its start
-                    found.update(_grouped(chunks, unpacked(kept, PART_KEY) or {}, unpacked(kept, TIME_KEY) or {},
-                                          unpacked(kept, ACCOUNT_KEY) or {}))
+                if chunks is None:  # a chunk's own part
+                    found[int(name[len("chunk-"):-len(".parquet")])] = _done(footer.num_rows, parts, times, accounts)
                     continue
-                timing = unpacked(kept, TIME_KEY) or {}
-                found[int(name[len("chunk-"):-len(".parquet")])] = Done(
-                    footer.num_rows, unpacked(kept, PART_KEY), timing.get("seconds"),
-                    (unpacked(kept, ACCOUNT_KEY) or {}).get("counts"), timing.get("compute"))
+                for start, rows in chunks.items():  # a group of chunks' part: each chunk's metadata by its start
+                    found[int(start)] = _done(int(rows), *((m or {}).get(start) for m in (parts, times, accounts)))
     return found
 
 
-def _grouped(chunks: dict, parts: dict, times: dict, accounts: dict) -> dict[int, Done]:
-    """What a group's part says of each of its chunks (its metadata by chunk start)."""
-    found = {}
-    for start, rows in chunks.items():
-        timing = times.get(start) or {}
-        found[int(start)] = Done(int(rows), parts.get(start), timing.get("seconds"),
-                                 (accounts.get(start) or {}).get("counts"), timing.get("compute"))
-    return found
+def _done(rows: int, part: dict | None, timing: dict | None, accounting: dict | None) -> Done:
+    """A chunk's ``Done`` from what its part's metadata holds of it."""
+    timing = timing or {}
+    return Done(rows, part, timing.get("seconds"), (accounting or {}).get("counts"), timing.get("compute"))

@@ -186,18 +186,16 @@ class PartRecords:
         and replaces its count: nothing is counted twice. ``whole`` None (the chunk has not ended):
         no part, no count; what it has of values and view waits in Redis. A run whose parts group
         chunks gathers the chunk's records in Redis instead (``landed`` writes the group's part)."""
+        # and its aggregate and time, so that the store alone gives back what Redis held of the chunk
+        # (evalq.orchestrator.rebuild, after Redis lost the job)
+        meta = {VALUES_KEY: values, VIEW_KEY: view, PART_KEY: part, TIME_KEY: elapsed, ACCOUNT_KEY: acct}
         grouping = self.groups.get(key)
         if grouping is not None and whole is not None:
             if (key, grouping.first(start)) not in self._written:  # (a run again after it: in the part)
-                gather(pipe, self.job_id, key, start, whole, {"values": values, "view": view, "part": part,
-                                                              "elapsed": elapsed, "acct": acct}, ttl)
+                gather(pipe, self.job_id, key, start, whole, {_GATHERED[k]: v for k, v in meta.items()}, ttl)
             _count_ops(pipe, self.job_id, key, start, len(whole))
             return
         if whole:
-            # and its aggregate and time, so that the store alone gives back what Redis held of the chunk
-            # (evalq.orchestrator.rebuild, after Redis lost the job)
-            meta = {VALUES_KEY: values, VIEW_KEY: view, PART_KEY: part,
-                    TIME_KEY: elapsed, ACCOUNT_KEY: acct}
             self.place.put(part_name(key, start), _encode(whole, meta))
             journal.note("part", self.job_id, journal.chunk_id(key, start), n=len(whole))
         elif whole is None:

@@ -38,6 +38,7 @@ import redis
 
 from evalq.shared.cluster import keys
 from evalq.workers.judge.budget_lua import FOLD_LUA, PAUSE_LUA, RELEASE_LUA, RESERVE_LUA, SETTLE_LUA
+from evalq.workers.keeping import run_after
 
 BUCKET = 0.1        # seconds per usage bucket: the slack a reservation may hold past its window
 MARGIN = 0.25       # seconds a request may take to reach the provider
@@ -99,8 +100,6 @@ class Budget:
                        keys.budget(self.dep_id, "win")]
         args = [int(tokens), tpm, rpm, self.window, MARGIN, BUCKET, self.burst]
         if carry:
-            from evalq.workers.keeping import run_after
-
             admitted, wait, used, _, bucket = run_after(self.r, list(carry), self._reserve, script_keys, args)
         else:
             admitted, wait, used, _, bucket = self._reserve(keys=script_keys, args=args)
