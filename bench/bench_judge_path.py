@@ -257,12 +257,16 @@ def store_counts(workdir: Path, base_url: str, n: int, judges: int, chunk_size: 
         judged_on(workdir, f"s3{tag}", judges, {"EVALQ_STORE": "s3://bench/evalq", "EVALQ_STORE_ENDPOINT_URL": url,
                                                 **AWS}, base_url, n, chunk_size)
         lines = log.read_text(errors="replace").splitlines()
-        puts = sum(1 for x in lines if '"PUT /bench/' in x and "/records/" in x)
+        puts = sum(1 for x in lines if '"PUT /bench/' in x and "/records/" in x and "/pending-" not in x)
+        # a chunk's pending part (its group's part not written yet): written, read by the group's writer, removed
+        pending = sum(1 for x in lines if "/pending-" in x)
         # a part read (200), and a chunk's look, as it starts, for a part of its own not written yet (404)
-        gets = sum(1 for x in lines if '"GET /bench/' in x and "/records/" in x and '" 200' in x)
-        probes = sum(1 for x in lines if '"GET /bench/' in x and "/records/" in x and '" 404' in x)
+        gets = sum(1 for x in lines if '"GET /bench/' in x and "/records/" in x and '" 200' in x
+                   and "/pending-" not in x)
+        probes = sum(1 for x in lines if '"GET /bench/' in x and "/records/" in x and '" 404' in x
+                     and "/pending-" not in x)
         heads = sum(1 for x in lines if '"HEAD /bench/' in x and "/records/" in x)
-        found["s3"] = {"puts": puts, "gets": gets, "probes": probes, "heads": heads,
+        found["s3"] = {"puts": puts, "gets": gets, "probes": probes, "heads": heads, "pending": pending,
                        "requests": len([x for x in lines if '"' in x])}
     finally:
         os.environ.pop("EVALQ_STORE_ENDPOINT_URL", None)
@@ -347,7 +351,8 @@ def main() -> None:
               f"{local['parts']} parts ({local['items_per_part']:.0f} items a part; "
               f"{local['parts'] * scale:,.0f} per 100,000 items); S3 record parts: {s3['puts']} PUT, "
               f"{s3['gets']} GET ({s3['gets'] / max(1, s3['puts']):.1f} reads a part), {s3['probes']} GET of a "
-              f"part not written yet (a chunk run's look as it starts), {s3['heads']} HEAD; "
+              f"part not written yet (a chunk run's look as it starts), {s3['heads']} HEAD, {s3['pending']} "
+              f"requests of pending parts (PUT, GET, DELETE, and a chunk run's look); "
               f"{s3['requests']} S3 requests in all ({s3['requests'] * scale:,.0f} per 100,000 items)")
 
 

@@ -119,8 +119,8 @@ def parts(job_id: str, metric_key: str) -> str:
 
 
 def gathering(job_id: str, metric_key: str) -> str:
-    """Hash: chunk start -> the chunk's records and what its part would carry, until the record part
-    of its group of chunks is written (``evalq.shared.store.groups``)."""
+    """Hash: chunk start -> 1, a chunk whose pending record part is in the store, until the part of its
+    group of chunks is written (``evalq.shared.store.groups``)."""
     return f"{job_prefix(job_id)}:gathering:{metric_key}"
 
 

@@ -140,7 +140,8 @@ def chunks_done(place: Place, key: str) -> dict[int, Done]:
     folder = part_name(key, 0).rsplit("/", 1)[0]
     found = {}
     for name in place.names(folder):
-        if name.startswith("chunk-") and name.endswith(".parquet"):
+        # a chunk's part, a group's, or a chunk's pending one (its group's part not written yet)
+        if name.startswith(("chunk-", "pending-")) and name.endswith(".parquet"):
             tail = place.get(f"{folder}/{name}", missing_ok=True, last=FOOTER_BYTES)
             if tail is not None:
                 footer = pq.read_metadata(pa.BufferReader(tail))
@@ -148,7 +149,7 @@ def chunks_done(place: Place, key: str) -> dict[int, Done]:
                 parts, times, accounts = (unpacked(kept, k) for k in (PART_KEY, TIME_KEY, ACCOUNT_KEY))
                 chunks = unpacked(kept, CHUNKS_KEY)
                 if chunks is None:  # a chunk's own part
-                    found[int(name[len("chunk-"):-len(".parquet")])] = _done(footer.num_rows, parts, times, accounts)
+                    found[int(name.split("-", 1)[1][:-len(".parquet")])] = _done(footer.num_rows, parts, times, accounts)
                     continue
                 for start, rows in chunks.items():  # a group of chunks' part: each chunk's metadata by its start
                     found[int(start)] = _done(int(rows), *((m or {}).get(start) for m in (parts, times, accounts)))

@@ -34,8 +34,11 @@ from typing import Any, Iterable, Iterator
 from evalq.shared.cluster import journal, keys
 from evalq.shared.core.jsonio import encode
 from evalq.shared.scores.results import outcome
+from evalq.shared.store.part_meta import (ACCOUNT_KEY, PART_KEY, TIME_KEY, VALUES_KEY,  # noqa: F401
+                                          VIEW_KEY, part_name, unpacked)  # (importable here too)
 from evalq.shared.store.columns import typed  # (what a record's typed columns hold; importable here too)
-from evalq.shared.store.groups import Grouping, gather, gathered_records, group_meta, write_when_whole
+from evalq.shared.store.groups import (Grouping, mark, marked, pending_name, pending_parts, write_group,
+                                       write_when_whole)
 from evalq.shared.store.place import Place
 
 PARTS = "parts"  # the stored document's ``records`` where they are parts
@@ -47,11 +50,6 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return redis.call('INCRBY', KEYS[2], tonumber(ARGV[2]) - old)
 """
 
-
-def part_name(key: str, start: int) -> str:
-    from urllib.parse import quote
-
-    return f"records/entry={quote(key, safe='')}/chunk-{start:09d}.parquet"
 
 
 def records_of(job_id: str, staged: dict | None, runs: dict[str, tuple[int, int | None, int]]
@@ -185,14 +183,15 @@ class PartRecords:
         for a part that is not there, and a chunk written again (redelivered) writes the same name
         and replaces its count: nothing is counted twice. ``whole`` None (the chunk has not ended):
         no part, no count; what it has of values and view waits in Redis. A run whose parts group
-        chunks gathers the chunk's records in Redis instead (``landed`` writes the group's part)."""
+        chunks writes the chunk's part as pending instead (``landed`` writes the group's part)."""
         # and its aggregate and time, so that the store alone gives back what Redis held of the chunk
         # (evalq.orchestrator.rebuild, after Redis lost the job)
         meta = {VALUES_KEY: values, VIEW_KEY: view, PART_KEY: part, TIME_KEY: elapsed, ACCOUNT_KEY: acct}
         grouping = self.groups.get(key)
         if grouping is not None and whole is not None:
             if (key, grouping.first(start)) not in self._written:  # (a run again after it: in the part)
-                gather(pipe, self.job_id, key, start, whole, {_GATHERED[k]: v for k, v in meta.items()}, ttl)
+                self.place.put(pending_name(key, start), _encode(whole, meta))
+                mark(pipe, self.job_id, key, start, ttl)
             _count_ops(pipe, self.job_id, key, start, len(whole))
             return
         if whole:
@@ -208,34 +207,31 @@ class PartRecords:
         group's part is written (``evalq.shared.store.groups``)."""
         grouping = self.groups.get(key)
         if grouping is not None and (key, grouping.first(start)) not in self._written:
-            if write_when_whole(r, self.job_id, key, grouping, start, lambda first, chunks: self._put_group(
-                    key, first, chunks)):
+            if write_when_whole(r, self.job_id, key, grouping, start, lambda first, starts: write_group(
+                    self.place, self.job_id, key, first, starts, _encode, _decode)):
                 self._written.add((key, grouping.first(start)))
 
-    def _put_group(self, key: str, first: int, chunks: dict[int, dict]) -> None:
-        rows = sorted((int(p), record) for gathered in chunks.values() for p, record in gathered["records"])
-        self.place.put(part_name(key, first), _encode(rows, group_meta(chunks, _GATHERED)))
-        journal.note("part", self.job_id, journal.chunk_id(key, first), n=len(rows))
-
-    def _group(self, r: Any, key: str, first: int) -> dict[int, str]:
-        """A group's records by position: its part's, or (not written yet) what its chunks gathered."""
+    def _group(self, key: str, first: int, starts: list[int]) -> dict[int, str]:
+        """A group's records by position: its part's, or (not written yet) those of its chunks at
+        ``starts`` from their pending parts."""
         data = self._get(part_name(key, first))
         if data is not None:
             self._written.add((key, first))
             return _decode(data)
-        gathered = gathered_records(r, self.job_id, key, self.groups[key].starts(first))
-        return {int(p): encode(record) for chunk in gathered.values() for p, record in chunk["records"]}
+        return {p: record for records, _ in pending_parts(self.place, key, starts, _decode).values()
+                for p, record in records.items()}
 
     def get_many(self, r: Any, key: str, positions: list[int], complete: bool = False) -> list:
         """``complete``: the run has ended (its parts will not change), so parts may come from this
         process's cache (the generation stage's outputs, read by every metric chunk)."""
         if not positions:
             return []
-        size = self.read_step(key, 0)
+        size, chunk = self.read_step(key, 0), self.sizes[key]
         found: dict[int, str] = {}
         for start in sorted({p - p % size for p in positions}):
-            if key in self.groups:
-                found.update(self._group(r, key, start))
+            if key in self.groups:  # (the pending parts of its chunks of ``positions`` that Redis marks)
+                found.update(self._group(key, start, marked(r, self.job_id, key, sorted(
+                    {p - p % chunk for p in positions if start <= p < start + size}))))
             else:
                 found.update(_read_part(self.place, key, start, cached=complete, get=self._get))
         return [found.get(p) for p in positions]
@@ -247,8 +243,8 @@ class PartRecords:
         """(position, record JSON) of every record of the run: a part at a time, in chunk order."""
         grouping = self.groups.get(key)
         if grouping is not None:
-            for first in sorted({grouping.first(s) for s in self._starts(r, key)}):
-                yield from sorted(self._group(r, key, first).items())
+            for first, members in grouping.by_group(self._starts(r, key)):
+                yield from sorted(self._group(key, first, members).items())
             return
         for start in self._starts(r, key):
             yield from sorted(_read_part(self.place, key, start, get=self._get).items())
@@ -275,13 +271,12 @@ class PartRecords:
             grouping = self.groups.get(key)
             first = grouping.first(start) if grouping is not None else start
             tail = self.place.get(part_name(key, first), missing_ok=True, last=FOOTER_BYTES)
+            if tail is None and grouping is not None:  # its group's part not written yet: its pending part
+                tail, grouping = self.place.get(pending_name(key, start), missing_ok=True, last=FOOTER_BYTES), None
             if tail is not None:  # (a group's part: by chunk)
                 earlier = unpacked(pq.read_metadata(pa.BufferReader(tail)).metadata, ACCOUNT_KEY) or {}
                 earlier = (earlier.get(str(start)) or {}) if grouping is not None else earlier
                 counts = summed([counts, earlier.get("counts")])
-            elif grouping is not None and r is not None:  # gathered, its group's part not written yet
-                gathered = gathered_records(r, self.job_id, key, [start]).get(start) or {"meta": {}}
-                counts = summed([counts, (gathered["meta"].get("acct") or {}).get("counts")])
         return {"counts": counts}
 
     def _starts(self, r: Any, key: str) -> list[int]:
@@ -309,17 +304,14 @@ class PartRecords:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        groups: dict[int, list[int]] = {}
-        for s in self._starts(r, key):  # (in start order)
-            groups.setdefault(grouping.first(s), []).append(s)
-        for first, members in sorted(groups.items()):
+        for first, members in grouping.by_group(self._starts(r, key)):
             data = self._get(part_name(key, first))
             if data is not None:
                 by_chunk = unpacked(pq.read_schema(pa.BufferReader(data)).metadata, name) or {}
                 values = {s: by_chunk.get(str(s)) for s in members}
             else:
-                gathered = gathered_records(r, self.job_id, key, members)
-                values = {s: (gathered.get(s) or {"meta": {}})["meta"].get(_GATHERED[name]) for s in members}
+                pending = pending_parts(self.place, key, members, _decode)
+                values = {s: pending[s][1].get(name) if s in pending else None for s in members}
             for s in members:
                 yield s, encode(values[s]).encode("utf-8") if values[s] is not None else None
 
@@ -365,13 +357,7 @@ def _read_part(place: Place, key: str, start: int, cached: bool = False, get=Non
     return records
 
 
-VALUES_KEY = b"evalq.values"  # the part's metadata key of the chunk's history values (JSON, zlib'd)
-VIEW_KEY = b"evalq.view"  # and of its report view (JSON, zlib'd)
-PART_KEY = b"evalq.part"  # and of its mergeable aggregate (what keys.parts holds of it)
-TIME_KEY = b"evalq.elapsed"  # and of its time ({"seconds": ..., "compute": ...}: what keys.timings holds of it)
-ACCOUNT_KEY = b"evalq.accounting"  # and of its calls' accounting ({"counts": what keys.accounting adds up})
-# what a chunk of a run whose parts group chunks gathers under each name (``evalq.shared.store.groups``)
-_GATHERED = {VALUES_KEY: "values", VIEW_KEY: "view", PART_KEY: "part", TIME_KEY: "elapsed", ACCOUNT_KEY: "acct"}
+
 
 
 def HOLD_BYTES() -> int:  # noqa: N802  (read when used: a test, an operator may set it)
@@ -383,14 +369,6 @@ def HOLD_BYTES() -> int:  # noqa: N802  (read when used: a test, an operator may
 
 
 FOOTER_BYTES = 1 << 16  # a record part's footer (its schema and row groups) is a few kB: read alone
-
-
-def unpacked(meta: dict | None, name: bytes) -> dict | None:
-    """What a part's metadata (``meta``, as its footer gives it) carries under ``name``, or None."""
-    import json
-
-    packed = (meta or {}).get(name)
-    return json.loads(zlib.decompress(packed)) if packed is not None else None
 
 
 def summed(counted: Iterable[dict | None]) -> dict[str, int]:

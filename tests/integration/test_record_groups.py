@@ -1,9 +1,9 @@
 """A judge entry planned in small chunks writes record parts of 1,000+ items (issue 73;
-``evalq.shared.store.groups``), on a real Redis, a real job store and judge-sim: chunks gather in
-Redis until their group is whole, the chunk that completes it writes the group's part, a chunk run
-again pays for nothing and doubles nothing, a Redis that loses the job sends again only the chunks of
-groups not written; and the same job end to end, with real workers, gives the outputs the records
-kept in Redis give."""
+``evalq.shared.store.groups``), on a real Redis, a real job store and judge-sim: each chunk's records
+wait in the store as a pending part until their group is whole, the chunk that completes it writes
+the group's part, a chunk run again pays for nothing and doubles nothing, a Redis that loses the job
+sends again no chunk that landed; and the same job end to end, with real workers, gives the outputs
+the records kept in Redis give."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from evalq.shared.cluster import keys
 from evalq.shared.job.schema import parse_job
 from evalq.shared.job.stored import load_job
 from evalq.shared.store import ledger
-from evalq.shared.store.groups import PART_ITEMS
+from evalq.shared.store.groups import PART_ITEMS, pending_name
 from evalq.shared.store.place import Place
 from evalq.shared.store.records import part_name
 from evalq.sim import JudgeSim, Region
@@ -58,24 +58,27 @@ def test_chunks_gather_until_their_group_is_whole_then_one_part_holds_them(priva
         random.Random(5).shuffle(order)
         for start in order:  # every chunk of the first group but its last, in no order
             chunk.run_chunk(r, job_id, key, start, start + CHUNK, "grp")
-        assert not place.exists(part_name(key, 0))  # gathered in Redis, no part yet
+        assert not place.exists(part_name(key, 0))  # no group part yet: each chunk's pending part
+        assert all(place.exists(pending_name(key, s)) for s in order)
         assert r.hlen(keys.gathering(job_id, key)) == len(order)
+        assert all(len(v) == 1 for v in r.hvals(keys.gathering(job_id, key)))  # marks only: no record in Redis
         assert int(r.get(keys.recorded_total(job_id, key))) == len(order) * CHUNK  # each counted as it ended
         assert sum(sim.answered("grp").values()) == len(order) * CHUNK
-        # what a callback reads of a group not written yet (a job cancelled meanwhile): the gathered chunks
+        # what a callback reads of a group not written yet (a job cancelled meanwhile): its chunks' pending parts
         scanned = dict(stored.records.scan(r, key))
         assert sorted(scanned) == sorted(p for s in order for p in range(s, s + CHUNK))
         assert all(json.loads(scanned[p])["instance_id"] == f"g{p}" for p in scanned)
         views, values = list(stored.records.views(r, key)), list(stored.records.values(r, key))
         assert len(views) == len(order) and all(v is not None and json.loads(v) for v in views)
         assert [s for s, _ in values] == sorted(order) and all(v is not None for _, v in values)
-        # a chunk run again (redelivered) finds its records gathered: it pays for nothing, doubles nothing
+        # a chunk run again (redelivered) finds its records in its pending part: it pays for nothing, doubles nothing
         chunk.run_chunk(r, job_id, key, order[0], order[0] + CHUNK, "grp")
         assert sum(sim.answered("grp").values()) == len(order) * CHUNK
         assert int(r.get(keys.recorded_total(job_id, key))) == len(order) * CHUNK
         last = first_group[-1]
         chunk.run_chunk(r, job_id, key, last, last + CHUNK, "grp")  # completes the group: it writes the part
         assert place.exists(part_name(key, 0)) and r.hlen(keys.gathering(job_id, key)) == 0
+        assert not any(place.exists(pending_name(key, s)) for s in first_group)  # the pending parts went
         done = ledger.chunks_done(place, key)
         assert sorted(done) == first_group
         assert all(d.rows == CHUNK and d.counts["calls"] == CHUNK and d.part is not None for d in done.values())
@@ -88,22 +91,23 @@ def test_chunks_gather_until_their_group_is_whole_then_one_part_holds_them(priva
         after_values = dict(stored.records.values(r, key))
         assert sorted(after_values) == first_group
         assert [json.loads(after_values[s]) for s in sorted(order)] == [json.loads(v) for _, v in values]
-        # run again after its group's part: nothing paid, nothing gathered again, the part unchanged
+        # run again after its group's part: nothing paid, no pending part again, the part unchanged
         before = (place.path_of(part_name(key, 0)), open(place.path_of(part_name(key, 0)), "rb").read())
         chunk.run_chunk(r, job_id, key, 100, 150, "grp")
         assert sum(sim.answered("grp").values()) == PART_ITEMS and r.hlen(keys.gathering(job_id, key)) == 0
+        assert not place.exists(pending_name(key, 100))
         assert open(before[0], "rb").read() == before[1]
         assert all(n == 1 for n in sim.answered("grp").values())  # no call paid twice
         chunk.run_chunk(r, job_id, key, PART_ITEMS, PART_ITEMS + CHUNK, "grp")  # the second group begins
     assert r.hlen(keys.gathering(job_id, key)) == 1
 
-    r.flushall()  # Redis loses the job: the gathered chunk of the unwritten group with it
+    r.flushall()  # Redis loses the job: the pending part of the unwritten group's chunk stays in the store
     monkeypatch.setenv("EVALQ_STORE", store.uri)
     (action,) = rebuild_lost(r, private_redis)
-    assert f"{len(first_group)} chunks" in action
+    assert f"{len(first_group) + 1} chunks" in action
     assert {m.decode() for m in r.smembers(keys.chunks_done(job_id, "metrics"))} == \
-        {f"{key}:{s}" for s in first_group}  # the written group's chunks are done; the rest go again
-    assert int(r.get(keys.recorded_total(job_id, key))) == PART_ITEMS
+        {f"{key}:{s}" for s in [*first_group, PART_ITEMS]}  # every chunk that landed is done: none runs again
+    assert int(r.get(keys.recorded_total(job_id, key))) == PART_ITEMS + CHUNK
 
 
 def test_a_night_in_small_chunks_writes_parts_of_a_thousand_and_scores_as_one_kept_in_redis(private_redis, tmp_path,
